@@ -1,0 +1,1 @@
+"""The Python side of MILI's ops: `reference` is the plain-PyTorch specification of every op."""

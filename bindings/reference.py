@@ -1,0 +1,182 @@
+"""Plain-PyTorch reference of every MILI op: the specification the Mojo kernels are tested against.
+
+Conventions shared by all ops:
+- Activations are `[T, ...]`: the tokens of every sequence of a step concatenated (ragged, no padding).
+- K/V caches are `[num_pages, page_size, num_kv_heads, head_dim]`, one pair per layer.
+- Integer tensors (positions, page tables, lengths, offsets, slot mappings) are int32.
+- Reductions and softmax run in float32 whatever the input dtype; outputs have the input dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension: x / sqrt(mean(x^2) + eps) * weight."""
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return (normed * weight.float()).to(x.dtype)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """residual_out = x + residual; returns (rms_norm(residual_out), residual_out)."""
+    residual_out = (x.float() + residual.float()).to(x.dtype)
+    return rms_norm(residual_out, weight, eps), residual_out
+
+
+def head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3's q/k norm: RMSNorm of x[T, heads, head_dim] over head_dim with a weight[head_dim] shared by heads."""
+    return rms_norm(x, weight, eps)
+
+
+def rope_inv_freq(
+    head_dim: int, theta: float, rope_scaling: Optional[dict] = None
+) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [head_dim / 2] and the cos/sin scale ("attention factor") of rotate-half RoPE.
+
+    `rope_scaling` None or rope_type "default" is plain RoPE; rope_type "yarn" follows the YaRN paper as
+    transformers implements it (factor, original_max_position_embeddings, beta_fast, beta_slow, mscale,
+    mscale_all_dim, attention_factor, truncate).
+    """
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (theta**exponents)
+    scaling = rope_scaling or {}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type == "default":
+        return inv_freq, 1.0
+    if rope_type != "yarn":
+        raise ValueError(f"rope_scaling.rope_type {rope_type!r} is not supported: use 'default' or 'yarn'")
+    return _yarn_inv_freq(head_dim, theta, scaling)
+
+
+def _yarn_inv_freq(head_dim: int, theta: float, scaling: dict) -> tuple[torch.Tensor, float]:
+    factor = float(scaling["factor"])
+    original_max = scaling["original_max_position_embeddings"]
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention_factor = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    beta_fast = scaling.get("beta_fast") or 32
+    beta_slow = scaling.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return head_dim * math.log(original_max / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolation_weight = 1 - ramp
+    pos_freqs = theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation_weight) + (1.0 / pos_freqs) * extrapolation_weight
+    return inv_freq, float(attention_factor)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    theta: float,
+    rope_scaling: Optional[dict] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate-half (NeoX) RoPE of q[T, Hq, D] and k[T, Hkv, D] at positions[T]; returns new (q, k)."""
+    inv_freq, scale = rope_inv_freq(q.shape[-1], theta, rope_scaling)
+    angles = positions.float()[:, None] * inv_freq.to(q.device)[None, :]
+    angles = torch.cat((angles, angles), dim=-1)[:, None, :]
+    cos, sin = angles.cos() * scale, angles.sin() * scale
+
+    def apply(x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * cos + _rotate_half(xf) * sin).to(x.dtype)
+
+    return apply(q), apply(k)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """SwiGLU: x[T, 2I] = [gate | up] -> silu(gate) * up, [T, I]."""
+    gate, up = x.float().chunk(2, dim=-1)
+    return (F.silu(gate) * up).to(x.dtype)
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    return F.silu(x.float()).to(x.dtype)
+
+
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    """Exact (erf) GELU."""
+    return F.gelu(x.float()).to(x.dtype)
+
+
+def relu(x: torch.Tensor) -> torch.Tensor:
+    return F.relu(x)
+
+
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write k/v[T, Hkv, D] into the caches in place; token t goes to slot s = page * page_size + offset."""
+    num_pages, page_size = k_cache.shape[:2]
+    slots = slot_mapping.long()
+    k_cache.view(num_pages * page_size, *k_cache.shape[2:])[slots] = k.to(k_cache.dtype)
+    v_cache.view(num_pages * page_size, *v_cache.shape[2:])[slots] = v.to(v_cache.dtype)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_start: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of ragged queries q[T, Hq, D] over paged K/V; returns [T, Hq, D].
+
+    Sequence b owns queries query_start[b]:query_start[b+1] and context_lens[b] cached tokens (its new
+    tokens included, already stored), in pages page_table[b, :]. Query i of a sequence of q_len queries
+    sits at position context_len - q_len + i and sees keys 0..that position. Hq may be a multiple of Hkv (GQA).
+    """
+    page_size, num_kv_heads, head_dim = k_cache.shape[1:]
+    group = q.shape[1] // num_kv_heads
+    out = torch.empty_like(q)
+    starts, lens = query_start.tolist(), context_lens.tolist()
+    for b, context_len in enumerate(lens):
+        q_begin, q_end = starts[b], starts[b + 1]
+        q_len = q_end - q_begin
+        if q_len == 0:
+            continue
+        pages = page_table[b, : (context_len + page_size - 1) // page_size].long()
+        k = k_cache[pages].reshape(-1, num_kv_heads, head_dim)[:context_len].float()
+        v = v_cache[pages].reshape(-1, num_kv_heads, head_dim)[:context_len].float()
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q[q_begin:q_end].float(), k) * scale
+        query_pos = torch.arange(context_len - q_len, context_len, device=q.device)[:, None]
+        key_pos = torch.arange(context_len, device=q.device)[None, :]
+        scores.masked_fill_(key_pos > query_pos, float("-inf"))
+        probs = scores.softmax(dim=-1)
+        out[q_begin:q_end] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
+    return out

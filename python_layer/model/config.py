@@ -1,0 +1,166 @@
+"""Qwen3 model configuration: read from a checkpoint's config.json (+ generation_config.json)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from .hub import resolve_model_dir
+
+_POSITIVE_INTS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+)
+
+
+@dataclass
+class Qwen3Config:
+    """A dense Qwen3 model. Defaults are Qwen3-0.6B's published numbers."""
+
+    vocab_size: int = 151936
+    hidden_size: int = 1024
+    intermediate_size: int = 3072
+    num_hidden_layers: int = 28
+    num_attention_heads: int = 16
+    num_key_value_heads: int = 8
+    head_dim: int = 128  # its own field in Qwen3: NOT hidden_size // num_attention_heads in general
+    max_position_embeddings: int = 40960
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    rope_scaling: Optional[dict] = None  # e.g. {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    tie_word_embeddings: bool = True
+    hidden_act: str = "silu"
+    attention_bias: bool = False
+    torch_dtype: str = "bfloat16"
+    bos_token_id: Optional[int] = 151643
+    eos_token_ids: list[int] = field(default_factory=lambda: [151645, 151643])
+    pad_token_id: Optional[int] = None
+    generation_defaults: dict = field(default_factory=dict)  # temperature / top_k / top_p ... of generation_config.json
+
+    def __post_init__(self) -> None:
+        for name in _POSITIVE_INTS:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"Qwen3Config.{name} must be a positive integer, got {value!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"Qwen3Config.num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"Qwen3Config.head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if not self.rms_norm_eps > 0:
+            raise ValueError(f"Qwen3Config.rms_norm_eps must be > 0, got {self.rms_norm_eps!r}")
+        if not self.rope_theta > 0:
+            raise ValueError(f"Qwen3Config.rope_theta must be > 0, got {self.rope_theta!r}")
+        if self.hidden_act != "silu":
+            raise ValueError(f"Qwen3Config.hidden_act must be 'silu' (Qwen3's SwiGLU), got {self.hidden_act!r}")
+        self._validate_rope_scaling()
+        self.eos_token_ids = [int(t) for t in self.eos_token_ids]
+
+    def _validate_rope_scaling(self) -> None:
+        scaling = self.rope_scaling
+        if scaling is None:
+            return
+        if not isinstance(scaling, dict):
+            raise ValueError(f"Qwen3Config.rope_scaling must be a dict or None, got {scaling!r}")
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+        if rope_type == "default":
+            self.rope_scaling = None
+            return
+        if rope_type != "yarn":
+            raise ValueError(f"Qwen3Config.rope_scaling.rope_type {rope_type!r} is not supported: use 'yarn' or none")
+        if not float(scaling.get("factor", 0)) >= 1:
+            raise ValueError(f"Qwen3Config.rope_scaling.factor must be >= 1 for yarn, got {scaling.get('factor')!r}")
+        if not isinstance(scaling.get("original_max_position_embeddings"), int):
+            raise ValueError("Qwen3Config.rope_scaling needs an integer original_max_position_embeddings for yarn")
+        self.rope_scaling = {**scaling, "rope_type": "yarn"}
+
+    @property
+    def num_kv_groups(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    def to_dict(self) -> dict:
+        """Hugging Face config.json keys (plus MILI's eos_token_ids and generation_defaults)."""
+        d = dataclasses.asdict(self)
+        d["model_type"] = "qwen3"
+        d["eos_token_id"] = self.eos_token_ids[0] if self.eos_token_ids else None
+        return d
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any]) -> "Qwen3Config":
+        """From a config.json dict (transformers 4 `rope_theta`/`rope_scaling` or 5 `rope_parameters` style)."""
+        d = dict(config_dict)
+        model_type = d.get("model_type", "qwen3")
+        if model_type != "qwen3":
+            raise ValueError(f"config model_type is {model_type!r}: MILI serves dense Qwen3 checkpoints (model_type 'qwen3')")
+        if d.get("use_sliding_window"):
+            raise ValueError("config use_sliding_window=true is not supported: Qwen3 checkpoints use full attention")
+        rope_parameters = d.pop("rope_parameters", None)
+        if rope_parameters:
+            rope_parameters = dict(rope_parameters)
+            d.setdefault("rope_theta", rope_parameters.pop("rope_theta", cls.rope_theta))
+            if rope_parameters.get("rope_type", "default") != "default":
+                d.setdefault("rope_scaling", rope_parameters)
+        if "eos_token_ids" not in d and "eos_token_id" in d:
+            eos = d["eos_token_id"]
+            d["eos_token_ids"] = [] if eos is None else (eos if isinstance(eos, list) else [eos])
+        if "torch_dtype" not in d and isinstance(d.get("dtype"), str):
+            d["torch_dtype"] = d["dtype"]
+        if "head_dim" not in d and "hidden_size" in d and "num_attention_heads" in d:
+            d["head_dim"] = d["hidden_size"] // d["num_attention_heads"]
+        if d.get("num_key_value_heads") is None and "num_attention_heads" in d:
+            d["num_key_value_heads"] = d["num_attention_heads"]
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    @classmethod
+    def from_pretrained(cls, model_name_or_path: str | os.PathLike) -> "Qwen3Config":
+        """From a checkpoint directory or a Hugging Face Hub id; eos ids and sampling defaults from generation_config.json."""
+        model_dir = resolve_model_dir(model_name_or_path, allow_patterns=["*.json"])
+        config_path = model_dir / "config.json"
+        if not config_path.is_file():
+            raise FileNotFoundError(f"No config.json in {str(model_dir)!r}: not a Hugging Face checkpoint directory")
+        config_dict = _read_json(config_path)
+        generation_path = model_dir / "generation_config.json"
+        if generation_path.is_file():
+            generation = _read_json(generation_path)
+            eos = generation.get("eos_token_id")
+            if eos is not None:
+                config_dict["eos_token_ids"] = eos if isinstance(eos, list) else [eos]
+            config_dict["generation_defaults"] = {
+                k: generation[k] for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty") if k in generation
+            }
+        return cls.from_dict(config_dict)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from e
+
+
+def _preset(**kw: Any) -> Qwen3Config:
+    return Qwen3Config(**{"vocab_size": 151936, "head_dim": 128, "num_key_value_heads": 8, **kw})
+
+
+# Published numbers of the Qwen3 dense models (config.json of Qwen/Qwen3-*)
+QWEN3_PRESETS: dict[str, Qwen3Config] = {
+    "Qwen3-0.6B": _preset(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16, tie_word_embeddings=True),
+    "Qwen3-1.7B": _preset(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16, tie_word_embeddings=True),
+    "Qwen3-4B": _preset(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32, tie_word_embeddings=True),
+    "Qwen3-8B": _preset(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32, tie_word_embeddings=False),
+    "Qwen3-14B": _preset(hidden_size=5120, intermediate_size=17408, num_hidden_layers=40, num_attention_heads=40, tie_word_embeddings=False),
+    "Qwen3-32B": _preset(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64, tie_word_embeddings=False),
+}

@@ -1,0 +1,87 @@
+"""Seeded random-weight Qwen3 checkpoints in Hugging Face layout, built with `transformers`.
+
+Tests compare MILI against transformers on them, benchmarks time them, and the smallest is MILI's built-in
+default model (its weights are random: it produces gibberish, but real Qwen3 arithmetic on real shapes)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from ..tokenizer.qwen_tokenizer import ASSETS_DIR
+
+QWEN3_VOCAB = 151936
+EOS_TOKEN_IDS = [151645, 151643]
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=32, tie_word_embeddings=True)
+BUILTIN = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
+               num_key_value_heads=4, head_dim=64, tie_word_embeddings=True)
+QWEN3_0_6B_SHAPE = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                        num_key_value_heads=8, head_dim=128, tie_word_embeddings=True)
+BUILTIN_NAME = "mili-random-qwen3-256h4l-v1"
+
+
+def build_random_checkpoint(
+    path: str | os.PathLike,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    max_shard_size: Optional[str] = None,
+    **config_overrides: Any,
+) -> Path:
+    """Write config.json, generation_config.json, safetensors and the Qwen3 tokenizer files into `path`.
+
+    Weights are N(0, initializer_range) with norm weights around 1 (not exactly 1, so that a norm applied with
+    the wrong weight shows up in parity tests). Built in a temporary directory and renamed into place.
+    """
+    from transformers import GenerationConfig
+    from transformers import Qwen3Config as HFQwen3Config
+    from transformers import Qwen3ForCausalLM
+
+    path = Path(path)
+    config = HFQwen3Config(**{
+        "vocab_size": QWEN3_VOCAB, "max_position_embeddings": 40960, "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6,
+        "initializer_range": 0.1, "bos_token_id": 151643, "eos_token_id": 151645, **config_overrides,
+    })
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1 + 0.2 * torch.randn_like(param))
+    model = model.to(dtype)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=path.name + ".", dir=path.parent))
+    try:
+        model.save_pretrained(staging, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
+        GenerationConfig(
+            bos_token_id=151643, eos_token_id=EOS_TOKEN_IDS, pad_token_id=151643,
+            do_sample=True, temperature=0.6, top_k=20, top_p=0.95,
+        ).save_pretrained(staging)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copyfile(ASSETS_DIR / name, staging / name)
+        if path.exists():
+            shutil.rmtree(path)
+        staging.rename(path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return path
+
+
+def cache_dir() -> Path:
+    """Where MILI keeps generated models: $MILI_CACHE_DIR, else ~/.cache/mili."""
+    return Path(os.environ.get("MILI_CACHE_DIR", Path.home() / ".cache" / "mili"))
+
+
+def builtin_model_path() -> Path:
+    """The built-in default model (random weights, Qwen3 architecture and tokenizer), generated on first use."""
+    path = cache_dir() / "models" / BUILTIN_NAME
+    if not (path / "config.json").is_file():
+        print(f"MILI: generating the built-in random-weight Qwen3 model into {path} (first use only)", flush=True)
+        build_random_checkpoint(path, seed=1234, **BUILTIN)
+    return path

@@ -1,0 +1,99 @@
+"""Qwen3 chat template (the jinja template of tokenizer_config.json) and reasoning/answer split."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, List, Optional, Tuple
+
+import jinja2
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .qwen_tokenizer import QwenTokenizer, get_tokenizer
+
+THINK_START, THINK_END = "<think>", "</think>"
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: Optional[int] = None, separators: Any = None, sort_keys: bool = False) -> str:
+    # jinja's own tojson escapes HTML characters; chat templates expect plain json.dumps
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _compile(template: str) -> jinja2.Template:
+    """The jinja environment chat templates are written for (the one transformers renders them in)."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(template)
+
+
+class MessageFormatter:
+    """Renders OpenAI-style messages with the tokenizer's chat template."""
+
+    def __init__(self, tokenizer: Optional[QwenTokenizer] = None) -> None:
+        self.tokenizer = tokenizer or get_tokenizer()
+        if not self.tokenizer.chat_template:
+            raise ValueError(f"The tokenizer in {self.tokenizer.path} has no chat_template")
+        self._template = _compile(self.tokenizer.chat_template)
+
+    def render_chat(
+        self,
+        messages: List[dict],
+        add_generation_prompt: bool = True,
+        enable_thinking: bool = True,
+        tools: Optional[List[dict]] = None,
+    ) -> str:
+        """The prompt text. Messages are dicts with role, content, and optionally reasoning_content and tool_calls."""
+        if not messages:
+            raise ValueError("messages must hold at least one message")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or "role" not in m:
+                raise ValueError(f"messages[{i}] must be a dict with a 'role', got {m!r}")
+        t = self.tokenizer
+        return self._template.render(
+            messages=[_with_reasoning_alias(m) for m in messages],
+            tools=tools,
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            enable_thinking=enable_thinking,
+            eos_token=t.eos_token,
+            pad_token=t.pad_token,
+            bos_token=t.bos_token,
+        )
+
+    def encode_chat(
+        self,
+        messages: List[dict],
+        add_generation_prompt: bool = True,
+        enable_thinking: bool = True,
+        tools: Optional[List[dict]] = None,
+    ) -> List[int]:
+        """The prompt token ids (what transformers' apply_chat_template(tokenize=True) gives)."""
+        text = self.render_chat(messages, add_generation_prompt, enable_thinking, tools)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+
+def _with_reasoning_alias(message: dict) -> dict:
+    # Clients send an assistant turn's reasoning as reasoning_content, thinking or reasoning; the template reads the first
+    reasoning = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None)
+    return message if reasoning is None else {**message, "reasoning_content": reasoning}
+
+
+def parse_response(text: str) -> Tuple[Optional[str], str]:
+    """Split generated text into (reasoning, content). Reasoning is the text inside <think>...</think>
+    (None when the model did not think); an unterminated <think> block is all reasoning."""
+    if THINK_END in text:
+        reasoning, content = text.split(THINK_END, 1)
+        reasoning = reasoning.split(THINK_START, 1)[-1]
+        return reasoning.strip("\n"), content.lstrip("\n")
+    stripped = text.lstrip()
+    if stripped.startswith(THINK_START):
+        return stripped[len(THINK_START):].strip("\n"), ""
+    return None, text
