@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from python_layer.model.random_checkpoint import TINY, build_random_checkpoint
+from python_layer.model.random_checkpoint import QWEN3_0_6B_SHAPE, TINY, build_random_checkpoint
 
 # Three shapes for parity with transformers: GQA 2:1 with head_dim != hidden/heads and tied embeddings;
 # multi-head (no GQA) with untied embeddings; GQA 8:1 with YaRN rope scaling, untied, attention over 128-dim heads.
@@ -48,6 +48,12 @@ def parity_checkpoint(request: pytest.FixtureRequest, checkpoints_dir: Path, tin
     if request.param == "tiny_gqa2_tied":
         return tiny_checkpoint
     return build_random_checkpoint(checkpoints_dir / request.param, seed=1, **PARITY_SHAPES[request.param])
+
+
+@pytest.fixture(scope="session")
+def qwen3_0_6b_checkpoint(checkpoints_dir: Path) -> Path:
+    """Qwen3-0.6B's exact shapes with random bfloat16 weights (1.2 GB): for slow tests and benchmarks."""
+    return build_random_checkpoint(checkpoints_dir / "qwen3-0.6b-random", seed=0, dtype=torch.bfloat16, **QWEN3_0_6B_SHAPE)
 
 
 @pytest.fixture(scope="session")

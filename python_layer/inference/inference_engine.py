@@ -42,8 +42,14 @@ class InferenceEngine:
             bytes_per_page = 2 * config.num_hidden_layers * page_size * config.num_key_value_heads * config.head_dim * model.dtype.itemsize
             num_kv_pages = max(1, min(4096, int(kv_cache_memory_gb * 2**30 // bytes_per_page)))
         self.kv_cache = model.new_kv_cache(num_kv_pages, page_size)
-        pool_tokens = num_kv_pages * page_size
-        self.max_model_len = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings, pool_tokens)
+        limit = min(config.max_position_embeddings, num_kv_pages * page_size)
+        if max_model_len is not None and max_model_len > limit:
+            raise ValueError(
+                f"max_model_len {max_model_len} exceeds what this engine can hold: {limit} tokens "
+                f"(max_position_embeddings {config.max_position_embeddings}, KV pool {num_kv_pages} pages of {page_size}); "
+                "lower max_model_len or give more num_kv_pages / kv_cache_memory_gb"
+            )
+        self.max_model_len = max_model_len or limit
         self.max_num_seqs = max_num_seqs
         self.eos_token_ids = set(config.eos_token_ids) | ({self.tokenizer.eos_token_id} - {None})
         self.runner = ModelRunner(model, self.kv_cache)

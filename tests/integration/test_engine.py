@@ -115,6 +115,11 @@ def test_design_document_generate(tiny_checkpoint: Path) -> None:
     assert text == engine.generate("What is machine learning?", SamplingParams(temperature=0.0, max_tokens=6))[0].text
 
 
+def test_max_model_len_beyond_the_kv_pool_is_rejected(tiny_checkpoint: Path) -> None:
+    with pytest.raises(ValueError, match="max_model_len 1000 exceeds.*KV pool 10 pages"):
+        InferenceEngine.from_pretrained(tiny_checkpoint, num_kv_pages=10, max_model_len=1000)
+
+
 def test_missing_checkpoint_errors(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="does not exist"):
         InferenceEngine.from_pretrained(tmp_path / "no-such-model")

@@ -112,3 +112,16 @@ def test_bfloat16_logits_close_to_transformers(tiny_checkpoint: Path, dtype: tor
     prompt = _prompts(model.config.vocab_size)[2]
     logits = _Batch(model, 1).forward([prompt], all_logits=True)
     assert _rel_err(logits, _hf_logits(hf, prompt)) < 3e-2
+
+
+@pytest.mark.slow
+def test_qwen3_0_6b_shape_greedy_matches_transformers(qwen3_0_6b_checkpoint: Path) -> None:
+    """The full Qwen3-0.6B architecture (28 layers, 16/8 heads, head_dim 128, tied 151,936-row embedding)."""
+    hf = _hf(qwen3_0_6b_checkpoint)
+    engine = InferenceEngine.from_pretrained(qwen3_0_6b_checkpoint, num_kv_pages=64)
+    prompts = _prompts(engine.model.config.vocab_size, seed=2)
+    outs = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    for prompt, out in zip(prompts, outs):
+        assert out.token_ids == _hf_greedy(hf, prompt, 4)
+    logits = _Batch(engine.model, 1).forward([prompts[1]], all_logits=True)
+    assert _rel_err(logits, _hf_logits(hf, prompts[1])) < 1e-4
