@@ -155,6 +155,7 @@ class InferenceEngine:
 
     def _append_token(self, request: InferenceRequest, token: int) -> None:
         request.output_token_ids.append(token)
+        searched = len(request.text)
         request.text += request.detokenizer.add(token)
         params = request.params
         reason = None
@@ -164,7 +165,7 @@ class InferenceEngine:
             reason = "length"
         if reason is not None:
             request.text += request.detokenizer.flush()
-        stop_at = _find_stop(request.text, params.stop)
+        stop_at = _find_stop(request.text, params.stop, searched)
         if stop_at is not None:
             request.text, reason = request.text[:stop_at], "stop"
         if reason is not None:
@@ -208,6 +209,7 @@ class InferenceEngine:
         return [results[i] for i in ids]
 
 
-def _find_stop(text: str, stops: List[str]) -> Optional[int]:
-    found = [i for i in (text.find(s) for s in stops) if i >= 0]
+def _find_stop(text: str, stops: List[str], new_from: int) -> Optional[int]:
+    """Where the first stop string that ends in text[new_from:] starts (earlier text was searched before)."""
+    found = [i for i in (text.find(s, max(0, new_from - len(s) + 1)) for s in stops) if i >= 0]
     return min(found) if found else None

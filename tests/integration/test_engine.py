@@ -127,3 +127,11 @@ def test_missing_checkpoint_errors(tmp_path: Path) -> None:
         InferenceEngine.from_pretrained(tmp_path)
     with pytest.raises(ValueError, match="backend 'cuda-magic' is not available"):
         load_backend("cuda-magic")
+
+
+def test_stop_string_split_over_pieces_is_found() -> None:
+    from python_layer.inference.inference_engine import _find_stop
+
+    assert _find_stop("abcSTOPx", ["STOP"], new_from=5) == 3  # "abcST" was searched before "OPx" arrived
+    assert _find_stop("abcSTOPx", ["zz", "OPx", "STOP"], new_from=7) == 3
+    assert _find_stop("abcSTOPx", ["STOP"], new_from=8) is None  # already searched: cannot end in new text
