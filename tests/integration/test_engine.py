@@ -133,5 +133,5 @@ def test_stop_string_split_over_pieces_is_found() -> None:
     from python_layer.inference.inference_engine import _find_stop
 
     assert _find_stop("abcSTOPx", ["STOP"], new_from=5) == 3  # "abcST" was searched before "OPx" arrived
-    assert _find_stop("abcSTOPx", ["zz", "OPx", "STOP"], new_from=7) == 3
+    assert _find_stop("abcSTOPx", ["zz", "OPx", "STOP"], new_from=7) == 5  # STOP ended before new_from
     assert _find_stop("abcSTOPx", ["STOP"], new_from=8) is None  # already searched: cannot end in new text
