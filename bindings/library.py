@@ -1,0 +1,101 @@
+"""Builds and loads MILI's Mojo kernel package, keeps MAX's compile cache project-local, maps devices."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _default_cache_root() -> Path:
+    # a source checkout keeps its caches beside the code; an installed package uses MILI's cache dir
+    if (REPO_ROOT / "pyproject.toml").is_file():
+        return REPO_ROOT
+    return Path(os.environ.get("MILI_CACHE_DIR", Path.home() / ".cache" / "mili"))
+
+
+# MAX reads this when it starts: it must be set before `max` is imported anywhere.
+os.environ.setdefault("MODULAR_CACHE_DIR", str(_default_cache_root() / ".modular_cache"))
+
+
+def kernels_dir() -> Path:
+    """The Mojo sources (`mojo_kernels/`), in the checkout or in the installed package."""
+    import mojo_kernels
+
+    return Path(next(iter(mojo_kernels.__path__)))
+
+
+def _sources_digest(src: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(src.rglob("*.mojo")):
+        h.update(str(path.relative_to(src)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _mojo() -> str:
+    exe = Path(sys.executable).parent / "mojo"
+    found = str(exe) if exe.is_file() else shutil.which("mojo")
+    if found is None:
+        raise RuntimeError("The `mojo` compiler is not installed: pip install 'mojo==1.2.0' (it comes with MILI's dependencies)")
+    return found
+
+
+@lru_cache(maxsize=1)
+def package_path() -> Path:
+    """The precompiled kernel package (.mojoc), rebuilt when any Mojo source changed."""
+    src = kernels_dir()
+    # MAX imports the package by its file name, so the digest goes into the folder name
+    out = Path(os.environ["MODULAR_CACHE_DIR"]) / "mili_kernels" / _sources_digest(src) / "mili_kernels.mojoc"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.parent / f"building-{os.getpid()}" / out.name  # the file name is the package name
+        tmp.parent.mkdir(exist_ok=True)
+        result = subprocess.run([_mojo(), "precompile", str(src), "-o", str(tmp)], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"Building the Mojo kernels failed:\n{result.stdout}\n{result.stderr}")
+        tmp.replace(out)
+        tmp.parent.rmdir()
+    return out
+
+
+@lru_cache(maxsize=1)
+def kernel_library():
+    from max.graph import KernelLibrary
+
+    library = KernelLibrary()
+    library.load_paths([package_path()])
+    return library
+
+
+@lru_cache(maxsize=None)
+def session(device_key: str):
+    """One MAX inference session per device ("cpu", "cuda:0", ...)."""
+    from max.engine import InferenceSession
+
+    return InferenceSession(devices=[max_device(device_key)])
+
+
+def max_device(device_key: str):
+    from max.driver import CPU, Accelerator
+
+    if device_key == "cpu":
+        return CPU()
+    if device_key.startswith("cuda"):
+        return Accelerator(int(device_key.split(":")[1]) if ":" in device_key else 0)
+    raise ValueError(f"device {device_key!r} is not supported: use 'cpu' or 'cuda[:N]'")
+
+
+def device_key(device) -> str:
+    """'cpu' or 'cuda:N' for a torch device."""
+    if device.type == "cpu":
+        return "cpu"
+    if device.type == "cuda":
+        return f"cuda:{device.index or 0}"
+    raise ValueError(f"device {device} is not supported by the Mojo kernels: use cpu or cuda")

@@ -1,0 +1,145 @@
+# RMSNorm family: y = x * rsqrt(mean(x^2) + eps) * w over the last dimension, float32 arithmetic.
+#   mili.rms_norm            x[T, H]
+#   mili.fused_add_rms_norm  residual_out = x + residual, y = rms_norm(residual_out)
+#   mili.head_rms_norm       x[T, heads, D] with w[D]: Qwen3's q/k norm
+# CPU: one row per task (parallel over rows), vectorized within a row. GPU: one block per row.
+from extensibility import register, InputTensor, OutputTensor
+from max.gpu.host import DeviceContext
+from max.gpu import thread_idx, block_idx
+from max.gpu.primitives import block
+from max.algorithm import parallelize
+from std.algorithm import vectorize
+from std.math import rsqrt
+
+from ..utils.types import F32, F32_WIDTH, Ptr, GPU_BLOCK, SERIAL_ELEMENTS, check_same
+
+
+def _norm_rows_cpu[dtype: DType, fused: Bool](
+    y: Ptr[dtype], res_out: Ptr[dtype], x: Ptr[dtype], res: Ptr[dtype], w: Ptr[dtype],
+    rows: Int, cols: Int, eps: Float32,
+):
+    def do_row(r: Int) {var y, var res_out, var x, var res, var w, var cols, var eps}:
+        var base = r * cols
+        var src = x
+        comptime if fused:
+            def add[width: Int](i: Int) {var res_out, var x, var res, var base}:
+                var s = x.unsafe_load[width=width](base + i).cast[F32]() + res.unsafe_load[width=width](base + i).cast[F32]()
+                res_out.unsafe_store(base + i, s.cast[dtype]())
+
+            vectorize[F32_WIDTH](cols, add)
+            src = res_out
+        var acc = SIMD[F32, F32_WIDTH](0)
+        var tail = Float32(0)
+
+        def square[width: Int](i: Int) {mut acc, mut tail, var src, var base}:
+            var v = src.unsafe_load[width=width](base + i).cast[F32]()
+            comptime if width == F32_WIDTH:
+                acc += rebind[SIMD[F32, F32_WIDTH]](v * v)
+            else:
+                tail += (v * v).reduce_add()
+
+        vectorize[F32_WIDTH](cols, square)
+        var inv = rsqrt((acc.reduce_add() + tail) / Float32(cols) + eps)
+
+        def scale[width: Int](i: Int) {var y, var src, var w, var base, var inv}:
+            var v = src.unsafe_load[width=width](base + i).cast[F32]() * inv
+            y.unsafe_store(base + i, (v * w.unsafe_load[width=width](i).cast[F32]()).cast[dtype]())
+
+        vectorize[F32_WIDTH](cols, scale)
+
+    if rows * cols <= SERIAL_ELEMENTS:
+        for r in range(rows):
+            do_row(r)
+    else:
+        parallelize(do_row, rows)
+
+
+def _norm_rows_gpu[dtype: DType, fused: Bool](
+    y: Ptr[dtype], res_out: Ptr[dtype], x: Ptr[dtype], res: Ptr[dtype], w: Ptr[dtype],
+    cols: Int32, eps: Ptr[F32],
+):
+    var n = Int(cols)
+    var base = Int(block_idx.x) * n
+    var tid = Int(thread_idx.x)
+    var src = x
+    comptime if fused:
+        for i in range(tid, n, GPU_BLOCK):  # each thread re-reads only what it wrote: no barrier needed
+            var s = x.unsafe_load(base + i).cast[F32]() + res.unsafe_load(base + i).cast[F32]()
+            res_out.unsafe_store(base + i, s.cast[dtype]())
+        src = res_out
+    var s = Float32(0)
+    for i in range(tid, n, GPU_BLOCK):
+        var v = src.unsafe_load(base + i).cast[F32]()
+        s += v * v
+    var total = block.sum[block_size=GPU_BLOCK, broadcast=True](s)
+    var inv = rsqrt(total / Float32(n) + eps.unsafe_load(0))
+    for i in range(tid, n, GPU_BLOCK):
+        var v = src.unsafe_load(base + i).cast[F32]() * inv
+        y.unsafe_store(base + i, (v * w.unsafe_load(i).cast[F32]()).cast[dtype]())
+
+
+def _norm_rows[dtype: DType, fused: Bool, target: StaticString](
+    y: Ptr[dtype], res_out: Ptr[dtype], x: Ptr[dtype], res: Ptr[dtype], w: Ptr[dtype],
+    rows: Int, cols: Int, eps: Ptr[F32], ctx: DeviceContext,
+) raises:
+    if rows == 0:
+        return
+    comptime if target == "cpu":
+        _norm_rows_cpu[dtype, fused](y, res_out, x, res, w, rows, cols, eps.unsafe_load(0))
+    else:
+        ctx.enqueue_function[_norm_rows_gpu[dtype, fused]](
+            y, res_out, x, res, w, Int32(cols), eps, grid_dim=rows, block_dim=GPU_BLOCK
+        )
+
+
+@register("mili_rms_norm")
+struct RmsNorm:
+    @staticmethod
+    def execute[dtype: DType, //, target: StaticString](
+        y: OutputTensor[dtype=dtype, rank=2, ...],
+        x: InputTensor[dtype=dtype, rank=2, ...],
+        weight: InputTensor[dtype=dtype, rank=1, ...],
+        eps: InputTensor[dtype=DType.float32, rank=1, ...],
+        ctx: DeviceContext,
+    ) raises:
+        var cols = x.dim_size[1]()
+        check_same["rms_norm"](weight.dim_size[0](), cols, "weight size", "hidden size")
+        var xp = x.unsafe_ptr()
+        _norm_rows[dtype, False, target](y.unsafe_ptr(), y.unsafe_ptr(), xp, xp, weight.unsafe_ptr(),
+                                         x.dim_size[0](), cols, eps.unsafe_ptr(), ctx)
+
+
+@register("mili_fused_add_rms_norm")
+struct FusedAddRmsNorm:
+    @staticmethod
+    def execute[dtype: DType, //, target: StaticString](
+        y: OutputTensor[dtype=dtype, rank=2, ...],
+        residual_out: OutputTensor[dtype=dtype, rank=2, ...],
+        x: InputTensor[dtype=dtype, rank=2, ...],
+        residual: InputTensor[dtype=dtype, rank=2, ...],
+        weight: InputTensor[dtype=dtype, rank=1, ...],
+        eps: InputTensor[dtype=DType.float32, rank=1, ...],
+        ctx: DeviceContext,
+    ) raises:
+        var cols = x.dim_size[1]()
+        check_same["fused_add_rms_norm"](weight.dim_size[0](), cols, "weight size", "hidden size")
+        check_same["fused_add_rms_norm"](residual.size(), x.size(), "residual size", "x size")
+        _norm_rows[dtype, True, target](y.unsafe_ptr(), residual_out.unsafe_ptr(), x.unsafe_ptr(), residual.unsafe_ptr(),
+                                        weight.unsafe_ptr(), x.dim_size[0](), cols, eps.unsafe_ptr(), ctx)
+
+
+@register("mili_head_rms_norm")
+struct HeadRmsNorm:
+    @staticmethod
+    def execute[dtype: DType, //, target: StaticString](
+        y: OutputTensor[dtype=dtype, rank=3, ...],
+        x: InputTensor[dtype=dtype, rank=3, ...],
+        weight: InputTensor[dtype=dtype, rank=1, ...],
+        eps: InputTensor[dtype=DType.float32, rank=1, ...],
+        ctx: DeviceContext,
+    ) raises:
+        var head_dim = x.dim_size[2]()
+        check_same["head_rms_norm"](weight.dim_size[0](), head_dim, "weight size", "head_dim")
+        var xp = x.unsafe_ptr()
+        _norm_rows[dtype, False, target](y.unsafe_ptr(), y.unsafe_ptr(), xp, xp, weight.unsafe_ptr(),
+                                         x.dim_size[0]() * x.dim_size[1](), head_dim, eps.unsafe_ptr(), ctx)
