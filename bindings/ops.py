@@ -100,3 +100,76 @@ def head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
     y = torch.empty_like(x)
     _HEAD_RMS_NORM(y, _c(x), _c(weight), _scalar(eps, x))
     return y
+
+
+# ---- rotary embedding ---------------------------------------------------------------------------------------
+
+_ROPE = CompiledOp(
+    "mili_rope", [(SAME, ["T", "Hq", "D"]), (SAME, ["T", "Hk", "D"])],
+    [(SAME, ["T", "Hq", "D"]), (SAME, ["T", "Hk", "D"]), (I32, ["T"]), (F32, ["half_D"]), (F32, [1])],
+)
+
+
+@lru_cache(maxsize=64)
+def _rope_tables(head_dim: int, theta: float, scaling: Optional[tuple], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq, scale = rope_inv_freq(head_dim, theta, dict(scaling) if scaling else None)
+    return inv_freq.to(device), torch.tensor([scale], dtype=torch.float32, device=device)
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, theta: float,
+         rope_scaling: Optional[dict] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    scaling = tuple(sorted(rope_scaling.items())) if rope_scaling else None
+    inv_freq, scale = _rope_tables(q.shape[-1], float(theta), scaling, q.device)
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    _ROPE(q_out, k_out, _c(q), _c(k), _i32(positions), inv_freq, scale)
+    return q_out, k_out
+
+
+# ---- activations ------------------------------------------------------------------------------------------
+
+_SILU_AND_MUL = CompiledOp("mili_silu_and_mul", [(SAME, ["T", "I"])], [(SAME, ["T", "two_I"])])
+_ELEMENTWISE = {name: CompiledOp(f"mili_{name}", [(SAME, ["N"])], [(SAME, ["N"])]) for name in ("silu", "gelu", "relu")}
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    if x.shape[-1] % 2:
+        raise ValueError(f"silu_and_mul needs an even last dimension [gate | up], got {tuple(x.shape)}")
+    x2 = _c(x).reshape(-1, x.shape[-1])
+    y = torch.empty(x2.shape[0], x2.shape[1] // 2, dtype=x.dtype, device=x.device)
+    _SILU_AND_MUL(y, x2)
+    return y.view(*x.shape[:-1], x.shape[-1] // 2)
+
+
+def _elementwise(name: str, x: torch.Tensor) -> torch.Tensor:
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    _ELEMENTWISE[name](y.view(-1), _c(x).view(-1))
+    return y
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    return _elementwise("silu", x)
+
+
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    return _elementwise("gelu", x)
+
+
+def relu(x: torch.Tensor) -> torch.Tensor:
+    return _elementwise("relu", x)
+
+
+# ---- KV cache -----------------------------------------------------------------------------------------------
+
+_STORE_KV = CompiledOp(
+    "mili_store_kv", [(SAME, ["P", "S", "Hk", "D"]), (SAME, ["P", "S", "Hk", "D"])],
+    [(SAME, ["T", "Hk", "D"]), (SAME, ["T", "Hk", "D"]), (I32, ["T"])], in_place=True,
+)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("store_kv writes the caches in place: they must be contiguous")
+    capacity = k_cache.shape[0] * k_cache.shape[1]
+    if slot_mapping.numel() and int(slot_mapping.max()) >= capacity:
+        raise IndexError(f"store_kv: slot {int(slot_mapping.max())} is outside the cache ({capacity} slots)")
+    _STORE_KV(k_cache, v_cache, _c(k.to(k_cache.dtype)), _c(v.to(v_cache.dtype)), _i32(slot_mapping))

@@ -1,0 +1,104 @@
+# Rotate-half (NeoX) rotary embedding of q[T, Hq, D] and k[T, Hkv, D] at positions[T]:
+#   out[i] = x[i] * c - x[i + D/2] * s,  out[i + D/2] = x[i + D/2] * c + x[i] * s
+#   with angle = position * inv_freq[i], c = cos(angle) * scale, s = sin(angle) * scale.
+# inv_freq[D/2] and scale come from the caller (plain RoPE: scale 1; YaRN: its blended frequencies and
+# attention factor; see bindings/reference.py rope_inv_freq), so one kernel serves every RoPE variant.
+from extensibility import register, InputTensor, OutputTensor
+from max.gpu.host import DeviceContext
+from max.gpu import thread_idx, block_idx
+from max.algorithm import parallelize
+from std.algorithm import vectorize
+from std.math import cos, sin
+
+from ..utils.types import F32, F32_WIDTH, Ptr, GPU_BLOCK, SERIAL_ELEMENTS, check_same
+
+
+@always_inline
+def _rotate[dtype: DType, width: Int](
+    y: Ptr[dtype], x: Ptr[dtype], base: Int, half: Int, c: SIMD[F32, width], s: SIMD[F32, width]
+):
+    var x1 = x.unsafe_load[width=width](base).cast[F32]()
+    var x2 = x.unsafe_load[width=width](base + half).cast[F32]()
+    y.unsafe_store(base, (x1 * c - x2 * s).cast[dtype]())
+    y.unsafe_store(base + half, (x2 * c + x1 * s).cast[dtype]())
+
+
+def _rope_cpu[dtype: DType](
+    qo: Ptr[dtype], ko: Ptr[dtype], q: Ptr[dtype], k: Ptr[dtype], pos: Ptr[DType.int32], inv_freq: Ptr[F32],
+    scale: Float32, tokens: Int, q_heads: Int, k_heads: Int, head_dim: Int,
+):
+    var half = head_dim // 2
+
+    def do_token(t: Int) {var qo, var ko, var q, var k, var pos, var inv_freq, var scale, var q_heads, var k_heads, var head_dim, var half}:
+        var p = pos.unsafe_load(t).cast[F32]()
+
+        def chunk[width: Int](i: Int) {var qo, var ko, var q, var k, var inv_freq, var scale, var q_heads, var k_heads, var head_dim, var half, var p, var t}:
+            var angle = inv_freq.unsafe_load[width=width](i) * p
+            var c = cos(angle) * scale
+            var s = sin(angle) * scale
+            for h in range(q_heads):
+                _rotate[dtype, width](qo, q, (t * q_heads + h) * head_dim + i, half, c, s)
+            for h in range(k_heads):
+                _rotate[dtype, width](ko, k, (t * k_heads + h) * head_dim + i, half, c, s)
+
+        vectorize[F32_WIDTH](half, chunk)
+
+    if tokens * (q_heads + k_heads) * head_dim <= SERIAL_ELEMENTS:
+        for t in range(tokens):
+            do_token(t)
+    else:
+        parallelize(do_token, tokens)
+
+
+def _rope_gpu[dtype: DType](
+    qo: Ptr[dtype], ko: Ptr[dtype], q: Ptr[dtype], k: Ptr[dtype], pos: Ptr[DType.int32], inv_freq: Ptr[F32],
+    scale: Ptr[F32], q_heads: Int32, k_heads: Int32, head_dim: Int32,
+):
+    var t = Int(block_idx.x)
+    var hq, hk, d = Int(q_heads), Int(k_heads), Int(head_dim)
+    var half = d // 2
+    var p = pos.unsafe_load(t).cast[F32]()
+    var sc = scale.unsafe_load(0)
+    for j in range(Int(thread_idx.x), (hq + hk) * half, GPU_BLOCK):
+        var h = j // half
+        var i = j % half
+        var angle = inv_freq.unsafe_load(i) * p
+        var c = SIMD[F32, 1](cos(angle) * sc)
+        var s = SIMD[F32, 1](sin(angle) * sc)
+        if h < hq:
+            _rotate[dtype, 1](qo, q, (t * hq + h) * d + i, half, c, s)
+        else:
+            _rotate[dtype, 1](ko, k, (t * hk + h - hq) * d + i, half, c, s)
+
+
+@register("mili_rope")
+struct Rope:
+    @staticmethod
+    def execute[dtype: DType, //, target: StaticString](
+        q_out: OutputTensor[dtype=dtype, rank=3, ...],
+        k_out: OutputTensor[dtype=dtype, rank=3, ...],
+        q: InputTensor[dtype=dtype, rank=3, ...],
+        k: InputTensor[dtype=dtype, rank=3, ...],
+        positions: InputTensor[dtype=DType.int32, rank=1, ...],
+        inv_freq: InputTensor[dtype=DType.float32, rank=1, ...],
+        scale: InputTensor[dtype=DType.float32, rank=1, ...],
+        ctx: DeviceContext,
+    ) raises:
+        var tokens = q.dim_size[0]()
+        var head_dim = q.dim_size[2]()
+        check_same["rope"](k.dim_size[0](), tokens, "k tokens", "q tokens")
+        check_same["rope"](positions.dim_size[0](), tokens, "positions", "q tokens")
+        check_same["rope"](k.dim_size[2](), head_dim, "k head_dim", "q head_dim")
+        check_same["rope"](inv_freq.dim_size[0]() * 2, head_dim, "2 * inv_freq size", "head_dim")
+        if tokens == 0:
+            return
+        comptime if target == "cpu":
+            _rope_cpu[dtype](q_out.unsafe_ptr(), k_out.unsafe_ptr(), q.unsafe_ptr(), k.unsafe_ptr(), positions.unsafe_ptr(),
+                             inv_freq.unsafe_ptr(), scale.unsafe_ptr().unsafe_load(0), tokens, q.dim_size[1](),
+                             k.dim_size[1](), head_dim)
+        else:
+            ctx.enqueue_function[_rope_gpu[dtype]](
+                q_out.unsafe_ptr(), k_out.unsafe_ptr(), q.unsafe_ptr(), k.unsafe_ptr(), positions.unsafe_ptr(),
+                inv_freq.unsafe_ptr(), scale.unsafe_ptr(), Int32(q.dim_size[1]()), Int32(k.dim_size[1]()),
+                Int32(head_dim), grid_dim=tokens, block_dim=GPU_BLOCK,
+            )

@@ -1,0 +1,74 @@
+# store_kv: write the new tokens' K and V rows [T, Hkv, D] into the paged caches [pages, page_size, Hkv, D]
+# in place, token t at slot slot_mapping[t] = page * page_size + offset (a negative slot is skipped).
+from extensibility import register, InputTensor
+from extensibility import _MutableInputTensor as MutableInputTensor
+from max.gpu.host import DeviceContext
+from max.gpu import thread_idx, block_idx
+from max.algorithm import parallelize
+from std.algorithm import vectorize
+
+from ..utils.types import F32_WIDTH, Ptr, GPU_BLOCK, SERIAL_ELEMENTS, check_same
+
+
+def _store_cpu[dtype: DType](
+    k_cache: Ptr[dtype], v_cache: Ptr[dtype], k: Ptr[dtype], v: Ptr[dtype], slots: Ptr[DType.int32], tokens: Int, row: Int
+):
+    def do_token(t: Int) {var k_cache, var v_cache, var k, var v, var slots, var row}:
+        var slot = Int(slots.unsafe_load(t))
+        if slot < 0:
+            return
+        var src = t * row
+        var dst = slot * row
+
+        def copy[width: Int](i: Int) {var k_cache, var v_cache, var k, var v, var src, var dst}:
+            k_cache.unsafe_store(dst + i, k.unsafe_load[width=width](src + i))
+            v_cache.unsafe_store(dst + i, v.unsafe_load[width=width](src + i))
+
+        vectorize[F32_WIDTH](row, copy)
+
+    if tokens * row <= SERIAL_ELEMENTS:
+        for t in range(tokens):
+            do_token(t)
+    else:
+        parallelize(do_token, tokens)
+
+
+def _store_gpu[dtype: DType](
+    k_cache: Ptr[dtype], v_cache: Ptr[dtype], k: Ptr[dtype], v: Ptr[dtype], slots: Ptr[DType.int32], row: Int32
+):
+    var t = Int(block_idx.x)
+    var slot = Int(slots.unsafe_load(t))
+    if slot < 0:
+        return
+    var n = Int(row)
+    for i in range(Int(thread_idx.x), n, GPU_BLOCK):
+        k_cache.unsafe_store(slot * n + i, k.unsafe_load(t * n + i))
+        v_cache.unsafe_store(slot * n + i, v.unsafe_load(t * n + i))
+
+
+@register("mili_store_kv")
+struct StoreKV:
+    @staticmethod
+    def execute[dtype: DType, //, target: StaticString](
+        k_cache: MutableInputTensor[dtype=dtype, rank=4, ...],
+        v_cache: MutableInputTensor[dtype=dtype, rank=4, ...],
+        k: InputTensor[dtype=dtype, rank=3, ...],
+        v: InputTensor[dtype=dtype, rank=3, ...],
+        slot_mapping: InputTensor[dtype=DType.int32, rank=1, ...],
+        ctx: DeviceContext,
+    ) raises:
+        var tokens = k.dim_size[0]()
+        var row = k.dim_size[1]() * k.dim_size[2]()
+        check_same["store_kv"](k_cache.dim_size[2]() * k_cache.dim_size[3](), row, "cache heads * head_dim", "k heads * head_dim")
+        check_same["store_kv"](v.size(), k.size(), "v size", "k size")
+        check_same["store_kv"](slot_mapping.dim_size[0](), tokens, "slot_mapping size", "tokens")
+        if tokens == 0:
+            return
+        comptime if target == "cpu":
+            _store_cpu[dtype](k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), k.unsafe_ptr(), v.unsafe_ptr(),
+                              slot_mapping.unsafe_ptr(), tokens, row)
+        else:
+            ctx.enqueue_function[_store_gpu[dtype]](
+                k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), k.unsafe_ptr(), v.unsafe_ptr(), slot_mapping.unsafe_ptr(),
+                Int32(row), grid_dim=tokens, block_dim=GPU_BLOCK,
+            )
