@@ -173,3 +173,20 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     if slot_mapping.numel() and int(slot_mapping.max()) >= capacity:
         raise IndexError(f"store_kv: slot {int(slot_mapping.max())} is outside the cache ({capacity} slots)")
     _STORE_KV(k_cache, v_cache, _c(k.to(k_cache.dtype)), _c(v.to(v_cache.dtype)), _i32(slot_mapping))
+
+
+# ---- attention ----------------------------------------------------------------------------------------------
+
+_PAGED_ATTENTION = CompiledOp(
+    "mili_paged_attention", [(SAME, ["T", "Hq", "D"])],
+    [(SAME, ["T", "Hq", "D"]), (SAME, ["P", "S", "Hk", "D"]), (SAME, ["P", "S", "Hk", "D"]), (I32, ["B", "max_pages"]),
+     (I32, ["B"]), (I32, ["B_plus_1"]), (F32, [1])],
+)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+                    context_lens: torch.Tensor, query_start: torch.Tensor, scale: float) -> torch.Tensor:
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    _PAGED_ATTENTION(out, _c(q), _c(k_cache), _c(v_cache), _i32(page_table), _i32(context_lens), _i32(query_start),
+                     _scalar(scale, q))
+    return out
