@@ -22,6 +22,7 @@ from max.graph import BufferType, DeviceRef, Graph, TensorType, ops  # noqa: E40
 
 F32, I32 = DType.float32, DType.int32
 SAME = None  # in a shape spec: the op's own dtype
+ALL_OPS: list["CompiledOp"] = []
 
 
 class CompiledOp:
@@ -32,23 +33,30 @@ class CompiledOp:
 
     def __init__(self, op_name: str, buffers: Sequence[tuple], tensors: Sequence[tuple], in_place: bool = False) -> None:
         self.op_name, self.buffers, self.tensors, self.in_place = op_name, list(buffers), list(tensors), in_place
+        ALL_OPS.append(self)
+
+    def input_types(self, dtype: DType, dev: DeviceRef) -> list:
+        types = [BufferType(dtype if d is SAME else d, shape, dev) for d, shape in self.buffers]
+        return types + [TensorType(dtype if d is SAME else d, shape, dev) for d, shape in self.tensors]
+
+    def emit(self, dev: DeviceRef, values: Sequence) -> None:
+        """Add the op to the graph being built; values are graph inputs matching input_types()."""
+        buffers = [v.buffer for v in values[: len(self.buffers)]]
+        tensors = [v.tensor for v in values[len(self.buffers):]]
+        if self.in_place:
+            ops.inplace_custom(self.op_name, dev, [*buffers, *tensors])
+            return
+        out_types = [TensorType(b.dtype, b.shape, dev) for b in buffers]
+        for buffer, result in zip(buffers, ops.custom(self.op_name, dev, tensors, out_types=out_types)):
+            buffer[...] = result.tensor
 
     @lru_cache(maxsize=None)
     def compiled(self, dtype: torch.dtype, device: str):
-        dt = torch_dtype_to_max(dtype)
         dev = DeviceRef.CPU() if device == "cpu" else DeviceRef.GPU(int(device.split(":")[1]))
-        types = [BufferType(dt if d is SAME else d, shape, dev) for d, shape in self.buffers]
-        types += [TensorType(dt if d is SAME else d, shape, dev) for d, shape in self.tensors]
-        name = f"{self.op_name.replace('.', '_')}_{str(dtype).split('.')[-1]}"
+        name = f"{self.op_name}_{str(dtype).split('.')[-1]}"
+        types = self.input_types(torch_dtype_to_max(dtype), dev)
         with Graph(name, input_types=types, kernel_library=library.kernel_library()) as graph:
-            buffers = [v.buffer for v in graph.inputs[: len(self.buffers)]]
-            tensors = [v.tensor for v in graph.inputs[len(self.buffers):]]
-            if self.in_place:
-                ops.inplace_custom(self.op_name, dev, [*buffers, *tensors])
-            else:
-                out_types = [TensorType(b.dtype, b.shape, dev) for b in buffers]
-                for buffer, result in zip(buffers, ops.custom(self.op_name, dev, tensors, out_types=out_types)):
-                    buffer[...] = result.tensor
+            self.emit(dev, graph.inputs)
             graph.output()
         return library.session(device).load(graph)
 

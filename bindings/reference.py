@@ -137,11 +137,13 @@ def store_kv(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Write k/v[T, Hkv, D] into the caches in place; token t goes to slot s = page * page_size + offset."""
+    """Write k/v[T, Hkv, D] into the caches in place; token t goes to slot s = page * page_size + offset.
+    A negative slot means "do not store" (a padding token)."""
     num_pages, page_size = k_cache.shape[:2]
-    slots = slot_mapping.long()
-    k_cache.view(num_pages * page_size, *k_cache.shape[2:])[slots] = k.to(k_cache.dtype)
-    v_cache.view(num_pages * page_size, *v_cache.shape[2:])[slots] = v.to(v_cache.dtype)
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    k_cache.view(num_pages * page_size, *k_cache.shape[2:])[slots] = k[keep].to(k_cache.dtype)
+    v_cache.view(num_pages * page_size, *v_cache.shape[2:])[slots] = v[keep].to(v_cache.dtype)
 
 
 def paged_attention(

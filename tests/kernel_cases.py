@@ -1,0 +1,115 @@
+"""The kernel test cases, shared by the CPU tests (tests/kernels) and the GPU tests (tests/gpu):
+each runs a bindings.ops function and its bindings.reference twin on the same fresh random inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bindings import reference as ref
+from tests.attention_cases import attention_case
+
+DTYPES = [torch.float32, torch.bfloat16]
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
+
+NORM_SHAPES = [(1, 64), (7, 1000), (33, 1024), (3000, 1000)]  # 1000: not a multiple of any vector width
+HEAD_NORM_SHAPES = [(1, 16, 128), (5, 8, 64), (2048, 8, 128)]
+ROPE_CASES = [(1, 16, 8, 128, None), (37, 4, 2, 64, None), (2048, 16, 8, 128, None), (300, 8, 1, 128, YARN)]
+ACT_SHAPES = [(1, 3072), (5, 301), (2048, 3072)]
+ELEMENTWISE_SIZES = [1, 1001, 3 * 4096 + 7]
+# (context lengths, query lengths) per batch: prefill, extend after a cached prefix, decode over long contexts,
+# crossing page boundaries, sequences of different lengths together
+ATTENTION_BATCHES = [
+    ([1], [1]),
+    ([37], [37]),
+    ([200, 45], [60, 45]),
+    ([4096, 17, 1000, 33], [1, 1, 1, 1]),
+    ([37, 50, 300, 1], [37, 9, 1, 1]),
+]
+ATTENTION_HEADS = [(8, 8, 64), (16, 8, 128), (16, 2, 128)]  # GQA ratios 1, 2 and 8
+
+
+def tolerance(dtype: torch.dtype) -> dict:
+    return dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+
+
+def assert_matches(ours, theirs, dtype: torch.dtype, **override) -> None:
+    ours = ours if isinstance(ours, tuple) else (ours,)
+    theirs = theirs if isinstance(theirs, tuple) else (theirs,)
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        torch.testing.assert_close(a.float().cpu(), b.float().cpu(), **{**tolerance(dtype), **override})
+
+
+def run_norms(ops, device: str, dtype: torch.dtype, shape: tuple) -> None:
+    x = torch.randn(shape, device=device).to(dtype)
+    residual = torch.randn(shape, device=device).to(dtype)
+    w = (torch.rand(shape[-1], device=device) + 0.5).to(dtype)
+    assert_matches(ops.rms_norm(x, w, 1e-6), ref.rms_norm(x, w, 1e-6), dtype)
+    assert_matches(ops.fused_add_rms_norm(x, residual, w, 1e-5), ref.fused_add_rms_norm(x, residual, w, 1e-5), dtype)
+
+
+def run_head_norm(ops, device: str, dtype: torch.dtype, shape: tuple) -> None:
+    x = torch.randn(shape, device=device).to(dtype)
+    w = (torch.rand(shape[-1], device=device) + 0.5).to(dtype)
+    assert_matches(ops.head_rms_norm(x, w, 1e-6), ref.head_rms_norm(x, w, 1e-6), dtype)
+
+
+def run_rope(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
+    tokens, q_heads, kv_heads, head_dim, scaling = case
+    q = torch.randn(tokens, q_heads, head_dim, device=device).to(dtype)
+    k = torch.randn(tokens, kv_heads, head_dim, device=device).to(dtype)
+    positions = torch.randint(0, 40960, (tokens,), dtype=torch.int32, device=device)
+    # float32 angles of positions up to 40960 are only good to about 5e-4
+    override = dict(rtol=5e-4, atol=5e-4) if dtype == torch.float32 else {}
+    assert_matches(ops.rope(q, k, positions, 1e6, scaling), ref.rope(q, k, positions, 1e6, scaling), dtype, **override)
+
+
+def run_activations(ops, device: str, dtype: torch.dtype, shape: tuple) -> None:
+    x = (3 * torch.randn(shape[0], 2 * shape[1], device=device)).to(dtype)
+    assert_matches(ops.silu_and_mul(x), ref.silu_and_mul(x), dtype)
+
+
+def run_elementwise(ops, device: str, dtype: torch.dtype, size: int) -> None:
+    x = (4 * torch.randn(size, device=device)).to(dtype)
+    for name in ("silu", "gelu", "relu"):
+        assert_matches(getattr(ops, name)(x), getattr(ref, name)(x), dtype)
+
+
+def run_store_kv(ops, device: str, dtype: torch.dtype, tokens: int) -> None:
+    pages, page_size, kv_heads, head_dim = tokens // 16 + 3, 16, 8, 128
+    caches = [torch.randn(pages, page_size, kv_heads, head_dim, device=device).to(dtype) for _ in range(2)]
+    k = torch.randn(tokens, kv_heads, head_dim, device=device).to(dtype)
+    v = torch.randn(tokens, kv_heads, head_dim, device=device).to(dtype)
+    slots = torch.randperm(pages * page_size, device=device)[:tokens].to(torch.int32)
+    slots[tokens // 2] = -1  # a padding token: not stored
+    ours = [c.clone() for c in caches]
+    ops.store_kv(k, v, *ours, slots)
+    ref.store_kv(k, v, *caches, slots)
+    assert torch.equal(ours[0], caches[0]) and torch.equal(ours[1], caches[1])
+
+
+def run_attention(ops, device: str, dtype: torch.dtype, batch: tuple, heads: tuple) -> None:
+    context_lens, query_lens = batch
+    q_heads, kv_heads, head_dim = heads
+    q, kc, vc, table, lens, starts, expected = attention_case(context_lens, query_lens, q_heads, kv_heads, head_dim, dtype)
+    args = [t.to(device) for t in (q, kc, vc, table, lens, starts)]
+    ours = ops.paged_attention(*args, head_dim**-0.5)
+    assert ours.dtype == dtype and ours.shape == q.shape
+    torch.testing.assert_close(ours.float().cpu(), expected, **tolerance(dtype))
+
+
+def kernel_cases() -> list:
+    """(runner, case) pairs for every op and path, as pytest params."""
+    cases = []
+    for dtype in DTYPES:
+        d = str(dtype).split(".")[-1]
+        cases += [pytest.param(run_norms, dtype, s, id=f"norms-{d}-{s}") for s in NORM_SHAPES]
+        cases += [pytest.param(run_head_norm, dtype, s, id=f"head_norm-{d}-{s}") for s in HEAD_NORM_SHAPES]
+        cases += [pytest.param(run_rope, dtype, c, id=f"rope-{d}-{c[:4]}-{'yarn' if c[4] else 'plain'}") for c in ROPE_CASES]
+        cases += [pytest.param(run_activations, dtype, s, id=f"silu_and_mul-{d}-{s}") for s in ACT_SHAPES]
+        cases += [pytest.param(run_elementwise, dtype, n, id=f"elementwise-{d}-{n}") for n in ELEMENTWISE_SIZES]
+        cases += [pytest.param(run_store_kv, dtype, n, id=f"store_kv-{d}-{n}") for n in (1, 2000)]
+        cases += [pytest.param(run_attention, dtype, (b, h), id=f"attention-{d}-{b[0]}x{b[1]}-{h}")
+                  for b in ATTENTION_BATCHES for h in ATTENTION_HEADS]
+    return cases
