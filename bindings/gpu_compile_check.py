@@ -34,7 +34,7 @@ def main(arch: str = "sm_90") -> int:
                    kernel_library=library.kernel_library()) as graph:
             offset = 0
             for op, types in zip(ops.ALL_OPS, per_op):
-                op.emit(dev, graph.inputs[offset : offset + len(types)])
+                op.emit(graph.inputs[offset : offset + len(types)])
                 offset += len(types)
             graph.output()
         start = time.perf_counter()

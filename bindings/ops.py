@@ -1,8 +1,8 @@
 """MILI's Mojo ops as functions on torch tensors, with exactly the signatures of bindings/reference.py.
 
-Each op is a small MAX graph compiled once per (dtype, device) with symbolic sizes, so a new number of
-tokens, sequences or pages never recompiles. Float parameters (eps, theta, scale) travel as 1-element
-float32 tensors, not as compile-time parameters: one compiled graph serves every value.
+Each op is a small MAX graph (built with bindings/graph.py) compiled once per (dtype, device) with symbolic
+sizes, so a new number of tokens, sequences or pages never recompiles. Float parameters (eps, theta,
+scale) travel as 1-element float32 tensors, not as compile-time constants: one graph serves every value.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from . import library  # sets MODULAR_CACHE_DIR before max is imported
+from . import graph, library  # library sets MODULAR_CACHE_DIR before max is imported
 from .reference import rope_inv_freq
 
 from max.driver import Buffer  # noqa: E402
@@ -21,47 +21,55 @@ from max.experimental.torch import torch_dtype_to_max  # noqa: E402
 from max.graph import BufferType, DeviceRef, Graph, TensorType, ops  # noqa: E402
 
 F32, I32 = DType.float32, DType.int32
-SAME = None  # in a shape spec: the op's own dtype
+SAME = None  # in a spec: the op's own dtype
 ALL_OPS: list["CompiledOp"] = []
 
 
+def T(dtype, *dims: str | int) -> tuple:
+    """A read-only tensor input of the graph function."""
+    return ("tensor", dtype, list(dims))
+
+
+def B(dtype, *dims: str | int) -> tuple:
+    """A buffer input (a KV cache) that the graph function reads or updates in place."""
+    return ("buffer", dtype, list(dims))
+
+
 class CompiledOp:
-    """One custom op in a compiled graph whose inputs are [mutable buffers..., read-only tensors...].
+    """A bindings.graph function compiled into its own graph, whose inputs are [output buffers..., the
+    function's arguments...]: the function's results are written into the output buffers."""
 
-    Value ops (in_place=False) return new tensors that the graph writes into the buffers; in-place ops
-    receive the buffers themselves and mutate them."""
-
-    def __init__(self, op_name: str, buffers: Sequence[tuple], tensors: Sequence[tuple], in_place: bool = False) -> None:
-        self.op_name, self.buffers, self.tensors, self.in_place = op_name, list(buffers), list(tensors), in_place
+    def __init__(self, fn: Callable, outputs: Sequence[tuple], inputs: Sequence[tuple]) -> None:
+        self.fn, self.outputs, self.inputs = fn, list(outputs), list(inputs)
         ALL_OPS.append(self)
 
     def input_types(self, dtype: DType, dev: DeviceRef) -> list:
-        types = [BufferType(dtype if d is SAME else d, shape, dev) for d, shape in self.buffers]
-        return types + [TensorType(dtype if d is SAME else d, shape, dev) for d, shape in self.tensors]
+        resolve = lambda d: dtype if d is SAME else d
+        types = [BufferType(resolve(d), dims, dev) for _, d, dims in self.outputs]
+        return types + [(BufferType if kind == "buffer" else TensorType)(resolve(d), dims, dev) for kind, d, dims in self.inputs]
 
-    def emit(self, dev: DeviceRef, values: Sequence) -> None:
+    def emit(self, values: Sequence) -> None:
         """Add the op to the graph being built; values are graph inputs matching input_types()."""
-        buffers = [v.buffer for v in values[: len(self.buffers)]]
-        tensors = [v.tensor for v in values[len(self.buffers):]]
-        if self.in_place:
-            ops.inplace_custom(self.op_name, dev, [*buffers, *tensors])
-            return
-        out_types = [TensorType(b.dtype, b.shape, dev) for b in buffers]
-        for buffer, result in zip(buffers, ops.custom(self.op_name, dev, tensors, out_types=out_types)):
-            buffer[...] = result.tensor
+        n = len(self.outputs)
+        args = [v.buffer if kind == "buffer" else v.tensor for v, (kind, _, _) in zip(values[n:], self.inputs)]
+        results = self.fn(*args)
+        results = [] if results is None else results if isinstance(results, tuple) else [results]
+        for value, result in zip(values[:n], results, strict=True):
+            value.buffer[...] = ops.rebind(result, value.buffer.shape)  # e.g. "two_I // 2" is the buffer's "I"
 
     @lru_cache(maxsize=None)
     def compiled(self, dtype: torch.dtype, device: str):
         dev = DeviceRef.CPU() if device == "cpu" else DeviceRef.GPU(int(device.split(":")[1]))
-        name = f"{self.op_name}_{str(dtype).split('.')[-1]}"
-        types = self.input_types(torch_dtype_to_max(dtype), dev)
-        with Graph(name, input_types=types, kernel_library=library.kernel_library()) as graph:
-            self.emit(dev, graph.inputs)
-            graph.output()
-        return library.session(device).load(graph)
+        name = f"mili_{self.fn.__name__}_{str(dtype).split('.')[-1]}"
+        with Graph(name, input_types=self.input_types(torch_dtype_to_max(dtype), dev),
+                   kernel_library=library.kernel_library()) as g:
+            self.emit(g.inputs)
+            g.output()
+        return library.session(device).load(g)
 
     def __call__(self, *args: torch.Tensor) -> None:
-        """args: the buffers then the tensors, contiguous, on one device, the op's dtype first."""
+        """args: the output buffers then the function's arguments, contiguous, on one device; the first
+        one has the op's dtype."""
         model = self.compiled(args[0].dtype, library.device_key(args[0].device))
         model.execute(*[Buffer.from_dlpack(a) for a in args])
 
@@ -82,12 +90,10 @@ def _i32(t: torch.Tensor) -> torch.Tensor:
 
 # ---- normalization ----------------------------------------------------------------------------------------
 
-_RMS_NORM = CompiledOp("mili_rms_norm", [(SAME, ["T", "H"])], [(SAME, ["T", "H"]), (SAME, ["H"]), (F32, [1])])
-_FUSED_ADD_RMS_NORM = CompiledOp(
-    "mili_fused_add_rms_norm", [(SAME, ["T", "H"]), (SAME, ["T", "H"])],
-    [(SAME, ["T", "H"]), (SAME, ["T", "H"]), (SAME, ["H"]), (F32, [1])],
-)
-_HEAD_RMS_NORM = CompiledOp("mili_head_rms_norm", [(SAME, ["T", "N", "D"])], [(SAME, ["T", "N", "D"]), (SAME, ["D"]), (F32, [1])])
+_RMS_NORM = CompiledOp(graph.rms_norm, [T(SAME, "T", "H")], [T(SAME, "T", "H"), T(SAME, "H"), T(F32, 1)])
+_FUSED_ADD_RMS_NORM = CompiledOp(graph.fused_add_rms_norm, [T(SAME, "T", "H"), T(SAME, "T", "H")],
+                                 [T(SAME, "T", "H"), T(SAME, "T", "H"), T(SAME, "H"), T(F32, 1)])
+_HEAD_RMS_NORM = CompiledOp(graph.head_rms_norm, [T(SAME, "T", "N", "D")], [T(SAME, "T", "N", "D"), T(SAME, "D"), T(F32, 1)])
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -112,10 +118,8 @@ def head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
 
 # ---- rotary embedding ---------------------------------------------------------------------------------------
 
-_ROPE = CompiledOp(
-    "mili_rope", [(SAME, ["T", "Hq", "D"]), (SAME, ["T", "Hk", "D"])],
-    [(SAME, ["T", "Hq", "D"]), (SAME, ["T", "Hk", "D"]), (I32, ["T"]), (F32, ["half_D"]), (F32, [1])],
-)
+_ROPE = CompiledOp(graph.rope_with_table, [T(SAME, "T", "Hq", "D"), T(SAME, "T", "Hk", "D")],
+                   [T(SAME, "T", "Hq", "D"), T(SAME, "T", "Hk", "D"), T(I32, "T"), T(F32, "half_D"), T(F32, 1)])
 
 
 @lru_cache(maxsize=64)
@@ -135,8 +139,8 @@ def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, theta: float
 
 # ---- activations ------------------------------------------------------------------------------------------
 
-_SILU_AND_MUL = CompiledOp("mili_silu_and_mul", [(SAME, ["T", "I"])], [(SAME, ["T", "two_I"])])
-_ELEMENTWISE = {name: CompiledOp(f"mili_{name}", [(SAME, ["N"])], [(SAME, ["N"])]) for name in ("silu", "gelu", "relu")}
+_SILU_AND_MUL = CompiledOp(graph.silu_and_mul, [T(SAME, "T", "I")], [T(SAME, "T", "two_I")])
+_ELEMENTWISE = {name: CompiledOp(getattr(graph, name), [T(SAME, "N")], [T(SAME, "N")]) for name in ("silu", "gelu", "relu")}
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -168,10 +172,8 @@ def relu(x: torch.Tensor) -> torch.Tensor:
 
 # ---- KV cache -----------------------------------------------------------------------------------------------
 
-_STORE_KV = CompiledOp(
-    "mili_store_kv", [(SAME, ["P", "S", "Hk", "D"]), (SAME, ["P", "S", "Hk", "D"])],
-    [(SAME, ["T", "Hk", "D"]), (SAME, ["T", "Hk", "D"]), (I32, ["T"])], in_place=True,
-)
+_CACHE = B(SAME, "P", "S", "Hk", "D")
+_STORE_KV = CompiledOp(graph.store_kv, [], [T(SAME, "T", "Hk", "D"), T(SAME, "T", "Hk", "D"), _CACHE, _CACHE, T(I32, "T")])
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -180,21 +182,22 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     capacity = k_cache.shape[0] * k_cache.shape[1]
     if slot_mapping.numel() and int(slot_mapping.max()) >= capacity:
         raise IndexError(f"store_kv: slot {int(slot_mapping.max())} is outside the cache ({capacity} slots)")
-    _STORE_KV(k_cache, v_cache, _c(k.to(k_cache.dtype)), _c(v.to(v_cache.dtype)), _i32(slot_mapping))
+    _STORE_KV(_c(k.to(k_cache.dtype)), _c(v.to(v_cache.dtype)), k_cache, v_cache, _i32(slot_mapping))
 
 
 # ---- attention ----------------------------------------------------------------------------------------------
 
 _PAGED_ATTENTION = CompiledOp(
-    "mili_paged_attention", [(SAME, ["T", "Hq", "D"])],
-    [(SAME, ["T", "Hq", "D"]), (SAME, ["P", "S", "Hk", "D"]), (SAME, ["P", "S", "Hk", "D"]), (I32, ["B", "max_pages"]),
-     (I32, ["B"]), (I32, ["B_plus_1"]), (F32, [1])],
+    graph.paged_attention, [T(SAME, "T", "Hq", "D")],
+    [T(SAME, "T", "Hq", "D"), _CACHE, _CACHE, T(I32, "B", "max_pages"), T(I32, "B"), T(I32, "B_plus_1"), T(F32, 1)],
 )
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                     context_lens: torch.Tensor, query_start: torch.Tensor, scale: float) -> torch.Tensor:
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    _PAGED_ATTENTION(out, _c(q), _c(k_cache), _c(v_cache), _i32(page_table), _i32(context_lens), _i32(query_start),
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("paged_attention reads the caches in place: they must be contiguous")
+    _PAGED_ATTENTION(out, _c(q), k_cache, v_cache, _i32(page_table), _i32(context_lens), _i32(query_start),
                      _scalar(scale, q))
     return out

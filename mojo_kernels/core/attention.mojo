@@ -9,6 +9,7 @@
 # GPU: one block per (query token, query head); keys in chunks of GPU_BLOCK, one key per thread for the
 #      scores, then one head dimension per thread for the weighted sum of values.
 from extensibility import register, InputTensor, OutputTensor
+from extensibility import _MutableInputTensor as MutableInputTensor
 from max.gpu.host import DeviceContext
 from max.gpu import thread_idx, block_idx
 from max.gpu.sync import barrier
@@ -178,9 +179,9 @@ struct PagedAttention:
     @staticmethod
     def execute[dtype: DType, //, target: StaticString](
         output: OutputTensor[dtype=dtype, rank=3, ...],
+        k_cache: MutableInputTensor[dtype=dtype, rank=4, ...],  # read only; mutable so graphs pass the caches by reference
+        v_cache: MutableInputTensor[dtype=dtype, rank=4, ...],
         q: InputTensor[dtype=dtype, rank=3, ...],
-        k_cache: InputTensor[dtype=dtype, rank=4, ...],
-        v_cache: InputTensor[dtype=dtype, rank=4, ...],
         page_table: InputTensor[dtype=DType.int32, rank=2, ...],
         context_lens: InputTensor[dtype=DType.int32, rank=1, ...],
         query_start: InputTensor[dtype=DType.int32, rank=1, ...],

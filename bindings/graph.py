@@ -1,0 +1,88 @@
+"""MILI's Mojo ops as MAX graph nodes, for building the model graph: the signatures of bindings/reference.py
+on graph values. Float parameters may be Python floats (baked into the graph as constants) or 1-element
+float32 tensor values (one compiled graph for every value). The KV caches are buffer values, updated and
+read in place."""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import numpy as np
+
+from . import library  # noqa: F401  (sets MODULAR_CACHE_DIR before max is imported)
+from .reference import rope_inv_freq
+
+from max.dtype import DType  # noqa: E402
+from max.graph import BufferValue, TensorType, TensorValue, ops  # noqa: E402
+
+Scalar = Union[float, TensorValue]
+
+
+def _f32(value: Scalar, like: TensorValue) -> TensorValue:
+    if isinstance(value, TensorValue):
+        return value
+    return ops.constant(np.array([value], dtype=np.float32), DType.float32, like.device)
+
+
+def _custom(name: str, like: TensorValue, args: list, out_shapes: list) -> list[TensorValue]:
+    out_types = [TensorType(like.dtype, shape, like.device) for shape in out_shapes]
+    return [r.tensor for r in ops.custom(name, like.device, args, out_types=out_types)]
+
+
+def rms_norm(x: TensorValue, weight: TensorValue, eps: Scalar) -> TensorValue:
+    return _custom("mili_rms_norm", x, [x, weight, _f32(eps, x)], [x.shape])[0]
+
+
+def fused_add_rms_norm(x: TensorValue, residual: TensorValue, weight: TensorValue, eps: Scalar) -> tuple[TensorValue, TensorValue]:
+    normed, residual_out = _custom("mili_fused_add_rms_norm", x, [x, residual, weight, _f32(eps, x)], [x.shape, x.shape])
+    return normed, residual_out
+
+
+def head_rms_norm(x: TensorValue, weight: TensorValue, eps: Scalar) -> TensorValue:
+    return _custom("mili_head_rms_norm", x, [x, weight, _f32(eps, x)], [x.shape])[0]
+
+
+def rope_with_table(q: TensorValue, k: TensorValue, positions: TensorValue, inv_freq: TensorValue,
+                    scale: Scalar) -> tuple[TensorValue, TensorValue]:
+    """RoPE with precomputed inverse frequencies [head_dim / 2] and cos/sin scale (see reference.rope_inv_freq)."""
+    q_out, k_out = _custom("mili_rope", q, [q, k, positions, inv_freq, _f32(scale, q)], [q.shape, k.shape])
+    return q_out, k_out
+
+
+def rope(q: TensorValue, k: TensorValue, positions: TensorValue, theta: float,
+         rope_scaling: Optional[dict] = None) -> tuple[TensorValue, TensorValue]:
+    inv_freq, scale = rope_inv_freq(int(q.shape[-1]), theta, rope_scaling)
+    table = ops.constant(inv_freq.numpy(), DType.float32, q.device)
+    return rope_with_table(q, k, positions, table, scale)
+
+
+def silu_and_mul(x: TensorValue) -> TensorValue:
+    return _custom("mili_silu_and_mul", x, [x], [[x.shape[0], x.shape[1] // 2]])[0]
+
+
+def _elementwise(name: str, x: TensorValue) -> TensorValue:
+    flat = ops.reshape(x, [-1])
+    return ops.reshape(_custom(name, flat, [flat], [flat.shape])[0], x.shape)
+
+
+def silu(x: TensorValue) -> TensorValue:
+    return _elementwise("mili_silu", x)
+
+
+def gelu(x: TensorValue) -> TensorValue:
+    return _elementwise("mili_gelu", x)
+
+
+def relu(x: TensorValue) -> TensorValue:
+    return _elementwise("mili_relu", x)
+
+
+def store_kv(k: TensorValue, v: TensorValue, k_cache: BufferValue, v_cache: BufferValue, slot_mapping: TensorValue) -> None:
+    ops.inplace_custom("mili_store_kv", k.device, [k_cache, v_cache, k, v, slot_mapping])
+
+
+def paged_attention(q: TensorValue, k_cache: BufferValue, v_cache: BufferValue, page_table: TensorValue,
+                    context_lens: TensorValue, query_start: TensorValue, scale: Scalar) -> TensorValue:
+    out_type = TensorType(q.dtype, q.shape, q.device)
+    args = [k_cache, v_cache, q, page_table, context_lens, query_start, _f32(scale, q)]
+    return ops.inplace_custom("mili_paged_attention", q.device, args, out_types=[out_type])[0].tensor
