@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--only", default="", help="run only the ops whose name contains this")
     args = parser.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     bandwidth = copy_bandwidth(args.device)
@@ -110,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'op':<34}{'tokens':>7}{'mojo us':>11}{'torch us':>11}{'ratio':>8}{'mojo GB/s':>11}{'of copy':>9}")
     rows = []
     for name, tokens, mojo, torch_ref, nbytes in cases(dtype, args.device):
+        if args.only not in name:
+            continue
         mojo_s = median_seconds(mojo, args.device)
         ref_s = median_seconds(torch_ref, args.device)
         row = dict(op=name, tokens=tokens, mojo_us=mojo_s * 1e6, torch_us=ref_s * 1e6, ratio=mojo_s / ref_s,

@@ -15,13 +15,21 @@ from max.gpu import thread_idx, block_idx
 from max.gpu.sync import barrier
 from max.gpu.primitives import block
 from max.algorithm import parallelize
-from std.math import exp
+from std.math import ceildiv, exp
 from std.memory import stack_allocation
+from std.sys import num_logical_cores
 
 from ..utils.types import F32, F32_WIDTH, Ptr, GPU_BLOCK, check_same
 
 comptime MAX_HEAD_DIM = 2 * GPU_BLOCK
 """The GPU kernel keeps q in shared memory and two head dimensions per thread."""
+
+
+comptime KEY_BLOCK = 32
+"""CPU: keys scored together before one softmax rescale."""
+comptime QUERY_TILE = 4
+"""CPU: queries of one sequence that share each loaded key and value row."""
+comptime MASKED = Float32(-1.0e30)
 
 
 @always_inline
@@ -51,60 +59,171 @@ def _scale_add[dtype: DType](acc: Ptr[F32], acc_off: Int, keep: Float32, p: Floa
         i += 1
 
 
+@always_inline
+def _rescale(acc: Ptr[F32], acc_off: Int, keep: Float32, n: Int):
+    var i = 0
+    while i + F32_WIDTH <= n:
+        acc.unsafe_store(acc_off + i, acc.unsafe_load[width=F32_WIDTH](acc_off + i) * keep)
+        i += F32_WIDTH
+    while i < n:
+        acc.unsafe_store(acc_off + i, acc.unsafe_load(acc_off + i) * keep)
+        i += 1
+
+
+@always_inline
+def _softmax_block(s: Ptr[F32], s_off: Int, n: Int, m_at: Int, l_at: Int) -> Float32:
+    """Online softmax over the scores s[s_off : s_off + n] of one row: turns them into weights exp(s - m_new),
+    updates the row's running max s[m_at] and sum s[l_at], and returns the factor its accumulator must be scaled by."""
+    var block_max = MASKED
+    for j in range(n):
+        block_max = max(block_max, s.unsafe_load(s_off + j))
+    var m_old = s.unsafe_load(m_at)
+    var m_new = max(m_old, block_max)
+    var total = Float32(0)
+    var j = 0
+    while j + F32_WIDTH <= n:
+        var p = exp(s.unsafe_load[width=F32_WIDTH](s_off + j) - m_new)
+        s.unsafe_store(s_off + j, p)
+        total += p.reduce_add()
+        j += F32_WIDTH
+    while j < n:
+        var p = exp(s.unsafe_load(s_off + j) - m_new)
+        s.unsafe_store(s_off + j, p)
+        total += p
+        j += 1
+    var keep = exp(m_old - m_new)
+    s.unsafe_store(m_at, m_new)
+    s.unsafe_store(l_at, s.unsafe_load(l_at) * keep + total)
+    return keep
+
+
 def _attention_cpu[dtype: DType](
     output: Ptr[dtype], q: Ptr[dtype], k_cache: Ptr[dtype], v_cache: Ptr[dtype], page_table: Ptr[DType.int32],
     context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale: Float32,
     batch: Int, max_pages: Int, q_heads: Int, kv_heads: Int, head_dim: Int, page_size: Int,
-):
+) raises:
+    """Work item: a tile of up to QUERY_TILE queries of one sequence, all heads (rows = query x head), over
+    one split of its keys. All heads of a key are adjacent in the cache, so an item streams through memory.
+    When there are fewer tiles than workers (decode), the keys are split and partial softmax states merged."""
     var group = q_heads // kv_heads
-
-    def do_item(item: Int) {var output, var q, var k_cache, var v_cache, var page_table, var context_lens, var query_start,
-                            var scale, var max_pages, var q_heads, var kv_heads, var head_dim, var page_size, var group}:
-        var b = item // kv_heads
-        var g = item % kv_heads
-        var q_begin = Int(query_start.unsafe_load(b))
-        var q_len = Int(query_start.unsafe_load(b + 1)) - q_begin
+    var row_len = kv_heads * head_dim  # one token's K (or V) for all heads
+    var tiles = List[Int]()  # (sequence, first query) of every tile, flattened
+    var max_context = 0
+    for b in range(batch):
+        var q_len = Int(query_start.unsafe_load(b + 1)) - Int(query_start.unsafe_load(b))
         var context = Int(context_lens.unsafe_load(b))
-        # per query head of the group: scaled q, running max m, running sum l, accumulator acc[head_dim]
-        var buffers = List[Float32](length=group * (2 * head_dim + 2), fill=0)
-        var qs = buffers.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
-        var acc_off = group * head_dim
-        var m_off = 2 * group * head_dim
-        var l_off = m_off + group
-        for i in range(q_len):
-            var t = q_begin + i
-            var last = context - q_len + i
-            for h in range(group):
-                var src = (t * q_heads + g * group + h) * head_dim
+        if q_len > context:
+            raise Error("paged_attention: sequence ", b, " has ", q_len, " queries but a context of only ", context, " tokens")
+        max_context = max(max_context, context)
+        for i in range(0, q_len, QUERY_TILE):
+            tiles.append(b)
+            tiles.append(i)
+    var num_tiles = len(tiles) // 2
+    var workers = num_logical_cores()
+    var splits = 1
+    if num_tiles < 2 * workers:
+        splits = max(1, min(ceildiv(2 * workers, num_tiles), max_context // (4 * KEY_BLOCK)))
+    var num_items = num_tiles * splits
+    workers = min(workers, num_items)
+    var rows = QUERY_TILE * q_heads
+    var state_len = rows * (head_dim + 2)  # a split's partial result: acc [rows, D], m [rows], l [rows]
+    var partial = List[Float32](length=num_items * state_len if splits > 1 else 0, fill=0)
+    var tile_ptr = tiles.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
+    var part_ptr = partial.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
+
+    def worker(w: Int) {var output, var q, var k_cache, var v_cache, var page_table, var context_lens, var query_start,
+                        var scale, var max_pages, var q_heads, var head_dim, var page_size, var group, var row_len,
+                        var tile_ptr, var part_ptr, var num_items, var workers, var rows, var splits, var state_len}:
+        # per row: scaled q [D], accumulator [D], running max, running sum, last visible key, scores [KEY_BLOCK]
+        var buffers = List[Float32](length=rows * (2 * head_dim + 3 + KEY_BLOCK), fill=0)
+        var buf = buffers.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
+        var acc_off, m_off = rows * head_dim, 2 * rows * head_dim
+        var l_off, last_off, s_off = m_off + rows, m_off + 2 * rows, m_off + 3 * rows
+        for item in range(w, num_items, workers):  # round-robin: causal tiles of unequal cost spread evenly
+            var tile = item // splits
+            var split = item % splits
+            var b = tile_ptr.unsafe_load(2 * tile)
+            var first = tile_ptr.unsafe_load(2 * tile + 1)
+            var q_begin = Int(query_start.unsafe_load(b))
+            var q_len = Int(query_start.unsafe_load(b + 1)) - q_begin
+            var context = Int(context_lens.unsafe_load(b))
+            var n_queries = min(QUERY_TILE, q_len - first)
+            var n_rows = n_queries * q_heads
+            var n_visible = context - q_len + first + n_queries  # keys seen by the tile's last query
+            var per_split = ceildiv(ceildiv(n_visible, splits), KEY_BLOCK) * KEY_BLOCK
+            var k_begin = min(split * per_split, n_visible)
+            var k_end = min(k_begin + per_split, n_visible)
+            for r in range(n_rows):
+                var src = ((q_begin + first + r // q_heads) * q_heads + r % q_heads) * head_dim
                 for x in range(head_dim):
-                    qs.unsafe_store(h * head_dim + x, q.unsafe_load(src + x).cast[F32]() * scale)
-            for j in range(last + 1):
-                var page = Int(page_table.unsafe_load(b * max_pages + j // page_size))
-                var row = ((page * page_size + j % page_size) * kv_heads + g) * head_dim
-                for h in range(group):
-                    var s = _dot[dtype](qs, h * head_dim, k_cache, row, head_dim)
-                    var m = qs.unsafe_load(m_off + h)
-                    if j == 0:
-                        qs.unsafe_store(m_off + h, s)
-                        qs.unsafe_store(l_off + h, 1)
-                        _scale_add[dtype](qs, acc_off + h * head_dim, 0, 1, v_cache, row, head_dim)
-                    elif s > m:
-                        var keep = exp(m - s)
-                        qs.unsafe_store(m_off + h, s)
-                        qs.unsafe_store(l_off + h, qs.unsafe_load(l_off + h) * keep + 1)
-                        _scale_add[dtype](qs, acc_off + h * head_dim, keep, 1, v_cache, row, head_dim)
-                    else:
-                        var p = exp(s - m)
-                        qs.unsafe_store(l_off + h, qs.unsafe_load(l_off + h) + p)
-                        _scale_add[dtype](qs, acc_off + h * head_dim, 1, p, v_cache, row, head_dim)
-            for h in range(group):
-                var inv = 1 / qs.unsafe_load(l_off + h)
-                var dst = (t * q_heads + g * group + h) * head_dim
-                for x in range(head_dim):
-                    output.unsafe_store(dst + x, (qs.unsafe_load(acc_off + h * head_dim + x) * inv).cast[dtype]())
+                    buf.unsafe_store(r * head_dim + x, q.unsafe_load(src + x).cast[F32]() * scale)
+                    buf.unsafe_store(acc_off + r * head_dim + x, 0)
+                buf.unsafe_store(m_off + r, MASKED)
+                buf.unsafe_store(l_off + r, 0)
+                buf.unsafe_store(last_off + r, Float32(context - q_len + first + r // q_heads))
+            for j0 in range(k_begin, k_end, KEY_BLOCK):
+                var n_keys = min(KEY_BLOCK, k_end - j0)
+                for jj in range(n_keys):
+                    var j = j0 + jj
+                    var page = Int(page_table.unsafe_load(b * max_pages + j // page_size))
+                    var base = (page * page_size + j % page_size) * row_len
+                    for r in range(n_rows):
+                        var visible = Float32(j) <= buf.unsafe_load(last_off + r)
+                        var k_row = base + ((r % q_heads) // group) * head_dim
+                        var score = _dot[dtype](buf, r * head_dim, k_cache, k_row, head_dim) if visible else MASKED
+                        buf.unsafe_store(s_off + r * KEY_BLOCK + jj, score)
+                for r in range(n_rows):
+                    if Float32(j0) <= buf.unsafe_load(last_off + r):  # else no visible key in this block
+                        var keep = _softmax_block(buf, s_off + r * KEY_BLOCK, n_keys, m_off + r, l_off + r)
+                        _rescale(buf, acc_off + r * head_dim, keep, head_dim)
+                for jj in range(n_keys):
+                    var j = j0 + jj
+                    var page = Int(page_table.unsafe_load(b * max_pages + j // page_size))
+                    var base = (page * page_size + j % page_size) * row_len
+                    for r in range(n_rows):
+                        if Float32(j) <= buf.unsafe_load(last_off + r):
+                            var v_row = base + ((r % q_heads) // group) * head_dim
+                            _scale_add[dtype](buf, acc_off + r * head_dim, 1, buf.unsafe_load(s_off + r * KEY_BLOCK + jj),
+                                              v_cache, v_row, head_dim)
+            if splits == 1:
+                for r in range(n_rows):
+                    var inv = 1 / buf.unsafe_load(l_off + r)
+                    var dst = ((q_begin + first + r // q_heads) * q_heads + r % q_heads) * head_dim
+                    for x in range(head_dim):
+                        output.unsafe_store(dst + x, (buf.unsafe_load(acc_off + r * head_dim + x) * inv).cast[dtype]())
+            else:
+                var part = item * state_len
+                for r in range(n_rows):
+                    for x in range(head_dim):
+                        part_ptr.unsafe_store(part + r * head_dim + x, buf.unsafe_load(acc_off + r * head_dim + x))
+                    part_ptr.unsafe_store(part + rows * head_dim + r, buf.unsafe_load(m_off + r))
+                    part_ptr.unsafe_store(part + rows * head_dim + rows + r, buf.unsafe_load(l_off + r))
         _ = buffers^  # keep the buffers alive until here: only their pointer is used above
 
-    parallelize(do_item, batch * kv_heads)
+    parallelize(worker, workers, workers)
+    if splits > 1:
+        for tile in range(num_tiles):
+            var b = tile_ptr.unsafe_load(2 * tile)
+            var first = tile_ptr.unsafe_load(2 * tile + 1)
+            var q_begin = Int(query_start.unsafe_load(b))
+            var n_queries = min(QUERY_TILE, Int(query_start.unsafe_load(b + 1)) - q_begin - first)
+            for r in range(n_queries * q_heads):
+                var m = MASKED
+                for split in range(splits):
+                    m = max(m, part_ptr.unsafe_load((tile * splits + split) * state_len + rows * head_dim + r))
+                var total = Float32(0)
+                for split in range(splits):
+                    var part = (tile * splits + split) * state_len
+                    total += part_ptr.unsafe_load(part + rows * head_dim + rows + r) * exp(part_ptr.unsafe_load(part + rows * head_dim + r) - m)
+                var dst = ((q_begin + first + r // q_heads) * q_heads + r % q_heads) * head_dim
+                for x in range(head_dim):
+                    var acc = Float32(0)
+                    for split in range(splits):
+                        var part = (tile * splits + split) * state_len
+                        acc += part_ptr.unsafe_load(part + r * head_dim + x) * exp(part_ptr.unsafe_load(part + rows * head_dim + r) - m)
+                    output.unsafe_store(dst + x, (acc / total).cast[dtype]())
+    _ = tiles^
+    _ = partial^
 
 
 def _attention_gpu[dtype: DType](
