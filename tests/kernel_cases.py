@@ -18,13 +18,15 @@ ROPE_CASES = [(1, 16, 8, 128, None), (37, 4, 2, 64, None), (2048, 16, 8, 128, No
 ACT_SHAPES = [(1, 3072), (5, 301), (2048, 3072)]
 ELEMENTWISE_SIZES = [1, 1001, 3 * 4096 + 7]
 # (context lengths, query lengths) per batch: prefill, extend after a cached prefix, decode over long contexts,
-# crossing page boundaries, sequences of different lengths together
+# crossing page boundaries, sequences of different lengths together. On CPU they reach both block strategies
+# (direct for few rows per KV head, staged for many) and the split-keys decode.
 ATTENTION_BATCHES = [
     ([1], [1]),
     ([37], [37]),
     ([200, 45], [60, 45]),
     ([4096, 17, 1000, 33], [1, 1, 1, 1]),
     ([37, 50, 300, 1], [37, 9, 1, 1]),
+    ([3000], [1]),  # one long decode: its keys are split over the CPU workers and merged
 ]
 ATTENTION_HEADS = [(8, 8, 64), (16, 8, 128), (16, 2, 128)]  # GQA ratios 1, 2 and 8
 

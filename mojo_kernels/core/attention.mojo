@@ -27,8 +27,10 @@ comptime MAX_HEAD_DIM = 2 * GPU_BLOCK
 
 comptime KEY_BLOCK = 32
 """CPU: keys scored together before one softmax rescale."""
-comptime QUERY_TILE = 4
+comptime QUERY_TILE = 8
 """CPU: queries of one sequence that share each loaded key and value row."""
+comptime STAGE_MIN_ROWS = 8
+"""CPU: (query, head) rows per KV head from which a tile stages its key blocks (transposed, float32)."""
 comptime MASKED = Float32(-1.0e30)
 
 
@@ -97,6 +99,44 @@ def _softmax_block(s: Ptr[F32], s_off: Int, n: Int, m_at: Int, l_at: Int) -> Flo
     return keep
 
 
+@always_inline
+def _copy_row[dtype: DType](dst: Ptr[F32], dst_off: Int, src: Ptr[dtype], src_off: Int, n: Int):
+    var i = 0
+    while i + F32_WIDTH <= n:
+        dst.unsafe_store(dst_off + i, src.unsafe_load[width=F32_WIDTH](src_off + i).cast[F32]())
+        i += F32_WIDTH
+    while i < n:
+        dst.unsafe_store(dst_off + i, src.unsafe_load(src_off + i).cast[F32]())
+        i += 1
+
+
+@always_inline
+def _block_scores(buf: Ptr[F32], q_off: Int, kt_off: Int, s_off: Int, head_dim: Int):
+    """s[0:KEY_BLOCK] = q . K[j] for the staged, transposed keys: no horizontal sums."""
+    var acc = SIMD[F32, KEY_BLOCK](0)  # a wide vector: the compiler splits it into native registers
+    for x in range(head_dim):
+        acc += buf.unsafe_load[width=KEY_BLOCK](kt_off + x * KEY_BLOCK) * buf.unsafe_load(q_off + x)
+    buf.unsafe_store(s_off, acc)
+
+
+@always_inline
+def _block_values(buf: Ptr[F32], acc_off: Int, keep: Float32, p_off: Int, vb_off: Int, head_dim: Int):
+    """acc = acc * keep + sum_j p[j] * V[j] over the staged block, one register-held slice of acc at a time."""
+    var x = 0
+    while x + F32_WIDTH <= head_dim:
+        var a = buf.unsafe_load[width=F32_WIDTH](acc_off + x) * keep
+        for j in range(KEY_BLOCK):
+            a += buf.unsafe_load[width=F32_WIDTH](vb_off + j * head_dim + x) * buf.unsafe_load(p_off + j)
+        buf.unsafe_store(acc_off + x, a)
+        x += F32_WIDTH
+    while x < head_dim:
+        var a = buf.unsafe_load(acc_off + x) * keep
+        for j in range(KEY_BLOCK):
+            a += buf.unsafe_load(vb_off + j * head_dim + x) * buf.unsafe_load(p_off + j)
+        buf.unsafe_store(acc_off + x, a)
+        x += 1
+
+
 def _attention_cpu[dtype: DType](
     output: Ptr[dtype], q: Ptr[dtype], k_cache: Ptr[dtype], v_cache: Ptr[dtype], page_table: Ptr[DType.int32],
     context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale: Float32,
@@ -134,11 +174,16 @@ def _attention_cpu[dtype: DType](
     def worker(w: Int) {var output, var q, var k_cache, var v_cache, var page_table, var context_lens, var query_start,
                         var scale, var max_pages, var q_heads, var head_dim, var page_size, var group, var row_len,
                         var tile_ptr, var part_ptr, var num_items, var workers, var rows, var splits, var state_len}:
-        # per row: scaled q [D], accumulator [D], running max, running sum, last visible key, scores [KEY_BLOCK]
-        var buffers = List[Float32](length=rows * (2 * head_dim + 3 + KEY_BLOCK), fill=0)
+        # per row: scaled q [D], accumulator [D], running max, running sum, last visible key, scores [KEY_BLOCK];
+        # then the key block staged in float32: K transposed per head [Hkv, D, KEY_BLOCK], V per head [Hkv, KEY_BLOCK, D]
+        var kv_heads = row_len // head_dim
+        var stage_len = kv_heads * head_dim * KEY_BLOCK
+        var buffers = List[Float32](length=rows * (2 * head_dim + 3 + KEY_BLOCK) + 2 * stage_len, fill=0)
         var buf = buffers.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
         var acc_off, m_off = rows * head_dim, 2 * rows * head_dim
         var l_off, last_off, s_off = m_off + rows, m_off + 2 * rows, m_off + 3 * rows
+        var kt_off = s_off + rows * KEY_BLOCK
+        var vb_off = kt_off + stage_len
         for item in range(w, num_items, workers):  # round-robin: causal tiles of unequal cost spread evenly
             var tile = item // splits
             var split = item % splits
@@ -161,30 +206,58 @@ def _attention_cpu[dtype: DType](
                 buf.unsafe_store(m_off + r, MASKED)
                 buf.unsafe_store(l_off + r, 0)
                 buf.unsafe_store(last_off + r, Float32(context - q_len + first + r // q_heads))
-            for j0 in range(k_begin, k_end, KEY_BLOCK):
-                var n_keys = min(KEY_BLOCK, k_end - j0)
-                for jj in range(n_keys):
-                    var j = j0 + jj
-                    var page = Int(page_table.unsafe_load(b * max_pages + j // page_size))
-                    var base = (page * page_size + j % page_size) * row_len
+            if n_queries * group >= STAGE_MIN_ROWS:  # enough rows per head to pay for staging the keys
+                for j0 in range(k_begin, k_end, KEY_BLOCK):
+                    var n_keys = min(KEY_BLOCK, k_end - j0)
+                    for jj in range(KEY_BLOCK):  # stage the block, reading the cache in address order
+                        if jj < n_keys:
+                            var j = j0 + jj
+                            var page = Int(page_table.unsafe_load(b * max_pages + j // page_size))
+                            var base = (page * page_size + j % page_size) * row_len
+                            for g in range(kv_heads):
+                                for x in range(head_dim):
+                                    buf.unsafe_store(kt_off + (g * head_dim + x) * KEY_BLOCK + jj, k_cache.unsafe_load(base + g * head_dim + x).cast[F32]())
+                                _copy_row[dtype](buf, vb_off + (g * KEY_BLOCK + jj) * head_dim, v_cache, base + g * head_dim, head_dim)
+                        else:
+                            for g in range(kv_heads):
+                                for x in range(head_dim):
+                                    buf.unsafe_store(kt_off + (g * head_dim + x) * KEY_BLOCK + jj, 0)
+                                    buf.unsafe_store(vb_off + (g * KEY_BLOCK + jj) * head_dim + x, 0)
                     for r in range(n_rows):
-                        var visible = Float32(j) <= buf.unsafe_load(last_off + r)
-                        var k_row = base + ((r % q_heads) // group) * head_dim
-                        var score = _dot[dtype](buf, r * head_dim, k_cache, k_row, head_dim) if visible else MASKED
-                        buf.unsafe_store(s_off + r * KEY_BLOCK + jj, score)
-                for r in range(n_rows):
-                    if Float32(j0) <= buf.unsafe_load(last_off + r):  # else no visible key in this block
-                        var keep = _softmax_block(buf, s_off + r * KEY_BLOCK, n_keys, m_off + r, l_off + r)
-                        _rescale(buf, acc_off + r * head_dim, keep, head_dim)
-                for jj in range(n_keys):
-                    var j = j0 + jj
-                    var page = Int(page_table.unsafe_load(b * max_pages + j // page_size))
-                    var base = (page * page_size + j % page_size) * row_len
+                        var last = Int(buf.unsafe_load(last_off + r))
+                        if j0 > last:  # no visible key in this block
+                            continue
+                        var g = (r % q_heads) // group
+                        _block_scores(buf, r * head_dim, kt_off + g * head_dim * KEY_BLOCK, s_off + r * KEY_BLOCK, head_dim)
+                        for jj in range(min(n_keys, last - j0 + 1), KEY_BLOCK):
+                            buf.unsafe_store(s_off + r * KEY_BLOCK + jj, MASKED)
+                        var keep = _softmax_block(buf, s_off + r * KEY_BLOCK, KEY_BLOCK, m_off + r, l_off + r)
+                        _block_values(buf, acc_off + r * head_dim, keep, s_off + r * KEY_BLOCK, vb_off + g * KEY_BLOCK * head_dim, head_dim)
+            else:
+                for j0 in range(k_begin, k_end, KEY_BLOCK):
+                    var n_keys = min(KEY_BLOCK, k_end - j0)
+                    for jj in range(n_keys):
+                        var j = j0 + jj
+                        var page = Int(page_table.unsafe_load(b * max_pages + j // page_size))
+                        var base = (page * page_size + j % page_size) * row_len
+                        for r in range(n_rows):
+                            var visible = Float32(j) <= buf.unsafe_load(last_off + r)
+                            var k_row = base + ((r % q_heads) // group) * head_dim
+                            var score = _dot[dtype](buf, r * head_dim, k_cache, k_row, head_dim) if visible else MASKED
+                            buf.unsafe_store(s_off + r * KEY_BLOCK + jj, score)
                     for r in range(n_rows):
-                        if Float32(j) <= buf.unsafe_load(last_off + r):
-                            var v_row = base + ((r % q_heads) // group) * head_dim
-                            _scale_add[dtype](buf, acc_off + r * head_dim, 1, buf.unsafe_load(s_off + r * KEY_BLOCK + jj),
-                                              v_cache, v_row, head_dim)
+                        if Float32(j0) <= buf.unsafe_load(last_off + r):  # else no visible key in this block
+                            var keep = _softmax_block(buf, s_off + r * KEY_BLOCK, n_keys, m_off + r, l_off + r)
+                            _rescale(buf, acc_off + r * head_dim, keep, head_dim)
+                    for jj in range(n_keys):
+                        var j = j0 + jj
+                        var page = Int(page_table.unsafe_load(b * max_pages + j // page_size))
+                        var base = (page * page_size + j % page_size) * row_len
+                        for r in range(n_rows):
+                            if Float32(j) <= buf.unsafe_load(last_off + r):
+                                var v_row = base + ((r % q_heads) // group) * head_dim
+                                _scale_add[dtype](buf, acc_off + r * head_dim, 1, buf.unsafe_load(s_off + r * KEY_BLOCK + jj),
+                                                  v_cache, v_row, head_dim)
             if splits == 1:
                 for r in range(n_rows):
                     var inv = 1 / buf.unsafe_load(l_off + r)
