@@ -28,6 +28,22 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / f"{args.what}.py"
+    if not script.is_file():
+        print(f"mili bench: {script} not found: the benchmarks ship with the source checkout", file=sys.stderr)
+        return 2
+    sys.argv = [str(script), *args.args]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as done:
+        return int(done.code or 0)
+    return 0
+
+
 def _not_yet(what: str, issue: str):
     def run(args: argparse.Namespace) -> int:
         print(f"mili {what}: not yet available (it lands with the {issue} issue). "
@@ -58,9 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model", default=None)
     serve.set_defaults(func=_not_yet("serve", "server"))
 
-    bench = sub.add_parser("bench", help="run a benchmark")
-    bench.add_argument("what", nargs="?", default="kernels")
-    bench.set_defaults(func=_not_yet("bench", "kernel/engine benchmark"))
+    bench = sub.add_parser("bench", help="run a benchmark of benchmarks/ (kernels); extra arguments go to it")
+    bench.add_argument("what", nargs="?", default="kernels", choices=["kernels"])
+    bench.add_argument("args", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=_bench)
     return parser
 
 

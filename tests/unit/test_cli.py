@@ -28,6 +28,5 @@ def test_errors_are_reported_not_raised(tmp_path: Path, capsys: pytest.CaptureFi
     assert "max_tokens" in capsys.readouterr().err
 
 
-def test_serve_and_bench_say_not_yet(capsys: pytest.CaptureFixture) -> None:
+def test_serve_says_not_yet(capsys: pytest.CaptureFixture) -> None:
     assert main(["serve"]) == 2 and "not yet" in capsys.readouterr().err
-    assert main(["bench"]) == 2 and "not yet" in capsys.readouterr().err
