@@ -48,24 +48,31 @@ class CompiledOp:
         types = [BufferType(resolve(d), dims, dev) for _, d, dims in self.outputs]
         return types + [(BufferType if kind == "buffer" else TensorType)(resolve(d), dims, dev) for kind, d, dims in self.inputs]
 
-    def emit(self, values: Sequence) -> None:
-        """Add the op to the graph being built; values are graph inputs matching input_types()."""
+    def emit(self, values: Sequence, repeat: int = 1, chain: Optional[dict[int, int]] = None) -> None:
+        """Add the op to the graph being built; values are graph inputs matching input_types(). For kernel
+        benchmarks, `repeat` applies it several times, result chain[i] feeding argument i of the next one."""
         n = len(self.outputs)
         args = [v.buffer if kind == "buffer" else v.tensor for v, (kind, _, _) in zip(values[n:], self.inputs)]
-        results = self.fn(*args)
-        results = [] if results is None else results if isinstance(results, tuple) else [results]
+        for _ in range(repeat):
+            results = self.fn(*args)
+            results = [] if results is None else list(results) if isinstance(results, tuple) else [results]
+            for arg, result in (chain or {}).items():
+                args[arg] = results[result]
         for value, result in zip(values[:n], results, strict=True):
             value.buffer[...] = ops.rebind(result, value.buffer.shape)  # e.g. "two_I // 2" is the buffer's "I"
 
-    @lru_cache(maxsize=None)
-    def compiled(self, dtype: torch.dtype, device: str):
+    def graph(self, dtype: torch.dtype, device: str, repeat: int = 1, chain: Optional[dict[int, int]] = None) -> Graph:
         dev = DeviceRef.CPU() if device == "cpu" else DeviceRef.GPU(int(device.split(":")[1]))
-        name = f"mili_{self.fn.__name__}_{str(dtype).split('.')[-1]}"
+        name = f"mili_{self.fn.__name__}_{str(dtype).split('.')[-1]}" + (f"_x{repeat}" if repeat > 1 else "")
         with Graph(name, input_types=self.input_types(torch_dtype_to_max(dtype), dev),
                    kernel_library=library.kernel_library()) as g:
-            self.emit(g.inputs)
+            self.emit(g.inputs, repeat, chain)
             g.output()
-        return library.session(device).load(g)
+        return g
+
+    @lru_cache(maxsize=None)
+    def compiled(self, dtype: torch.dtype, device: str):
+        return library.session(device).load(self.graph(dtype, device))
 
     def __call__(self, *args: torch.Tensor) -> None:
         """args: the output buffers then the function's arguments, contiguous, on one device; the first
