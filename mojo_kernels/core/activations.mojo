@@ -1,32 +1,101 @@
 # Activations, float32 arithmetic: silu_and_mul (SwiGLU: x[T, 2I] = [gate | up] -> silu(gate) * up),
-# and elementwise silu, gelu (exact, erf) and relu on flat tensors. `foreach` vectorizes and
-# parallelizes them on CPU and launches them on GPU.
+# and elementwise silu, gelu (exact, erf) and relu on flat tensors.
+# CPU: parallel over chunks (rows for silu_and_mul), vectorized. GPU: `foreach`.
 from extensibility import register, InputTensor, OutputTensor, foreach
 from layout import Coord
 from max.gpu.host import DeviceContext
-from std.math import erf, exp, sqrt
+from max.algorithm import parallelize
+from std.algorithm import vectorize
+from std.math import ceildiv, erf, exp
 from std.utils.index import IndexList
 
-from ..utils.types import F32, check_same
+from ..utils.types import F32, F32_WIDTH, Ptr, SERIAL_ELEMENTS, check_same
+
+comptime SILU = 0
+comptime GELU = 1
+comptime RELU = 2
+comptime CHUNK = 16384
+"""CPU elements per parallel task."""
+
+
+@always_inline
+def _activation[kind: Int, width: Int](v: SIMD[F32, width]) -> SIMD[F32, width]:
+    comptime if kind == SILU:
+        return v / (1 + exp(-v))
+    elif kind == GELU:
+        return 0.5 * v * (1 + erf(v * Float32(0.7071067811865476)))
+    else:
+        return max(v, SIMD[F32, width](0))
+
+
+def _elementwise_cpu[dtype: DType, kind: Int](y: Ptr[dtype], x: Ptr[dtype], n: Int):
+    def do_chunk(c: Int) {var y, var x, var n}:
+        var start = c * CHUNK
+
+        def body[width: Int](i: Int) {var y, var x, var start}:
+            var v = x.unsafe_load[width=width](start + i).cast[F32]()
+            y.unsafe_store(start + i, _activation[kind, width](v).cast[dtype]())
+
+        vectorize[F32_WIDTH](min(CHUNK, n - start), body)
+
+    var chunks = ceildiv(n, CHUNK)
+    if n <= SERIAL_ELEMENTS:
+        for c in range(chunks):
+            do_chunk(c)
+    else:
+        parallelize(do_chunk, chunks)
+
+
+def _silu_and_mul_cpu[dtype: DType](y: Ptr[dtype], x: Ptr[dtype], rows: Int, inter: Int):
+    def do_row(r: Int) {var y, var x, var inter}:
+        var src = r * 2 * inter
+        var dst = r * inter
+
+        def body[width: Int](i: Int) {var y, var x, var inter, var src, var dst}:
+            var gate = x.unsafe_load[width=width](src + i).cast[F32]()
+            var up = x.unsafe_load[width=width](src + inter + i).cast[F32]()
+            y.unsafe_store(dst + i, (_activation[SILU, width](gate) * up).cast[dtype]())
+
+        vectorize[F32_WIDTH](inter, body)
+
+    if rows * inter <= SERIAL_ELEMENTS:
+        for r in range(rows):
+            do_row(r)
+    else:
+        parallelize(do_row, rows)
 
 
 @register("mili_silu_and_mul")
 struct SiluAndMul:
     @staticmethod
-    def execute[target: StaticString](
-        y: OutputTensor[rank=2, ...],
-        x: InputTensor[dtype=y.dtype, rank=2, ...],
+    def execute[dtype: DType, //, target: StaticString](
+        y: OutputTensor[dtype=dtype, rank=2, ...],
+        x: InputTensor[dtype=dtype, rank=2, ...],
         ctx: DeviceContext,
     ) raises:
         var inter = y.dim_size[1]()
         check_same["silu_and_mul"](x.dim_size[1](), 2 * inter, "x columns", "2 * output columns")
+        comptime if target == "cpu":
+            _silu_and_mul_cpu[dtype](y.unsafe_ptr(), x.unsafe_ptr(), x.dim_size[0](), inter)
+        else:
+            def body[width: Int](idx: Coord[...]) {var x, var inter} -> SIMD[dtype, width]:
+                var t = Int(idx[0])
+                var i = Int(idx[1])
+                var gate = x.load[width](IndexList[2](t, i)).cast[F32]()
+                var up = x.load[width](IndexList[2](t, i + inter)).cast[F32]()
+                return (_activation[SILU, width](gate) * up).cast[dtype]()
 
-        def body[width: Int](idx: Coord[...]) {var x, var inter} -> SIMD[x.dtype, width]:
-            var t = Int(idx[0])
-            var i = Int(idx[1])
-            var gate = x.load[width](IndexList[2](t, i)).cast[F32]()
-            var up = x.load[width](IndexList[2](t, i + inter)).cast[F32]()
-            return (gate / (1 + exp(-gate)) * up).cast[x.dtype]()
+            foreach[target=target](body, y, ctx)
+
+
+def _elementwise[dtype: DType, kind: Int, target: StaticString](
+    y: OutputTensor[dtype=dtype, rank=1, ...], x: InputTensor[dtype=dtype, rank=1, ...], ctx: DeviceContext
+) raises:
+    comptime if target == "cpu":
+        _elementwise_cpu[dtype, kind](y.unsafe_ptr(), x.unsafe_ptr(), x.dim_size[0]())
+    else:
+        def body[width: Int](idx: Coord[...]) {var x} -> SIMD[dtype, width]:
+            return _activation[kind, width](x.load[width](idx).cast[F32]()).cast[dtype]()
 
         foreach[target=target](body, y, ctx)
 
@@ -34,37 +103,25 @@ struct SiluAndMul:
 @register("mili_silu")
 struct Silu:
     @staticmethod
-    def execute[target: StaticString](
-        y: OutputTensor[rank=1, ...], x: InputTensor[dtype=y.dtype, rank=1, ...], ctx: DeviceContext
+    def execute[dtype: DType, //, target: StaticString](
+        y: OutputTensor[dtype=dtype, rank=1, ...], x: InputTensor[dtype=dtype, rank=1, ...], ctx: DeviceContext
     ) raises:
-        def body[width: Int](idx: Coord[...]) {var x} -> SIMD[x.dtype, width]:
-            var v = x.load[width](idx).cast[F32]()
-            return (v / (1 + exp(-v))).cast[x.dtype]()
-
-        foreach[target=target](body, y, ctx)
+        _elementwise[dtype, SILU, target](y, x, ctx)
 
 
 @register("mili_gelu")
 struct Gelu:
     @staticmethod
-    def execute[target: StaticString](
-        y: OutputTensor[rank=1, ...], x: InputTensor[dtype=y.dtype, rank=1, ...], ctx: DeviceContext
+    def execute[dtype: DType, //, target: StaticString](
+        y: OutputTensor[dtype=dtype, rank=1, ...], x: InputTensor[dtype=dtype, rank=1, ...], ctx: DeviceContext
     ) raises:
-        def body[width: Int](idx: Coord[...]) {var x} -> SIMD[x.dtype, width]:
-            var v = x.load[width](idx).cast[F32]()
-            return (0.5 * v * (1 + erf(v * Float32(0.7071067811865476)))).cast[x.dtype]()
-
-        foreach[target=target](body, y, ctx)
+        _elementwise[dtype, GELU, target](y, x, ctx)
 
 
 @register("mili_relu")
 struct Relu:
     @staticmethod
-    def execute[target: StaticString](
-        y: OutputTensor[rank=1, ...], x: InputTensor[dtype=y.dtype, rank=1, ...], ctx: DeviceContext
+    def execute[dtype: DType, //, target: StaticString](
+        y: OutputTensor[dtype=dtype, rank=1, ...], x: InputTensor[dtype=dtype, rank=1, ...], ctx: DeviceContext
     ) raises:
-        def body[width: Int](idx: Coord[...]) {var x} -> SIMD[x.dtype, width]:
-            var v = x.load[width](idx)
-            return max(v, SIMD[x.dtype, width](0))
-
-        foreach[target=target](body, y, ctx)
+        _elementwise[dtype, RELU, target](y, x, ctx)
