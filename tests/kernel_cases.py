@@ -91,8 +91,8 @@ def run_store_kv(ops, device: str, dtype: torch.dtype, tokens: int) -> None:
     assert torch.equal(ours[0], caches[0]) and torch.equal(ours[1], caches[1])
 
 
-def run_attention(ops, device: str, dtype: torch.dtype, batch: tuple, heads: tuple) -> None:
-    context_lens, query_lens = batch
+def run_attention(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
+    (context_lens, query_lens), heads = case
     q_heads, kv_heads, head_dim = heads
     q, kc, vc, table, lens, starts, expected = attention_case(context_lens, query_lens, q_heads, kv_heads, head_dim, dtype)
     args = [t.to(device) for t in (q, kc, vc, table, lens, starts)]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tests.kernel_cases import kernel_cases, run_attention
+from tests.kernel_cases import kernel_cases
 
 if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
@@ -14,7 +14,4 @@ ops = pytest.importorskip("bindings.ops", reason="MAX is not installed")
 @pytest.mark.parametrize("runner, dtype, case", kernel_cases())
 def test_op_matches_reference_on_gpu(runner, dtype: torch.dtype, case) -> None:
     torch.manual_seed(hash(str(case)) % 2**31)
-    if runner is run_attention:
-        runner(ops, "cuda", dtype, *case)
-    else:
-        runner(ops, "cuda", dtype, case)
+    runner(ops, "cuda", dtype, case)

@@ -15,22 +15,19 @@ ops = pytest.importorskip("bindings.ops", reason="MAX is not installed")
 @pytest.mark.parametrize("runner, dtype, case", kernel_cases())
 def test_op_matches_reference(runner, dtype: torch.dtype, case) -> None:
     torch.manual_seed(hash(str(case)) % 2**31)
-    if runner is run_attention:
-        runner(ops, "cpu", dtype, *case)
-    else:
-        runner(ops, "cpu", dtype, case)
+    runner(ops, "cpu", dtype, case)
 
 
 def test_new_sizes_do_not_recompile() -> None:
     """Symbolic dims: new token / sequence / page counts reuse the one compiled graph per dtype and device."""
     x = torch.randn(3, 64)
     ops.rms_norm(x, torch.ones(64), 1e-6)
-    run_attention(ops, "cpu", torch.float32, ([20], [20]), (4, 2, 64))
+    run_attention(ops, "cpu", torch.float32, (([20], [20]), (4, 2, 64)))
     before = ops.CompiledOp.compiled.cache_info().currsize
     start = time.perf_counter()
     for tokens in (1, 17, 555):
         ops.rms_norm(torch.randn(tokens, 96), torch.ones(96), 1e-6)
-    run_attention(ops, "cpu", torch.float32, ([300, 5, 70], [1, 5, 70]), (4, 2, 64))
+    run_attention(ops, "cpu", torch.float32, (([300, 5, 70], [1, 5, 70]), (4, 2, 64)))
     assert ops.CompiledOp.compiled.cache_info().currsize == before
     assert time.perf_counter() - start < 5, "a call with new sizes took compile time"
 
