@@ -92,6 +92,13 @@ def max_device(device_key: str):
     raise ValueError(f"device {device_key!r} is not supported: use 'cpu' or 'cuda[:N]'")
 
 
+def device_ref(device_key: str):
+    """The graph-side device of "cpu" / "cuda:N"."""
+    from max.graph import DeviceRef
+
+    return DeviceRef.CPU() if device_key == "cpu" else DeviceRef.GPU(int(device_key.split(":")[1]))
+
+
 def device_key(device) -> str:
     """'cpu' or 'cuda:N' for a torch device."""
     if device.type == "cpu":

@@ -62,7 +62,7 @@ class CompiledOp:
             value.buffer[...] = ops.rebind(result, value.buffer.shape)  # e.g. "two_I // 2" is the buffer's "I"
 
     def graph(self, dtype: torch.dtype, device: str, repeat: int = 1, chain: Optional[dict[int, int]] = None) -> Graph:
-        dev = DeviceRef.CPU() if device == "cpu" else DeviceRef.GPU(int(device.split(":")[1]))
+        dev = library.device_ref(device)
         name = f"mili_{self.fn.__name__}_{str(dtype).split('.')[-1]}" + (f"_x{repeat}" if repeat > 1 else "")
         with Graph(name, input_types=self.input_types(torch_dtype_to_max(dtype), dev),
                    kernel_library=library.kernel_library()) as g:
