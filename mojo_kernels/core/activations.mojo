@@ -9,7 +9,7 @@ from std.algorithm import vectorize
 from std.math import ceildiv, erf, exp
 from std.utils.index import IndexList
 
-from ..utils.types import F32, F32_WIDTH, Ptr, SERIAL_ELEMENTS, check_same
+from ..utils.types import load_f32, narrow, F32, F32_WIDTH, Ptr, SERIAL_ELEMENTS, check_same
 
 comptime SILU = 0
 comptime GELU = 1
@@ -33,8 +33,8 @@ def _elementwise_cpu[dtype: DType, kind: Int](y: Ptr[dtype], x: Ptr[dtype], n: I
         var start = c * CHUNK
 
         def body[width: Int](i: Int) {var y, var x, var start}:
-            var v = x.unsafe_load[width=width](start + i).cast[F32]()
-            y.unsafe_store(start + i, _activation[kind, width](v).cast[dtype]())
+            var v = load_f32[dtype, width](x, start + i)
+            y.unsafe_store(start + i, narrow[dtype, width](_activation[kind, width](v)))
 
         vectorize[F32_WIDTH](min(CHUNK, n - start), body)
 
@@ -52,9 +52,9 @@ def _silu_and_mul_cpu[dtype: DType](y: Ptr[dtype], x: Ptr[dtype], rows: Int, int
         var dst = r * inter
 
         def body[width: Int](i: Int) {var y, var x, var inter, var src, var dst}:
-            var gate = x.unsafe_load[width=width](src + i).cast[F32]()
-            var up = x.unsafe_load[width=width](src + inter + i).cast[F32]()
-            y.unsafe_store(dst + i, (_activation[SILU, width](gate) * up).cast[dtype]())
+            var gate = load_f32[dtype, width](x, src + i)
+            var up = load_f32[dtype, width](x, src + inter + i)
+            y.unsafe_store(dst + i, narrow[dtype, width](_activation[SILU, width](gate) * up))
 
         vectorize[F32_WIDTH](inter, body)
 

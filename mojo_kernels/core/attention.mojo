@@ -19,7 +19,7 @@ from std.math import ceildiv, exp
 from std.memory import stack_allocation
 from std.sys import num_logical_cores
 
-from ..utils.types import F32, F32_WIDTH, Ptr, GPU_BLOCK, check_same
+from ..utils.types import load_f32, narrow, F32, F32_WIDTH, Ptr, GPU_BLOCK, check_same
 
 comptime MAX_HEAD_DIM = 2 * GPU_BLOCK
 """The GPU kernel keeps q in shared memory and two head dimensions per thread."""
@@ -39,7 +39,7 @@ def _dot[dtype: DType](a: Ptr[F32], a_off: Int, b: Ptr[dtype], b_off: Int, n: In
     var acc = SIMD[F32, F32_WIDTH](0)
     var i = 0
     while i + F32_WIDTH <= n:
-        acc += a.unsafe_load[width=F32_WIDTH](a_off + i) * b.unsafe_load[width=F32_WIDTH](b_off + i).cast[F32]()
+        acc += a.unsafe_load[width=F32_WIDTH](a_off + i) * load_f32[dtype, F32_WIDTH](b, b_off + i)
         i += F32_WIDTH
     var s = acc.reduce_add()
     while i < n:
@@ -54,7 +54,7 @@ def _scale_add[dtype: DType](acc: Ptr[F32], acc_off: Int, keep: Float32, p: Floa
     var i = 0
     while i + F32_WIDTH <= n:
         var a = acc.unsafe_load[width=F32_WIDTH](acc_off + i)
-        acc.unsafe_store(acc_off + i, a * keep + v.unsafe_load[width=F32_WIDTH](v_off + i).cast[F32]() * p)
+        acc.unsafe_store(acc_off + i, a * keep + load_f32[dtype, F32_WIDTH](v, v_off + i) * p)
         i += F32_WIDTH
     while i < n:
         acc.unsafe_store(acc_off + i, acc.unsafe_load(acc_off + i) * keep + v.unsafe_load(v_off + i).cast[F32]() * p)
@@ -103,11 +103,25 @@ def _softmax_block(s: Ptr[F32], s_off: Int, n: Int, m_at: Int, l_at: Int) -> Flo
 def _copy_row[dtype: DType](dst: Ptr[F32], dst_off: Int, src: Ptr[dtype], src_off: Int, n: Int):
     var i = 0
     while i + F32_WIDTH <= n:
-        dst.unsafe_store(dst_off + i, src.unsafe_load[width=F32_WIDTH](src_off + i).cast[F32]())
+        dst.unsafe_store(dst_off + i, load_f32[dtype, F32_WIDTH](src, src_off + i))
         i += F32_WIDTH
     while i < n:
         dst.unsafe_store(dst_off + i, src.unsafe_load(src_off + i).cast[F32]())
         i += 1
+
+
+@always_inline
+def _copy_column[dtype: DType](dst: Ptr[F32], dst_off: Int, stride: Int, src: Ptr[dtype], src_off: Int, n: Int):
+    """dst[dst_off + x * stride] = src[src_off + x] (a key row into a column of the transposed block)."""
+    var x = 0
+    while x + F32_WIDTH <= n:
+        var v = load_f32[dtype, F32_WIDTH](src, src_off + x)
+        comptime for lane in range(F32_WIDTH):
+            dst.unsafe_store(dst_off + (x + lane) * stride, v[lane])
+        x += F32_WIDTH
+    while x < n:
+        dst.unsafe_store(dst_off + x * stride, src.unsafe_load(src_off + x).cast[F32]())
+        x += 1
 
 
 @always_inline
@@ -215,8 +229,7 @@ def _attention_cpu[dtype: DType](
                             var page = Int(page_table.unsafe_load(b * max_pages + j // page_size))
                             var base = (page * page_size + j % page_size) * row_len
                             for g in range(kv_heads):
-                                for x in range(head_dim):
-                                    buf.unsafe_store(kt_off + (g * head_dim + x) * KEY_BLOCK + jj, k_cache.unsafe_load(base + g * head_dim + x).cast[F32]())
+                                _copy_column[dtype](buf, kt_off + g * head_dim * KEY_BLOCK + jj, KEY_BLOCK, k_cache, base + g * head_dim, head_dim)
                                 _copy_row[dtype](buf, vb_off + (g * KEY_BLOCK + jj) * head_dim, v_cache, base + g * head_dim, head_dim)
                         else:
                             for g in range(kv_heads):

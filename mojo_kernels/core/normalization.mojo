@@ -11,7 +11,7 @@ from max.algorithm import parallelize
 from std.algorithm import vectorize
 from std.math import rsqrt
 
-from ..utils.types import F32, F32_WIDTH, Ptr, GPU_BLOCK, SERIAL_ELEMENTS, check_same
+from ..utils.types import load_f32, narrow, F32, F32_WIDTH, Ptr, GPU_BLOCK, SERIAL_ELEMENTS, check_same
 
 
 def _norm_rows_cpu[dtype: DType, fused: Bool](
@@ -23,8 +23,8 @@ def _norm_rows_cpu[dtype: DType, fused: Bool](
         var src = x
         comptime if fused:
             def add[width: Int](i: Int) {var res_out, var x, var res, var base}:
-                var s = x.unsafe_load[width=width](base + i).cast[F32]() + res.unsafe_load[width=width](base + i).cast[F32]()
-                res_out.unsafe_store(base + i, s.cast[dtype]())
+                var s = load_f32[dtype, width](x, base + i) + load_f32[dtype, width](res, base + i)
+                res_out.unsafe_store(base + i, narrow[dtype, width](s))
 
             vectorize[F32_WIDTH](cols, add)
             src = res_out
@@ -32,7 +32,7 @@ def _norm_rows_cpu[dtype: DType, fused: Bool](
         var tail = Float32(0)
 
         def square[width: Int](i: Int) {mut acc, mut tail, var src, var base}:
-            var v = src.unsafe_load[width=width](base + i).cast[F32]()
+            var v = load_f32[dtype, width](src, base + i)
             comptime if width == F32_WIDTH:
                 acc += rebind[SIMD[F32, F32_WIDTH]](v * v)
             else:
@@ -42,8 +42,8 @@ def _norm_rows_cpu[dtype: DType, fused: Bool](
         var inv = rsqrt((acc.reduce_add() + tail) / Float32(cols) + eps)
 
         def scale[width: Int](i: Int) {var y, var src, var w, var base, var inv}:
-            var v = src.unsafe_load[width=width](base + i).cast[F32]() * inv
-            y.unsafe_store(base + i, (v * w.unsafe_load[width=width](i).cast[F32]()).cast[dtype]())
+            var v = load_f32[dtype, width](src, base + i) * inv
+            y.unsafe_store(base + i, narrow[dtype, width](v * load_f32[dtype, width](w, i)))
 
         vectorize[F32_WIDTH](cols, scale)
 

@@ -10,17 +10,17 @@ from max.algorithm import parallelize
 from std.algorithm import vectorize
 from std.math import cos, sin
 
-from ..utils.types import F32, F32_WIDTH, Ptr, GPU_BLOCK, SERIAL_ELEMENTS, check_same
+from ..utils.types import load_f32, narrow, F32, F32_WIDTH, Ptr, GPU_BLOCK, SERIAL_ELEMENTS, check_same
 
 
 @always_inline
 def _rotate[dtype: DType, width: Int](
     y: Ptr[dtype], x: Ptr[dtype], base: Int, half: Int, c: SIMD[F32, width], s: SIMD[F32, width]
 ):
-    var x1 = x.unsafe_load[width=width](base).cast[F32]()
-    var x2 = x.unsafe_load[width=width](base + half).cast[F32]()
-    y.unsafe_store(base, (x1 * c - x2 * s).cast[dtype]())
-    y.unsafe_store(base + half, (x2 * c + x1 * s).cast[dtype]())
+    var x1 = load_f32[dtype, width](x, base)
+    var x2 = load_f32[dtype, width](x, base + half)
+    y.unsafe_store(base, narrow[dtype, width](x1 * c - x2 * s))
+    y.unsafe_store(base + half, narrow[dtype, width](x2 * c + x1 * s))
 
 
 def _rope_cpu[dtype: DType](
