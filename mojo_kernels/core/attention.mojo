@@ -5,9 +5,12 @@
 #   position context_len - q_len + i and sees keys 0..that position. Prefill, extension of a cached
 #   prefix and decode (q_len 1) are the same computation: an online softmax over the visible keys,
 #   accumulated in float32.
-# CPU: one task per (sequence, KV head): each key row is read once for all query heads of its group.
+# CPU: a work item is a tile of up to QUERY_TILE queries of one sequence with all their heads, over one
+#      split of the keys (decode splits long contexts over the workers and merges the partial softmax states).
+#      All KV heads of a token are adjacent in the cache, so an item streams through memory. Tiles with many
+#      rows per KV head stage each key block (transposed, float32) and score it without horizontal sums.
 # GPU: one block per (query token, query head); keys in chunks of GPU_BLOCK, one key per thread for the
-#      scores, then one head dimension per thread for the weighted sum of values.
+#      scores, then one head dimension per thread for the weighted sum of values. (No split-K yet.)
 from extensibility import register, InputTensor, OutputTensor
 from extensibility import _MutableInputTensor as MutableInputTensor
 from max.gpu.host import DeviceContext
