@@ -38,6 +38,13 @@ comptime MASKED = Float32(-1.0e30)
 
 
 @always_inline
+def _token_offset(page_table: Ptr[DType.int32], table_row: Int, j: Int, page_size: Int, row_len: Int) -> Int:
+    """Element offset in the cache of token j's K (or V) row, all heads; table_row = sequence * max_pages."""
+    var page = Int(page_table.unsafe_load(table_row + j // page_size))
+    return (page * page_size + j % page_size) * row_len
+
+
+@always_inline
 def _dot[dtype: DType](a: Ptr[F32], a_off: Int, b: Ptr[dtype], b_off: Int, n: Int) -> Float32:
     var acc = SIMD[F32, F32_WIDTH](0)
     var i = 0
@@ -52,15 +59,15 @@ def _dot[dtype: DType](a: Ptr[F32], a_off: Int, b: Ptr[dtype], b_off: Int, n: In
 
 
 @always_inline
-def _scale_add[dtype: DType](acc: Ptr[F32], acc_off: Int, keep: Float32, p: Float32, v: Ptr[dtype], v_off: Int, n: Int):
-    """acc = acc * keep + p * v over n elements."""
+def _add_scaled[dtype: DType](acc: Ptr[F32], acc_off: Int, p: Float32, v: Ptr[dtype], v_off: Int, n: Int):
+    """acc += p * v over n elements."""
     var i = 0
     while i + F32_WIDTH <= n:
         var a = acc.unsafe_load[width=F32_WIDTH](acc_off + i)
-        acc.unsafe_store(acc_off + i, a * keep + load_f32[dtype, F32_WIDTH](v, v_off + i) * p)
+        acc.unsafe_store(acc_off + i, a + load_f32[dtype, F32_WIDTH](v, v_off + i) * p)
         i += F32_WIDTH
     while i < n:
-        acc.unsafe_store(acc_off + i, acc.unsafe_load(acc_off + i) * keep + v.unsafe_load(v_off + i).cast[F32]() * p)
+        acc.unsafe_store(acc_off + i, acc.unsafe_load(acc_off + i) + v.unsafe_load(v_off + i).cast[F32]() * p)
         i += 1
 
 
@@ -229,8 +236,7 @@ def _attention_cpu[dtype: DType](
                     for jj in range(KEY_BLOCK):  # stage the block, reading the cache in address order
                         if jj < n_keys:
                             var j = j0 + jj
-                            var page = Int(page_table.unsafe_load(b * max_pages + j // page_size))
-                            var base = (page * page_size + j % page_size) * row_len
+                            var base = _token_offset(page_table, b * max_pages, j, page_size, row_len)
                             for g in range(kv_heads):
                                 _copy_column[dtype](buf, kt_off + g * head_dim * KEY_BLOCK + jj, KEY_BLOCK, k_cache, base + g * head_dim, head_dim)
                                 _copy_row[dtype](buf, vb_off + (g * KEY_BLOCK + jj) * head_dim, v_cache, base + g * head_dim, head_dim)
@@ -254,8 +260,7 @@ def _attention_cpu[dtype: DType](
                     var n_keys = min(KEY_BLOCK, k_end - j0)
                     for jj in range(n_keys):
                         var j = j0 + jj
-                        var page = Int(page_table.unsafe_load(b * max_pages + j // page_size))
-                        var base = (page * page_size + j % page_size) * row_len
+                        var base = _token_offset(page_table, b * max_pages, j, page_size, row_len)
                         for r in range(n_rows):
                             var visible = Float32(j) <= buf.unsafe_load(last_off + r)
                             var k_row = base + ((r % q_heads) // group) * head_dim
@@ -267,12 +272,11 @@ def _attention_cpu[dtype: DType](
                             _rescale(buf, acc_off + r * head_dim, keep, head_dim)
                     for jj in range(n_keys):
                         var j = j0 + jj
-                        var page = Int(page_table.unsafe_load(b * max_pages + j // page_size))
-                        var base = (page * page_size + j % page_size) * row_len
+                        var base = _token_offset(page_table, b * max_pages, j, page_size, row_len)
                         for r in range(n_rows):
                             if Float32(j) <= buf.unsafe_load(last_off + r):
                                 var v_row = base + ((r % q_heads) // group) * head_dim
-                                _scale_add[dtype](buf, acc_off + r * head_dim, 1, buf.unsafe_load(s_off + r * KEY_BLOCK + jj),
+                                _add_scaled[dtype](buf, acc_off + r * head_dim, buf.unsafe_load(s_off + r * KEY_BLOCK + jj),
                                                   v_cache, v_row, head_dim)
             if splits == 1:
                 for r in range(n_rows):
@@ -351,8 +355,7 @@ def _attention_gpu[dtype: DType](
         var j = start + tid
         var s = Float32.MIN
         if j <= last:
-            var page = Int(page_table.unsafe_load(b * Int(max_pages) + j // ps))
-            var row = ((page * ps + j % ps) * hk + g) * d
+            var row = _token_offset(page_table, b * Int(max_pages), j, ps, hk * d) + g * d
             s = 0
             for x in range(d):
                 s += q_sh.unsafe_load(x) * k_cache.unsafe_load(row + x).cast[F32]()
@@ -367,8 +370,7 @@ def _attention_gpu[dtype: DType](
         acc1 *= keep
         for jj in range(min(GPU_BLOCK, last + 1 - start)):
             var key = start + jj
-            var page = Int(page_table.unsafe_load(b * Int(max_pages) + key // ps))
-            var row = ((page * ps + key % ps) * hk + g) * d
+            var row = _token_offset(page_table, b * Int(max_pages), key, ps, hk * d) + g * d
             var pj = p_sh.unsafe_load(jj)
             if tid < d:
                 acc0 += pj * v_cache.unsafe_load(row + tid).cast[F32]()
