@@ -1,28 +1,29 @@
-"""Qwen3 forward over ragged batches with a paged KV cache, on a backend of ops (see bindings/reference.py)."""
+"""Qwen3 forward over ragged batches with a paged KV cache: one MAX graph on the Mojo kernels, or the PyTorch reference."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Optional
 
 import torch
+
+from bindings import reference
 
 from ..memory.kv_cache_manager import PagedKVCache
 from .config import Qwen3Config
 from .weight_loader import WeightLoader, parse_dtype
 
-BACKENDS = ("reference",)
+# "mojo": the whole forward as one compiled MAX graph on the Mojo kernels (qwen3_graph.py);
+# "reference": the same forward op by op in PyTorch (bindings/reference.py), the specification tests compare with.
+BACKENDS = ("mojo", "reference")
+DEFAULT_BACKEND = "mojo"
 
 
-def load_backend(backend: str) -> ModuleType:
-    """The module of ops the model runs on: every backend has the signatures of bindings.reference."""
-    if backend == "reference":
-        from bindings import reference
-
-        return reference
-    raise ValueError(f"backend {backend!r} is not available: choose one of {', '.join(BACKENDS)}")
+def check_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is not available: choose one of {', '.join(BACKENDS)}")
+    return backend
 
 
 @dataclass
@@ -51,12 +52,11 @@ class DecoderLayerWeights:
 class Qwen3Model:
     """Qwen3 causal LM. `forward` runs one step of a ragged batch and returns logits only where asked."""
 
-    def __init__(self, config: Qwen3Config, weight_loader: WeightLoader, device: str = "cpu", backend: str = "reference") -> None:
+    def __init__(self, config: Qwen3Config, weight_loader: WeightLoader, device: str = "cpu", backend: str = DEFAULT_BACKEND) -> None:
         self.config = config
         self.device = torch.device(device)
         self.dtype = weight_loader.dtype
-        self.backend = backend
-        self.ops = load_backend(backend)
+        self.backend = check_backend(backend)
         self.model_path = weight_loader.model_path
         if not weight_loader.weights:
             weight_loader.load_from_safetensors()
@@ -67,6 +67,11 @@ class Qwen3Model:
         self.layers = [self._layer_weights(w, i) for i in range(config.num_hidden_layers)]
         self.scale = config.head_dim**-0.5
         self._engine = None
+        self.compiled = None
+        if backend == "mojo":
+            from .qwen3_graph import CompiledQwen3
+
+            self.compiled = CompiledQwen3(self)
 
     def _layer_weights(self, w, i: int) -> DecoderLayerWeights:
         p = f"model.layers.{i}."
@@ -88,7 +93,7 @@ class Qwen3Model:
 
     @classmethod
     def from_pretrained(
-        cls, model_path: str | os.PathLike, device: str = "cpu", dtype: str | torch.dtype = "float32", backend: str = "reference"
+        cls, model_path: str | os.PathLike, device: str = "cpu", dtype: str | torch.dtype = "float32", backend: str = DEFAULT_BACKEND
     ) -> "Qwen3Model":
         from .hub import resolve_model_dir
 
@@ -111,7 +116,11 @@ class Qwen3Model:
     ) -> torch.Tensor:
         """input_ids/positions [T] -> logits [len(logits_indices), vocab] (all T rows when None), float32.
         Writes the new tokens' K/V into kv_cache at attn.slot_mapping."""
-        c, ops = self.config, self.ops
+        if logits_indices is None:
+            logits_indices = torch.arange(input_ids.shape[0], dtype=torch.int32, device=input_ids.device)
+        if self.compiled is not None:
+            return self.compiled(input_ids, positions, attn, kv_cache, logits_indices)
+        c, ops = self.config, reference
         num_tokens = input_ids.shape[0]
         q_size, kv_size = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
         hidden = self.embed_tokens[input_ids.long()]
@@ -135,8 +144,7 @@ class Qwen3Model:
             hidden = o.reshape(num_tokens, q_size) @ layer.o_proj.T
             x, residual = ops.fused_add_rms_norm(hidden, residual, layer.post_attention_norm, c.rms_norm_eps)
             hidden = ops.silu_and_mul(x @ layer.gate_up_proj.T) @ layer.down_proj.T
-        if logits_indices is not None:
-            hidden, residual = hidden[logits_indices.long()], residual[logits_indices.long()]
+        hidden, residual = hidden[logits_indices.long()], residual[logits_indices.long()]
         x, _ = ops.fused_add_rms_norm(hidden, residual, self.final_norm, c.rms_norm_eps)
         return (x @ self.lm_head.T).float()
 

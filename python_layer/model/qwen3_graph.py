@@ -1,0 +1,116 @@
+"""The whole Qwen3 forward as ONE MAX graph on MILI's Mojo ops (bindings/graph.py) and MAX's matmul.
+
+The graph is symbolic in tokens, sequences, pages and logit rows, so one compiled graph per (model config,
+dtype, device) serves every step; MAX keeps it in the project-local compile cache. Weights are bound once
+when the graph is loaded; the KV caches are buffers the graph updates in place."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Dict, List, Optional
+
+import torch
+
+from bindings import graph as mili, library  # library sets MODULAR_CACHE_DIR before max is imported
+from bindings.reference import rope_inv_freq
+
+from max.driver import Buffer  # noqa: E402
+from max.experimental.torch import torch_dtype_to_max  # noqa: E402
+from max.dtype import DType  # noqa: E402
+from max.graph import BufferType, Graph, TensorType, TensorValue, Weight, ops  # noqa: E402
+
+from .config import Qwen3Config
+
+if TYPE_CHECKING:
+    from ..memory.kv_cache_manager import PagedKVCache
+    from .qwen3_model import AttentionMetadata, Qwen3Model
+
+_METADATA = ("input_ids", "positions", "query_start", "context_lens", "page_table", "slot_mapping", "logits_indices")
+
+
+def graph_weights(model: "Qwen3Model") -> Dict[str, torch.Tensor]:
+    """The model's weights by the names the graph gives them (the same tensors: nothing is copied here)."""
+    weights = {"embed_tokens": model.embed_tokens, "lm_head": model.lm_head, "final_norm": model.final_norm}
+    for i, layer in enumerate(model.layers):
+        for name, tensor in vars(layer).items():
+            if tensor is not None:
+                weights[f"layers.{i}.{name}"] = tensor
+    return weights
+
+
+def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: torch.dtype, device_key: str) -> Graph:
+    c, dev, dt = config, library.device_ref(device_key), torch_dtype_to_max(dtype)
+    i32 = lambda *dims: TensorType(DType.int32, list(dims), dev)
+    cache = BufferType(dt, ["pages", "page_size", c.num_key_value_heads, c.head_dim], dev)
+    inputs = [i32("T"), i32("T"), i32("B_plus_1"), i32("B"), i32("B", "max_pages"), i32("T"), i32("L")]
+    inputs += [cache] * (2 * c.num_hidden_layers)
+    name = f"mili_qwen3_{c.num_hidden_layers}x{c.hidden_size}_{str(dtype).split('.')[-1]}"
+    with Graph(name, input_types=inputs, kernel_library=library.kernel_library()) as g:
+        w = {n: Weight(n, torch_dtype_to_max(t.dtype), list(t.shape), dev) for n, t in weights.items()}
+        ids, positions, query_start, context_lens, page_table, slots, logits_indices = (v.tensor for v in g.inputs[:7])
+        caches = [v.buffer for v in g.inputs[7:]]
+        k_caches, v_caches = caches[: c.num_hidden_layers], caches[c.num_hidden_layers :]
+        q_size, kv_size = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        inv_freq, rope_scale = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling)
+        inv_freq = ops.constant(inv_freq.numpy(), DType.float32, dev)
+
+        hidden, residual = ops.gather(w["embed_tokens"], ids, axis=0), None
+        for i in range(c.num_hidden_layers):
+            p = f"layers.{i}."
+            if residual is None:
+                residual, x = hidden, mili.rms_norm(hidden, w[p + "input_norm"], c.rms_norm_eps)
+            else:
+                x, residual = mili.fused_add_rms_norm(hidden, residual, w[p + "input_norm"], c.rms_norm_eps)
+            qkv = _linear(x, w[p + "qkv_proj"], w.get(p + "qkv_bias"))
+            q = ops.reshape(qkv[:, :q_size], [-1, c.num_attention_heads, c.head_dim])
+            k = ops.reshape(qkv[:, q_size : q_size + kv_size], [-1, c.num_key_value_heads, c.head_dim])
+            v = ops.reshape(qkv[:, q_size + kv_size :], [-1, c.num_key_value_heads, c.head_dim])
+            q = mili.head_rms_norm(q, w[p + "q_norm"], c.rms_norm_eps)
+            k = mili.head_rms_norm(k, w[p + "k_norm"], c.rms_norm_eps)
+            q, k = mili.rope_with_table(q, k, positions, inv_freq, rope_scale)
+            mili.store_kv(k, v, k_caches[i], v_caches[i], slots)
+            o = mili.paged_attention(q, k_caches[i], v_caches[i], page_table, context_lens, query_start, c.head_dim**-0.5)
+            hidden = _linear(ops.reshape(o, [-1, q_size]), w[p + "o_proj"])
+            x, residual = mili.fused_add_rms_norm(hidden, residual, w[p + "post_attention_norm"], c.rms_norm_eps)
+            hidden = _linear(mili.silu_and_mul(_linear(x, w[p + "gate_up_proj"])), w[p + "down_proj"])
+        hidden, residual = ops.gather(hidden, logits_indices, axis=0), ops.gather(residual, logits_indices, axis=0)
+        x, _ = mili.fused_add_rms_norm(hidden, residual, w["final_norm"], c.rms_norm_eps)
+        g.output(ops.cast(_linear(x, w["lm_head"]), DType.float32))
+    return g
+
+
+def _linear(x: TensorValue, weight: TensorValue, bias: Optional[TensorValue] = None) -> TensorValue:
+    # weights stay [out, in] as in the checkpoint: MAX's matmul takes the transposed operand directly
+    y = ops.matmul(x, ops.transpose(weight, 0, 1))
+    return y if bias is None else y + bias
+
+
+class CompiledQwen3:
+    """Qwen3Model.forward as one compiled MAX graph. Loading compiles it (or takes it from MAX's cache) and
+    binds the weights; `load_seconds` says how long that took."""
+
+    def __init__(self, model: "Qwen3Model") -> None:
+        self.config, self.device_key = model.config, library.device_key(model.device)
+        weights = graph_weights(model)
+        started = time.perf_counter()
+        graph = build_graph(model.config, weights, model.dtype, self.device_key)
+        self.model = library.session(self.device_key).load(graph, weights_registry=weights)
+        self.load_seconds = time.perf_counter() - started
+        self._cache_buffers: tuple[Optional["PagedKVCache"], List[Buffer]] = (None, [])
+
+    def _kv_buffers(self, kv_cache: "PagedKVCache") -> List[Buffer]:
+        # MAX buffers that alias the cache's torch tensors: made once per cache, then reused every step
+        if self._cache_buffers[0] is not kv_cache:
+            tensors = kv_cache.k_caches + kv_cache.v_caches
+            self._cache_buffers = (kv_cache, [Buffer.from_dlpack(t) for t in tensors])
+        return self._cache_buffers[1]
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: "AttentionMetadata",
+                 kv_cache: "PagedKVCache", logits_indices: torch.Tensor) -> torch.Tensor:
+        metadata = [input_ids, positions, attn.query_start, attn.context_lens, attn.page_table, attn.slot_mapping,
+                    logits_indices]
+        for name, t in zip(_METADATA, metadata):
+            if t.dtype != torch.int32:
+                raise TypeError(f"{name} must be int32, got {t.dtype}")
+        args = [Buffer.from_dlpack(t.contiguous()) for t in metadata] + self._kv_buffers(kv_cache)
+        return torch.from_dlpack(self.model.execute(*args)[0])
