@@ -67,15 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--ignore-eos", action="store_true")
     gen.add_argument("--device", default="cpu")
     gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    gen.add_argument("--backend", default="reference", choices=["reference"])
+    gen.add_argument("--backend", default="mojo", choices=["mojo", "reference"],
+                     help="mojo: one compiled MAX graph on the Mojo kernels; reference: PyTorch op by op")
     gen.set_defaults(func=_generate)
 
     serve = sub.add_parser("serve", help="start the HTTP server")
     serve.add_argument("--model", default=None)
     serve.set_defaults(func=_not_yet("serve", "server"))
 
-    bench = sub.add_parser("bench", help="run a benchmark of benchmarks/ (kernels); extra arguments go to it")
-    bench.add_argument("what", nargs="?", default="kernels", choices=["kernels"])
+    bench = sub.add_parser("bench", help="run a benchmark of benchmarks/; extra arguments go to it")
+    bench.add_argument("what", nargs="?", default="kernels", choices=["kernels", "throughput", "shared_prefix"])
     bench.add_argument("args", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_bench)
     return parser

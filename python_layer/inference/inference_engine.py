@@ -4,26 +4,27 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections import deque
-from typing import Deque, Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 
-from ..model.qwen3_model import Qwen3Model
+from ..memory.radix_cache import RadixAttentionCache
+from ..model.qwen3_model import DEFAULT_BACKEND, Qwen3Model
 from ..tokenizer.detokenizer import IncrementalDetokenizer
 from ..tokenizer.qwen_tokenizer import QwenTokenizer, tokenizer_for_checkpoint
 from .model_runner import ModelRunner
-from .request import InferenceRequest, RequestOutput, RequestStatus
-from .sampler import Sampler
+from .request import InferenceRequest, RequestOutput
+from .sampler import Sampler, TokenLogprobs
+from .scheduler import ContinuousBatchScheduler
 from .sampling_params import SamplingParams
 
 Prompt = Union[str, List[int]]
 
 
 class InferenceEngine:
-    """Runs Qwen3 on a paged KV cache. Each `step` computes, in one ragged batch, the whole prompt of every
-    newly admitted request and one token of every running one. A request is admitted when the pool has pages
-    for its prompt plus all of its output, so a running request never runs out of pages."""
+    """Runs Qwen3 on a paged KV cache with continuous batching (see scheduler.py): each `step` computes one
+    ragged batch of decode tokens and prompt chunks, then samples the requests that reached their last token.
+    With prefix caching on, requests reuse the KV pages of earlier requests that share their prefix."""
 
     def __init__(
         self,
@@ -34,6 +35,9 @@ class InferenceEngine:
         page_size: int = 16,
         max_model_len: Optional[int] = None,
         max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 2048,
+        enable_prefix_caching: bool = True,
+        debug_checks: bool = False,
     ) -> None:
         self.model = model
         config = model.config
@@ -50,13 +54,12 @@ class InferenceEngine:
                 "lower max_model_len or give more num_kv_pages / kv_cache_memory_gb"
             )
         self.max_model_len = max_model_len or limit
-        self.max_num_seqs = max_num_seqs
         self.eos_token_ids = set(config.eos_token_ids) | ({self.tokenizer.eos_token_id} - {None})
+        self.prefix_cache = RadixAttentionCache(self.kv_cache) if enable_prefix_caching else None
+        self.scheduler = ContinuousBatchScheduler(self.kv_cache, self.prefix_cache, max_num_seqs, max_num_batched_tokens)
         self.runner = ModelRunner(model, self.kv_cache)
         self.sampler = Sampler()
-        self.waiting: Deque[InferenceRequest] = deque()
-        self.running: List[InferenceRequest] = []
-        self.requests: Dict[str, InferenceRequest] = {}
+        self.debug_checks = debug_checks
         self._ids = itertools.count()
 
     @classmethod
@@ -65,7 +68,7 @@ class InferenceEngine:
         model_path: Optional[str | os.PathLike] = None,
         device: str = "cpu",
         dtype: str | torch.dtype = "float32",
-        backend: str = "reference",
+        backend: str = DEFAULT_BACKEND,
         **engine_args,
     ) -> "InferenceEngine":
         """Load a checkpoint directory or hub id (None: MILI's built-in random-weight test model)."""
@@ -74,6 +77,11 @@ class InferenceEngine:
 
             model_path = builtin_model_path()
         return cls(Qwen3Model.from_pretrained(model_path, device=device, dtype=dtype, backend=backend), **engine_args)
+
+    @property
+    def requests(self) -> Dict[str, InferenceRequest]:
+        """The unfinished requests by id."""
+        return self.scheduler.requests
 
     # ---- requests -------------------------------------------------------------------------------------------
 
@@ -88,9 +96,9 @@ class InferenceEngine:
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         detokenizer = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=params.skip_special_tokens)
         request = InferenceRequest(request_id, text, token_ids, params, detokenizer, max_total, generator)
-        self.requests[request_id] = request
-        self.waiting.append(request)
-        return request_id
+        if params.logprobs is not None:
+            request.logprobs = []
+        return self.scheduler.add_request(request)
 
     def _tokenize(self, prompt: Prompt) -> tuple[Optional[str], List[int]]:
         if isinstance(prompt, str):
@@ -114,47 +122,43 @@ class InferenceEngine:
 
     def abort(self, request_id: str) -> None:
         """Stop a request now and free its KV pages (a finished or unknown request is ignored)."""
-        request = self.requests.get(request_id)
-        if request is None or request.status == RequestStatus.FINISHED:
-            return
-        if request in self.waiting:
-            self.waiting.remove(request)
-        self._finish(request, "abort")
+        self.scheduler.abort_request(request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running)
+        return self.scheduler.has_unfinished_requests()
+
+    def get_request_status(self, request_id: str) -> dict:
+        return self.scheduler.get_request_status(request_id)
+
+    def get_completed_result(self, request_id: str) -> Optional[RequestOutput]:
+        return self.scheduler.get_completed_result(request_id)
 
     # ---- stepping -------------------------------------------------------------------------------------------
 
     def step(self) -> List[RequestOutput]:
-        """Run one batch; returns the outputs of every request it advanced (finished ones have finish_reason)."""
-        batch = [(r, 1) for r in self.running] + [(r, r.num_tokens) for r in self._admit()]
+        """Run one batch; returns the outputs of every request that got a new token (finished ones have
+        finish_reason). A step that only computed prompt chunks returns nothing."""
+        batch = self.scheduler.get_next_batch()
         if not batch:
             return []
-        logits = self.runner.run(batch)
-        tokens = self.sampler(logits, [r.params for r, _ in batch], [r.generator for r, _ in batch])
+        logits, sampling = self.runner.run(batch.items)
+        for request, num_computed in batch.items:
+            self.scheduler.update_request(request, num_computed)
         outputs = []
-        for (request, num_new), token in zip(batch, tokens.tolist()):
-            request.num_cached_tokens += num_new
-            self._append_token(request, token)
-            outputs.append(request.output())
+        if sampling:
+            sampled = self.sampler(logits, [r.params for r in sampling], [r.generator for r in sampling],
+                                   [(r.prompt_token_ids, r.output_token_ids) for r in sampling])
+            for request, token, logprobs in zip(sampling, sampled.token_ids, sampled.logprobs):
+                self._append_token(request, token, logprobs)
+                outputs.append(request.output())
+        if self.debug_checks:
+            self.scheduler.check_page_accounting()
         return outputs
 
-    def _admit(self) -> List[InferenceRequest]:
-        admitted = []
-        while self.waiting and len(self.running) < self.max_num_seqs:
-            request = self.waiting[0]
-            pages = self.kv_cache.allocate_pages(self.kv_cache.pages_for(request.max_total_tokens))
-            if pages is None:
-                break
-            self.waiting.popleft()
-            request.page_ids, request.status = pages, RequestStatus.RUNNING
-            self.running.append(request)
-            admitted.append(request)
-        return admitted
-
-    def _append_token(self, request: InferenceRequest, token: int) -> None:
+    def _append_token(self, request: InferenceRequest, token: int, logprobs: Optional[TokenLogprobs]) -> None:
         request.output_token_ids.append(token)
+        if request.logprobs is not None:
+            request.logprobs.append(logprobs)
         searched = len(request.text)
         request.text += request.detokenizer.add(token)
         params = request.params
@@ -169,15 +173,7 @@ class InferenceEngine:
         if stop_at is not None:
             request.text, reason = request.text[:stop_at], "stop"
         if reason is not None:
-            self._finish(request, reason)
-
-    def _finish(self, request: InferenceRequest, reason: str) -> None:
-        request.finish_reason, request.status = reason, RequestStatus.FINISHED
-        if request in self.running:
-            self.running.remove(request)
-        self.kv_cache.free_pages(request.page_ids)
-        request.page_ids = []
-        del self.requests[request.request_id]
+            self.scheduler.finish_request(request, reason)
 
     # ---- offline API ----------------------------------------------------------------------------------------
 

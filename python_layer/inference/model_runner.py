@@ -20,14 +20,16 @@ class ModelRunner:
         self.model = model
         self.kv_cache = kv_cache
 
-    def run(self, batch: List[Tuple[InferenceRequest, int]]) -> torch.Tensor:
-        """batch: (request, number of its next uncached tokens to compute). Returns the logits [B, vocab]
-        of each request's last computed token. The requests' pages must already cover those tokens."""
+    def run(self, batch: List[Tuple[InferenceRequest, int]]) -> Tuple[torch.Tensor, List[InferenceRequest]]:
+        """batch: (request, number of its next uncached tokens to compute); the requests' pages must already
+        cover those tokens. Returns the logits [S, vocab] of the S requests whose computed tokens reach their
+        last token (they sample next; a prompt chunk that stops short of it has nothing to sample), and those
+        requests."""
         page_size, device = self.kv_cache.page_size, self.model.device
         input_ids: List[int] = []
         positions: List[int] = []
         slots: List[int] = []
-        query_start, context_lens = [0], []
+        query_start, context_lens, logits_indices, sampling = [0], [], [], []
         for req, n in batch:
             start = req.num_cached_tokens
             input_ids += req.all_token_ids[start : start + n]
@@ -35,6 +37,9 @@ class ModelRunner:
             slots += [req.page_ids[p // page_size] * page_size + p % page_size for p in range(start, start + n)]
             query_start.append(query_start[-1] + n)
             context_lens.append(start + n)
+            if start + n == req.num_tokens:
+                logits_indices.append(query_start[-1] - 1)
+                sampling.append(req)
         max_pages = max(len(req.page_ids) for req, _ in batch)
         page_table = [req.page_ids + [0] * (max_pages - len(req.page_ids)) for req, _ in batch]
         attn = AttentionMetadata(
@@ -43,5 +48,6 @@ class ModelRunner:
             page_table=_int32(page_table, device),
             slot_mapping=_int32(slots, device),
         )
-        logits_indices = _int32([s - 1 for s in query_start[1:]], device)
-        return self.model.forward(_int32(input_ids, device), _int32(positions, device), attn, self.kv_cache, logits_indices)
+        logits = self.model.forward(_int32(input_ids, device), _int32(positions, device), attn, self.kv_cache,
+                                    _int32(logits_indices, device))
+        return logits, sampling

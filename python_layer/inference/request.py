@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import torch
 
@@ -18,6 +18,11 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
+class RequestPhase(enum.Enum):
+    PREFILL = 1  # prompt tokens (or, after a preemption, prompt and output) still to compute
+    DECODE = 2  # one new token per step
+
+
 @dataclass
 class RequestOutput:
     request_id: str
@@ -26,6 +31,8 @@ class RequestOutput:
     token_ids: List[int]
     text: str
     finish_reason: Optional[str]  # "stop" | "length" | "abort"; None while running
+    logprobs: Optional[List[Any]] = None  # one sampler.TokenLogprobs per output token, when asked for
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
     @property
     def finished(self) -> bool:
@@ -47,6 +54,9 @@ class InferenceRequest:
     finish_reason: Optional[str] = None
     page_ids: List[int] = field(default_factory=list)
     num_cached_tokens: int = 0  # tokens whose K/V are in the cache
+    prefix_node: Optional[Any] = None  # the radix-cache node this request locks
+    num_cached_prompt_tokens: Optional[int] = None  # prefix-cache hit at the first admission
+    logprobs: Optional[List[Any]] = None
 
     @property
     def all_token_ids(self) -> List[int]:
@@ -56,6 +66,14 @@ class InferenceRequest:
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
+    @property
+    def phase(self) -> RequestPhase:
+        return RequestPhase.DECODE if self.num_tokens - self.num_cached_tokens == 1 else RequestPhase.PREFILL
+
     def output(self) -> RequestOutput:
+        logprobs = None if self.logprobs is None else list(self.logprobs)
         return RequestOutput(self.request_id, self.prompt, list(self.prompt_token_ids), list(self.output_token_ids),
-                             self.text, self.finish_reason)
+                             self.text, self.finish_reason, logprobs, self.num_cached_prompt_tokens or 0)
+
+
+RequestMetadata = InferenceRequest  # the design documents' name for a request's state

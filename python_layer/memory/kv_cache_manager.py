@@ -46,6 +46,9 @@ class PagedKVCache:
     def num_free_pages(self) -> int:
         return len(self._free)
 
+    def free_page_ids(self) -> List[int]:
+        return list(self._free)
+
     def pages_for(self, num_tokens: int) -> int:
         return math.ceil(num_tokens / self.page_size)
 

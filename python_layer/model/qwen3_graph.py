@@ -90,6 +90,9 @@ class CompiledQwen3:
     binds the weights; `load_seconds` says how long that took."""
 
     def __init__(self, model: "Qwen3Model") -> None:
+        if model.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"the mojo backend runs float32 or bfloat16, not {model.dtype}: pass dtype='bfloat16' "
+                             "or backend='reference'")
         self.config, self.device_key = model.config, library.device_key(model.device)
         weights = graph_weights(model)
         started = time.perf_counter()

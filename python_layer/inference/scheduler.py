@@ -1,0 +1,208 @@
+"""ContinuousBatchScheduler: which requests run in the next step and how many tokens each computes.
+
+Each step has a token budget. Running requests in decode go first (one token each), then running requests
+whose prompt is still being prefilled, then waiting requests (FIFO) take what is left of the budget, their
+prompts split into chunks over several steps when long. KV pages are taken as tokens need them; when the
+pool is short the scheduler evicts unused prefix-cache pages, then preempts the most recently admitted
+running request (its pages are freed and it waits to be recomputed). Nothing is dropped; nothing deadlocks,
+because the engine admits no request that could need more pages than the whole pool."""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Deque, Dict, List, Optional, Tuple
+
+from ..memory.kv_cache_manager import PagedKVCache
+from ..memory.radix_cache import RadixAttentionCache
+from .request import InferenceRequest, RequestOutput, RequestStatus
+
+
+@dataclass
+class ScheduledBatch:
+    items: List[Tuple[InferenceRequest, int]] = field(default_factory=list)  # (request, tokens to compute)
+    preempted: List[InferenceRequest] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.items)
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+
+class ContinuousBatchScheduler:
+    def __init__(
+        self,
+        kv_cache: PagedKVCache,
+        prefix_cache: Optional[RadixAttentionCache] = None,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 2048,
+        max_completed: int = 1024,
+    ) -> None:
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got {max_num_seqs}, {max_num_batched_tokens}")
+        self.kv_cache, self.prefix_cache = kv_cache, prefix_cache
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.waiting: Deque[InferenceRequest] = deque()
+        self.running: List[InferenceRequest] = []  # in admission order: the last one is preempted first
+        self.requests: Dict[str, InferenceRequest] = {}
+        self.completed: "OrderedDict[str, RequestOutput]" = OrderedDict()  # the latest finished, for status queries
+        self.max_completed = max_completed
+        self.num_preemptions = 0
+
+    # ---- requests in and out --------------------------------------------------------------------------------
+
+    def add_request(self, request: InferenceRequest) -> str:
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+        return request.request_id
+
+    def finish_request(self, request: InferenceRequest, reason: str) -> None:
+        """End a request (finished or aborted): its computed pages go to the prefix cache, its own references
+        are freed at once."""
+        if request.status == RequestStatus.WAITING:
+            self.waiting.remove(request)
+        else:
+            self.running.remove(request)
+            self._release_pages(request, cache=True)
+        request.finish_reason, request.status = reason, RequestStatus.FINISHED
+        del self.requests[request.request_id]
+        self.completed[request.request_id] = request.output()
+        while len(self.completed) > self.max_completed:
+            self.completed.popitem(last=False)
+
+    def abort_request(self, request_id: str) -> bool:
+        request = self.requests.get(request_id)
+        if request is None:
+            return False
+        self.finish_request(request, "abort")
+        return True
+
+    def update_request(self, request: InferenceRequest, num_computed: int) -> None:
+        """Record that the step computed `num_computed` more tokens of the request (their KV is cached)."""
+        request.num_cached_tokens += num_computed
+
+    def get_request_status(self, request_id: str) -> dict:
+        """{"status": "processing" | "completed" | "not_found", ...} (the design documents' shape)."""
+        request = self.requests.get(request_id)
+        if request is not None:
+            generated = len(request.output_token_ids)
+            return {"status": "processing", "phase": request.status.value, "tokens_generated": generated,
+                    "tokens_remaining": request.params.max_tokens - generated}
+        done = self.completed.get(request_id)
+        if done is not None:
+            return {"status": "completed", "finish_reason": done.finish_reason, "tokens_generated": len(done.token_ids),
+                    "tokens_remaining": 0}
+        return {"status": "not_found"}
+
+    def get_completed_result(self, request_id: str) -> Optional[RequestOutput]:
+        return self.completed.get(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- scheduling ------------------------------------------------------------------------------------------
+
+    def get_next_batch(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = lambda: self.max_num_batched_tokens - batch.num_tokens
+        decoding = [r for r in self.running if r.num_tokens - r.num_cached_tokens == 1]
+        prefilling = [r for r in self.running if r.num_tokens - r.num_cached_tokens > 1]
+        for request in decoding + prefilling:
+            if budget() == 0:
+                break
+            if request.status != RequestStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            n = min(request.num_tokens - request.num_cached_tokens, budget())
+            if self._grow_or_preempt(request, n, batch):
+                batch.items.append((request, n))
+        while budget() > 0 and self.waiting and len(self.running) < self.max_num_seqs and not batch.preempted:
+            request = self.waiting[0]
+            self._match_prefix(request)
+            n = min(request.num_tokens - request.num_cached_tokens, budget())
+            if not self._grow(request, n):
+                self._release_pages(request, cache=False)
+                break
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            if request.num_cached_prompt_tokens is None:  # the first admission's prefix hit is what users see
+                request.num_cached_prompt_tokens = request.num_cached_tokens
+            self.running.append(request)
+            batch.items.append((request, n))
+        return batch
+
+    schedule = get_next_batch
+
+    def _grow_or_preempt(self, request: InferenceRequest, n: int, batch: ScheduledBatch) -> bool:
+        """Pages for n more tokens of a running request, preempting newer requests when the pool is short.
+        False when the request itself had to be preempted."""
+        while not self._grow(request, n):
+            victim = self.running[-1]
+            self._preempt(victim, batch)
+            if victim is request:
+                return False
+        return True
+
+    def _grow(self, request: InferenceRequest, n: int) -> bool:
+        needed = self.kv_cache.pages_for(request.num_cached_tokens + n) - len(request.page_ids)
+        if needed <= 0:
+            return True
+        short = needed - self.kv_cache.num_free_pages
+        if short > 0 and self.prefix_cache is not None:
+            self.prefix_cache.evict(short)
+        pages = self.kv_cache.allocate_pages(needed)
+        if pages is None:
+            return False
+        request.page_ids += pages
+        return True
+
+    def _preempt(self, request: InferenceRequest, batch: ScheduledBatch) -> None:
+        self.running.remove(request)
+        self._release_pages(request, cache=True)
+        request.status = RequestStatus.WAITING
+        self.waiting.appendleft(request)
+        batch.preempted.append(request)
+        batch.items = [(r, n) for r, n in batch.items if r is not request]
+        self.num_preemptions += 1
+
+    def _match_prefix(self, request: InferenceRequest) -> None:
+        if self.prefix_cache is None or request.prefix_node is not None:
+            return
+        pages, node = self.prefix_cache.match_prefix(request.all_token_ids)
+        request.page_ids, request.prefix_node = pages, node
+        request.num_cached_tokens = len(pages) * self.kv_cache.page_size
+
+    def _release_pages(self, request: InferenceRequest, cache: bool) -> None:
+        """Give up the request's pages and prefix lock; with cache=True its computed full pages go to the
+        prefix cache first, so a recomputation or a later request with the same prefix can reuse them."""
+        if self.prefix_cache is not None:
+            if cache:
+                self.prefix_cache.insert(request.all_token_ids[: request.num_cached_tokens], request.page_ids)
+            if request.prefix_node is not None:
+                self.prefix_cache.release(request.prefix_node)
+        self.kv_cache.free_pages(request.page_ids)
+        request.page_ids, request.prefix_node, request.num_cached_tokens = [], None, 0
+
+    # ---- debugging ---------------------------------------------------------------------------------------------
+
+    def check_page_accounting(self) -> None:
+        """Raise AssertionError unless every page is free or held by exactly the references that should hold
+        it: the running requests' page tables and the prefix cache. Cheap enough to run after every step."""
+        expected = [0] * self.kv_cache.num_pages
+        for request in self.running:
+            for p in request.page_ids:
+                expected[p] += 1
+        for request in self.waiting:
+            assert not request.page_ids, f"waiting request {request.request_id} holds pages {request.page_ids}"
+        if self.prefix_cache is not None:
+            for p in self.prefix_cache.cached_pages():
+                expected[p] += 1
+        actual = self.kv_cache.ref_counts
+        wrong = [(p, e, a) for p, (e, a) in enumerate(zip(expected, actual)) if e != a]
+        assert not wrong, f"KV page reference counts (page, expected, actual): {wrong[:10]}"
+        free = self.kv_cache.free_page_ids()
+        assert len(free) == len(set(free)), "a KV page is in the free pool twice"
+        assert sorted(free) == [p for p, e in enumerate(expected) if e == 0], "the free pool and the reference counts disagree"
