@@ -37,6 +37,7 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"mili bench: {script} not found: the benchmarks ship with the source checkout", file=sys.stderr)
         return 2
     sys.argv = [str(script), *args.args]
+    sys.path.insert(0, str(script.parent))  # the benchmarks import their shared helpers (benchmarks/common.py)
     try:
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as done:

@@ -1,12 +1,28 @@
-"""Token sampling from logits: greedy, temperature, top-k, top-p, min-p, per-request seeds."""
+"""Token sampling from logits: penalties, greedy, temperature, top-k, top-p, min-p, per-request seeds, logprobs."""
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from .sampling_params import SamplingParams
+
+History = tuple[Sequence[int], Sequence[int]]  # (prompt_token_ids, output_token_ids) of one request
+
+
+@dataclass
+class TokenLogprobs:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # (token id, logprob) of the k most likely tokens, most likely first
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]  # None for rows whose params.logprobs is None
 
 
 def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
@@ -34,26 +50,94 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
-def _draw(probs: torch.Tensor, generator: Optional[torch.Generator]) -> int:
+def _per_row(values: Sequence[float], like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32, device=like.device)
+
+
+def _token_counts(token_lists: Sequence[Sequence[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """[len(token_lists), vocab] count of each token id in each list."""
+    flat = torch.tensor([t for tokens in token_lists for t in tokens], dtype=torch.long, device=device)
+    rows = torch.arange(len(token_lists), device=device).repeat_interleave(
+        torch.tensor([len(tokens) for tokens in token_lists], device=device))
+    return torch.bincount(rows * vocab + flat, minlength=len(token_lists) * vocab).view(-1, vocab)
+
+
+def apply_penalties(
+    logits: torch.Tensor, params: Sequence[SamplingParams], histories: Sequence[History] | None
+) -> torch.Tensor:
+    """vLLM's repetition (prompt and output tokens), frequency and presence (output tokens) penalties, applied
+    to a copy of the rows that ask for them; logits itself is returned when no row does."""
+    rows = [i for i, p in enumerate(params) if p.has_penalties]
+    if not rows:
+        return logits
+    if histories is None:
+        raise ValueError("repetition, frequency and presence penalties need the token histories")
+    sub = [params[i] for i in rows]
+    vocab, device, index = logits.shape[-1], logits.device, torch.tensor(rows, device=logits.device)
+    output_counts = _token_counts([histories[i][1] for i in rows], vocab, device)
+    seen = (output_counts > 0) | (_token_counts([histories[i][0] for i in rows], vocab, device) > 0)
+    repetition = torch.where(seen, _per_row([p.repetition_penalty for p in sub], logits)[:, None], 1.0)
+    x = logits[index]
+    x = torch.where(x > 0, x / repetition, x * repetition)
+    x = x - _per_row([p.frequency_penalty for p in sub], x)[:, None] * output_counts
+    x = x - _per_row([p.presence_penalty for p in sub], x)[:, None] * (output_counts > 0)
+    return logits.index_put((index,), x)
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    if generator is not None:
+        probs = probs.to(generator.device)
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+def _logprobs(
+    logits: torch.Tensor, params: Sequence[SamplingParams], tokens: torch.Tensor
+) -> list[TokenLogprobs | None]:
+    """The sampled token's logprob and the top-k alternatives of the rows that ask for them."""
+    out: list[TokenLogprobs | None] = [None] * len(params)
+    rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+    if not rows:
+        return out
+    logprobs = logits[rows].log_softmax(dim=-1)
+    chosen_ids = tokens[rows]
+    chosen = logprobs.gather(-1, chosen_ids[:, None]).squeeze(-1).tolist()
+    top = logprobs.topk(max(params[i].logprobs for i in rows), dim=-1)
+    top_ids, top_values = top.indices.tolist(), top.values.tolist()
+    for j, (i, token) in enumerate(zip(rows, chosen_ids.tolist())):
+        k = params[i].logprobs
+        out[i] = TokenLogprobs(token, chosen[j], list(zip(top_ids[j][:k], top_values[j][:k])))
+    return out
+
+
 class Sampler:
-    """Samples one token per row of a batch, each row with its own parameters and generator."""
+    """Samples one token per row of a batch, each row with its own parameters, generator and history."""
 
     def __call__(
-        self, logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[Optional[torch.Generator]]
-    ) -> torch.Tensor:
+        self,
+        logits: torch.Tensor,
+        params: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+        histories: Sequence[History] | None = None,
+    ) -> SamplerOutput:
+        """histories: (prompt_token_ids, output_token_ids) of each row, needed by rows with penalties.
+        Logprobs are of the raw logits (before penalties, temperature and truncation)."""
         logits = logits.float()
+        tokens = self._sample(apply_penalties(logits, params, histories), params, generators)
+        return SamplerOutput(tokens.tolist(), _logprobs(logits, params, tokens))
+
+    @staticmethod
+    def _sample(
+        logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]
+    ) -> torch.Tensor:
         tokens = logits.argmax(dim=-1)
         rows = [i for i, p in enumerate(params) if not p.greedy]
         if not rows:
             return tokens
         sub = [params[i] for i in rows]
-        x = logits[rows] / torch.tensor([p.temperature for p in sub])[:, None]
-        x = apply_top_k(x, torch.tensor([p.top_k for p in sub]))
-        x = apply_top_p(x, torch.tensor([p.top_p for p in sub], dtype=torch.float32))
-        x = apply_min_p(x, torch.tensor([p.min_p for p in sub], dtype=torch.float32))
+        x = logits[rows] / _per_row([p.temperature for p in sub], logits)[:, None]
+        x = apply_top_k(x, torch.tensor([p.top_k for p in sub], device=x.device))
+        x = apply_top_p(x, _per_row([p.top_p for p in sub], x))
+        x = apply_min_p(x, _per_row([p.min_p for p in sub], x))
         probs = x.softmax(dim=-1)
         for j, i in enumerate(rows):
             tokens[i] = _draw(probs[j], generators[i])
@@ -73,4 +157,4 @@ class Sampler:
         """One sampled token per row of logits [batch, vocab] (temperature 0 is greedy)."""
         logits = logits.float().reshape(-1, logits.shape[-1])
         params = [SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)] * logits.shape[0]
-        return Sampler()(logits, params, [None] * logits.shape[0])
+        return Sampler._sample(logits, params, [None] * logits.shape[0])

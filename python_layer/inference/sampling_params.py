@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import List, Optional, Union
 
 
 @dataclass
@@ -13,12 +12,16 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1: no top-k
     min_p: float = 0.0
+    presence_penalty: float = 0.0  # subtracted once from every token already in the output
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the output
+    repetition_penalty: float = 1.0  # divides positive / multiplies negative logits of prompt and output tokens
     max_tokens: int = 16
-    stop: Union[str, List[str], None] = None
-    stop_token_ids: List[int] = field(default_factory=list)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
-    seed: Optional[int] = None
+    seed: int | None = None
     skip_special_tokens: bool = True
+    logprobs: int | None = None  # k: the sampled token's logprob and the top-k alternatives
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -31,11 +34,18 @@ class SamplingParams:
         _check(_is_int(self.top_k) and (self.top_k >= 0 or self.top_k == -1), "top_k", self.top_k,
                "must be an integer >= 1, or 0 / -1 to disable")
         _check(isinstance(self.min_p, (int, float)) and 0 <= self.min_p <= 1, "min_p", self.min_p, "must be in [0, 1]")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(_is_finite(value) and -2 <= value <= 2, name, value, "must be a finite number in [-2, 2]")
+        _check(_is_finite(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty",
+               self.repetition_penalty, "must be a finite number > 0")
         _check(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", self.max_tokens, "must be an integer >= 1")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "must be non-empty strings")
         _check(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", self.stop_token_ids,
                "must be non-negative integers")
         _check(self.seed is None or _is_int(self.seed), "seed", self.seed, "must be an integer or None")
+        _check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= 20), "logprobs",
+               self.logprobs, "must be None or an integer in [0, 20]")
         if self.top_k == -1:
             self.top_k = 0
 
@@ -43,9 +53,17 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
 
 def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _check(ok: bool, name: str, value: object, rule: str) -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import torch
 
-from ..model.config import Qwen3Config
+if TYPE_CHECKING:
+    from ..model.config import Qwen3Config
 
 _CACHE_TYPES = ("k", "v")
 

@@ -1,13 +1,13 @@
 import pytest
 import torch
 
-from python_layer.inference.sampler import Sampler
+from python_layer.inference.sampler import Sampler, SamplerOutput, apply_penalties
 from python_layer.inference.sampling_params import SamplingParams
 
 
 def _draws(logits: torch.Tensor, params: SamplingParams, n: int = 2000, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return torch.tensor([int(Sampler()(logits[None], [params], [g])[0]) for _ in range(n)])
+    return torch.tensor([Sampler()(logits[None], [params], [g]).token_ids[0] for _ in range(n)])
 
 
 LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -1.0, -3.0, -5.0])
@@ -17,7 +17,9 @@ def test_greedy_and_mixed_parameters_in_one_batch() -> None:
     logits = torch.randn(4, 50)
     params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_k=1),
               SamplingParams(temperature=0.8, top_p=0.9), SamplingParams(temperature=0.0)]
-    tokens = Sampler()(logits, params, [None, None, torch.Generator().manual_seed(1), None])
+    out = Sampler()(logits, params, [None, None, torch.Generator().manual_seed(1), None])
+    assert isinstance(out, SamplerOutput) and out.logprobs == [None] * 4
+    tokens = out.token_ids
     assert tokens[0] == logits[0].argmax() and tokens[1] == logits[1].argmax() and tokens[3] == logits[3].argmax()
     assert Sampler.greedy_sampling(logits).tolist() == logits.argmax(-1).tolist()
 
@@ -64,6 +66,17 @@ def test_design_document_static_methods() -> None:
     ({"stop": [""]}, "stop"),
     ({"stop_token_ids": [-1]}, "stop_token_ids"),
     ({"seed": 1.5}, "seed"),
+    ({"presence_penalty": 3}, "presence_penalty"),
+    ({"presence_penalty": -2.5}, "presence_penalty"),
+    ({"frequency_penalty": 2.1}, "frequency_penalty"),
+    ({"frequency_penalty": float("inf")}, "frequency_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"repetition_penalty": -1.0}, "repetition_penalty"),
+    ({"repetition_penalty": float("nan")}, "repetition_penalty"),
+    ({"logprobs": 21}, "logprobs"),
+    ({"logprobs": -1}, "logprobs"),
+    ({"logprobs": 1.5}, "logprobs"),
+    ({"logprobs": True}, "logprobs"),
 ])
 def test_invalid_sampling_parameters_name_the_field(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=f"SamplingParams.{field} "):
@@ -73,3 +86,83 @@ def test_invalid_sampling_parameters_name_the_field(kwargs: dict, field: str) ->
 def test_sampling_params_normalization() -> None:
     p = SamplingParams(stop="END", top_k=-1)
     assert p.stop == ["END"] and p.top_k == 0 and not p.greedy and SamplingParams(temperature=0).greedy
+    assert not p.has_penalties and p.logprobs is None
+    assert SamplingParams(presence_penalty=-2, frequency_penalty=2, repetition_penalty=1.5, logprobs=20).has_penalties
+
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def _greedy(logits: list[float], params: SamplingParams, prompt: list[int], output: list[int]) -> int:
+    return Sampler()(torch.tensor([logits]), [params], [None], [(prompt, output)]).token_ids[0]
+
+
+def test_repetition_penalty_on_positive_negative_and_prompt_only_tokens() -> None:
+    # 3.0 / 2 = 1.5 < 2.0: a repeated positive logit is divided and loses the argmax
+    assert _greedy([3.0, 2.0, 0.0], SamplingParams(temperature=0, repetition_penalty=2.0), [2], [0]) == 1
+    # the same from a prompt-only token; a token in neither is untouched
+    assert _greedy([3.0, 2.0, 0.0], SamplingParams(temperature=0, repetition_penalty=2.0), [0], []) == 1
+    assert _greedy([3.0, 2.0, 0.0], SamplingParams(temperature=0, repetition_penalty=2.0), [2], [2]) == 0
+    # negative logits are multiplied: -1.0 * 2 = -2.0 < -1.5
+    assert _greedy([-1.0, -1.5, -9.0], SamplingParams(temperature=0, repetition_penalty=2.0), [0], []) == 1
+    # a penalty < 1 rewards: -1.5 * 0.5 = -0.75 > -1.0
+    assert _greedy([-1.0, -1.5, -9.0], SamplingParams(temperature=0, repetition_penalty=0.5), [], [1]) == 1
+
+
+def test_frequency_penalty_counts_output_occurrences_and_presence_does_not() -> None:
+    logits, prompt, output = [3.0, 2.0, 0.0], [1, 1, 1], [0, 0, 0]
+    # frequency: 3.0 - 0.4 * 3 = 1.8 < 2.0; presence: 3.0 - 0.4 = 2.6 > 2.0 (and prompt tokens count for neither)
+    assert _greedy(logits, SamplingParams(temperature=0, frequency_penalty=0.4), prompt, output) == 1
+    assert _greedy(logits, SamplingParams(temperature=0, presence_penalty=0.4), prompt, output) == 0
+    assert _greedy(logits, SamplingParams(temperature=0, presence_penalty=1.5), prompt, output) == 1
+    assert _greedy(logits, SamplingParams(temperature=0, frequency_penalty=2.0), prompt, []) == 0
+    # negative penalties encourage repetition
+    assert _greedy([2.0, 3.0, 0.0], SamplingParams(temperature=0, presence_penalty=-1.5), [], [0]) == 0
+
+
+def test_all_penalties_match_a_hand_computed_row() -> None:
+    logits = torch.tensor([[2.0, -1.0, 0.5, 1.0, -0.5], [2.0, -1.0, 0.5, 1.0, -0.5]])
+    params = [SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25), SamplingParams()]
+    histories = [([1, 4], [0, 2, 0, 4]), ([1, 4], [0, 2, 0, 4])]
+    # token 0: output x2 -> 2/2 - 0.5*2 - 0.25; 1: prompt only -> -1*2; 2: output x1 -> 0.5/2 - 0.5 - 0.25;
+    # 3: in neither -> untouched; 4: prompt and output x1 -> -0.5*2 - 0.5 - 0.25. Row 1 has no penalties.
+    expected = torch.tensor([[-0.25, -2.0, -0.5, 1.0, -1.75], [2.0, -1.0, 0.5, 1.0, -0.5]])
+    torch.testing.assert_close(apply_penalties(logits, params, histories), expected)
+    assert apply_penalties(logits, [SamplingParams()] * 2, None) is logits
+
+
+def test_penalties_are_per_row_and_leave_the_logits_alone() -> None:
+    logits = torch.tensor([[3.0, 2.0, 0.0]] * 4)
+    raw = logits.clone()
+    penalized = SamplingParams(temperature=0, frequency_penalty=1.5)
+    sampled = SamplingParams(temperature=1.0, top_k=1, presence_penalty=2.0)
+    params = [penalized, GREEDY, sampled, SamplingParams(temperature=1.0, top_k=1)]
+    histories = [([], [0])] * 4
+    generators = [None, None, torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)]
+    assert Sampler()(logits, params, generators, histories).token_ids == [1, 0, 1, 0]
+    assert torch.equal(logits, raw)
+
+
+def test_penalties_need_histories() -> None:
+    logits = torch.zeros(2, 4)
+    with pytest.raises(ValueError, match="histories"):
+        Sampler()(logits, [GREEDY, SamplingParams(temperature=0, presence_penalty=0.5)], [None, None])
+    assert Sampler()(logits, [GREEDY, GREEDY], [None, None]).token_ids == [0, 0]
+
+
+def test_logprobs_are_of_the_raw_logits() -> None:
+    logits = torch.randn(3, 30)  # row 0 is penalized, scaled and truncated: its logprobs still are of the raw row
+    params = [SamplingParams(temperature=0.5, top_k=3, repetition_penalty=1.7, logprobs=5),
+              SamplingParams(temperature=0, logprobs=0), SamplingParams(temperature=0)]
+    out = Sampler()(logits, params, [torch.Generator().manual_seed(0), None, None], [([1, 2], [3])] * 3)
+    expected = torch.log_softmax(logits, dim=-1)
+    first, second, third = out.logprobs
+    assert third is None and second is not None and first is not None
+    assert second.token_id == out.token_ids[1] == int(logits[1].argmax()) and second.top == []
+    assert second.logprob == pytest.approx(float(expected[1, second.token_id]), abs=1e-6)
+    assert first.token_id == out.token_ids[0]
+    assert first.logprob == pytest.approx(float(expected[0, first.token_id]), abs=1e-6)
+    assert len(first.top) == 5
+    assert [t for t, _ in first.top] == expected[0].topk(5).indices.tolist()
+    torch.testing.assert_close(torch.tensor([v for _, v in first.top]), expected[0].topk(5).values)
+    assert all(a[1] >= b[1] for a, b in zip(first.top, first.top[1:]))

@@ -1,0 +1,50 @@
+"""What the engine benchmarks share: the Qwen3-0.6B-shaped checkpoint, the table, the JSON record."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from python_layer.model.random_checkpoint import QWEN3_0_6B_SHAPE, build_random_checkpoint, cache_dir  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def model_path(model: Optional[str]) -> str:
+    """The --model given, else Qwen3-0.6B's exact shapes with random bfloat16 weights (built once, 1.2 GB)."""
+    if model:
+        return model
+    path = cache_dir() / "models" / "qwen3-0.6b-random"
+    if not (path / "config.json").is_file():
+        print(f"building the random-weight Qwen3-0.6B-shaped checkpoint into {path} (first run only)", flush=True)
+        build_random_checkpoint(path, seed=0, dtype=torch.bfloat16, **QWEN3_0_6B_SHAPE)
+    return str(path)
+
+
+def print_table(rows: Sequence[dict], columns: Sequence[str]) -> None:
+    cells = [[_fmt(row.get(c, "")) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
+    for r in cells:
+        print("  ".join(v.rjust(w) for v, w in zip(r, widths)))
+
+
+def _fmt(v: object) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def write_json(name: str, meta: dict, rows: Sequence[dict]) -> Path:
+    meta = dict(meta, machine=platform.machine(), cpus=torch.get_num_threads(), time=time.strftime("%Y-%m-%d %H:%M:%S"))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps(dict(meta=meta, rows=list(rows)), indent=1))
+    print(f"wrote {out}")
+    return out
