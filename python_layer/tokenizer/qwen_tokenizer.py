@@ -108,7 +108,14 @@ def _tokenizer_dir(model_name: str | os.PathLike) -> Path:
 
 def tokenizer_for_checkpoint(model_dir: str | os.PathLike) -> QwenTokenizer:
     """The checkpoint's own tokenizer files when it has them, else the vendored Qwen3 tokenizer."""
-    return QwenTokenizer(model_dir) if (Path(model_dir) / "tokenizer.json").is_file() else get_tokenizer()
+    path = Path(model_dir).resolve()
+    return _checkpoint_tokenizer(str(path)) if (path / "tokenizer.json").is_file() else get_tokenizer()
+
+
+@lru_cache(maxsize=8)
+def _checkpoint_tokenizer(path: str) -> QwenTokenizer:
+    # engines of one checkpoint share it: loading tokenizer.json takes about a second
+    return QwenTokenizer(path)
 
 
 @lru_cache(maxsize=1)

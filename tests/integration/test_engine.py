@@ -5,13 +5,10 @@ from pathlib import Path
 import pytest
 
 from python_layer import InferenceEngine, Qwen3Model, SamplingParams
-from python_layer.model.qwen3_model import load_backend
+from python_layer.model.qwen3_model import check_backend
+from tests.engine_checks import no_request_holds_pages
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
-
-
-def _all_pages_free(engine: InferenceEngine) -> bool:
-    return engine.kv_cache.num_free_pages == engine.kv_cache.num_pages and not engine.requests
 
 
 def test_text_prompt_output(tiny_engine: InferenceEngine) -> None:
@@ -19,7 +16,7 @@ def test_text_prompt_output(tiny_engine: InferenceEngine) -> None:
     assert out.prompt_token_ids == [9707, 11, 1879, 0] and out.prompt == "Hello, world!"
     assert len(out.token_ids) == 10 and out.finish_reason == "length"
     assert out.text == tiny_engine.tokenizer.decode(out.token_ids)
-    assert _all_pages_free(tiny_engine)
+    assert no_request_holds_pages(tiny_engine)
 
 
 def test_stop_token_ids_and_eos(tiny_engine: InferenceEngine) -> None:
@@ -59,7 +56,7 @@ def test_per_request_parameters_in_one_batch(tiny_engine: InferenceEngine) -> No
     assert outs[0].token_ids == alone
     assert outs[1].token_ids == sampled_alone  # a seed reproduces whatever the batch
     assert len(outs[2].token_ids) == 3
-    assert _all_pages_free(tiny_engine)
+    assert no_request_holds_pages(tiny_engine)
 
 
 def test_small_pool_queues_requests_until_pages_free(tiny_checkpoint: Path) -> None:
@@ -69,7 +66,7 @@ def test_small_pool_queues_requests_until_pages_free(tiny_checkpoint: Path) -> N
     outs = engine.generate(prompts, params)
     expected = [engine.generate([p], params)[0].token_ids for p in prompts]
     assert [o.token_ids for o in outs] == expected
-    assert _all_pages_free(engine)
+    assert no_request_holds_pages(engine)
 
 
 def test_context_limit_and_bad_prompts(tiny_checkpoint: Path) -> None:
@@ -88,7 +85,7 @@ def test_context_limit_and_bad_prompts(tiny_checkpoint: Path) -> None:
         engine.generate(["a"], [GREEDY, GREEDY])
     with pytest.raises(ValueError, match="max_model_len"):  # a failing prompt in a list leaves nothing behind
         engine.generate([[1, 2], [3] * 50])
-    assert _all_pages_free(engine)
+    assert no_request_holds_pages(engine)
 
 
 def test_abort_frees_pages(tiny_engine: InferenceEngine) -> None:
@@ -100,12 +97,12 @@ def test_abort_frees_pages(tiny_engine: InferenceEngine) -> None:
     tiny_engine.abort("unknown")
     while tiny_engine.has_unfinished_requests():
         tiny_engine.step()
-    assert _all_pages_free(tiny_engine)
+    assert no_request_holds_pages(tiny_engine)
     tiny_engine.add_request([1], request_id="dup")
     with pytest.raises(ValueError, match="already in use"):
         tiny_engine.add_request([1], request_id="dup")
     tiny_engine.abort("dup")
-    assert _all_pages_free(tiny_engine)
+    assert no_request_holds_pages(tiny_engine)
 
 
 def test_design_document_generate(tiny_checkpoint: Path) -> None:
@@ -126,7 +123,7 @@ def test_missing_checkpoint_errors(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="No config.json"):
         InferenceEngine.from_pretrained(tmp_path)
     with pytest.raises(ValueError, match="backend 'cuda-magic' is not available"):
-        load_backend("cuda-magic")
+        check_backend("cuda-magic")
 
 
 def test_stop_string_split_over_pieces_is_found() -> None:

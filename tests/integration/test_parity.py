@@ -1,4 +1,5 @@
-"""MILI's reference engine against transformers' Qwen3 on random-weight checkpoints of three shapes."""
+"""MILI against transformers' Qwen3 on random-weight checkpoints of three shapes, on both backends: the
+compiled MAX graph on the Mojo kernels ("mojo") and the PyTorch reference."""
 
 from __future__ import annotations
 
@@ -58,9 +59,13 @@ class _Batch:
         return self.model.forward(i32(ids), i32(pos), attn, self.cache, indices)
 
 
-def test_prefill_and_decode_logits_match_transformers(parity_checkpoint: Path) -> None:
+BACKENDS = pytest.mark.parametrize("backend", ["mojo", "reference"])
+
+
+@BACKENDS
+def test_prefill_and_decode_logits_match_transformers(parity_checkpoint: Path, backend: str) -> None:
     hf = _hf(parity_checkpoint)
-    model = Qwen3Model.from_pretrained(parity_checkpoint)
+    model = Qwen3Model.from_pretrained(parity_checkpoint, backend=backend)
     prompts = _prompts(model.config.vocab_size)
     batch = _Batch(model, len(prompts))
 
@@ -89,9 +94,10 @@ def _hf_greedy(hf: Qwen3ForCausalLM, prompt: list[int], n: int) -> list[int]:
     return ids[len(prompt):]
 
 
-def test_greedy_tokens_batched_single_and_transformers_agree(parity_checkpoint: Path) -> None:
+@BACKENDS
+def test_greedy_tokens_batched_single_and_transformers_agree(parity_checkpoint: Path, backend: str) -> None:
     hf = _hf(parity_checkpoint)
-    engine = InferenceEngine.from_pretrained(parity_checkpoint)
+    engine = InferenceEngine.from_pretrained(parity_checkpoint, backend=backend, enable_prefix_caching=False)
     prompts = _prompts(engine.model.config.vocab_size, seed=1)
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
@@ -105,20 +111,25 @@ def test_greedy_tokens_batched_single_and_transformers_agree(parity_checkpoint: 
     assert engine.kv_cache.num_free_pages == engine.kv_cache.num_pages
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16])
-def test_bfloat16_logits_close_to_transformers(tiny_checkpoint: Path, dtype: torch.dtype) -> None:
-    hf = Qwen3ForCausalLM.from_pretrained(tiny_checkpoint, dtype=dtype, attn_implementation="eager").eval()
-    model = Qwen3Model.from_pretrained(tiny_checkpoint, dtype="bfloat16")
+@BACKENDS
+def test_bfloat16_logits_as_close_to_float32_as_transformers_bfloat16(tiny_checkpoint: Path, backend: str) -> None:
+    """bfloat16 rounds every op, so both implementations drift from the float32 logits; MILI's bfloat16 must
+    drift no more than transformers' own bfloat16 does (and stay within 5e-2 relative)."""
+    hf_bf16 = Qwen3ForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.bfloat16, attn_implementation="eager").eval()
+    model = Qwen3Model.from_pretrained(tiny_checkpoint, dtype="bfloat16", backend=backend)
     prompt = _prompts(model.config.vocab_size)[2]
-    logits = _Batch(model, 1).forward([prompt], all_logits=True)
-    assert _rel_err(logits, _hf_logits(hf, prompt)) < 3e-2
+    exact = _hf_logits(_hf(tiny_checkpoint), prompt)
+    ours = _rel_err(_Batch(model, 1).forward([prompt], all_logits=True), exact)
+    theirs = _rel_err(_hf_logits(hf_bf16, prompt), exact)
+    assert ours < min(1.25 * theirs, 5e-2), (ours, theirs)
 
 
 @pytest.mark.slow
-def test_qwen3_0_6b_shape_greedy_matches_transformers(qwen3_0_6b_checkpoint: Path) -> None:
+@BACKENDS
+def test_qwen3_0_6b_shape_greedy_matches_transformers(qwen3_0_6b_checkpoint: Path, backend: str) -> None:
     """The full Qwen3-0.6B architecture (28 layers, 16/8 heads, head_dim 128, tied 151,936-row embedding)."""
     hf = _hf(qwen3_0_6b_checkpoint)
-    engine = InferenceEngine.from_pretrained(qwen3_0_6b_checkpoint, num_kv_pages=64)
+    engine = InferenceEngine.from_pretrained(qwen3_0_6b_checkpoint, num_kv_pages=64, backend=backend)
     prompts = _prompts(engine.model.config.vocab_size, seed=2)
     outs = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     for prompt, out in zip(prompts, outs):

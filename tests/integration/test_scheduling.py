@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from python_layer import InferenceEngine, Qwen3Model, SamplingParams
+from tests.engine_checks import no_request_holds_pages
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
@@ -27,12 +28,6 @@ def _engine(model: Qwen3Model, **kwargs) -> InferenceEngine:
 def _prompts(n: int, lengths: tuple[int, int], seed: int, vocab: int = 1000) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(vocab) for _ in range(rng.randint(*lengths))] for _ in range(n)]
-
-
-def _only_prefix_cache_holds_pages(engine: InferenceEngine) -> bool:
-    engine.scheduler.check_page_accounting()
-    cached = engine.prefix_cache.num_cached_pages if engine.prefix_cache else 0
-    return not engine.requests and engine.kv_cache.num_free_pages + cached == engine.kv_cache.num_pages
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +51,7 @@ def test_batched_and_chunked_prefill_match_alone(model, prompts, alone) -> None:
     for budget in (2048, 7, 1):  # the whole batch at once; prompts split into chunks of <= 7 tokens; one token a step
         engine = _engine(model, max_num_batched_tokens=budget, enable_prefix_caching=False)
         assert [o.token_ids for o in engine.generate(prompts, GREEDY)] == alone, budget
-        assert _only_prefix_cache_holds_pages(engine)
+        assert no_request_holds_pages(engine)
 
 
 def test_preempted_and_recomputed_requests_match_alone(model, prompts, alone) -> None:
@@ -65,7 +60,7 @@ def test_preempted_and_recomputed_requests_match_alone(model, prompts, alone) ->
         engine = _engine(model, num_kv_pages=9, enable_prefix_caching=prefix_caching)
         assert [o.token_ids for o in engine.generate(prompts, GREEDY)] == alone
         assert engine.scheduler.num_preemptions > 0
-        assert _only_prefix_cache_holds_pages(engine)
+        assert no_request_holds_pages(engine)
 
 
 def test_prefix_cache_hits_match_fresh_prefill(model, prompts, alone) -> None:
@@ -82,7 +77,7 @@ def test_prefix_cache_hits_match_fresh_prefill(model, prompts, alone) -> None:
     assert again.token_ids == fresh[0] and again.num_cached_tokens == (len(shared[0]) - 1) // 16 * 16
     stats = engine.prefix_cache
     assert stats.hit_tokens >= 32 * 5 and 0 < stats.hit_rate < 1
-    assert _only_prefix_cache_holds_pages(engine)
+    assert no_request_holds_pages(engine)
 
 
 def test_prompt_of_whole_pages_is_never_matched_whole(model) -> None:
@@ -160,7 +155,7 @@ def test_stress_random_requests_and_aborts_small_pool(model) -> None:
         assert out.finish_reason == "length"
         assert len(out.token_ids) == min(expected_len[rid], engine.max_model_len - len(out.prompt_token_ids))
     assert engine.scheduler.num_preemptions > 0 and engine.prefix_cache.hit_tokens >= 0
-    assert _only_prefix_cache_holds_pages(engine)
+    assert no_request_holds_pages(engine)
     engine.prefix_cache.reset()
     assert engine.kv_cache.num_free_pages == engine.kv_cache.num_pages
 
