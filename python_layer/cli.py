@@ -45,12 +45,34 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _not_yet(what: str, issue: str):
-    def run(args: argparse.Namespace) -> int:
-        print(f"mili {what}: not yet available (it lands with the {issue} issue). "
-              "Use `mili generate --prompt ...` meanwhile.", file=sys.stderr)
-        return 2
-    return run
+def _serve(args: argparse.Namespace) -> int:
+    from .server.launcher import serve
+
+    return serve(args)
+
+
+def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="checkpoint directory or Hugging Face id (default: the built-in random-weight model)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--backend", default="mojo", choices=["mojo", "reference"])
+    parser.add_argument("--max-num-seqs", type=int, default=64, help="requests in the running batch at most")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens computed per step at most")
+    parser.add_argument("--max-queue-len", type=int, default=256,
+                        help="requests waiting beyond the running batch; more are answered 503")
+    parser.add_argument("--max-model-len", type=int, default=None, help="context length (default: what the KV pool and model allow)")
+    kv = parser.add_mutually_exclusive_group()
+    kv.add_argument("--kv-pages", type=int, default=None, help="KV cache pages of 16 tokens")
+    kv.add_argument("--kv-cache-memory-gb", type=float, default=2.0, help="KV cache size in GiB (the default sizing)")
+    kv.add_argument("--kv-memory-fraction", type=float, default=None,
+                    help="KV cache size as a fraction of the memory free after the weights loaded")
+    parser.add_argument("--served-model-name", default=None, help="the model name clients use (default: the checkpoint's folder name)")
+    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health (or set MILI_API_KEY)")
+    parser.add_argument("--shutdown-timeout", type=float, default=10.0,
+                        help="seconds in-flight requests get to finish after SIGINT/SIGTERM before they are aborted")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,9 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="mojo: one compiled MAX graph on the Mojo kernels; reference: PyTorch op by op")
     gen.set_defaults(func=_generate)
 
-    serve = sub.add_parser("serve", help="start the HTTP server")
-    serve.add_argument("--model", default=None)
-    serve.set_defaults(func=_not_yet("serve", "server"))
+    serve = sub.add_parser("serve", help="start the HTTP server (design-document routes and an OpenAI-compatible API)")
+    _add_serve_arguments(serve)
+    serve.set_defaults(func=_serve)
 
     bench = sub.add_parser("bench", help="run a benchmark of benchmarks/; extra arguments go to it")
     bench.add_argument("what", nargs="?", default="kernels", choices=["kernels", "throughput", "shared_prefix"])

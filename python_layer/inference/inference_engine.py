@@ -83,12 +83,17 @@ class InferenceEngine:
         """The unfinished requests by id."""
         return self.scheduler.requests
 
+    @property
+    def num_request_pages(self) -> int:
+        """KV pages held by running requests (pages held only by the prefix cache can be reused)."""
+        return len({p for request in self.scheduler.running for p in request.page_ids})
+
     # ---- requests -------------------------------------------------------------------------------------------
 
     def add_request(self, prompt: Prompt, params: Optional[SamplingParams] = None, request_id: Optional[str] = None) -> str:
         """Queue a prompt (text, or token ids); returns its request id. Raises ValueError for a bad prompt."""
         params = params or SamplingParams()
-        text, token_ids = self._tokenize(prompt)
+        text, token_ids = self.check_prompt(prompt)
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
@@ -100,7 +105,8 @@ class InferenceEngine:
             request.logprobs = []
         return self.scheduler.add_request(request)
 
-    def _tokenize(self, prompt: Prompt) -> tuple[Optional[str], List[int]]:
+    def check_prompt(self, prompt: Prompt) -> tuple[Optional[str], List[int]]:
+        """(text or None, token ids) of a prompt; ValueError naming the problem when it cannot run here."""
         if isinstance(prompt, str):
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):

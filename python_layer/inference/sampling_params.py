@@ -6,9 +6,12 @@ import math
 from dataclasses import dataclass, field
 
 
+_GREEDY_BELOW = 1e-5
+
+
 @dataclass
 class SamplingParams:
-    temperature: float = 1.0  # 0 means greedy
+    temperature: float = 1.0  # 0 (anything below 1e-5) means greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1: no top-k
     min_p: float = 0.0
@@ -31,8 +34,8 @@ class SamplingParams:
         _check(isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0,
                "temperature", self.temperature, "must be a finite number >= 0 (0 means greedy)")
         _check(isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
-        _check(_is_int(self.top_k) and (self.top_k >= 0 or self.top_k == -1), "top_k", self.top_k,
-               "must be an integer >= 1, or 0 / -1 to disable")
+        _check(_is_int(self.top_k) and (0 <= self.top_k < 2**31 or self.top_k == -1), "top_k", self.top_k,
+               "must be an integer in [1, 2**31), or 0 / -1 to disable")
         _check(isinstance(self.min_p, (int, float)) and 0 <= self.min_p <= 1, "min_p", self.min_p, "must be in [0, 1]")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
@@ -41,9 +44,10 @@ class SamplingParams:
                self.repetition_penalty, "must be a finite number > 0")
         _check(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", self.max_tokens, "must be an integer >= 1")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "must be non-empty strings")
-        _check(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", self.stop_token_ids,
-               "must be non-negative integers")
-        _check(self.seed is None or _is_int(self.seed), "seed", self.seed, "must be an integer or None")
+        _check(all(_is_int(t) and 0 <= t < 2**31 for t in self.stop_token_ids), "stop_token_ids", self.stop_token_ids,
+               "must be integers in [0, 2**31)")
+        _check(self.seed is None or (_is_int(self.seed) and -(2**63) <= self.seed < 2**64), "seed", self.seed,
+               "must be None or an integer in [-2**63, 2**64)")
         _check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= 20), "logprobs",
                self.logprobs, "must be None or an integer in [0, 20]")
         if self.top_k == -1:
@@ -51,7 +55,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        # below 1e-5, logits / temperature overflows to inf (vLLM draws the same line)
+        return self.temperature < _GREEDY_BELOW
 
     @property
     def has_penalties(self) -> bool:

@@ -14,6 +14,7 @@ import torch
 from bindings import graph as mili, library  # library sets MODULAR_CACHE_DIR before max is imported
 from bindings.reference import rope_inv_freq
 
+from max._mlir_context import ensure_default_mlir_context  # noqa: E402
 from max.driver import Buffer  # noqa: E402
 from max.experimental.torch import torch_dtype_to_max  # noqa: E402
 from max.dtype import DType  # noqa: E402
@@ -96,8 +97,10 @@ class CompiledQwen3:
         self.config, self.device_key = model.config, library.device_key(model.device)
         weights = graph_weights(model)
         started = time.perf_counter()
-        graph = build_graph(model.config, weights, model.dtype, self.device_key)
-        self.model = library.session(self.device_key).load(graph, weights_registry=weights)
+        # MAX 26.7 enters its MLIR context for the main thread only; the server loads models on a worker thread
+        with ensure_default_mlir_context():
+            graph = build_graph(model.config, weights, model.dtype, self.device_key)
+            self.model = library.session(self.device_key).load(graph, weights_registry=weights)
         self.load_seconds = time.perf_counter() - started
         self._cache_buffers: tuple[Optional["PagedKVCache"], List[Buffer]] = (None, [])
 

@@ -97,3 +97,35 @@ def parse_response(text: str) -> Tuple[Optional[str], str]:
     if stripped.startswith(THINK_START):
         return stripped[len(THINK_START):].strip("\n"), ""
     return None, text
+
+
+class ReasoningStream:
+    """parse_response for streamed text: feed the text so far, get the (reasoning, content) that became final
+    since the last call. Text that could still change the split (a partial <think> / </think> tag or trailing
+    newlines, which parse_response strips) is held back until more text or `final=True` settles it."""
+
+    def __init__(self) -> None:
+        self._sent_reasoning = self._sent_content = ""
+
+    def feed(self, text: str, final: bool = False) -> Tuple[str, str]:
+        if not final:
+            text = _settled(text)
+        reasoning, content = parse_response(text)
+        reasoning = reasoning or ""
+        new_reasoning = reasoning[len(self._sent_reasoning):] if reasoning.startswith(self._sent_reasoning) else ""
+        new_content = content[len(self._sent_content):] if content.startswith(self._sent_content) else ""
+        self._sent_reasoning += new_reasoning
+        self._sent_content += new_content
+        return new_reasoning, new_content
+
+
+def _settled(text: str) -> str:
+    """text without a trailing partial tag or trailing newlines ("" while it may still open with <think>)."""
+    if THINK_START.startswith(text.lstrip()):
+        return ""
+    for tag in (THINK_START, THINK_END):
+        for n in range(len(tag) - 1, 0, -1):
+            if text.endswith(tag[:n]):
+                text = text[:-n]
+                break
+    return text.rstrip("\n")

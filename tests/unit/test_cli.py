@@ -26,7 +26,3 @@ def test_errors_are_reported_not_raised(tmp_path: Path, capsys: pytest.CaptureFi
     assert "does not exist" in capsys.readouterr().err
     assert main(["generate", "--prompt", "x", "--max-tokens", "0"]) == 1
     assert "max_tokens" in capsys.readouterr().err
-
-
-def test_serve_says_not_yet(capsys: pytest.CaptureFixture) -> None:
-    assert main(["serve"]) == 2 and "not yet" in capsys.readouterr().err

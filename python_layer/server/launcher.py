@@ -1,0 +1,135 @@
+"""`mili serve`: listen at once (/health answers 503 while loading), load the model on a worker thread with a
+progress display, then serve; SIGINT/SIGTERM stop admitting, let in-flight requests finish for a grace
+period, abort the rest, and exit 0."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import uvicorn
+
+from ..inference.async_engine import AsyncEngine
+from ..inference.inference_engine import InferenceEngine
+from ..inference.metrics import EngineMetrics
+from ..inference.sampling_params import SamplingParams
+from .app import build_app
+from .state import ServerConfig
+
+
+class _Progress:
+    """One line per loading phase, with how long it took (a live timer on a terminal)."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+
+    def phase(self, name: str):
+        return _Phase(name, self.tty)
+
+
+class _Phase:
+    def __init__(self, name: str, tty: bool) -> None:
+        self.name, self.tty = name, tty
+
+    def __enter__(self) -> "_Phase":
+        self.started = time.perf_counter()
+        print(f"[mili] {self.name} ...", end="" if self.tty else "\n", file=sys.stderr, flush=True)
+        return self
+
+    def __exit__(self, exc_type, *_) -> None:
+        took = time.perf_counter() - self.started
+        status = "failed" if exc_type else "done"
+        prefix = " " if self.tty else f"[mili] {self.name}: "
+        print(f"{prefix}{status} in {took:.1f} s", file=sys.stderr, flush=True)
+
+
+def served_name(model: Optional[str]) -> str:
+    return Path(model).name if model else "mili-builtin"
+
+
+def make_loader(args: argparse.Namespace):
+    def load(metrics: EngineMetrics) -> AsyncEngine:
+        from ..model.config import Qwen3Config
+        from ..model.hub import resolve_model_dir
+        from ..model.qwen3_model import Qwen3Model
+        from ..model.random_checkpoint import builtin_model_path
+        from ..model.weight_loader import WeightLoader, parse_dtype
+
+        progress = _Progress()
+        with progress.phase("resolving the checkpoint"):
+            model_dir = resolve_model_dir(args.model) if args.model else builtin_model_path()
+            config = Qwen3Config.from_pretrained(model_dir)
+        with progress.phase(f"loading weights of {model_dir} ({args.dtype}, {args.device})"):
+            weights = WeightLoader(model_dir, config, device=args.device, dtype=parse_dtype(args.dtype))
+            weights.load_from_safetensors()
+        with progress.phase("building the model graph (compiled once, then read from the compile cache)"):
+            model = Qwen3Model(config, weights, device=args.device, backend=args.backend)
+        with progress.phase("allocating the KV cache and warming up"):
+            engine = InferenceEngine(model, num_kv_pages=args.kv_pages, kv_cache_memory_gb=_kv_memory_gb(args),
+                                     max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                                     max_num_batched_tokens=args.max_num_batched_tokens)
+            engine.generate([[0, 1]], SamplingParams(max_tokens=2, ignore_eos=True))
+        print(f"[mili] serving {args.served_model_name} on http://{args.host}:{args.port} "
+              f"(max_model_len {engine.max_model_len}, {engine.kv_cache.num_pages} KV pages, "
+              f"max_num_seqs {args.max_num_seqs})", file=sys.stderr, flush=True)
+        return AsyncEngine(engine, max_queue_len=args.max_queue_len, metrics=metrics)
+
+    return load
+
+
+def _kv_memory_gb(args: argparse.Namespace) -> float:
+    if args.kv_memory_fraction is None:
+        return args.kv_cache_memory_gb
+    if not 0 < args.kv_memory_fraction <= 0.95:
+        raise ValueError(f"--kv-memory-fraction must be in (0, 0.95], got {args.kv_memory_fraction}")
+    if args.device.startswith("cuda"):
+        import torch
+
+        free = torch.cuda.mem_get_info(torch.device(args.device))[0]
+    else:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return args.kv_memory_fraction * free / 2**30
+
+
+class _Server(uvicorn.Server):
+    """On SIGINT/SIGTERM: stop admitting at once, give in-flight requests `grace` seconds, then abort them (their
+    streams end with finish_reason "abort"), and exit 0 instead of re-raising the signal as uvicorn does."""
+
+    grace: float = 10.0
+    _abort_timer: Optional[threading.Timer] = None
+
+    def handle_exit(self, sig, frame) -> None:
+        state = self.config.app.state.mili
+        state.shutting_down = True
+        if state.engine is not None and self._abort_timer is None:
+            state.engine.stop_accepting()
+            self._abort_timer = threading.Timer(self.grace, state.engine.shutdown)
+            self._abort_timer.daemon = True
+            self._abort_timer.start()
+        super().handle_exit(sig, frame)
+        self._captured_signals.clear()
+
+
+def serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args.served_model_name = args.served_model_name or served_name(args.model)
+    api_key = args.api_key or os.environ.get("MILI_API_KEY")
+    config = ServerConfig(model_name=args.served_model_name, api_key=api_key, max_queue_len=args.max_queue_len)
+    server: Optional[_Server] = None
+
+    def on_load_failure() -> None:
+        server.should_exit = True
+
+    app = build_app(config, make_loader(args), on_load_failure)
+    server = _Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
+                                    timeout_graceful_shutdown=args.shutdown_timeout + 5))
+    server.grace = args.shutdown_timeout
+    server.run()
+    state = app.state.mili
+    return 1 if state.load_error else 0

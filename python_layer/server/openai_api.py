@@ -1,0 +1,206 @@
+"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions (JSON or SSE streams)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import AsyncIterator, Dict, List, Optional
+
+import jinja2
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from ..inference.request import RequestOutput
+from ..inference.sampler import TokenLogprobs
+from ..tokenizer.chat_template import ReasoningStream, parse_response
+from ..tokenizer.qwen_tokenizer import QwenTokenizer
+from .errors import ApiError
+from .protocol import ChatCompletionRequest, CompletionRequest, _OpenAIRequest
+from .sse import SSE_DONE, sse_event
+from .state import ServerState
+
+router = APIRouter()
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.mili
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict:
+    state = _state(request)
+    engine = state.require_engine().engine
+    return {"object": "list", "data": [{"id": state.config.model_name, "object": "model", "created": int(time.time()),
+                                        "owned_by": "mili", "max_model_len": engine.max_model_len}]}
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request):
+    state = _state(request)
+    state.check_model(body.model)
+    prompts = [state.token_ids(p) for p in body.prompts]
+    call = _Call(state, request, body, prompts, "cmpl", body.logprobs)
+    if body.stream:
+        return StreamingResponse(call.completion_chunks(), media_type="text/event-stream")
+    finals = await call.finals()
+    choices = [{"index": i, "text": out.text, "finish_reason": out.finish_reason,
+                "logprobs": call.completion_logprobs(out.logprobs, 0) if body.logprobs is not None else None}
+               for i, out in enumerate(finals)]
+    return call.envelope("text_completion", choices, usage=call.usage(finals))
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request):
+    state = _state(request)
+    state.check_model(body.model)
+    state.require_engine()
+    try:
+        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+        prompt = state.formatter.encode_chat([m.template_dict() for m in body.messages],
+                                             enable_thinking=body.enable_thinking, tools=tools)
+    except (jinja2.TemplateError, TypeError) as e:  # the template rejects the conversation (order of roles, ...)
+        raise ApiError(400, f"messages cannot be rendered with the chat template: {e}", param="messages") from None
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    call = _Call(state, request, body, [state.token_ids(prompt)], "chatcmpl", logprobs,
+                 max_tokens=body.max_completion_tokens or body.max_tokens)
+    if body.stream:
+        return StreamingResponse(call.chat_chunks(), media_type="text/event-stream")
+    finals = await call.finals()
+    choices = []
+    for i, out in enumerate(finals):
+        reasoning, content = parse_response(out.text)
+        choices.append({"index": i, "message": {"role": "assistant", "content": content, "reasoning_content": reasoning},
+                        "finish_reason": out.finish_reason,
+                        "logprobs": call.chat_logprobs(out.logprobs) if body.logprobs else None})
+    return call.envelope("chat.completion", choices, usage=call.usage(finals))
+
+
+class _Deltas:
+    """What of a choice's latest output is new. Text that might still turn into a stop string (its last
+    len(longest stop) - 1 characters) is held back until the request goes on or finishes."""
+
+    def __init__(self, stops: List[str]) -> None:
+        self.holdback = max((len(s) for s in stops), default=1) - 1
+        self.text = self.tokens = 0
+
+    def take(self, out: RequestOutput) -> tuple[str, List[TokenLogprobs]]:
+        end = len(out.text) if out.finished else max(self.text, len(out.text) - self.holdback)
+        text, self.text = out.text[self.text:end], end
+        logprobs = (out.logprobs or [])[self.tokens:]
+        self.tokens = len(out.token_ids)
+        return text, logprobs
+
+
+class _Call:
+    """One API call: its n choices per prompt submitted together, their outputs as JSON or SSE chunks."""
+
+    def __init__(self, state: ServerState, request: Request, body: _OpenAIRequest, prompts: List[List[int]],
+                 kind: str, logprobs: Optional[int], max_tokens: Optional[int] = None) -> None:
+        engine = state.require_engine().engine
+        self.tokenizer: QwenTokenizer = engine.tokenizer
+        self.body, self.prompts = body, prompts
+        self.id, self.created = f"{kind}-{uuid.uuid4().hex}", int(time.time())
+        self.model = state.config.model_name
+        defaults = engine.model.config.generation_defaults
+        ids, params = [], []
+        for prompt in prompts:
+            limit = max_tokens or body.max_tokens or engine.max_model_len - len(prompt)
+            for j in range(body.n):
+                ids.append(prompt)
+                params.append(body.sampling_params(defaults, limit, logprobs, j))
+        self.stream = state.submit(ids, params)
+        self.outputs = state.outputs(request, self.stream)
+        self.stops = params[0].stop
+
+    async def finals(self) -> List[RequestOutput]:
+        finals: Dict[int, RequestOutput] = {}
+        async for out in self.outputs:
+            if out.finished:
+                finals[self.stream.index[out.request_id]] = out
+        if len(finals) < len(self.stream.request_ids):
+            raise ApiError(499, "the client disconnected")
+        return [finals[i] for i in range(len(finals))]
+
+    def usage(self, finals: List[RequestOutput]) -> dict:
+        prompt = sum(len(p) for p in self.prompts)
+        completion = sum(len(o.token_ids) for o in finals)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def envelope(self, obj: str, choices: List[dict], **extra) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices, **extra}
+
+    def _token(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def completion_logprobs(self, logprobs: List[TokenLogprobs], offset: int) -> dict:
+        tokens = [self._token(lp.token_id) for lp in logprobs]
+        offsets = []
+        for token in tokens:
+            offsets.append(offset)
+            offset += len(token)
+        return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
+                "top_logprobs": [{self._token(t): v for t, v in lp.top} for lp in logprobs], "text_offset": offsets}
+
+    def chat_logprobs(self, logprobs: List[TokenLogprobs]) -> dict:
+        def entry(token_id: int, logprob: float) -> dict:
+            token = self._token(token_id)
+            return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+        return {"content": [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+                            for lp in logprobs]}
+
+    async def _streamed(self, chunks: AsyncIterator[tuple[dict, RequestOutput]], chunk_object: str) -> AsyncIterator[str]:
+        """SSE: the chunks, the usage chunk when asked for, then [DONE]; an engine failure as an error event."""
+        finals: List[RequestOutput] = []
+        try:
+            async for chunk, out in chunks:
+                if out.finished and chunk["choices"][0]["finish_reason"] is not None:
+                    finals.append(out)
+                yield sse_event(chunk)
+            if self.body.include_usage:
+                yield sse_event(self.envelope(chunk_object, [], usage=self.usage(finals)))
+        except Exception as e:
+            yield sse_event({"error": {"message": f"the request failed: {e}", "type": "server_error",
+                                       "param": None, "code": None}})
+        yield SSE_DONE
+
+    def completion_chunks(self) -> AsyncIterator[str]:
+        async def chunks() -> AsyncIterator[tuple[dict, RequestOutput]]:
+            deltas = [_Deltas(self.stops) for _ in self.stream.request_ids]
+            async for out in self.outputs:
+                i = self.stream.index[out.request_id]
+                offset = deltas[i].text
+                text, logprobs = deltas[i].take(out)
+                if not text and not logprobs and not out.finished:
+                    continue
+                choice = {"index": i, "text": text, "finish_reason": out.finish_reason,
+                          "logprobs": self.completion_logprobs(logprobs, offset) if self.body.logprobs is not None else None}
+                yield self.envelope("text_completion", [choice]), out
+
+        return self._streamed(chunks(), "text_completion")
+
+    def chat_chunks(self) -> AsyncIterator[str]:
+        async def chunks() -> AsyncIterator[tuple[dict, Optional[RequestOutput]]]:
+            n = len(self.stream.request_ids)
+            deltas, reasoning = [_Deltas(self.stops) for _ in range(n)], [ReasoningStream() for _ in range(n)]
+            visible = [""] * n
+            async for out in self.outputs:
+                i = self.stream.index[out.request_id]
+                if deltas[i].tokens == 0:
+                    yield self._chat_chunk(i, {"role": "assistant", "content": ""}, None, None), out
+                text, logprobs = deltas[i].take(out)
+                visible[i] += text
+                new_reasoning, new_content = reasoning[i].feed(visible[i], final=out.finished)
+                lp = self.chat_logprobs(logprobs) if self.body.logprobs else None
+                for key, value in (("reasoning_content", new_reasoning), ("content", new_content)):
+                    if value:
+                        yield self._chat_chunk(i, {key: value}, lp, None), out
+                        lp = None
+                if out.finished:
+                    yield self._chat_chunk(i, {}, lp, out.finish_reason), out
+
+        return self._streamed(chunks(), "chat.completion.chunk")
+
+    def _chat_chunk(self, index: int, delta: dict, logprobs: Optional[dict], finish_reason: Optional[str]) -> dict:
+        return self.envelope("chat.completion.chunk", [{"index": index, "delta": delta, "logprobs": logprobs,
+                                                        "finish_reason": finish_reason}])

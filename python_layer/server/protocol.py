@@ -1,0 +1,178 @@
+"""Request bodies of the HTTP API as pydantic models: the design documents' /generate and OpenAI's
+/v1/completions and /v1/chat/completions. Unknown fields are ignored, as OpenAI-compatible servers do."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Dict, List, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..inference.sampling_params import SamplingParams
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class GenerateRequest(_Request):
+    """POST /generate (defaults of the design documents)."""
+
+    prompt: str = Field(min_length=1)
+    max_tokens: int = Field(50, ge=1)
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(0.95, gt=0, le=1)
+    top_k: int = Field(50, ge=-1, lt=2**31)
+    stream: bool = False
+
+    def sampling_params(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, max_tokens=self.max_tokens)
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class _OpenAIRequest(_Request):
+    """The sampling fields /v1/completions and /v1/chat/completions share (OpenAI's, plus vLLM's top_k,
+    min_p, repetition_penalty, stop_token_ids and ignore_eos). Unset fields take the checkpoint's
+    generation_config.json defaults."""
+
+    model: Optional[str] = None
+    n: int = Field(1, ge=1, le=16)
+    max_tokens: Optional[int] = Field(None, ge=1)
+    temperature: Optional[float] = Field(None, ge=0, le=2)
+    top_p: Optional[float] = Field(None, gt=0, le=1)
+    top_k: Optional[int] = Field(None, ge=-1, lt=2**31)
+    min_p: Optional[float] = Field(None, ge=0, le=1)
+    seed: Optional[int] = Field(None, ge=-(2**63), lt=2**63 - 16)  # seed + choice index stays in range
+    presence_penalty: Optional[float] = Field(None, ge=-2, le=2)
+    frequency_penalty: Optional[float] = Field(None, ge=-2, le=2)
+    repetition_penalty: Optional[float] = Field(None, gt=0, le=10)
+    stop: Optional[Union[str, List[str]]] = None
+    stop_token_ids: Optional[List[Annotated[int, Field(ge=0, lt=2**31)]]] = None
+    ignore_eos: bool = False
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+
+    @model_validator(mode="after")
+    def _check_stop(self) -> "_OpenAIRequest":
+        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        if any(not s for s in stops):
+            raise ValueError("stop strings must not be empty")
+        if len(stops) > 16:
+            raise ValueError("at most 16 stop strings")
+        return self
+
+    def sampling_params(self, defaults: Dict[str, Any], max_tokens: int, logprobs: Optional[int], index: int) -> SamplingParams:
+        """Params of choice `index`: with a seed, each of the n choices gets its own (seed + index)."""
+        def pick(name: str, fallback: Any) -> Any:
+            value = getattr(self, name)
+            return value if value is not None else defaults.get(name, fallback)
+
+        return SamplingParams(
+            temperature=pick("temperature", 1.0), top_p=pick("top_p", 1.0), top_k=pick("top_k", 0),
+            min_p=pick("min_p", 0.0), presence_penalty=pick("presence_penalty", 0.0),
+            frequency_penalty=pick("frequency_penalty", 0.0), repetition_penalty=pick("repetition_penalty", 1.0),
+            max_tokens=max_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids or [], ignore_eos=self.ignore_eos,
+            seed=None if self.seed is None else self.seed + index, logprobs=logprobs,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(_OpenAIRequest):
+    prompt: Union[str, List[int], List[Union[str, List[int]]]]
+    logprobs: Optional[int] = Field(None, ge=0, le=20)
+    echo: Literal[False] = False
+    suffix: Literal[None] = None
+
+    @model_validator(mode="after")
+    def _check_prompt(self) -> "CompletionRequest":
+        if not self.prompts:
+            raise ValueError("prompt must not be empty")
+        if any(isinstance(p, list) and not p for p in self.prompts):
+            raise ValueError("prompt token lists must not be empty")
+        return self
+
+    @property
+    def prompts(self) -> List[Union[str, List[int]]]:
+        """One or several prompts: a string, a token list, or a list of strings and token lists."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and all(isinstance(t, int) for t in p):
+            return [p]
+        return list(p)
+
+
+class TextPart(_Request):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(_Request):
+    name: str
+    arguments: Union[str, Dict[str, Any]]
+
+
+class ToolCall(_Request):
+    id: Optional[str] = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDefinition(_Request):
+    name: str
+    description: Optional[str] = None
+    parameters: Optional[Dict[str, Any]] = None
+
+
+class Tool(_Request):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Optional[Union[str, List[TextPart]]] = None
+    reasoning_content: Optional[str] = None
+    tool_calls: Optional[List[ToolCall]] = None
+    tool_call_id: Optional[str] = None
+    name: Optional[str] = None
+
+    def template_dict(self) -> Dict[str, Any]:
+        """The message as the chat template reads it (text parts joined, developer read as system)."""
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        message = {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
+        for key in ("reasoning_content", "tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                message[key] = getattr(self, key)
+        if self.tool_calls is not None:
+            message["tool_calls"] = [call.model_dump(exclude_none=True) for call in self.tool_calls]
+        return message
+
+
+class ChatCompletionRequest(_OpenAIRequest):
+    messages: List[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
+    tools: Optional[List[Tool]] = None
+    chat_template_kwargs: Optional[Dict[str, Any]] = None
+
+    @model_validator(mode="after")
+    def _check_logprobs(self) -> "ChatCompletionRequest":
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    @property
+    def enable_thinking(self) -> bool:
+        value = (self.chat_template_kwargs or {}).get("enable_thinking", True)
+        if not isinstance(value, bool):
+            raise ValueError(f"chat_template_kwargs.enable_thinking must be true or false, got {value!r}")
+        return value

@@ -1,0 +1,116 @@
+"""What the routes share: the engine once loaded, the tokenizer, the metrics; submitting requests and reading
+their outputs so that a client that goes away (or a stream closed early) aborts its requests."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable, List, Optional, Sequence, Union
+
+from fastapi import Request
+
+from ..inference.async_engine import AsyncEngine, EngineOverloaded, EngineStopped, RequestStream
+from ..inference.metrics import EngineMetrics
+from ..inference.request import RequestOutput
+from ..inference.sampling_params import SamplingParams
+from ..tokenizer.chat_template import MessageFormatter
+from .errors import ApiError
+
+logger = logging.getLogger("mili.server")
+Prompt = Union[str, List[int]]
+
+
+@dataclass
+class ServerConfig:
+    model_name: str
+    api_key: Optional[str] = None
+    max_body_bytes: int = 8 * 2**20
+    max_queue_len: int = 256
+    disconnect_poll_seconds: float = 0.25
+
+
+class ServerState:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.engine: Optional[AsyncEngine] = None
+        self.metrics = EngineMetrics(config.model_name)
+        self.formatter: Optional[MessageFormatter] = None
+        self.load_error: Optional[str] = None
+        self.shutting_down = False
+
+    async def load(self, loader: Callable[[EngineMetrics], AsyncEngine], on_failure: Callable[[], None]) -> None:
+        """Run the (blocking) loader on a worker thread; the server answers /health (503) meanwhile."""
+        try:
+            engine = await asyncio.to_thread(loader, self.metrics)
+        except Exception as e:
+            logger.exception("loading the model failed")
+            self.load_error = f"{type(e).__name__}: {e}"
+            on_failure()
+            return
+        self.formatter = MessageFormatter(engine.engine.tokenizer)
+        self.engine = engine
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None and self.engine.is_running and not self.shutting_down
+
+    def require_engine(self) -> AsyncEngine:
+        if self.shutting_down:
+            raise ApiError(503, "the server is shutting down", code="shutting_down")
+        if self.engine is None:
+            reason = f"loading failed: {self.load_error}" if self.load_error else "the model is still loading; retry shortly"
+            raise ApiError(503, reason, code="model_not_ready")
+        if not self.engine.is_running:
+            raise ApiError(503, "the engine stopped", code="engine_stopped")
+        return self.engine
+
+    def check_model(self, model: Optional[str]) -> None:
+        if model is not None and model != self.config.model_name:
+            raise ApiError(404, f"the model '{model}' does not exist: this server serves '{self.config.model_name}' "
+                                "(GET /v1/models)", param="model", code="model_not_found")
+
+    def token_ids(self, prompt: Prompt) -> List[int]:
+        """The prompt's token ids; 400 naming the problem (empty, bad ids, longer than the context)."""
+        try:
+            return self.require_engine().engine.check_prompt(prompt)[1]
+        except ValueError as e:
+            raise ApiError(400, str(e), param="prompt", code="invalid_prompt") from None
+
+    def submit(self, prompts: Sequence[List[int]], params: Sequence[SamplingParams]) -> RequestStream:
+        engine = self.require_engine()
+        try:
+            return engine.add_requests(prompts, params)
+        except EngineOverloaded as e:
+            raise ApiError(503, str(e), code="server_overloaded") from None
+        except EngineStopped as e:
+            raise ApiError(503, str(e), code="shutting_down") from None
+        except ValueError as e:
+            raise ApiError(400, str(e)) from None
+
+    async def outputs(self, http_request: Request, stream: RequestStream) -> AsyncIterator[RequestOutput]:
+        """The stream's outputs until all its requests finished. When the client disconnects, or the consumer
+        stops iterating early, the unfinished requests are aborted (their KV pages freed)."""
+        items = stream.__aiter__()
+        watcher = asyncio.ensure_future(self._disconnected(http_request))
+        try:
+            while True:
+                nxt = asyncio.ensure_future(items.__anext__())
+                done, _ = await asyncio.wait({nxt, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                if nxt not in done:
+                    nxt.cancel()
+                    logger.info("client disconnected: aborting %s", ", ".join(stream.request_ids))
+                    return
+                try:
+                    output = nxt.result()
+                except StopAsyncIteration:
+                    return
+                yield output
+        finally:
+            watcher.cancel()
+            if not stream.finished and self.engine is not None:
+                self.engine.abort(stream)
+
+    async def _disconnected(self, http_request: Request) -> None:
+        while not await http_request.is_disconnected():
+            await asyncio.sleep(self.config.disconnect_poll_seconds)

@@ -1,0 +1,142 @@
+"""Loading, admission control, API keys, client disconnects and graceful shutdown of `mili serve`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.server.live_server import MODEL_NAME, LiveServer, tiny_loader
+
+LONG = {"prompt": "tell me everything", "max_tokens": 400, "temperature": 0, "stream": True}
+
+
+def test_health_is_503_while_loading_then_200(tiny_checkpoint: Path) -> None:
+    go = threading.Event()
+    load = tiny_loader(tiny_checkpoint)
+    live = LiveServer(lambda metrics: go.wait(60) and load(metrics), wait=False)
+    try:
+        health = live.client.get("/health")
+        assert health.status_code == 503
+        assert health.json() == {"status": "loading", "model_loaded": False, "scheduler_ready": False}
+        busy = live.client.post("/generate", json={"prompt": "hi"})
+        assert busy.status_code == 503 and "still loading" in busy.json()["error"]["message"]
+        go.set()
+        live.wait_until_ready(60)
+        assert live.client.post("/generate", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
+    finally:
+        live.stop()
+
+
+def test_a_failed_load_is_reported(tmp_path: Path) -> None:
+    live = LiveServer(tiny_loader(tmp_path / "missing"), wait=False)
+    try:
+        deadline = time.monotonic() + 30
+        while live.client.get("/health").json()["status"] == "loading":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        health = live.client.get("/health")
+        assert health.status_code == 503 and health.json()["status"] == "failed"
+        assert "missing" in health.json()["error"]
+        assert "loading failed" in live.client.post("/generate", json={"prompt": "hi"}).json()["error"]["message"]
+    finally:
+        live.stop()
+
+
+def test_full_queue_answers_503(tiny_checkpoint: Path) -> None:
+    live = LiveServer(tiny_loader(tiny_checkpoint, max_queue_len=1, max_num_seqs=1))
+    try:
+        with live.client.stream("POST", "/generate", json=LONG) as running, \
+                live.client.stream("POST", "/generate", json=LONG) as waiting:
+            next(running.iter_lines())
+            assert waiting.status_code == 200
+            full = live.client.post("/generate", json={"prompt": "one more"})
+            assert full.status_code == 503 and "at capacity" in full.json()["error"]["message"]
+            assert live.client.get("/health").status_code == 200
+        live.wait_idle()  # both streams closed early: their requests were aborted
+        assert live.client.post("/generate", json={"prompt": "room again", "max_tokens": 2}).status_code == 200
+    finally:
+        live.stop()
+
+
+def test_api_key(tiny_checkpoint: Path) -> None:
+    live = LiveServer(tiny_loader(tiny_checkpoint), api_key="sesame")
+    try:
+        anonymous = httpx.Client(base_url=live.url)
+        assert anonymous.get("/health").status_code == 200
+        for method, route in (("GET", "/"), ("GET", "/v1/models"), ("GET", "/metrics"), ("POST", "/generate"),
+                              ("GET", "/status/x"), ("POST", "/v1/chat/completions")):
+            response = anonymous.request(method, route, json={})
+            assert response.status_code == 401, route
+            assert "API key" in response.json()["error"]["message"]
+        wrong = openai.OpenAI(base_url=live.url + "/v1", api_key="open", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            wrong.models.list()
+        right = openai.OpenAI(base_url=live.url + "/v1", api_key="sesame", max_retries=0)
+        assert right.completions.create(model=MODEL_NAME, prompt="hi", max_tokens=2).choices[0].text is not None
+    finally:
+        live.stop()
+
+
+def test_disconnects_abort_requests_and_free_pages(server: LiveServer) -> None:
+    engine = server.engine
+    with server.client.stream("POST", "/v1/chat/completions", json={**LONG, "messages": [{"role": "user", "content": "go"}]}) as response:
+        lines = response.iter_lines()
+        for _ in range(3):
+            next(line for line in lines if line.startswith("data: "))
+        assert engine.num_request_pages > 0
+    server.wait_idle()
+
+    with pytest.raises(httpx.ReadTimeout):  # a non-streaming client that gives up
+        httpx.post(server.url + "/generate", json={**LONG, "stream": False, "max_tokens": 500}, timeout=0.5)
+    server.wait_idle()
+    aborted = [line for line in server.client.get("/metrics").text.splitlines()
+               if line.startswith("mili_request_success_total") and 'finished_reason="abort"' in line]
+    assert aborted and float(aborted[0].rsplit(" ", 1)[1]) >= 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_mili_serve_shuts_down_gracefully(tiny_checkpoint: Path, sig: signal.Signals) -> None:
+    port = _free_port()
+    cmd = [sys.executable, "-m", "python_layer.cli", "serve", "--model", str(tiny_checkpoint), "--port", str(port),
+           "--kv-pages", "1024", "--served-model-name", MODEL_NAME, "--shutdown-timeout", "2", "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "mili serve did not become ready"
+            time.sleep(0.2)
+        with httpx.stream("POST", url + "/generate", json={**LONG, "max_tokens": 5000}, timeout=60) as stream:
+            lines = stream.iter_lines()
+            next(line for line in lines if line.startswith("data: "))
+            proc.send_signal(sig)
+            events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        assert events[-1]["finish_reason"] == "abort"  # in flight past the grace period: aborted, not cut off
+        assert proc.wait(60) == 0
+    finally:
+        proc.kill()
+    output = proc.stdout.read()
+    assert f"serving {MODEL_NAME} on {url}" in output and "building the model graph" in output
