@@ -1,7 +1,10 @@
+import random
+
 import pytest
 from transformers import AutoTokenizer
 
 from python_layer.tokenizer import MessageFormatter, get_tokenizer, parse_response
+from python_layer.tokenizer.chat_template import ReasoningStream
 from python_layer.tokenizer.qwen_tokenizer import ASSETS_DIR
 
 WEATHER_TOOL = {"type": "function", "function": {
@@ -73,3 +76,22 @@ def test_bad_messages_are_rejected() -> None:
 ])
 def test_parse_response(text: str, expected: tuple) -> None:
     assert parse_response(text) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "<think>\nweigh the options\n\nthen pick\n</think>\n\nThe answer\n\nis 42.\n",
+    "<think>\n\n</think>\n\nNo thinking here.",
+    "  <think>x</think>y",
+    "Plain text with a </thi partial tag and\n\ntrailing newlines\n\n",
+    "<think>never finished\n",
+])
+def test_reasoning_stream_matches_parse_response_however_the_text_is_cut(text: str) -> None:
+    rng = random.Random(len(text))
+    for _ in range(30):
+        cuts = sorted(rng.sample(range(1, len(text)), min(6, len(text) - 1)))
+        stream, reasoning, content = ReasoningStream(), "", ""
+        for cut in cuts + [len(text)]:
+            r, c = stream.feed(text[:cut], final=cut == len(text))
+            reasoning, content = reasoning + r, content + c
+        expected_reasoning, expected_content = parse_response(text)
+        assert (reasoning, content) == (expected_reasoning or "", expected_content), cuts

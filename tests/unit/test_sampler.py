@@ -66,6 +66,9 @@ def test_design_document_static_methods() -> None:
     ({"stop": [""]}, "stop"),
     ({"stop_token_ids": [-1]}, "stop_token_ids"),
     ({"seed": 1.5}, "seed"),
+    ({"seed": 2**64}, "seed"),
+    ({"top_k": 2**40}, "top_k"),
+    ({"stop_token_ids": [2**40]}, "stop_token_ids"),
     ({"presence_penalty": 3}, "presence_penalty"),
     ({"presence_penalty": -2.5}, "presence_penalty"),
     ({"frequency_penalty": 2.1}, "frequency_penalty"),
@@ -88,6 +91,14 @@ def test_sampling_params_normalization() -> None:
     assert p.stop == ["END"] and p.top_k == 0 and not p.greedy and SamplingParams(temperature=0).greedy
     assert not p.has_penalties and p.logprobs is None
     assert SamplingParams(presence_penalty=-2, frequency_penalty=2, repetition_penalty=1.5, logprobs=20).has_penalties
+
+
+def test_temperatures_too_small_to_divide_by_are_greedy() -> None:
+    logits = torch.tensor([[0.5, 3.0, -1.0, 2.9]])
+    for temperature in (5e-324, 1e-300, 9e-6):
+        params = SamplingParams(temperature=temperature, top_k=2)
+        assert params.greedy and Sampler()(logits, [params], [None]).token_ids == [1]
+    assert not SamplingParams(temperature=1e-5).greedy
 
 
 GREEDY = SamplingParams(temperature=0.0)
