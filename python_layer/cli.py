@@ -56,7 +56,8 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="auto: bfloat16 on a GPU, float32 on the CPU")
     parser.add_argument("--backend", default="mojo", choices=["mojo", "reference"])
     parser.add_argument("--max-num-seqs", type=int, default=64, help="requests in the running batch at most")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens computed per step at most")
@@ -89,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--ignore-eos", action="store_true")
     gen.add_argument("--device", default="cpu")
-    gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    gen.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                     help="auto: bfloat16 on a GPU, float32 on the CPU")
     gen.add_argument("--backend", default="mojo", choices=["mojo", "reference"],
                      help="mojo: one compiled MAX graph on the Mojo kernels; reference: PyTorch op by op")
     gen.set_defaults(func=_generate)

@@ -67,7 +67,7 @@ class InferenceEngine:
         cls,
         model_path: Optional[str | os.PathLike] = None,
         device: str = "cpu",
-        dtype: str | torch.dtype = "float32",
+        dtype: str | torch.dtype = "auto",
         backend: str = DEFAULT_BACKEND,
         **engine_args,
     ) -> "InferenceEngine":

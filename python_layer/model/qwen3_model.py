@@ -93,13 +93,13 @@ class Qwen3Model:
 
     @classmethod
     def from_pretrained(
-        cls, model_path: str | os.PathLike, device: str = "cpu", dtype: str | torch.dtype = "float32", backend: str = DEFAULT_BACKEND
+        cls, model_path: str | os.PathLike, device: str = "cpu", dtype: str | torch.dtype = "auto", backend: str = DEFAULT_BACKEND
     ) -> "Qwen3Model":
         from .hub import resolve_model_dir
 
         model_dir = resolve_model_dir(model_path)
         config = Qwen3Config.from_pretrained(model_dir)
-        loader = WeightLoader(model_dir, config, device=device, dtype=parse_dtype(dtype))
+        loader = WeightLoader(model_dir, config, device=device, dtype=parse_dtype(dtype, device))
         return cls(config, loader, device=device, backend=backend)
 
     def new_kv_cache(self, num_pages: int, page_size: int = 16) -> PagedKVCache:

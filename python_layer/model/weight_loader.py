@@ -154,12 +154,14 @@ class WeightLoader:
         return tensor.detach().cpu().numpy()
 
 
-def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """'float32' / 'bfloat16' / 'float16' (or a torch dtype) -> torch dtype."""
+def parse_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
+    """'auto' (bfloat16 on GPUs, float32 on CPUs) / 'float32' / 'bfloat16' / 'float16' (or a torch dtype) -> torch dtype."""
     if isinstance(dtype, torch.dtype):
         return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
              "float16": torch.float16, "fp16": torch.float16}
     if dtype not in table:
-        raise ValueError(f"dtype {dtype!r} is not supported: use one of float32, bfloat16, float16")
+        raise ValueError(f"dtype {dtype!r} is not supported: use one of auto, float32, bfloat16, float16")
     return table[dtype]

@@ -65,8 +65,8 @@ def make_loader(args: argparse.Namespace):
         with progress.phase("resolving the checkpoint"):
             model_dir = resolve_model_dir(args.model) if args.model else builtin_model_path()
             config = Qwen3Config.from_pretrained(model_dir)
-        with progress.phase(f"loading weights of {model_dir} ({args.dtype}, {args.device})"):
-            weights = WeightLoader(model_dir, config, device=args.device, dtype=parse_dtype(args.dtype))
+        with progress.phase(f"loading weights of {model_dir} ({args.dtype} on {args.device})"):
+            weights = WeightLoader(model_dir, config, device=args.device, dtype=parse_dtype(args.dtype, args.device))
             weights.load_from_safetensors()
         with progress.phase("building the model graph (compiled once, then read from the compile cache)"):
             model = Qwen3Model(config, weights, device=args.device, backend=args.backend)

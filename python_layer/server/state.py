@@ -105,6 +105,8 @@ class ServerState:
                     output = nxt.result()
                 except StopAsyncIteration:
                     return
+                except RuntimeError as e:  # the engine failed this request; the server goes on
+                    raise ApiError(500, str(e), code="engine_error") from e
                 yield output
         finally:
             watcher.cancel()

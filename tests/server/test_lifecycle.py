@@ -140,3 +140,39 @@ def test_mili_serve_shuts_down_gracefully(tiny_checkpoint: Path, sig: signal.Sig
         proc.kill()
     output = proc.stdout.read()
     assert f"serving {MODEL_NAME} on {url}" in output and "building the model graph" in output
+
+
+class _FailingSampler:
+    """Raises for requests seeded 666, as a bug inside the engine would."""
+
+    def __init__(self, sampler) -> None:
+        self.sampler = sampler
+
+    def __call__(self, logits, params, generators, histories):
+        if any(p.seed == 666 for p in params):
+            raise RuntimeError("injected sampler failure")
+        return self.sampler(logits, params, generators, histories)
+
+
+def test_a_request_that_fails_in_the_engine_does_not_take_the_server_down(tiny_checkpoint: Path) -> None:
+    load = tiny_loader(tiny_checkpoint)
+
+    def loader(metrics):
+        engine = load(metrics)
+        engine.engine.sampler = _FailingSampler(engine.engine.sampler)
+        return engine
+
+    live = LiveServer(loader)
+    try:
+        failed = live.client.post("/v1/completions", json={"prompt": "boom", "max_tokens": 3, "seed": 666})
+        assert failed.status_code == 500 and "injected sampler failure" in failed.json()["error"]["message"]
+        with live.client.stream("POST", "/v1/completions", json={"prompt": "boom", "max_tokens": 3, "seed": 666,
+                                                                  "stream": True}) as stream:
+            events = [line for line in stream.iter_lines() if line.startswith("data: ")]
+        assert "injected sampler failure" in events[-2] and events[-1] == "data: [DONE]"
+        live.wait_idle()
+        fine = live.client.post("/v1/completions", json={"prompt": "fine", "max_tokens": 3, "seed": 1})
+        assert fine.status_code == 200 and fine.json()["usage"]["completion_tokens"] == 3
+        assert live.client.get("/health").status_code == 200
+    finally:
+        live.stop()

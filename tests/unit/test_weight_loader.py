@@ -87,3 +87,12 @@ def test_quantize_to_fp8_is_real_fp8_with_bounded_error(tiny_checkpoint: Path) -
         bound = w.abs() * 2.0**-4 + q.scale[:, None] * 2.0**-9
         assert ((q.dequantize() - w).abs() <= bound).all(), name
     assert "model.norm.weight" not in quantized and "model.embed_tokens.weight" not in quantized
+
+
+def test_auto_dtype_is_bfloat16_on_gpus_and_float32_on_cpus() -> None:
+    from python_layer.model.weight_loader import parse_dtype
+
+    assert parse_dtype("auto", "cpu") == torch.float32 and parse_dtype("auto", "cuda:0") == torch.bfloat16
+    assert parse_dtype("bf16") == torch.bfloat16 and parse_dtype(torch.float16, "cuda") == torch.float16
+    with pytest.raises(ValueError, match="auto, float32"):
+        parse_dtype("int4")
