@@ -203,14 +203,20 @@ class AsyncEngine:
             self._deliver(result, time.perf_counter())
 
     def _fail(self, request_id: str, error: BaseException) -> None:
-        with self._cv:
-            tracked = self._tracked.pop(request_id, None)
-            self._finished[request_id] = {"status": "completed", "finish_reason": "error", "tokens_remaining": 0,
-                                          "tokens_generated": tracked.tokens_generated if tracked else 0}
+        tracked = self._tracked.get(request_id)
         if tracked is not None:
+            self._finish(request_id, tracked, "error", time.perf_counter())
             tracked.stream.put(error)
-            if self.metrics is not None:
-                self.metrics.observe_finished("error", time.perf_counter() - tracked.arrival)
+
+    def _finish(self, request_id: str, tracked: _Tracked, finish_reason: str, now: float) -> None:
+        with self._cv:
+            del self._tracked[request_id]
+            self._finished[request_id] = {"status": "completed", "finish_reason": finish_reason,
+                                          "tokens_generated": tracked.tokens_generated, "tokens_remaining": 0}
+            while len(self._finished) > self._max_status_entries:
+                self._finished.popitem(last=False)
+        if self.metrics is not None:
+            self.metrics.observe_finished(finish_reason, now - tracked.arrival)
 
     def _deliver(self, out: RequestOutput, now: float) -> None:
         tracked = self._tracked.get(out.request_id)
@@ -223,12 +229,5 @@ class AsyncEngine:
         tracked.tokens_generated = len(out.token_ids)
         tracked.last_token_time = now if new_tokens > 0 else tracked.last_token_time
         if out.finished:
-            with self._cv:
-                del self._tracked[out.request_id]
-                self._finished[out.request_id] = {"status": "completed", "finish_reason": out.finish_reason,
-                                                  "tokens_generated": len(out.token_ids), "tokens_remaining": 0}
-                while len(self._finished) > self._max_status_entries:
-                    self._finished.popitem(last=False)
-            if self.metrics is not None:
-                self.metrics.observe_finished(out.finish_reason, now - tracked.arrival)
+            self._finish(out.request_id, tracked, out.finish_reason, now)
         tracked.stream.put(out)

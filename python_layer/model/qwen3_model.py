@@ -12,6 +12,7 @@ from bindings import reference
 
 from ..memory.kv_cache_manager import PagedKVCache
 from .config import Qwen3Config
+from .qwen3_graph import CompiledQwen3  # imports MAX here, on the importing (main) thread: MAX enters its MLIR context there
 from .weight_loader import WeightLoader, parse_dtype
 
 # "mojo": the whole forward as one compiled MAX graph on the Mojo kernels (qwen3_graph.py);
@@ -69,8 +70,6 @@ class Qwen3Model:
         self._engine = None
         self.compiled = None
         if backend == "mojo":
-            from .qwen3_graph import CompiledQwen3
-
             self.compiled = CompiledQwen3(self)
 
     def _layer_weights(self, w, i: int) -> DecoderLayerWeights:

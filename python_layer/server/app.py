@@ -71,7 +71,7 @@ def build_app(config: ServerConfig, loader: Loader, on_load_failure: Optional[Ca
 
     @app.post("/generate")
     async def generate(body: GenerateRequest, http_request: Request):
-        prompt_ids = state.token_ids(body.prompt)
+        prompt_ids = await state.token_ids(body.prompt)
         stream = state.submit([prompt_ids], [body.sampling_params()])
         request_id = stream.request_ids[0]
         outputs = state.outputs(http_request, stream)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import AsyncIterator, Dict, List, Optional
@@ -38,7 +39,7 @@ async def list_models(request: Request) -> dict:
 async def completions(body: CompletionRequest, request: Request):
     state = _state(request)
     state.check_model(body.model)
-    prompts = [state.token_ids(p) for p in body.prompts]
+    prompts = [await state.token_ids(p) for p in body.prompts]
     call = _Call(state, request, body, prompts, "cmpl", body.logprobs)
     if body.stream:
         return StreamingResponse(call.completion_chunks(), media_type="text/event-stream")
@@ -56,12 +57,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     state.require_engine()
     try:
         tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-        prompt = state.formatter.encode_chat([m.template_dict() for m in body.messages],
-                                             enable_thinking=body.enable_thinking, tools=tools)
+        prompt = await asyncio.to_thread(state.formatter.encode_chat, [m.template_dict() for m in body.messages],
+                                         enable_thinking=body.enable_thinking, tools=tools)
     except (jinja2.TemplateError, TypeError) as e:  # the template rejects the conversation (order of roles, ...)
         raise ApiError(400, f"messages cannot be rendered with the chat template: {e}", param="messages") from None
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    call = _Call(state, request, body, [state.token_ids(prompt)], "chatcmpl", logprobs,
+    call = _Call(state, request, body, [await state.token_ids(prompt)], "chatcmpl", logprobs,
                  max_tokens=body.max_completion_tokens or body.max_tokens)
     if body.stream:
         return StreamingResponse(call.chat_chunks(), media_type="text/event-stream")

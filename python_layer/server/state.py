@@ -70,10 +70,12 @@ class ServerState:
             raise ApiError(404, f"the model '{model}' does not exist: this server serves '{self.config.model_name}' "
                                 "(GET /v1/models)", param="model", code="model_not_found")
 
-    def token_ids(self, prompt: Prompt) -> List[int]:
-        """The prompt's token ids; 400 naming the problem (empty, bad ids, longer than the context)."""
+    async def token_ids(self, prompt: Prompt) -> List[int]:
+        """The prompt's token ids (tokenized off the event loop); 400 naming the problem (empty, bad ids,
+        longer than the context)."""
+        engine = self.require_engine().engine
         try:
-            return self.require_engine().engine.check_prompt(prompt)[1]
+            return (await asyncio.to_thread(engine.check_prompt, prompt))[1]
         except ValueError as e:
             raise ApiError(400, str(e), param="prompt", code="invalid_prompt") from None
 
