@@ -5,13 +5,14 @@ period, abort the rest, and exit 0."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import uvicorn
 
@@ -23,30 +24,29 @@ from .app import build_app
 from .state import ServerConfig
 
 
-class _Progress:
-    """One line per loading phase, with how long it took (a live timer on a terminal)."""
+@contextlib.contextmanager
+def _phase(name: str) -> Iterator[None]:
+    """A loading phase on stderr: a live elapsed-time counter on a terminal, a start and an end line otherwise."""
+    started, tty, done = time.perf_counter(), sys.stderr.isatty(), threading.Event()
 
-    def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
+    def tick() -> None:
+        while not done.wait(0.5):
+            print(f"\r[mili] {name} ... {time.perf_counter() - started:.0f} s", end="", file=sys.stderr, flush=True)
 
-    def phase(self, name: str):
-        return _Phase(name, self.tty)
-
-
-class _Phase:
-    def __init__(self, name: str, tty: bool) -> None:
-        self.name, self.tty = name, tty
-
-    def __enter__(self) -> "_Phase":
-        self.started = time.perf_counter()
-        print(f"[mili] {self.name} ...", end="" if self.tty else "\n", file=sys.stderr, flush=True)
-        return self
-
-    def __exit__(self, exc_type, *_) -> None:
-        took = time.perf_counter() - self.started
-        status = "failed" if exc_type else "done"
-        prefix = " " if self.tty else f"[mili] {self.name}: "
-        print(f"{prefix}{status} in {took:.1f} s", file=sys.stderr, flush=True)
+    print(f"[mili] {name} ...", end="" if tty else "\n", file=sys.stderr, flush=True)
+    ticker = threading.Thread(target=tick, daemon=True)
+    if tty:
+        ticker.start()
+    status = "failed"
+    try:
+        yield
+        status = "done"
+    finally:
+        done.set()
+        if tty:
+            ticker.join()
+        end = f"\r[mili] {name} ... " if tty else f"[mili] {name}: "
+        print(f"{end}{status} in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
 
 
 def served_name(model: Optional[str]) -> str:
@@ -61,16 +61,15 @@ def make_loader(args: argparse.Namespace):
         from ..model.random_checkpoint import builtin_model_path
         from ..model.weight_loader import WeightLoader, parse_dtype
 
-        progress = _Progress()
-        with progress.phase("resolving the checkpoint"):
+        with _phase("resolving the checkpoint"):
             model_dir = resolve_model_dir(args.model) if args.model else builtin_model_path()
             config = Qwen3Config.from_pretrained(model_dir)
-        with progress.phase(f"loading weights of {model_dir} ({args.dtype} on {args.device})"):
+        with _phase(f"loading weights of {model_dir} ({args.dtype} on {args.device})"):
             weights = WeightLoader(model_dir, config, device=args.device, dtype=parse_dtype(args.dtype, args.device))
             weights.load_from_safetensors()
-        with progress.phase("building the model graph (compiled once, then read from the compile cache)"):
+        with _phase("building the model graph (compiled once, then read from the compile cache)"):
             model = Qwen3Model(config, weights, device=args.device, backend=args.backend)
-        with progress.phase("allocating the KV cache and warming up"):
+        with _phase("allocating the KV cache and warming up"):
             engine = InferenceEngine(model, num_kv_pages=args.kv_pages, kv_cache_memory_gb=_kv_memory_gb(args),
                                      max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                                      max_num_batched_tokens=args.max_num_batched_tokens)
