@@ -8,7 +8,8 @@
 # CPU: a work item is a tile of up to QUERY_TILE queries of one sequence with all their heads, over one
 #      split of the keys (decode splits long contexts over the workers and merges the partial softmax states).
 #      All KV heads of a token are adjacent in the cache, so an item streams through memory. Tiles with many
-#      rows per KV head stage each key block (transposed, float32) and score it without horizontal sums.
+#      rows per KV head stage each key block (transposed, float32) and score it without horizontal sums, four
+#      rows of a KV head at a time (each staged key / value vector loaded feeds four FMAs).
 # GPU: one block per (query token, query head); keys in chunks of GPU_BLOCK, one key per thread for the
 #      scores, then one head dimension per thread for the weighted sum of values. (No split-K yet.)
 from extensibility import register, InputTensor, OutputTensor
@@ -30,10 +31,12 @@ comptime MAX_HEAD_DIM = 2 * GPU_BLOCK
 
 comptime KEY_BLOCK = 32
 """CPU: keys scored together before one softmax rescale."""
-comptime QUERY_TILE = 8
+comptime QUERY_TILE = 32
 """CPU: queries of one sequence that share each loaded key and value row."""
 comptime STAGE_MIN_ROWS = 8
 """CPU: (query, head) rows per KV head from which a tile stages its key blocks (transposed, float32)."""
+comptime VALUE_WIDTH = 2 * F32_WIDTH
+"""CPU: head dimensions of a row accumulated per pass over a staged value block (two registers)."""
 comptime MASKED = Float32(-1.0e30)
 
 
@@ -161,6 +164,61 @@ def _block_values(buf: Ptr[F32], acc_off: Int, keep: Float32, p_off: Int, vb_off
         x += 1
 
 
+@always_inline
+def _block_weights(buf: Ptr[F32], s_off: Int, j0: Int, n_keys: Int, last: Int, m_at: Int, l_at: Int) -> Float32:
+    """Masks the block's scores past the row's last visible key (and past the block's n_keys), turns them into
+    softmax weights and returns the accumulator's rescale factor. A row that sees no key of the block gets
+    weights 0 and keeps its accumulator."""
+    if j0 > last:
+        for jj in range(KEY_BLOCK):
+            buf.unsafe_store(s_off + jj, 0)
+        return 1
+    for jj in range(min(n_keys, last - j0 + 1), KEY_BLOCK):
+        buf.unsafe_store(s_off + jj, MASKED)
+    return _softmax_block(buf, s_off, KEY_BLOCK, m_at, l_at)
+
+
+@always_inline
+def _four_rows_block(buf: Ptr[F32], r0: Int, r1: Int, r2: Int, r3: Int, j0: Int, n_keys: Int, kt_off: Int,
+                     vb_off: Int, s_off: Int, acc_off: Int, m_off: Int, l_off: Int, last_off: Int, head_dim: Int):
+    """One staged key block for four rows that share a KV head: every key or value vector loaded feeds four
+    FMAs (one row at a time, each load feeds one). head_dim must be a multiple of VALUE_WIDTH."""
+    var a0 = SIMD[F32, KEY_BLOCK](0)
+    var a1 = SIMD[F32, KEY_BLOCK](0)
+    var a2 = SIMD[F32, KEY_BLOCK](0)
+    var a3 = SIMD[F32, KEY_BLOCK](0)
+    for x in range(head_dim):
+        var k = buf.unsafe_load[width=KEY_BLOCK](kt_off + x * KEY_BLOCK)
+        a0 += k * buf.unsafe_load(r0 * head_dim + x)
+        a1 += k * buf.unsafe_load(r1 * head_dim + x)
+        a2 += k * buf.unsafe_load(r2 * head_dim + x)
+        a3 += k * buf.unsafe_load(r3 * head_dim + x)
+    var p0, p1, p2, p3 = s_off + r0 * KEY_BLOCK, s_off + r1 * KEY_BLOCK, s_off + r2 * KEY_BLOCK, s_off + r3 * KEY_BLOCK
+    buf.unsafe_store(p0, a0)
+    buf.unsafe_store(p1, a1)
+    buf.unsafe_store(p2, a2)
+    buf.unsafe_store(p3, a3)
+    var k0 = _block_weights(buf, p0, j0, n_keys, Int(buf.unsafe_load(last_off + r0)), m_off + r0, l_off + r0)
+    var k1 = _block_weights(buf, p1, j0, n_keys, Int(buf.unsafe_load(last_off + r1)), m_off + r1, l_off + r1)
+    var k2 = _block_weights(buf, p2, j0, n_keys, Int(buf.unsafe_load(last_off + r2)), m_off + r2, l_off + r2)
+    var k3 = _block_weights(buf, p3, j0, n_keys, Int(buf.unsafe_load(last_off + r3)), m_off + r3, l_off + r3)
+    for x in range(0, head_dim, VALUE_WIDTH):
+        var c0 = buf.unsafe_load[width=VALUE_WIDTH](acc_off + r0 * head_dim + x) * k0
+        var c1 = buf.unsafe_load[width=VALUE_WIDTH](acc_off + r1 * head_dim + x) * k1
+        var c2 = buf.unsafe_load[width=VALUE_WIDTH](acc_off + r2 * head_dim + x) * k2
+        var c3 = buf.unsafe_load[width=VALUE_WIDTH](acc_off + r3 * head_dim + x) * k3
+        for j in range(KEY_BLOCK):
+            var v = buf.unsafe_load[width=VALUE_WIDTH](vb_off + j * head_dim + x)
+            c0 += v * buf.unsafe_load(p0 + j)
+            c1 += v * buf.unsafe_load(p1 + j)
+            c2 += v * buf.unsafe_load(p2 + j)
+            c3 += v * buf.unsafe_load(p3 + j)
+        buf.unsafe_store(acc_off + r0 * head_dim + x, c0)
+        buf.unsafe_store(acc_off + r1 * head_dim + x, c1)
+        buf.unsafe_store(acc_off + r2 * head_dim + x, c2)
+        buf.unsafe_store(acc_off + r3 * head_dim + x, c3)
+
+
 def _attention_cpu[dtype: DType](
     output: Ptr[dtype], q: Ptr[dtype], k_cache: Ptr[dtype], v_cache: Ptr[dtype], page_table: Ptr[DType.int32],
     context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale: Float32,
@@ -173,12 +231,14 @@ def _attention_cpu[dtype: DType](
     var row_len = kv_heads * head_dim  # one token's K (or V) for all heads
     var tiles = List[Int]()  # (sequence, first query) of every tile, flattened
     var max_context = 0
+    var max_tile = 1  # queries in the largest tile: sizes the per-row buffers (decode needs one query's worth)
     for b in range(batch):
         var q_len = Int(query_start.unsafe_load(b + 1)) - Int(query_start.unsafe_load(b))
         var context = Int(context_lens.unsafe_load(b))
         if q_len > context:
             raise Error("paged_attention: sequence ", b, " has ", q_len, " queries but a context of only ", context, " tokens")
         max_context = max(max_context, context)
+        max_tile = max(max_tile, min(q_len, QUERY_TILE))
         for i in range(0, q_len, QUERY_TILE):
             tiles.append(b)
             tiles.append(i)
@@ -189,7 +249,7 @@ def _attention_cpu[dtype: DType](
         splits = max(1, min(ceildiv(2 * workers, num_tiles), max_context // (4 * KEY_BLOCK)))
     var num_items = num_tiles * splits
     workers = min(workers, num_items)
-    var rows = QUERY_TILE * q_heads
+    var rows = max_tile * q_heads
     var state_len = rows * (head_dim + 2)  # a split's partial result: acc [rows, D], m [rows], l [rows]
     var partial = List[Float32](length=num_items * state_len if splits > 1 else 0, fill=0)
     var tile_ptr = tiles.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
@@ -245,16 +305,28 @@ def _attention_cpu[dtype: DType](
                                 for x in range(head_dim):
                                     buf.unsafe_store(kt_off + (g * head_dim + x) * KEY_BLOCK + jj, 0)
                                     buf.unsafe_store(vb_off + (g * KEY_BLOCK + jj) * head_dim + x, 0)
-                    for r in range(n_rows):
-                        var last = Int(buf.unsafe_load(last_off + r))
-                        if j0 > last:  # no visible key in this block
-                            continue
-                        var g = (r % q_heads) // group
-                        _block_scores(buf, r * head_dim, kt_off + g * head_dim * KEY_BLOCK, s_off + r * KEY_BLOCK, head_dim)
-                        for jj in range(min(n_keys, last - j0 + 1), KEY_BLOCK):
-                            buf.unsafe_store(s_off + r * KEY_BLOCK + jj, MASKED)
-                        var keep = _softmax_block(buf, s_off + r * KEY_BLOCK, KEY_BLOCK, m_off + r, l_off + r)
-                        _block_values(buf, acc_off + r * head_dim, keep, s_off + r * KEY_BLOCK, vb_off + g * KEY_BLOCK * head_dim, head_dim)
+                    var group_rows = n_queries * group
+                    for g in range(kv_heads):
+                        var kt, vb = kt_off + g * head_dim * KEY_BLOCK, vb_off + g * KEY_BLOCK * head_dim
+                        # the k-th row of KV head g: query k // group, query head g * group + k % group
+                        var k = 0
+                        if head_dim % VALUE_WIDTH == 0:
+                            while k + 4 <= group_rows:
+                                var r0 = (k // group) * q_heads + g * group + k % group
+                                var r1 = ((k + 1) // group) * q_heads + g * group + (k + 1) % group
+                                var r2 = ((k + 2) // group) * q_heads + g * group + (k + 2) % group
+                                var r3 = ((k + 3) // group) * q_heads + g * group + (k + 3) % group
+                                _four_rows_block(buf, r0, r1, r2, r3, j0, n_keys, kt, vb, s_off, acc_off, m_off, l_off, last_off, head_dim)
+                                k += 4
+                        while k < group_rows:
+                            var r = (k // group) * q_heads + g * group + k % group
+                            k += 1
+                            var last = Int(buf.unsafe_load(last_off + r))
+                            if j0 > last:  # no visible key in this block
+                                continue
+                            _block_scores(buf, r * head_dim, kt, s_off + r * KEY_BLOCK, head_dim)
+                            var keep = _block_weights(buf, s_off + r * KEY_BLOCK, j0, n_keys, last, m_off + r, l_off + r)
+                            _block_values(buf, acc_off + r * head_dim, keep, s_off + r * KEY_BLOCK, vb, head_dim)
             else:
                 for j0 in range(k_begin, k_end, KEY_BLOCK):
                     var n_keys = min(KEY_BLOCK, k_end - j0)

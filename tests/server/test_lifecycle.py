@@ -98,7 +98,7 @@ def test_disconnects_abort_requests_and_free_pages(server: LiveServer) -> None:
     server.wait_idle()
 
     with pytest.raises(httpx.ReadTimeout):  # a non-streaming client that gives up
-        httpx.post(server.url + "/generate", json={**LONG, "stream": False, "max_tokens": 500}, timeout=0.5)
+        httpx.post(server.url + "/generate", json={**LONG, "stream": False, "max_tokens": 500}, timeout=0.2)
     server.wait_idle()
     aborted = [line for line in server.client.get("/metrics").text.splitlines()
                if line.startswith("mili_request_success_total") and 'finished_reason="abort"' in line]
