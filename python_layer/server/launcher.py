@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import uvicorn
 
@@ -53,7 +53,7 @@ def served_name(model: Optional[str]) -> str:
     return Path(model).name if model else "mili-builtin"
 
 
-def make_loader(args: argparse.Namespace):
+def make_loader(args: argparse.Namespace) -> Callable[[EngineMetrics], AsyncEngine]:
     def load(metrics: EngineMetrics) -> AsyncEngine:
         from ..model.config import Qwen3Config
         from ..model.hub import resolve_model_dir
