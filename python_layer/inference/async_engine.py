@@ -3,7 +3,7 @@
 Only the engine thread touches the engine. The event loop hands it requests and aborts through a
 command list guarded by a condition variable, and gets each request's outputs back through its own
 asyncio queue (`loop.call_soon_threadsafe`), so compute never blocks the loop. The number of unfinished
-requests is bounded: past `max_num_seqs + max_queue_len`, `add_request` raises EngineOverloaded."""
+requests is bounded: past `max_num_seqs + max_queue_len`, `add_requests` raises EngineOverloaded."""
 
 from __future__ import annotations
 
@@ -50,10 +50,9 @@ class RequestStream:
     iterator of RequestOutput in the order they come; ends once every request finished. Raises what the
     engine raised if a request failed inside it."""
 
-    def __init__(self, request_ids: List[str], num_prompt_tokens: List[int], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, request_ids: List[str], loop: asyncio.AbstractEventLoop) -> None:
         self.request_ids = request_ids
         self.index = {request_id: i for i, request_id in enumerate(request_ids)}
-        self.num_prompt_tokens = num_prompt_tokens
         self.unfinished = set(request_ids)
         self._queue: asyncio.Queue = asyncio.Queue()
         self._loop = loop
@@ -97,24 +96,20 @@ class AsyncEngine:
 
     # ---- event-loop side -------------------------------------------------------------------------------------
 
-    def add_requests(self, prompts: Sequence[Prompt], params: Sequence[SamplingParams],
-                     request_id: Optional[str] = None) -> RequestStream:
+    def add_requests(self, prompts: Sequence[Prompt], params: Sequence[SamplingParams]) -> RequestStream:
         """Queue requests that belong together; their outputs come through the returned stream. Call it on the
         event loop. Raises ValueError for a bad prompt (then nothing is queued), EngineOverloaded when the
         queue is full, EngineStopped when the engine no longer accepts requests."""
         token_ids = [self.engine.check_prompt(p)[1] for p in prompts]
-        base = request_id or f"mili-{next(self._ids)}-{time.monotonic_ns():x}"
+        base = f"mili-{next(self._ids)}-{time.monotonic_ns():x}"
         ids = [base] if len(prompts) == 1 else [f"{base}-{i}" for i in range(len(prompts))]
-        stream = RequestStream(ids, [len(t) for t in token_ids], asyncio.get_running_loop())
+        stream = RequestStream(ids, asyncio.get_running_loop())
         with self._cv:
             if not self._accepting:
                 raise EngineStopped("the server is shutting down and accepts no new requests")
             if len(self._tracked) + len(ids) > self.capacity:
                 raise EngineOverloaded(f"the server is at capacity ({len(self._tracked)} requests running or "
                                        f"waiting, at most {self.capacity}); retry later")
-            taken = [i for i in ids if i in self._tracked]
-            if taken:
-                raise ValueError(f"request_id {taken[0]!r} is already in use")
             for i, rid in enumerate(ids):
                 self._tracked[rid] = _Tracked(stream, params[i].max_tokens, len(token_ids[i]))
                 self._commands.append(functools.partial(self._add, rid, token_ids[i], params[i]))

@@ -18,7 +18,7 @@ from . import openai_api
 from .errors import HANDLERS
 from .middleware import GuardMiddleware
 from .protocol import GenerateRequest
-from .sse import SSE_DONE, sse_event
+from .sse import SSE_DONE, sse_error, sse_event
 from .state import ServerConfig, ServerState
 
 Loader = Callable[[EngineMetrics], AsyncEngine]
@@ -109,6 +109,6 @@ async def _generate_events(request_id: str, outputs) -> AsyncIterator[str]:
             if out.finished:
                 yield sse_event(_generate_response(request_id, out))
     except Exception as e:  # the engine failed this request: tell the client in the stream
-        yield sse_event({"error": {"message": str(e), "type": "server_error"}})
+        yield sse_error(str(e))
     yield SSE_DONE
 

@@ -17,7 +17,7 @@ from ..tokenizer.chat_template import ReasoningStream, parse_response
 from ..tokenizer.qwen_tokenizer import QwenTokenizer
 from .errors import ApiError
 from .protocol import ChatCompletionRequest, CompletionRequest, _OpenAIRequest
-from .sse import SSE_DONE, sse_event
+from .sse import SSE_DONE, sse_error, sse_event
 from .state import ServerState
 
 router = APIRouter()
@@ -161,8 +161,7 @@ class _Call:
             if self.body.include_usage:
                 yield sse_event(self.envelope(chunk_object, [], usage=self.usage(finals)))
         except Exception as e:
-            yield sse_event({"error": {"message": f"the request failed: {e}", "type": "server_error",
-                                       "param": None, "code": None}})
+            yield sse_error(f"the request failed: {e}")
         yield SSE_DONE
 
     def completion_chunks(self) -> AsyncIterator[str]:
@@ -181,17 +180,15 @@ class _Call:
         return self._streamed(chunks(), "text_completion")
 
     def chat_chunks(self) -> AsyncIterator[str]:
-        async def chunks() -> AsyncIterator[tuple[dict, Optional[RequestOutput]]]:
+        async def chunks() -> AsyncIterator[tuple[dict, RequestOutput]]:
             n = len(self.stream.request_ids)
             deltas, reasoning = [_Deltas(self.stops) for _ in range(n)], [ReasoningStream() for _ in range(n)]
-            visible = [""] * n
             async for out in self.outputs:
                 i = self.stream.index[out.request_id]
                 if deltas[i].tokens == 0:
                     yield self._chat_chunk(i, {"role": "assistant", "content": ""}, None, None), out
-                text, logprobs = deltas[i].take(out)
-                visible[i] += text
-                new_reasoning, new_content = reasoning[i].feed(visible[i], final=out.finished)
+                _, logprobs = deltas[i].take(out)
+                new_reasoning, new_content = reasoning[i].feed(out.text[: deltas[i].text], final=out.finished)
                 lp = self.chat_logprobs(logprobs) if self.body.logprobs else None
                 for key, value in (("reasoning_content", new_reasoning), ("content", new_content)):
                     if value:

@@ -55,11 +55,8 @@ class _OpenAIRequest(_Request):
     stream_options: Optional[StreamOptions] = None
 
     @model_validator(mode="after")
-    def _check_stop(self) -> "_OpenAIRequest":
-        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
-        if any(not s for s in stops):
-            raise ValueError("stop strings must not be empty")
-        if len(stops) > 16:
+    def _check_stop(self) -> "_OpenAIRequest":  # each string is checked by SamplingParams
+        if isinstance(self.stop, list) and len(self.stop) > 16:
             raise ValueError("at most 16 stop strings")
         return self
 
