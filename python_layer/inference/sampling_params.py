@@ -40,8 +40,9 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             _check(_is_finite(value) and -2 <= value <= 2, name, value, "must be a finite number in [-2, 2]")
-        _check(_is_finite(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty",
-               self.repetition_penalty, "must be a finite number > 0")
+        # beyond [0.01, 100] the float32 logits / penalty overflow (a penalty of 5e-324 is 0 in float32: NaN)
+        _check(_is_finite(self.repetition_penalty) and 0.01 <= self.repetition_penalty <= 100, "repetition_penalty",
+               self.repetition_penalty, "must be a number in [0.01, 100]")
         _check(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", self.max_tokens, "must be an integer >= 1")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "must be non-empty strings")
         _check(all(_is_int(t) and 0 <= t < 2**31 for t in self.stop_token_ids), "stop_token_ids", self.stop_token_ids,

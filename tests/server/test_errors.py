@@ -27,6 +27,7 @@ CASES = [
     ("/v1/completions", {**COMPLETION, "model": "gpt-4"}, 404, "gpt-4"),
     ("/v1/completions", {**COMPLETION, "stop": [""]}, 400, "stop"),
     ("/v1/completions", {**COMPLETION, "n": 0}, 400, "n"),
+    ("/v1/completions", {**COMPLETION, "repetition_penalty": 5e-324}, 400, "repetition_penalty"),
     ("/v1/completions", {"model": MODEL_NAME}, 400, "prompt"),
     ("/v1/chat/completions", {**CHAT, "messages": []}, 400, "messages"),
     ("/v1/chat/completions", {**CHAT, "messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),

@@ -76,6 +76,8 @@ def test_design_document_static_methods() -> None:
     ({"repetition_penalty": 0}, "repetition_penalty"),
     ({"repetition_penalty": -1.0}, "repetition_penalty"),
     ({"repetition_penalty": float("nan")}, "repetition_penalty"),
+    ({"repetition_penalty": 5e-324}, "repetition_penalty"),
+    ({"repetition_penalty": 1e300}, "repetition_penalty"),
     ({"logprobs": 21}, "logprobs"),
     ({"logprobs": -1}, "logprobs"),
     ({"logprobs": 1.5}, "logprobs"),
