@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checks the Mojo/MAX toolchain, precompiles the kernel package (mojo_kernels/ -> .mojoc, rebuilt when a
-# source changes) and compiles every op's GPU path for cuda/sm_90 in MAX's virtual-device mode (no GPU needed).
+# source changes), builds the CPU kernels' Python extension module (bindings/eager_cpu.mojo) and compiles
+# every op's GPU path for cuda/sm_90 in MAX's virtual-device mode (no GPU needed).
 set -euo pipefail
 cd "$(dirname "$0")"
 python - <<'PY'
@@ -13,4 +14,5 @@ if bad:
 print("toolchain:", ", ".join(f"{n} {v}" for n, v in have.items()))
 PY
 python -c "from bindings import library; print('kernel package:', library.package_path())"
+python -c "from bindings import library; print('CPU extension module:', library.eager_cpu_module().__file__)"
 python -m bindings.gpu_compile_check "${GPU_ARCH:-sm_90}"

@@ -47,22 +47,43 @@ def _mojo() -> str:
     return found
 
 
+def _build(out: Path, command: list[str]) -> Path:
+    """Runs `command + [-o tmp]` unless `out` exists, then moves tmp to `out` (atomic for concurrent builders)."""
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.parent / f"building-{os.getpid()}" / out.name  # the file name is the package / module name
+        tmp.parent.mkdir(exist_ok=True)
+        result = subprocess.run([_mojo(), *command, "-o", str(tmp)], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"Building the Mojo kernels failed:\n{result.stdout}\n{result.stderr}")
+        tmp.replace(out)
+        tmp.parent.rmdir()
+    return out
+
+
 @lru_cache(maxsize=1)
 def package_path() -> Path:
     """The precompiled kernel package (.mojoc), rebuilt when any Mojo source changed."""
     src = kernels_dir()
     # MAX imports the package by its file name, so the digest goes into the folder name
     out = Path(os.environ["MODULAR_CACHE_DIR"]) / "mili_kernels" / _sources_digest(src) / "mili_kernels.mojoc"
-    if not out.is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.parent / f"building-{os.getpid()}" / out.name  # the file name is the package name
-        tmp.parent.mkdir(exist_ok=True)
-        result = subprocess.run([_mojo(), "precompile", str(src), "-o", str(tmp)], capture_output=True, text=True)
-        if result.returncode != 0:
-            raise RuntimeError(f"Building the Mojo kernels failed:\n{result.stdout}\n{result.stderr}")
-        tmp.replace(out)
-        tmp.parent.rmdir()
-    return out
+    return _build(out, ["precompile", str(src)])
+
+
+@lru_cache(maxsize=1)
+def eager_cpu_module():
+    """The CPU kernels as a Python extension module (bindings/eager_cpu.mojo), built when stale."""
+    import importlib.machinery
+    import importlib.util
+
+    source = Path(__file__).with_name("eager_cpu.mojo")
+    digest = hashlib.sha256((_sources_digest(kernels_dir()) + source.read_text()).encode()).hexdigest()[:16]
+    out = Path(os.environ["MODULAR_CACHE_DIR"]) / "mili_eager_cpu" / digest / "mili_eager_cpu.so"
+    _build(out, ["build", "--emit", "shared-lib", "-I", str(kernels_dir().parent), str(source)])
+    loader = importlib.machinery.ExtensionFileLoader("mili_eager_cpu", str(out))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location("mili_eager_cpu", out, loader=loader))
+    loader.exec_module(module)
+    return module
 
 
 @lru_cache(maxsize=1)

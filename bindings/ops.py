@@ -1,8 +1,11 @@
 """MILI's Mojo ops as functions on torch tensors, with exactly the signatures of bindings/reference.py.
 
-Each op is a small MAX graph (built with bindings/graph.py) compiled once per (dtype, device) with symbolic
-sizes, so a new number of tokens, sequences or pages never recompiles. Float parameters (eps, theta,
-scale) travel as 1-element float32 tensors, not as compile-time constants: one graph serves every value.
+On CPU, float32 and bfloat16 tensors go straight to the Mojo kernels through a Python extension module
+(bindings/eager_cpu.mojo): a call costs about a microsecond more than the kernel. Otherwise (GPU, other dtypes,
+or EAGER_CPU = False) each op is a small MAX graph (built with bindings/graph.py) compiled once per (dtype,
+device) with symbolic sizes, so a new number of tokens, sequences or pages never recompiles; each execution
+costs tens of microseconds. Float parameters (eps, theta, scale) travel as 1-element float32 tensors, not as
+compile-time constants: one graph serves every value.
 """
 
 from __future__ import annotations
@@ -17,12 +20,15 @@ from .reference import rope_inv_freq
 
 from max.driver import Buffer  # noqa: E402
 from max.dtype import DType  # noqa: E402
-from max.experimental.torch import torch_dtype_to_max  # noqa: E402
+from max.experimental.torch import max_dtype_to_torch, torch_dtype_to_max  # noqa: E402
 from max.graph import BufferType, DeviceRef, Graph, TensorType, ops  # noqa: E402
 
 F32, I32 = DType.float32, DType.int32
 SAME = None  # in a spec: the op's own dtype
 ALL_OPS: list["CompiledOp"] = []
+EAGER_CPU = True
+"""CPU calls use the Mojo extension module; False sends them through MAX graphs like GPU calls (tests do both)."""
+EAGER_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def T(dtype, *dims: str | int) -> tuple:
@@ -41,6 +47,7 @@ class CompiledOp:
 
     def __init__(self, fn: Callable, outputs: Sequence[tuple], inputs: Sequence[tuple]) -> None:
         self.fn, self.outputs, self.inputs = fn, list(outputs), list(inputs)
+        self._signatures: dict = {}
         ALL_OPS.append(self)
 
     def input_types(self, dtype: DType, dev: DeviceRef) -> list:
@@ -74,11 +81,45 @@ class CompiledOp:
     def compiled(self, dtype: torch.dtype, device: str):
         return library.session(device).load(self.graph(dtype, device))
 
+    def _signature(self, dtype: torch.dtype) -> tuple:
+        """(rank, dtype) of every argument when the op's dtype is `dtype`, and the eager kernel if any."""
+        if dtype not in self._signatures:
+            spec = tuple((len(dims), dtype if d is SAME else max_dtype_to_torch(d)) for _, d, dims in self.outputs + self.inputs)
+            name = f"{self.fn.__name__}_{str(dtype).split('.')[-1]}"
+            self._signatures[dtype] = spec, getattr(library.eager_cpu_module(), name) if dtype in EAGER_DTYPES else None
+        return self._signatures[dtype]
+
     def __call__(self, *args: torch.Tensor) -> None:
         """args: the output buffers then the function's arguments, contiguous, on one device; the first
-        one has the op's dtype."""
-        model = self.compiled(args[0].dtype, library.device_key(args[0].device))
-        model.execute(*[Buffer.from_dlpack(a) for a in args])
+        one has the op's dtype. The kernels trust ranks, dtypes and devices: they are checked here."""
+        dtype, device = args[0].dtype, args[0].device
+        spec, eager = self._signature(dtype)
+        flat = _flatten(args, spec, device)
+        if flat is None:
+            want = ", ".join(f"{r}-d {d}" for r, d in spec)
+            got = ", ".join(f"{a.dim()}-d {a.dtype} on {a.device}" for a in args)
+            raise ValueError(f"{self.fn.__name__}: needs ({want}) tensors on one device, got ({got})")
+        if eager is not None and EAGER_CPU and device.type == "cpu":
+            try:
+                eager(*flat)
+            except Exception as e:  # a Mojo error arrives as a bare Exception; MAX raises ValueError
+                raise ValueError(str(e)) from None
+        else:
+            self.compiled(dtype, library.device_key(device)).execute(*[Buffer.from_dlpack(a) for a in args])
+
+
+def _flatten(args: Sequence[torch.Tensor], spec: tuple, device: torch.device) -> Optional[list[int]]:
+    """[address, sizes..., address, sizes...] of the tensors (the eager kernels' arguments), or None when
+    one does not match its (rank, dtype) or device."""
+    if len(args) != len(spec):
+        return None
+    flat = []
+    for a, (rank, dtype) in zip(args, spec):
+        if a.dim() != rank or a.dtype != dtype or a.device != device:
+            return None
+        flat.append(a.data_ptr())
+        flat.extend(a.shape)
+    return flat
 
 
 def _scalar(value: float, like: torch.Tensor) -> torch.Tensor:

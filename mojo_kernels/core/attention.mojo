@@ -219,7 +219,7 @@ def _four_rows_block(buf: Ptr[F32], r0: Int, r1: Int, r2: Int, r3: Int, j0: Int,
         buf.unsafe_store(acc_off + r3 * head_dim + x, c3)
 
 
-def _attention_cpu[dtype: DType](
+def attention_cpu[dtype: DType](
     output: Ptr[dtype], q: Ptr[dtype], k_cache: Ptr[dtype], v_cache: Ptr[dtype], page_table: Ptr[DType.int32],
     context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale: Float32,
     batch: Int, max_pages: Int, q_heads: Int, kv_heads: Int, head_dim: Int, page_size: Int,
@@ -456,6 +456,15 @@ def _attention_gpu[dtype: DType](
         output.unsafe_store(dst + tid + GPU_BLOCK, (acc1 / l).cast[dtype]())
 
 
+def check_attention(batch: Int, q_heads: Int, head_dim: Int, kv_heads: Int, cache_head_dim: Int, k_cache_size: Int,
+                    v_cache_size: Int, page_table_rows: Int, query_start_size: Int) raises:
+    check_same["paged_attention"](cache_head_dim, head_dim, "cache head_dim", "q head_dim")
+    check_same["paged_attention"](v_cache_size, k_cache_size, "v_cache size", "k_cache size")
+    check_same["paged_attention"](query_start_size, batch + 1, "query_start size", "sequences + 1")
+    check_same["paged_attention"](page_table_rows, batch, "page_table rows", "sequences")
+    check_same["paged_attention"](q_heads % kv_heads, 0, "q heads % kv heads", "zero")
+
+
 @register("mili_paged_attention")
 struct PagedAttention:
     @staticmethod
@@ -475,15 +484,12 @@ struct PagedAttention:
         var head_dim = q.dim_size[2]()
         var kv_heads = k_cache.dim_size[2]()
         var batch = context_lens.dim_size[0]()
-        check_same["paged_attention"](k_cache.dim_size[3](), head_dim, "cache head_dim", "q head_dim")
-        check_same["paged_attention"](v_cache.size(), k_cache.size(), "v_cache size", "k_cache size")
-        check_same["paged_attention"](query_start.dim_size[0](), batch + 1, "query_start size", "sequences + 1")
-        check_same["paged_attention"](page_table.dim_size[0](), batch, "page_table rows", "sequences")
-        check_same["paged_attention"](q_heads % kv_heads, 0, "q heads % kv heads", "zero")
+        check_attention(batch, q_heads, head_dim, kv_heads, k_cache.dim_size[3](), k_cache.size(), v_cache.size(),
+                        page_table.dim_size[0](), query_start.dim_size[0]())
         if tokens == 0:
             return
         comptime if target == "cpu":
-            _attention_cpu[dtype](output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(),
+            attention_cpu[dtype](output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(),
                                   page_table.unsafe_ptr(), context_lens.unsafe_ptr(), query_start.unsafe_ptr(),
                                   scale.unsafe_ptr().unsafe_load(0), batch, page_table.dim_size[1](), q_heads,
                                   kv_heads, head_dim, k_cache.dim_size[1]())

@@ -14,7 +14,7 @@ from std.math import rsqrt
 from ..utils.types import load_f32, narrow, F32, F32_WIDTH, Ptr, GPU_BLOCK, SERIAL_ELEMENTS, check_same
 
 
-def _norm_rows_cpu[dtype: DType, fused: Bool](
+def norm_rows_cpu[dtype: DType, fused: Bool](
     y: Ptr[dtype], res_out: Ptr[dtype], x: Ptr[dtype], res: Ptr[dtype], w: Ptr[dtype],
     rows: Int, cols: Int, eps: Float32,
 ):
@@ -78,6 +78,11 @@ def _norm_rows_gpu[dtype: DType, fused: Bool](
         y.unsafe_store(base + i, (v * w.unsafe_load(i).cast[F32]()).cast[dtype]())
 
 
+def check_norm[what: StaticString](weight_size: Int, cols: Int, cols_name: StaticString, residual_size: Int, x_size: Int) raises:
+    check_same[what](weight_size, cols, "weight size", cols_name)
+    check_same[what](residual_size, x_size, "residual size", "x size")
+
+
 def _norm_rows[dtype: DType, fused: Bool, target: StaticString](
     y: Ptr[dtype], res_out: Ptr[dtype], x: Ptr[dtype], res: Ptr[dtype], w: Ptr[dtype],
     rows: Int, cols: Int, eps: Ptr[F32], ctx: DeviceContext,
@@ -85,7 +90,7 @@ def _norm_rows[dtype: DType, fused: Bool, target: StaticString](
     if rows == 0:
         return
     comptime if target == "cpu":
-        _norm_rows_cpu[dtype, fused](y, res_out, x, res, w, rows, cols, eps.unsafe_load(0))
+        norm_rows_cpu[dtype, fused](y, res_out, x, res, w, rows, cols, eps.unsafe_load(0))
     else:
         ctx.enqueue_function[_norm_rows_gpu[dtype, fused]](
             y, res_out, x, res, w, Int32(cols), eps, grid_dim=rows, block_dim=GPU_BLOCK
@@ -103,7 +108,7 @@ struct RmsNorm:
         ctx: DeviceContext,
     ) raises:
         var cols = x.dim_size[1]()
-        check_same["rms_norm"](weight.dim_size[0](), cols, "weight size", "hidden size")
+        check_norm["rms_norm"](weight.dim_size[0](), cols, "hidden size", x.size(), x.size())
         var xp = x.unsafe_ptr()
         _norm_rows[dtype, False, target](y.unsafe_ptr(), y.unsafe_ptr(), xp, xp, weight.unsafe_ptr(),
                                          x.dim_size[0](), cols, eps.unsafe_ptr(), ctx)
@@ -122,8 +127,7 @@ struct FusedAddRmsNorm:
         ctx: DeviceContext,
     ) raises:
         var cols = x.dim_size[1]()
-        check_same["fused_add_rms_norm"](weight.dim_size[0](), cols, "weight size", "hidden size")
-        check_same["fused_add_rms_norm"](residual.size(), x.size(), "residual size", "x size")
+        check_norm["fused_add_rms_norm"](weight.dim_size[0](), cols, "hidden size", residual.size(), x.size())
         _norm_rows[dtype, True, target](y.unsafe_ptr(), residual_out.unsafe_ptr(), x.unsafe_ptr(), residual.unsafe_ptr(),
                                         weight.unsafe_ptr(), x.dim_size[0](), cols, eps.unsafe_ptr(), ctx)
 
@@ -139,7 +143,7 @@ struct HeadRmsNorm:
         ctx: DeviceContext,
     ) raises:
         var head_dim = x.dim_size[2]()
-        check_same["head_rms_norm"](weight.dim_size[0](), head_dim, "weight size", "head_dim")
+        check_norm["head_rms_norm"](weight.dim_size[0](), head_dim, "head_dim", x.size(), x.size())
         var xp = x.unsafe_ptr()
         _norm_rows[dtype, False, target](y.unsafe_ptr(), y.unsafe_ptr(), xp, xp, weight.unsafe_ptr(),
                                          x.dim_size[0]() * x.dim_size[1](), head_dim, eps.unsafe_ptr(), ctx)

@@ -23,7 +23,7 @@ def _rotate[dtype: DType, width: Int](
     y.unsafe_store(base + half, narrow[dtype, width](x2 * c + x1 * s))
 
 
-def _rope_cpu[dtype: DType](
+def rope_cpu[dtype: DType](
     qo: Ptr[dtype], ko: Ptr[dtype], q: Ptr[dtype], k: Ptr[dtype], pos: Ptr[DType.int32], inv_freq: Ptr[F32],
     scale: Float32, tokens: Int, q_heads: Int, k_heads: Int, head_dim: Int,
 ):
@@ -71,6 +71,13 @@ def _rope_gpu[dtype: DType](
             _rotate[dtype, 1](ko, k, (t * hk + h - hq) * d + i, half, c, s)
 
 
+def check_rope(tokens: Int, head_dim: Int, k_tokens: Int, k_head_dim: Int, num_positions: Int, inv_freq_size: Int) raises:
+    check_same["rope"](k_tokens, tokens, "k tokens", "q tokens")
+    check_same["rope"](num_positions, tokens, "positions", "q tokens")
+    check_same["rope"](k_head_dim, head_dim, "k head_dim", "q head_dim")
+    check_same["rope"](inv_freq_size * 2, head_dim, "2 * inv_freq size", "head_dim")
+
+
 @register("mili_rope")
 struct Rope:
     @staticmethod
@@ -86,14 +93,11 @@ struct Rope:
     ) raises:
         var tokens = q.dim_size[0]()
         var head_dim = q.dim_size[2]()
-        check_same["rope"](k.dim_size[0](), tokens, "k tokens", "q tokens")
-        check_same["rope"](positions.dim_size[0](), tokens, "positions", "q tokens")
-        check_same["rope"](k.dim_size[2](), head_dim, "k head_dim", "q head_dim")
-        check_same["rope"](inv_freq.dim_size[0]() * 2, head_dim, "2 * inv_freq size", "head_dim")
+        check_rope(tokens, head_dim, k.dim_size[0](), k.dim_size[2](), positions.dim_size[0](), inv_freq.dim_size[0]())
         if tokens == 0:
             return
         comptime if target == "cpu":
-            _rope_cpu[dtype](q_out.unsafe_ptr(), k_out.unsafe_ptr(), q.unsafe_ptr(), k.unsafe_ptr(), positions.unsafe_ptr(),
+            rope_cpu[dtype](q_out.unsafe_ptr(), k_out.unsafe_ptr(), q.unsafe_ptr(), k.unsafe_ptr(), positions.unsafe_ptr(),
                              inv_freq.unsafe_ptr(), scale.unsafe_ptr().unsafe_load(0), tokens, q.dim_size[1](),
                              k.dim_size[1](), head_dim)
         else:

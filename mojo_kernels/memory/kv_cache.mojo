@@ -10,7 +10,7 @@ from std.algorithm import vectorize
 from ..utils.types import F32_WIDTH, Ptr, GPU_BLOCK, SERIAL_ELEMENTS, check_same
 
 
-def _store_cpu[dtype: DType](
+def store_kv_cpu[dtype: DType](
     k_cache: Ptr[dtype], v_cache: Ptr[dtype], k: Ptr[dtype], v: Ptr[dtype], slots: Ptr[DType.int32], tokens: Int, row: Int
 ):
     def do_token(t: Int) {var k_cache, var v_cache, var k, var v, var slots, var row}:
@@ -46,6 +46,12 @@ def _store_gpu[dtype: DType](
         v_cache.unsafe_store(slot * n + i, v.unsafe_load(t * n + i))
 
 
+def check_store_kv(tokens: Int, row: Int, cache_row: Int, k_size: Int, v_size: Int, num_slots: Int) raises:
+    check_same["store_kv"](cache_row, row, "cache heads * head_dim", "k heads * head_dim")
+    check_same["store_kv"](v_size, k_size, "v size", "k size")
+    check_same["store_kv"](num_slots, tokens, "slot_mapping size", "tokens")
+
+
 @register("mili_store_kv")
 struct StoreKV:
     @staticmethod
@@ -59,13 +65,11 @@ struct StoreKV:
     ) raises:
         var tokens = k.dim_size[0]()
         var row = k.dim_size[1]() * k.dim_size[2]()
-        check_same["store_kv"](k_cache.dim_size[2]() * k_cache.dim_size[3](), row, "cache heads * head_dim", "k heads * head_dim")
-        check_same["store_kv"](v.size(), k.size(), "v size", "k size")
-        check_same["store_kv"](slot_mapping.dim_size[0](), tokens, "slot_mapping size", "tokens")
+        check_store_kv(tokens, row, k_cache.dim_size[2]() * k_cache.dim_size[3](), k.size(), v.size(), slot_mapping.dim_size[0]())
         if tokens == 0:
             return
         comptime if target == "cpu":
-            _store_cpu[dtype](k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), k.unsafe_ptr(), v.unsafe_ptr(),
+            store_kv_cpu[dtype](k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), k.unsafe_ptr(), v.unsafe_ptr(),
                               slot_mapping.unsafe_ptr(), tokens, row)
         else:
             ctx.enqueue_function[_store_gpu[dtype]](

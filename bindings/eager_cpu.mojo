@@ -1,0 +1,195 @@
+# MILI's CPU kernels as a Python extension module (`mili_eager_cpu`): bindings/ops.py calls them directly on
+# torch tensors, without the ~100 µs of a MAX graph execution per call. They run the very functions the MAX
+# custom ops run on CPU, after the same shape checks.
+#
+# Calling convention (bindings/ops.py CompiledOp): one function per op and dtype, e.g. `rms_norm_float32`;
+# its arguments are the op's tensors in the order of the MAX op (outputs first), each as its address followed
+# by its sizes. Python checks ranks, dtypes, devices and contiguity before the call.
+from std.os import abort
+from std.python import PythonObject
+from std.python.bindings import PythonModuleBuilder
+from std.utils.index import IndexList
+
+from mojo_kernels.core.activations import (
+    check_silu_and_mul, elementwise_cpu, silu_and_mul_cpu, SILU, GELU, RELU
+)
+from mojo_kernels.core.attention import check_attention, attention_cpu
+from mojo_kernels.core.normalization import check_norm, norm_rows_cpu
+from mojo_kernels.core.rope import check_rope, rope_cpu
+from mojo_kernels.memory.kv_cache import check_store_kv, store_kv_cpu
+from mojo_kernels.utils.types import F32, Ptr
+
+comptime I32 = DType.int32
+
+
+struct Tensor[dtype: DType, rank: Int](ImplicitlyCopyable):
+    var address: Int
+    var dims: IndexList[Self.rank]
+
+    def __init__(out self, address: Int, dims: IndexList[Self.rank]):
+        self.address = address
+        self.dims = dims
+
+    def ptr(self) -> Ptr[Self.dtype]:
+        return Ptr[Self.dtype](unsafe_from_address=self.address)
+
+    def size(self) -> Int:
+        var n = 1
+        comptime for i in range(Self.rank):
+            n *= self.dims[i]
+        return n
+
+
+struct Args:
+    """Reads the flat (address, sizes...) argument tuple in order."""
+
+    var items: PythonObject
+    var at: Int
+
+    def __init__(out self, items: PythonObject):
+        self.items = items
+        self.at = 0
+
+    def int(mut self) raises -> Int:
+        self.at += 1
+        return Int(py=self.items[self.at - 1])
+
+    def tensor[dtype: DType, rank: Int](mut self) raises -> Tensor[dtype, rank]:
+        var address = self.int()
+        var dims = IndexList[rank]()
+        comptime for i in range(rank):
+            dims[i] = self.int()
+        return Tensor[dtype, rank](address, dims)
+
+    def done(self, op: StaticString) raises:
+        if self.at != len(self.items):
+            raise Error(op, ": expected ", self.at, " arguments, got ", len(self.items))
+
+
+def _scalar(mut args: Args) raises -> Float32:
+    return args.tensor[F32, 1]().ptr().unsafe_load(0)
+
+
+def rms_norm[dtype: DType](py_self: PythonObject, items: PythonObject) raises -> PythonObject:
+    var args = Args(items)
+    var y, x, w = args.tensor[dtype, 2](), args.tensor[dtype, 2](), args.tensor[dtype, 1]()
+    var eps = _scalar(args)
+    args.done("rms_norm")
+    check_norm["rms_norm"](w.dims[0], x.dims[1], "hidden size", x.size(), x.size())
+    norm_rows_cpu[dtype, False](y.ptr(), y.ptr(), x.ptr(), x.ptr(), w.ptr(), x.dims[0], x.dims[1], eps)
+    return PythonObject(None)
+
+
+def fused_add_rms_norm[dtype: DType](py_self: PythonObject, items: PythonObject) raises -> PythonObject:
+    var args = Args(items)
+    var y, res_out, x, res = args.tensor[dtype, 2](), args.tensor[dtype, 2](), args.tensor[dtype, 2](), args.tensor[dtype, 2]()
+    var w = args.tensor[dtype, 1]()
+    var eps = _scalar(args)
+    args.done("fused_add_rms_norm")
+    check_norm["fused_add_rms_norm"](w.dims[0], x.dims[1], "hidden size", res.size(), x.size())
+    norm_rows_cpu[dtype, True](y.ptr(), res_out.ptr(), x.ptr(), res.ptr(), w.ptr(), x.dims[0], x.dims[1], eps)
+    return PythonObject(None)
+
+
+def head_rms_norm[dtype: DType](py_self: PythonObject, items: PythonObject) raises -> PythonObject:
+    var args = Args(items)
+    var y, x, w = args.tensor[dtype, 3](), args.tensor[dtype, 3](), args.tensor[dtype, 1]()
+    var eps = _scalar(args)
+    args.done("head_rms_norm")
+    check_norm["head_rms_norm"](w.dims[0], x.dims[2], "head_dim", x.size(), x.size())
+    norm_rows_cpu[dtype, False](y.ptr(), y.ptr(), x.ptr(), x.ptr(), w.ptr(), x.dims[0] * x.dims[1], x.dims[2], eps)
+    return PythonObject(None)
+
+
+def rope[dtype: DType](py_self: PythonObject, items: PythonObject) raises -> PythonObject:
+    var args = Args(items)
+    var q_out, k_out, q, k = args.tensor[dtype, 3](), args.tensor[dtype, 3](), args.tensor[dtype, 3](), args.tensor[dtype, 3]()
+    var positions, inv_freq = args.tensor[I32, 1](), args.tensor[F32, 1]()
+    var scale = _scalar(args)
+    args.done("rope")
+    check_rope(q.dims[0], q.dims[2], k.dims[0], k.dims[2], positions.dims[0], inv_freq.dims[0])
+    if q.dims[0] > 0:
+        rope_cpu[dtype](q_out.ptr(), k_out.ptr(), q.ptr(), k.ptr(), positions.ptr(), inv_freq.ptr(), scale, q.dims[0], q.dims[1],
+                        k.dims[1], q.dims[2])
+    return PythonObject(None)
+
+
+def silu_and_mul[dtype: DType](py_self: PythonObject, items: PythonObject) raises -> PythonObject:
+    var args = Args(items)
+    var y, x = args.tensor[dtype, 2](), args.tensor[dtype, 2]()
+    args.done("silu_and_mul")
+    check_silu_and_mul(x.dims[1], y.dims[1])
+    silu_and_mul_cpu[dtype](y.ptr(), x.ptr(), x.dims[0], y.dims[1])
+    return PythonObject(None)
+
+
+def elementwise[dtype: DType, kind: Int](py_self: PythonObject, items: PythonObject) raises -> PythonObject:
+    var args = Args(items)
+    var y, x = args.tensor[dtype, 1](), args.tensor[dtype, 1]()
+    args.done("elementwise activation")
+    elementwise_cpu[dtype, kind](y.ptr(), x.ptr(), x.dims[0])
+    return PythonObject(None)
+
+
+def store_kv[dtype: DType](py_self: PythonObject, items: PythonObject) raises -> PythonObject:
+    var args = Args(items)
+    var k, v = args.tensor[dtype, 3](), args.tensor[dtype, 3]()
+    var k_cache, v_cache = args.tensor[dtype, 4](), args.tensor[dtype, 4]()
+    var slots = args.tensor[I32, 1]()
+    args.done("store_kv")
+    var row = k.dims[1] * k.dims[2]
+    check_store_kv(k.dims[0], row, k_cache.dims[2] * k_cache.dims[3], k.size(), v.size(), slots.dims[0])
+    if k.dims[0] > 0:
+        store_kv_cpu[dtype](k_cache.ptr(), v_cache.ptr(), k.ptr(), v.ptr(), slots.ptr(), k.dims[0], row)
+    return PythonObject(None)
+
+
+def paged_attention[dtype: DType](py_self: PythonObject, items: PythonObject) raises -> PythonObject:
+    var args = Args(items)
+    var output, q = args.tensor[dtype, 3](), args.tensor[dtype, 3]()
+    var k_cache, v_cache = args.tensor[dtype, 4](), args.tensor[dtype, 4]()
+    var page_table, context_lens, query_start = args.tensor[I32, 2](), args.tensor[I32, 1](), args.tensor[I32, 1]()
+    var scale = _scalar(args)
+    args.done("paged_attention")
+    var batch = context_lens.dims[0]
+    check_attention(batch, q.dims[1], q.dims[2], k_cache.dims[2], k_cache.dims[3], k_cache.size(), v_cache.size(),
+                    page_table.dims[0], query_start.dims[0])
+    if q.dims[0] > 0:
+        attention_cpu[dtype](output.ptr(), q.ptr(), k_cache.ptr(), v_cache.ptr(), page_table.ptr(), context_lens.ptr(),
+                             query_start.ptr(), scale, batch, page_table.dims[1], q.dims[1], k_cache.dims[2], q.dims[2],
+                             k_cache.dims[1])
+    return PythonObject(None)
+
+
+def _add_ops(mut m: PythonModuleBuilder) raises:
+    # names must be static strings: one line per op and dtype
+    m.def_py_function[rms_norm[DType.float32]]("rms_norm_float32")
+    m.def_py_function[rms_norm[DType.bfloat16]]("rms_norm_bfloat16")
+    m.def_py_function[fused_add_rms_norm[DType.float32]]("fused_add_rms_norm_float32")
+    m.def_py_function[fused_add_rms_norm[DType.bfloat16]]("fused_add_rms_norm_bfloat16")
+    m.def_py_function[head_rms_norm[DType.float32]]("head_rms_norm_float32")
+    m.def_py_function[head_rms_norm[DType.bfloat16]]("head_rms_norm_bfloat16")
+    m.def_py_function[rope[DType.float32]]("rope_with_table_float32")
+    m.def_py_function[rope[DType.bfloat16]]("rope_with_table_bfloat16")
+    m.def_py_function[silu_and_mul[DType.float32]]("silu_and_mul_float32")
+    m.def_py_function[silu_and_mul[DType.bfloat16]]("silu_and_mul_bfloat16")
+    m.def_py_function[elementwise[DType.float32, SILU]]("silu_float32")
+    m.def_py_function[elementwise[DType.bfloat16, SILU]]("silu_bfloat16")
+    m.def_py_function[elementwise[DType.float32, GELU]]("gelu_float32")
+    m.def_py_function[elementwise[DType.bfloat16, GELU]]("gelu_bfloat16")
+    m.def_py_function[elementwise[DType.float32, RELU]]("relu_float32")
+    m.def_py_function[elementwise[DType.bfloat16, RELU]]("relu_bfloat16")
+    m.def_py_function[store_kv[DType.float32]]("store_kv_float32")
+    m.def_py_function[store_kv[DType.bfloat16]]("store_kv_bfloat16")
+    m.def_py_function[paged_attention[DType.float32]]("paged_attention_float32")
+    m.def_py_function[paged_attention[DType.bfloat16]]("paged_attention_bfloat16")
+
+
+@export
+def PyInit_mili_eager_cpu() abi("C") -> PythonObject:
+    try:
+        var m = PythonModuleBuilder("mili_eager_cpu")
+        _add_ops(m)
+        return m.finalize()
+    except e:
+        abort(String("failed to create the mili_eager_cpu module: ", e))
