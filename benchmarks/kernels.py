@@ -5,8 +5,8 @@ the median time of each side and their ratio (Mojo / reference: below 1 means Mo
 memory-bound ops, the achieved bytes/s against the machine's copy bandwidth measured in the same run.
 Writes JSON under benchmarks/results/.
 
-Two Mojo times: "call" is one standalone op call from torch, MAX's per-call dispatch (tens of µs on CPU)
-included; "in-graph" is the op's time inside one graph that applies it REPEAT times in a chain (each
+Two Mojo times: "call" is one standalone `bindings.ops` call from torch as users make it (on CPU the Mojo
+extension module, about a microsecond of dispatch; on GPU a MAX graph execution); "in-graph" is the op's time inside one graph that applies it REPEAT times in a chain (each
 result feeds the next call), divided by REPEAT: the dispatch is paid once, as in the model graph, which
 runs all the ops of a step in one call. Bytes/s and the fraction of copy bandwidth use the in-graph time.
 """
@@ -21,7 +21,7 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -39,18 +39,27 @@ CHAINS = {"rms_norm": {0: 0}, "fused_add_rms_norm": {0: 0, 1: 1}, "head_rms_norm
 
 
 def median_seconds(fn: Callable[[], object], device: str, min_runs: int = 10, budget_s: float = 0.5) -> float:
+    return paired_median_seconds([fn], device, min_runs, budget_s)[0]
+
+
+def paired_median_seconds(fns: Sequence[Callable[[], object]], device: str, min_runs: int = 10,
+                          budget_s: float = 1.0, block: int = 10) -> list[float]:
+    """Median time of each function, timed in alternating blocks of `block` runs, so that this shared
+    machine's slow spells and the allocator's state hit all of them alike. (Blocks, not single runs: torch's
+    and Mojo's worker threads each spin a while after their work, slowing the other's first run.)"""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    for _ in range(3):
-        fn()
-    sync()
-    times = []
+    times: list[list[float]] = [[] for _ in fns]
     start = time.perf_counter()
-    while len(times) < min_runs or (time.perf_counter() - start < budget_s and len(times) < 1000):
-        t = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    while len(times[0]) < min_runs or (time.perf_counter() - start < budget_s and len(times[0]) < 1000):
+        for fn, ts in zip(fns, times):
+            fn()  # warm-up of the block
+            sync()
+            for _ in range(block):
+                t = time.perf_counter()
+                fn()
+                sync()
+                ts.append(time.perf_counter() - t)
+    return [statistics.median(ts) for ts in times]
 
 
 def captured_call(fn: Callable[[], object]) -> tuple:
@@ -152,13 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device {args.device}, {args.dtype}, {torch.get_num_threads()} threads; copy bandwidth {bandwidth / 1e9:.1f} GB/s")
     print(f"{'op':<34}{'tokens':>7}{'torch us':>11}{'call us':>10}{'ratio':>7}{'graph us':>10}{'ratio':>7}{'GB/s':>7}{'of copy':>8}")
     rows = []
-    selected = [c for c in cases(dtype, args.device) if args.only in c[0]]
-    # all reference timings first: MAX's worker threads keep spinning a while after a call, and would
-    # slow torch's threads down if the two alternated
-    ref_times = [median_seconds(torch_ref, args.device) for _, _, _, torch_ref, _ in selected]
-    for (name, tokens, mojo, torch_ref, nbytes), ref_s in zip(selected, ref_times):
-        mojo_s = median_seconds(mojo, args.device)
+    for name, tokens, mojo, torch_ref, nbytes in cases(dtype, args.device):
+        if args.only not in name:
+            continue
+        ref_s, mojo_s = paired_median_seconds([torch_ref, mojo], args.device)
         graph_s = in_graph_seconds(name, mojo, args.device)
+        time.sleep(0.2)  # MAX's worker threads spin a while after a graph: let them rest before the next op
         kernel_s = graph_s or mojo_s
         row = dict(op=name, tokens=tokens, torch_us=ref_s * 1e6, mojo_call_us=mojo_s * 1e6, call_ratio=mojo_s / ref_s,
                    mojo_in_graph_us=graph_s and graph_s * 1e6, in_graph_ratio=graph_s and graph_s / ref_s,

@@ -92,30 +92,30 @@ class CompiledOp:
     def __call__(self, *args: torch.Tensor) -> None:
         """args: the output buffers then the function's arguments, contiguous, on one device; the first
         one has the op's dtype. The kernels trust ranks, dtypes and devices: they are checked here."""
-        dtype, device = args[0].dtype, args[0].device
+        dtype, on_cpu = args[0].dtype, args[0].is_cpu
         spec, eager = self._signature(dtype)
-        flat = _flatten(args, spec, device)
+        flat = _flatten(args, spec, on_cpu)
         if flat is None:
             want = ", ".join(f"{r}-d {d}" for r, d in spec)
             got = ", ".join(f"{a.dim()}-d {a.dtype} on {a.device}" for a in args)
             raise ValueError(f"{self.fn.__name__}: needs ({want}) tensors on one device, got ({got})")
-        if eager is not None and EAGER_CPU and device.type == "cpu":
+        if eager is not None and EAGER_CPU and on_cpu:
             try:
                 eager(*flat)
             except Exception as e:  # a Mojo error arrives as a bare Exception; MAX raises ValueError
                 raise ValueError(str(e)) from None
-        else:
-            self.compiled(dtype, library.device_key(device)).execute(*[Buffer.from_dlpack(a) for a in args])
+        else:  # (MAX checks that GPU tensors are on the session's GPU)
+            self.compiled(dtype, library.device_key(args[0].device)).execute(*[Buffer.from_dlpack(a) for a in args])
 
 
-def _flatten(args: Sequence[torch.Tensor], spec: tuple, device: torch.device) -> Optional[list[int]]:
+def _flatten(args: Sequence[torch.Tensor], spec: tuple, on_cpu: bool) -> Optional[list[int]]:
     """[address, sizes..., address, sizes...] of the tensors (the eager kernels' arguments), or None when
-    one does not match its (rank, dtype) or device."""
+    one does not match its (rank, dtype) or is not on the CPU when the first one is (or the reverse)."""
     if len(args) != len(spec):
         return None
     flat = []
     for a, (rank, dtype) in zip(args, spec):
-        if a.dim() != rank or a.dtype != dtype or a.device != device:
+        if a.dim() != rank or a.dtype != dtype or a.is_cpu != on_cpu:
             return None
         flat.append(a.data_ptr())
         flat.extend(a.shape)
@@ -123,7 +123,13 @@ def _flatten(args: Sequence[torch.Tensor], spec: tuple, device: torch.device) ->
 
 
 def _scalar(value: float, like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor([value], dtype=torch.float32, device=like.device)
+    return _scalar_on(float(value), like.device)
+
+
+@lru_cache(maxsize=256)
+def _scalar_on(value: float, device: torch.device) -> torch.Tensor:
+    """A 1-element float32 tensor, made once per value (creating one costs several µs; the ops only read it)."""
+    return torch.tensor([value], dtype=torch.float32, device=device)
 
 
 def _c(t: torch.Tensor) -> torch.Tensor:
@@ -201,8 +207,9 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 def _elementwise(name: str, x: torch.Tensor) -> torch.Tensor:
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
-    _ELEMENTWISE[name](y.view(-1), _c(x).view(-1))
+    x = _c(x)
+    y = torch.empty_like(x)
+    _ELEMENTWISE[name](y.view(-1), x.view(-1))
     return y
 
 

@@ -9,7 +9,7 @@ from std.algorithm import vectorize
 from std.math import ceildiv, exp
 from std.utils.index import IndexList
 
-from ..utils.types import load_f32, narrow, F32, F32_WIDTH, Ptr, SERIAL_ELEMENTS, check_same
+from ..utils.types import load_f32, narrow, F32, F32_WIDTH, Ptr, SERIAL_ELEMENTS, SERIAL_TRANSCENDENTAL, check_same
 
 comptime SILU = 0
 comptime GELU = 1
@@ -58,7 +58,7 @@ def elementwise_cpu[dtype: DType, kind: Int](y: Ptr[dtype], x: Ptr[dtype], n: In
         vectorize[F32_WIDTH](min(CHUNK, n - start), body)
 
     var chunks = ceildiv(n, CHUNK)
-    if n <= SERIAL_ELEMENTS:
+    if n <= (SERIAL_ELEMENTS if kind == RELU else SERIAL_TRANSCENDENTAL):
         for c in range(chunks):
             do_chunk(c)
     else:
@@ -77,7 +77,7 @@ def silu_and_mul_cpu[dtype: DType](y: Ptr[dtype], x: Ptr[dtype], rows: Int, inte
 
         vectorize[F32_WIDTH](inter, body)
 
-    if rows * inter <= SERIAL_ELEMENTS:
+    if rows * inter <= SERIAL_TRANSCENDENTAL:
         for r in range(rows):
             do_row(r)
     else:

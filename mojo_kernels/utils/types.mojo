@@ -11,8 +11,11 @@ comptime Ptr[dtype: DType] = Pointer[Scalar[dtype], MutAnyOrigin]
 comptime GPU_BLOCK = 128
 """Threads per block of the row-wise GPU kernels (one row per block)."""
 
-comptime SERIAL_ELEMENTS = 32768
-"""Below this many elements the CPU kernels skip the thread pool: its dispatch costs more than the work."""
+comptime SERIAL_ELEMENTS = 131072
+"""Below this many elements the memory-bound CPU kernels skip the thread pool: waking its workers costs
+10-20 µs on a VM, more than the work (a 1024-wide RMSNorm row takes ~0.2 µs)."""
+comptime SERIAL_TRANSCENDENTAL = 32768
+"""The same for kernels with an exp or erf per element (silu, gelu): four times the work per element."""
 
 
 def check_same[what: StaticString](a: Int, b: Int, a_name: StaticString, b_name: StaticString) raises:
