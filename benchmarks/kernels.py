@@ -45,13 +45,14 @@ def median_seconds(fn: Callable[[], object], device: str, min_runs: int = 10, bu
 def paired_median_seconds(fns: Sequence[Callable[[], object]], device: str, min_runs: int = 10,
                           budget_s: float = 1.0, block: int = 10) -> list[float]:
     """Median time of each function, timed in alternating blocks of `block` runs, so that this shared
-    machine's slow spells and the allocator's state hit all of them alike. (Blocks, not single runs: torch's
-    and Mojo's worker threads each spin a while after their work, slowing the other's first run.)"""
+    machine's slow spells and the allocator's state hit all of them alike. (Blocks with a pause, not single
+    runs: torch's and Mojo's worker threads each spin a while after their work, slowing the other side.)"""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     times: list[list[float]] = [[] for _ in fns]
     start = time.perf_counter()
     while len(times[0]) < min_runs or (time.perf_counter() - start < budget_s and len(times[0]) < 1000):
         for fn, ts in zip(fns, times):
+            time.sleep(0.05)  # let the other side's spinning workers go to sleep (libgomp spins for ~10 ms)
             fn()  # warm-up of the block
             sync()
             for _ in range(block):
