@@ -264,6 +264,10 @@ def attention_cpu[dtype: DType](
         var stage_len = kv_heads * head_dim * KEY_BLOCK
         var buffers = List[Float32](length=rows * (2 * head_dim + 3 + KEY_BLOCK) + 2 * stage_len, fill=0)
         var buf = buffers.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
+        var kv_offsets = List[Int64](length=rows, fill=0)  # row r's KV head offset in a token's row, hoisted:
+        var row_kv = kv_offsets.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()  # divisions in the key loop cost
+        for r in range(rows):
+            row_kv.unsafe_store(r, Int64(((r % q_heads) // group) * head_dim))
         var acc_off, m_off = rows * head_dim, 2 * rows * head_dim
         var l_off, last_off, s_off = m_off + rows, m_off + 2 * rows, m_off + 3 * rows
         var kt_off = s_off + rows * KEY_BLOCK
@@ -335,7 +339,7 @@ def attention_cpu[dtype: DType](
                         var base = _token_offset(page_table, b * max_pages, j, page_size, row_len)
                         for r in range(n_rows):
                             var visible = Float32(j) <= buf.unsafe_load(last_off + r)
-                            var k_row = base + ((r % q_heads) // group) * head_dim
+                            var k_row = base + Int(row_kv.unsafe_load(r))
                             var score = _dot[dtype](buf, r * head_dim, k_cache, k_row, head_dim) if visible else MASKED
                             buf.unsafe_store(s_off + r * KEY_BLOCK + jj, score)
                     for r in range(n_rows):
@@ -347,7 +351,7 @@ def attention_cpu[dtype: DType](
                         var base = _token_offset(page_table, b * max_pages, j, page_size, row_len)
                         for r in range(n_rows):
                             if Float32(j) <= buf.unsafe_load(last_off + r):
-                                var v_row = base + ((r % q_heads) // group) * head_dim
+                                var v_row = base + Int(row_kv.unsafe_load(r))
                                 _add_scaled[dtype](buf, acc_off + r * head_dim, buf.unsafe_load(s_off + r * KEY_BLOCK + jj),
                                                   v_cache, v_row, head_dim)
             if splits == 1:
@@ -363,7 +367,8 @@ def attention_cpu[dtype: DType](
                         part_ptr.unsafe_store(part + r * head_dim + x, buf.unsafe_load(acc_off + r * head_dim + x))
                     part_ptr.unsafe_store(part + rows * head_dim + r, buf.unsafe_load(m_off + r))
                     part_ptr.unsafe_store(part + rows * head_dim + rows + r, buf.unsafe_load(l_off + r))
-        _ = buffers^  # keep the buffers alive until here: only their pointer is used above
+        _ = buffers^  # keep the buffers alive until here: only their pointers are used above
+        _ = kv_offsets^
 
     parallelize(worker, workers, workers)
     if splits > 1:
