@@ -17,7 +17,7 @@ from mojo_kernels.core.attention import check_attention, attention_cpu
 from mojo_kernels.core.normalization import check_norm, norm_rows_cpu
 from mojo_kernels.core.rope import check_rope, rope_cpu
 from mojo_kernels.memory.kv_cache import check_store_kv, store_kv_cpu
-from mojo_kernels.utils.types import F32, Ptr
+from mojo_kernels.utils.types import EAGER_SERIAL_SCALE, F32, Ptr
 
 comptime I32 = DType.int32
 
@@ -76,7 +76,7 @@ def rms_norm[dtype: DType](py_self: PythonObject, items: PythonObject) raises ->
     var eps = _scalar(args)
     args.done("rms_norm")
     check_norm["rms_norm"](w.dims[0], x.dims[1], "hidden size", x.size(), x.size())
-    norm_rows_cpu[dtype, False](y.ptr(), y.ptr(), x.ptr(), x.ptr(), w.ptr(), x.dims[0], x.dims[1], eps)
+    norm_rows_cpu[dtype, False, EAGER_SERIAL_SCALE](y.ptr(), y.ptr(), x.ptr(), x.ptr(), w.ptr(), x.dims[0], x.dims[1], eps)
     return PythonObject(None)
 
 
@@ -87,7 +87,7 @@ def fused_add_rms_norm[dtype: DType](py_self: PythonObject, items: PythonObject)
     var eps = _scalar(args)
     args.done("fused_add_rms_norm")
     check_norm["fused_add_rms_norm"](w.dims[0], x.dims[1], "hidden size", res.size(), x.size())
-    norm_rows_cpu[dtype, True](y.ptr(), res_out.ptr(), x.ptr(), res.ptr(), w.ptr(), x.dims[0], x.dims[1], eps)
+    norm_rows_cpu[dtype, True, EAGER_SERIAL_SCALE](y.ptr(), res_out.ptr(), x.ptr(), res.ptr(), w.ptr(), x.dims[0], x.dims[1], eps)
     return PythonObject(None)
 
 
@@ -97,7 +97,7 @@ def head_rms_norm[dtype: DType](py_self: PythonObject, items: PythonObject) rais
     var eps = _scalar(args)
     args.done("head_rms_norm")
     check_norm["head_rms_norm"](w.dims[0], x.dims[2], "head_dim", x.size(), x.size())
-    norm_rows_cpu[dtype, False](y.ptr(), y.ptr(), x.ptr(), x.ptr(), w.ptr(), x.dims[0] * x.dims[1], x.dims[2], eps)
+    norm_rows_cpu[dtype, False, EAGER_SERIAL_SCALE](y.ptr(), y.ptr(), x.ptr(), x.ptr(), w.ptr(), x.dims[0] * x.dims[1], x.dims[2], eps)
     return PythonObject(None)
 
 
@@ -109,7 +109,7 @@ def rope[dtype: DType](py_self: PythonObject, items: PythonObject) raises -> Pyt
     args.done("rope")
     check_rope(q.dims[0], q.dims[2], k.dims[0], k.dims[2], positions.dims[0], inv_freq.dims[0])
     if q.dims[0] > 0:
-        rope_cpu[dtype](q_out.ptr(), k_out.ptr(), q.ptr(), k.ptr(), positions.ptr(), inv_freq.ptr(), scale, q.dims[0], q.dims[1],
+        rope_cpu[dtype, EAGER_SERIAL_SCALE](q_out.ptr(), k_out.ptr(), q.ptr(), k.ptr(), positions.ptr(), inv_freq.ptr(), scale, q.dims[0], q.dims[1],
                         k.dims[1], q.dims[2])
     return PythonObject(None)
 
@@ -119,15 +119,15 @@ def silu_and_mul[dtype: DType](py_self: PythonObject, items: PythonObject) raise
     var y, x = args.tensor[dtype, 2](), args.tensor[dtype, 2]()
     args.done("silu_and_mul")
     check_silu_and_mul(x.dims[1], y.dims[1])
-    silu_and_mul_cpu[dtype](y.ptr(), x.ptr(), x.dims[0], y.dims[1])
+    silu_and_mul_cpu[dtype, EAGER_SERIAL_SCALE](y.ptr(), x.ptr(), x.dims[0], y.dims[1])
     return PythonObject(None)
 
 
 def elementwise[dtype: DType, kind: Int](py_self: PythonObject, items: PythonObject) raises -> PythonObject:
     var args = Args(items)
-    var y, x = args.tensor[dtype, 1](), args.tensor[dtype, 1]()
+    var y, x = args.tensor[dtype, 2](), args.tensor[dtype, 2]()
     args.done("elementwise activation")
-    elementwise_cpu[dtype, kind](y.ptr(), x.ptr(), x.dims[0])
+    elementwise_cpu[dtype, kind, EAGER_SERIAL_SCALE](y.ptr(), x.ptr(), x.size())
     return PythonObject(None)
 
 
@@ -140,7 +140,7 @@ def store_kv[dtype: DType](py_self: PythonObject, items: PythonObject) raises ->
     var row = k.dims[1] * k.dims[2]
     check_store_kv(k.dims[0], row, k_cache.dims[2] * k_cache.dims[3], k.size(), v.size(), slots.dims[0])
     if k.dims[0] > 0:
-        store_kv_cpu[dtype](k_cache.ptr(), v_cache.ptr(), k.ptr(), v.ptr(), slots.ptr(), k.dims[0], row)
+        store_kv_cpu[dtype, EAGER_SERIAL_SCALE](k_cache.ptr(), v_cache.ptr(), k.ptr(), v.ptr(), slots.ptr(), k.dims[0], row)
     return PythonObject(None)
 
 

@@ -61,8 +61,10 @@ def silu_and_mul(x: TensorValue) -> TensorValue:
 
 
 def _elementwise(name: str, x: TensorValue) -> TensorValue:
-    flat = ops.reshape(x, [-1])
-    return ops.reshape(_custom(name, flat, [flat], [flat.shape])[0], x.shape)
+    if x.rank == 2:  # the model's activations: no reshape ops around the kernel
+        return _custom(name, x, [x], [x.shape])[0]
+    rows = ops.reshape(x, [1, -1])
+    return ops.reshape(_custom(name, rows, [rows], [rows.shape])[0], x.shape)
 
 
 def silu(x: TensorValue) -> TensorValue:

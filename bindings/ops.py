@@ -194,7 +194,8 @@ def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, theta: float
 # ---- activations ------------------------------------------------------------------------------------------
 
 _SILU_AND_MUL = CompiledOp(graph.silu_and_mul, [T(SAME, "T", "I")], [T(SAME, "T", "two_I")])
-_ELEMENTWISE = {name: CompiledOp(getattr(graph, name), [T(SAME, "N")], [T(SAME, "N")]) for name in ("silu", "gelu", "relu")}
+_ELEMENTWISE = {name: CompiledOp(getattr(graph, name), [T(SAME, "T", "C")], [T(SAME, "T", "C")])
+                for name in ("silu", "gelu", "relu")}
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -209,7 +210,10 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 def _elementwise(name: str, x: torch.Tensor) -> torch.Tensor:
     x = _c(x)
     y = torch.empty_like(x)
-    _ELEMENTWISE[name](y.view(-1), x.view(-1))
+    if x.dim() == 2:
+        _ELEMENTWISE[name](y, x)
+    else:
+        _ELEMENTWISE[name](y.view(1, -1), x.view(1, -1))
     return y
 
 

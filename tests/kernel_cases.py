@@ -16,7 +16,7 @@ NORM_SHAPES = [(1, 64), (7, 1000), (33, 1024), (3000, 1000)]  # 1000: not a mult
 HEAD_NORM_SHAPES = [(1, 16, 128), (5, 8, 64), (2048, 8, 128)]
 ROPE_CASES = [(1, 16, 8, 128, None), (37, 4, 2, 64, None), (2048, 16, 8, 128, None), (300, 8, 1, 128, YARN)]
 ACT_SHAPES = [(1, 3072), (5, 301), (2048, 3072)]
-ELEMENTWISE_SIZES = [1, 1001, 3 * 4096 + 7]
+ELEMENTWISE_SIZES = [0, 1, 1001, 3 * 4096 + 7]
 # (context lengths, query lengths) per batch: prefill, extend after a cached prefix, decode over long contexts,
 # crossing page boundaries, sequences of different lengths together. On CPU they reach both block strategies
 # (direct for few rows per KV head, staged for many) and the split-keys decode.
@@ -75,7 +75,8 @@ def run_activations(ops, device: str, dtype: torch.dtype, shape: tuple) -> None:
 def run_elementwise(ops, device: str, dtype: torch.dtype, size: int) -> None:
     x = (4 * torch.randn(size, device=device)).to(dtype)
     for name in ("silu", "gelu", "relu"):
-        assert_matches(getattr(ops, name)(x), getattr(ref, name)(x), dtype)
+        for shaped in (x, x.view(1, size), x.view(size, 1, 1)):  # any rank: 2-d goes to the kernel as is
+            assert_matches(getattr(ops, name)(shaped), getattr(ref, name)(shaped), dtype)
 
 
 def run_store_kv(ops, device: str, dtype: torch.dtype, tokens: int) -> None:

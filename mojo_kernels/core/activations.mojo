@@ -1,5 +1,5 @@
 # Activations, float32 arithmetic: silu_and_mul (SwiGLU: x[T, 2I] = [gate | up] -> silu(gate) * up),
-# and elementwise silu, gelu (exact: with erf, not the tanh approximation) and relu on flat tensors.
+# and elementwise silu, gelu (exact: with erf, not the tanh approximation) and relu on [rows, columns].
 # CPU: parallel over chunks (rows for silu_and_mul), vectorized. GPU: `foreach`.
 from extensibility import register, InputTensor, OutputTensor, foreach
 from layout import Coord
@@ -47,7 +47,7 @@ def _activation[kind: Int, width: Int](v: SIMD[F32, width]) -> SIMD[F32, width]:
         return max(v, SIMD[F32, width](0))
 
 
-def elementwise_cpu[dtype: DType, kind: Int](y: Ptr[dtype], x: Ptr[dtype], n: Int):
+def elementwise_cpu[dtype: DType, kind: Int, serial_scale: Int = 1](y: Ptr[dtype], x: Ptr[dtype], n: Int):
     def do_chunk(c: Int) {var y, var x, var n}:
         var start = c * CHUNK
 
@@ -58,14 +58,14 @@ def elementwise_cpu[dtype: DType, kind: Int](y: Ptr[dtype], x: Ptr[dtype], n: In
         vectorize[F32_WIDTH](min(CHUNK, n - start), body)
 
     var chunks = ceildiv(n, CHUNK)
-    if n <= (SERIAL_ELEMENTS if kind == RELU else SERIAL_TRANSCENDENTAL):
+    if n <= (SERIAL_ELEMENTS if kind == RELU else SERIAL_TRANSCENDENTAL) * serial_scale:
         for c in range(chunks):
             do_chunk(c)
     else:
         parallelize(do_chunk, chunks)
 
 
-def silu_and_mul_cpu[dtype: DType](y: Ptr[dtype], x: Ptr[dtype], rows: Int, inter: Int):
+def silu_and_mul_cpu[dtype: DType, serial_scale: Int = 1](y: Ptr[dtype], x: Ptr[dtype], rows: Int, inter: Int):
     def do_row(r: Int) {var y, var x, var inter}:
         var src = r * 2 * inter
         var dst = r * inter
@@ -77,7 +77,7 @@ def silu_and_mul_cpu[dtype: DType](y: Ptr[dtype], x: Ptr[dtype], rows: Int, inte
 
         vectorize[F32_WIDTH](inter, body)
 
-    if rows * inter <= SERIAL_TRANSCENDENTAL:
+    if rows * inter <= SERIAL_TRANSCENDENTAL * serial_scale:
         for r in range(rows):
             do_row(r)
     else:
@@ -112,10 +112,10 @@ struct SiluAndMul:
 
 
 def _elementwise[dtype: DType, kind: Int, target: StaticString](
-    y: OutputTensor[dtype=dtype, rank=1, ...], x: InputTensor[dtype=dtype, rank=1, ...], ctx: DeviceContext
+    y: OutputTensor[dtype=dtype, rank=2, ...], x: InputTensor[dtype=dtype, rank=2, ...], ctx: DeviceContext
 ) raises:
     comptime if target == "cpu":
-        elementwise_cpu[dtype, kind](y.unsafe_ptr(), x.unsafe_ptr(), x.dim_size[0]())
+        elementwise_cpu[dtype, kind](y.unsafe_ptr(), x.unsafe_ptr(), x.size())
     else:
         def body[width: Int](idx: Coord[...]) {var x} -> SIMD[dtype, width]:
             return _activation[kind, width](x.load[width](idx).cast[F32]()).cast[dtype]()
@@ -127,7 +127,7 @@ def _elementwise[dtype: DType, kind: Int, target: StaticString](
 struct Silu:
     @staticmethod
     def execute[dtype: DType, //, target: StaticString](
-        y: OutputTensor[dtype=dtype, rank=1, ...], x: InputTensor[dtype=dtype, rank=1, ...], ctx: DeviceContext
+        y: OutputTensor[dtype=dtype, rank=2, ...], x: InputTensor[dtype=dtype, rank=2, ...], ctx: DeviceContext
     ) raises:
         _elementwise[dtype, SILU, target](y, x, ctx)
 
@@ -136,7 +136,7 @@ struct Silu:
 struct Gelu:
     @staticmethod
     def execute[dtype: DType, //, target: StaticString](
-        y: OutputTensor[dtype=dtype, rank=1, ...], x: InputTensor[dtype=dtype, rank=1, ...], ctx: DeviceContext
+        y: OutputTensor[dtype=dtype, rank=2, ...], x: InputTensor[dtype=dtype, rank=2, ...], ctx: DeviceContext
     ) raises:
         _elementwise[dtype, GELU, target](y, x, ctx)
 
@@ -145,6 +145,6 @@ struct Gelu:
 struct Relu:
     @staticmethod
     def execute[dtype: DType, //, target: StaticString](
-        y: OutputTensor[dtype=dtype, rank=1, ...], x: InputTensor[dtype=dtype, rank=1, ...], ctx: DeviceContext
+        y: OutputTensor[dtype=dtype, rank=2, ...], x: InputTensor[dtype=dtype, rank=2, ...], ctx: DeviceContext
     ) raises:
         _elementwise[dtype, RELU, target](y, x, ctx)

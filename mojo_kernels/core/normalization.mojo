@@ -14,7 +14,7 @@ from std.math import rsqrt
 from ..utils.types import load_f32, narrow, F32, F32_WIDTH, Ptr, GPU_BLOCK, SERIAL_ELEMENTS, check_same
 
 
-def norm_rows_cpu[dtype: DType, fused: Bool](
+def norm_rows_cpu[dtype: DType, fused: Bool, serial_scale: Int = 1](
     y: Ptr[dtype], res_out: Ptr[dtype], x: Ptr[dtype], res: Ptr[dtype], w: Ptr[dtype],
     rows: Int, cols: Int, eps: Float32,
 ):
@@ -47,7 +47,7 @@ def norm_rows_cpu[dtype: DType, fused: Bool](
 
         vectorize[F32_WIDTH](cols, scale)
 
-    if rows * cols <= SERIAL_ELEMENTS:
+    if rows * cols <= SERIAL_ELEMENTS * serial_scale:
         for r in range(rows):
             do_row(r)
     else:

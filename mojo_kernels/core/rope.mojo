@@ -23,7 +23,7 @@ def _rotate[dtype: DType, width: Int](
     y.unsafe_store(base + half, narrow[dtype, width](x2 * c + x1 * s))
 
 
-def rope_cpu[dtype: DType](
+def rope_cpu[dtype: DType, serial_scale: Int = 1](
     qo: Ptr[dtype], ko: Ptr[dtype], q: Ptr[dtype], k: Ptr[dtype], pos: Ptr[DType.int32], inv_freq: Ptr[F32],
     scale: Float32, tokens: Int, q_heads: Int, k_heads: Int, head_dim: Int,
 ):
@@ -43,7 +43,7 @@ def rope_cpu[dtype: DType](
 
         vectorize[F32_WIDTH](half, chunk)
 
-    if tokens * (q_heads + k_heads) * head_dim <= SERIAL_ELEMENTS:
+    if tokens * (q_heads + k_heads) * head_dim <= SERIAL_ELEMENTS * serial_scale:
         for t in range(tokens):
             do_token(t)
     else:

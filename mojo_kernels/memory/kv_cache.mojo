@@ -10,7 +10,7 @@ from std.algorithm import vectorize
 from ..utils.types import F32_WIDTH, Ptr, GPU_BLOCK, SERIAL_ELEMENTS, check_same
 
 
-def store_kv_cpu[dtype: DType](
+def store_kv_cpu[dtype: DType, serial_scale: Int = 1](
     k_cache: Ptr[dtype], v_cache: Ptr[dtype], k: Ptr[dtype], v: Ptr[dtype], slots: Ptr[DType.int32], tokens: Int, row: Int
 ):
     def do_token(t: Int) {var k_cache, var v_cache, var k, var v, var slots, var row}:
@@ -26,7 +26,7 @@ def store_kv_cpu[dtype: DType](
 
         vectorize[F32_WIDTH](row, copy)
 
-    if tokens * row <= SERIAL_ELEMENTS:
+    if tokens * row <= SERIAL_ELEMENTS * serial_scale:
         for t in range(tokens):
             do_token(t)
     else:

@@ -16,6 +16,9 @@ comptime SERIAL_ELEMENTS = 131072
 10-20 µs on a VM, more than the work (a 1024-wide RMSNorm row takes ~0.2 µs)."""
 comptime SERIAL_TRANSCENDENTAL = 32768
 """The same for kernels with an exp or erf per element (silu, gelu): four times the work per element."""
+comptime EAGER_SERIAL_SCALE = 4
+"""Calls from Python (bindings/eager_cpu.mojo) stay serial up to 4x these sizes: their workers are asleep, or
+compete with torch's OpenMP threads, which spin for milliseconds after each torch op."""
 
 
 def check_same[what: StaticString](a: Int, b: Int, a_name: StaticString, b_name: StaticString) raises:

@@ -57,8 +57,8 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
                             torch.tensor([2], dtype=torch.int32), torch.tensor([0, 3], dtype=torch.int32), 0.25)
     with pytest.raises(ValueError, match="head_rms_norm: needs \\(3-d torch.float32"):
         ops.head_rms_norm(torch.randn(2, 64), torch.ones(64), 1e-6)  # [T, heads, D] expected
-    with pytest.raises(ValueError, match="got \\(1-d torch.float32 on cpu, 1-d torch.float64"):
-        ops._ELEMENTWISE["gelu"](torch.empty(4), torch.randn(4, dtype=torch.float64))  # x must have y's dtype
+    with pytest.raises(ValueError, match="got \\(2-d torch.float32 on cpu, 2-d torch.float64"):
+        ops._ELEMENTWISE["gelu"](torch.empty(1, 4), torch.randn(1, 4, dtype=torch.float64))  # x must have y's dtype
     with pytest.raises(TypeError, match="int32"):
         ops.rope(torch.randn(2, 1, 8), torch.randn(2, 1, 8), torch.tensor([0, 1]), 1e4)
     with pytest.raises(IndexError, match="outside the cache"):
