@@ -9,7 +9,8 @@
 #      split of the keys (decode splits long contexts over the workers and merges the partial softmax states).
 #      All KV heads of a token are adjacent in the cache, so an item streams through memory. Tiles with many
 #      rows per KV head stage each key block (transposed, float32) and score it without horizontal sums, four
-#      rows of a KV head at a time (each staged key / value vector loaded feeds four FMAs).
+#      rows of a KV head at a time (each staged key / value vector loaded feeds four FMAs); the others (decode)
+#      read the cache directly, key by key, the rows of each KV head together (up to four).
 # GPU: one block per (query token, query head); keys in chunks of GPU_BLOCK, one key per thread for the
 #      scores, then one head dimension per thread for the weighted sum of values. (No split-K yet.)
 from extensibility import register, InputTensor, OutputTensor
@@ -21,7 +22,9 @@ from max.gpu.primitives import block
 from max.algorithm import parallelize
 from std.math import ceildiv, exp
 from std.memory import stack_allocation
+from std.collections import Array
 from std.sys import num_logical_cores
+from std.utils.index import IndexList
 
 from ..utils.types import load_f32, narrow, F32, F32_WIDTH, Ptr, GPU_BLOCK, check_same
 
@@ -48,30 +51,71 @@ def _token_offset(page_table: Ptr[DType.int32], table_row: Int, j: Int, page_siz
 
 
 @always_inline
-def _dot[dtype: DType](a: Ptr[F32], a_off: Int, b: Ptr[dtype], b_off: Int, n: Int) -> Float32:
-    var acc = SIMD[F32, F32_WIDTH](0)
-    var i = 0
-    while i + F32_WIDTH <= n:
-        acc += a.unsafe_load[width=F32_WIDTH](a_off + i) * load_f32[dtype, F32_WIDTH](b, b_off + i)
-        i += F32_WIDTH
-    var s = acc.reduce_add()
-    while i < n:
-        s += a.unsafe_load(a_off + i) * b.unsafe_load(b_off + i).cast[F32]()
-        i += 1
-    return s
+def _key_rows[dtype: DType, n: Int, scores: Bool](
+    buf: Ptr[F32], rows: IndexList[n], cache: Ptr[dtype], row_off: Int, jj: Int, j: Int, s_off: Int, acc_off: Int,
+    last_off: Int, head_dim: Int,
+):
+    """Key j (block slot jj) for n rows that share its KV head row cache[row_off:]: each key or value vector
+    loaded feeds n FMAs. scores: the rows' scores (MASKED where j is past a row's last key); else the value
+    step acc += p * V[j] with the rows' weights."""
+    comptime W = F32_WIDTH
+    var visible = Array[Bool, n](fill=True)
+    comptime for i in range(n):
+        visible[i] = Float32(j) <= buf.unsafe_load(last_off + rows[i])
+    var vec_end = head_dim - head_dim % W
+    comptime if scores:
+        var acc = Array[SIMD[F32, W], n](fill=SIMD[F32, W](0))
+        for x in range(0, vec_end, W):
+            var k = load_f32[dtype, W](cache, row_off + x)
+            comptime for i in range(n):
+                acc[i] = buf.unsafe_load[width=W](rows[i] * head_dim + x).fma(k, acc[i])
+        comptime for i in range(n):
+            var score = acc[i].reduce_add()
+            for x in range(vec_end, head_dim):
+                score += buf.unsafe_load(rows[i] * head_dim + x) * cache.unsafe_load(row_off + x).cast[F32]()
+            buf.unsafe_store(s_off + rows[i] * KEY_BLOCK + jj, score if visible[i] else MASKED)
+    else:
+        var p = Array[Float32, n](fill=0)
+        comptime for i in range(n):
+            if visible[i]:
+                p[i] = buf.unsafe_load(s_off + rows[i] * KEY_BLOCK + jj)
+        for x in range(0, vec_end, W):
+            var v = load_f32[dtype, W](cache, row_off + x)
+            comptime for i in range(n):
+                var at = acc_off + rows[i] * head_dim + x
+                buf.unsafe_store(at, v.fma(SIMD[F32, W](p[i]), buf.unsafe_load[width=W](at)))
+        for x in range(vec_end, head_dim):
+            var v = cache.unsafe_load(row_off + x).cast[F32]()
+            comptime for i in range(n):
+                var at = acc_off + rows[i] * head_dim + x
+                buf.unsafe_store(at, buf.unsafe_load(at) + v * p[i])
 
 
 @always_inline
-def _add_scaled[dtype: DType](acc: Ptr[F32], acc_off: Int, p: Float32, v: Ptr[dtype], v_off: Int, n: Int):
-    """acc += p * v over n elements."""
-    var i = 0
-    while i + F32_WIDTH <= n:
-        var a = acc.unsafe_load[width=F32_WIDTH](acc_off + i)
-        acc.unsafe_store(acc_off + i, a + load_f32[dtype, F32_WIDTH](v, v_off + i) * p)
-        i += F32_WIDTH
-    while i < n:
-        acc.unsafe_store(acc_off + i, acc.unsafe_load(acc_off + i) + v.unsafe_load(v_off + i).cast[F32]() * p)
-        i += 1
+def _direct_key[dtype: DType, scores: Bool](
+    buf: Ptr[F32], kv_rows: Ptr[DType.int64], per_head: Int, group_rows: Int, kv_heads: Int, cache: Ptr[dtype],
+    base: Int, jj: Int, j: Int, s_off: Int, acc_off: Int, last_off: Int, head_dim: Int,
+):
+    """_key_rows for every KV head of key j, its rows up to four at a time; kv_rows[g * per_head + k] is the
+    k-th row of KV head g."""
+    for g in range(kv_heads):
+        var at = g * per_head
+        var off = base + g * head_dim
+        var k = 0
+        while k < group_rows:
+            var r0 = Int(kv_rows.unsafe_load(at + k))
+            if k + 4 <= group_rows:
+                var rows = IndexList[4](r0, Int(kv_rows.unsafe_load(at + k + 1)), Int(kv_rows.unsafe_load(at + k + 2)),
+                                        Int(kv_rows.unsafe_load(at + k + 3)))
+                _key_rows[dtype, 4, scores](buf, rows, cache, off, jj, j, s_off, acc_off, last_off, head_dim)
+                k += 4
+            elif k + 2 <= group_rows:
+                var rows = IndexList[2](r0, Int(kv_rows.unsafe_load(at + k + 1)))
+                _key_rows[dtype, 2, scores](buf, rows, cache, off, jj, j, s_off, acc_off, last_off, head_dim)
+                k += 2
+            else:
+                _key_rows[dtype, 1, scores](buf, IndexList[1](r0), cache, off, jj, j, s_off, acc_off, last_off, head_dim)
+                k += 1
 
 
 @always_inline
@@ -256,7 +300,7 @@ def attention_cpu[dtype: DType](
     var part_ptr = partial.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
 
     def worker(w: Int) {var output, var q, var k_cache, var v_cache, var page_table, var context_lens, var query_start,
-                        var scale, var max_pages, var q_heads, var head_dim, var page_size, var group, var row_len,
+                        var scale, var max_pages, var q_heads, var head_dim, var page_size, var group, var row_len, var max_tile,
                         var tile_ptr, var part_ptr, var num_items, var workers, var rows, var splits, var state_len}:
         # per row: scaled q [D], accumulator [D], running max, running sum, last visible key, scores [KEY_BLOCK];
         # then the key block staged in float32: K transposed per head [Hkv, D, KEY_BLOCK], V per head [Hkv, KEY_BLOCK, D]
@@ -264,10 +308,12 @@ def attention_cpu[dtype: DType](
         var stage_len = kv_heads * head_dim * KEY_BLOCK
         var buffers = List[Float32](length=rows * (2 * head_dim + 3 + KEY_BLOCK) + 2 * stage_len, fill=0)
         var buf = buffers.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
-        var kv_offsets = List[Int64](length=rows, fill=0)  # row r's KV head offset in a token's row, hoisted:
-        var row_kv = kv_offsets.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()  # divisions in the key loop cost
-        for r in range(rows):
-            row_kv.unsafe_store(r, Int64(((r % q_heads) // group) * head_dim))
+        var per_head = max_tile * group  # rows per KV head in the largest tile
+        var kv_row_list = List[Int64](length=kv_heads * per_head, fill=0)  # the rows of each KV head (hoisted:
+        var kv_rows = kv_row_list.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()  # divisions cost in a key loop)
+        for g in range(kv_heads):
+            for k in range(per_head):
+                kv_rows.unsafe_store(g * per_head + k, Int64((k // group) * q_heads + g * group + k % group))
         var acc_off, m_off = rows * head_dim, 2 * rows * head_dim
         var l_off, last_off, s_off = m_off + rows, m_off + 2 * rows, m_off + 3 * rows
         var kt_off = s_off + rows * KEY_BLOCK
@@ -332,28 +378,21 @@ def attention_cpu[dtype: DType](
                             var keep = _block_weights(buf, s_off + r * KEY_BLOCK, j0, n_keys, last, m_off + r, l_off + r)
                             _block_values(buf, acc_off + r * head_dim, keep, s_off + r * KEY_BLOCK, vb, head_dim)
             else:
+                var group_rows = n_queries * group
                 for j0 in range(k_begin, k_end, KEY_BLOCK):
                     var n_keys = min(KEY_BLOCK, k_end - j0)
                     for jj in range(n_keys):
-                        var j = j0 + jj
-                        var base = _token_offset(page_table, b * max_pages, j, page_size, row_len)
-                        for r in range(n_rows):
-                            var visible = Float32(j) <= buf.unsafe_load(last_off + r)
-                            var k_row = base + Int(row_kv.unsafe_load(r))
-                            var score = _dot[dtype](buf, r * head_dim, k_cache, k_row, head_dim) if visible else MASKED
-                            buf.unsafe_store(s_off + r * KEY_BLOCK + jj, score)
+                        var base = _token_offset(page_table, b * max_pages, j0 + jj, page_size, row_len)
+                        _direct_key[dtype, True](buf, kv_rows, per_head, group_rows, kv_heads, k_cache, base, jj, j0 + jj,
+                                                 s_off, acc_off, last_off, head_dim)
                     for r in range(n_rows):
                         if Float32(j0) <= buf.unsafe_load(last_off + r):  # else no visible key in this block
                             var keep = _softmax_block(buf, s_off + r * KEY_BLOCK, n_keys, m_off + r, l_off + r)
                             _rescale(buf, acc_off + r * head_dim, keep, head_dim)
                     for jj in range(n_keys):
-                        var j = j0 + jj
-                        var base = _token_offset(page_table, b * max_pages, j, page_size, row_len)
-                        for r in range(n_rows):
-                            if Float32(j) <= buf.unsafe_load(last_off + r):
-                                var v_row = base + Int(row_kv.unsafe_load(r))
-                                _add_scaled[dtype](buf, acc_off + r * head_dim, buf.unsafe_load(s_off + r * KEY_BLOCK + jj),
-                                                  v_cache, v_row, head_dim)
+                        var base = _token_offset(page_table, b * max_pages, j0 + jj, page_size, row_len)
+                        _direct_key[dtype, False](buf, kv_rows, per_head, group_rows, kv_heads, v_cache, base, jj, j0 + jj,
+                                                  s_off, acc_off, last_off, head_dim)
             if splits == 1:
                 for r in range(n_rows):
                     var inv = 1 / buf.unsafe_load(l_off + r)
@@ -368,7 +407,7 @@ def attention_cpu[dtype: DType](
                     part_ptr.unsafe_store(part + rows * head_dim + r, buf.unsafe_load(m_off + r))
                     part_ptr.unsafe_store(part + rows * head_dim + rows + r, buf.unsafe_load(l_off + r))
         _ = buffers^  # keep the buffers alive until here: only their pointers are used above
-        _ = kv_offsets^
+        _ = kv_row_list^
 
     parallelize(worker, workers, workers)
     if splits > 1:
