@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from functools import lru_cache
 from pathlib import Path
 
@@ -51,7 +52,7 @@ def _build(out: Path, command: list[str]) -> Path:
     """Runs `command + [-o tmp]` unless `out` exists, then moves tmp to `out` (atomic for concurrent builders)."""
     if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.parent / f"building-{os.getpid()}" / out.name  # the file name is the package / module name
+        tmp = out.parent / f"building-{os.getpid()}-{threading.get_ident()}" / out.name  # the name: package / module
         tmp.parent.mkdir(exist_ok=True)
         result = subprocess.run([_mojo(), *command, "-o", str(tmp)], capture_output=True, text=True)
         if result.returncode != 0:
