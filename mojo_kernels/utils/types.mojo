@@ -11,14 +11,15 @@ comptime Ptr[dtype: DType] = Pointer[Scalar[dtype], MutAnyOrigin]
 comptime GPU_BLOCK = 128
 """Threads per block of the row-wise GPU kernels (one row per block)."""
 
-comptime SERIAL_ELEMENTS = 131072
-"""Below this many elements the memory-bound CPU kernels skip the thread pool: waking its workers costs
-10-20 µs on a VM, more than the work (a 1024-wide RMSNorm row takes ~0.2 µs)."""
-comptime SERIAL_TRANSCENDENTAL = 32768
+comptime SERIAL_ELEMENTS = 32768
+"""Below this many elements the memory-bound CPU kernels skip the thread pool: inside a MAX graph its workers
+are awake, and handing them work costs a few µs (a 1024-wide RMSNorm row takes ~0.2 µs)."""
+comptime SERIAL_TRANSCENDENTAL = 8192
 """The same for kernels with an exp or erf per element (silu, gelu): four times the work per element."""
-comptime EAGER_SERIAL_SCALE = 4
-"""Calls from Python (bindings/eager_cpu.mojo) stay serial up to 4x these sizes: their workers are asleep, or
-compete with torch's OpenMP threads, which spin for milliseconds after each torch op."""
+comptime EAGER_SERIAL_SCALE = 16
+"""Calls from Python (bindings/eager_cpu.mojo) stay serial up to 16x these sizes: their workers are asleep
+(waking them costs 10-20 µs on a VM), or they would compete for the cores with torch's OpenMP threads,
+which spin for milliseconds after each torch op."""
 
 
 def check_same[what: StaticString](a: Int, b: Int, a_name: StaticString, b_name: StaticString) raises:
