@@ -47,7 +47,8 @@ class CompiledOp:
 
     def __init__(self, fn: Callable, outputs: Sequence[tuple], inputs: Sequence[tuple]) -> None:
         self.fn, self.outputs, self.inputs = fn, list(outputs), list(inputs)
-        self._signatures: dict = {}
+        self._specs: dict = {}
+        self._eager_kernels: dict = {}
         ALL_OPS.append(self)
 
     def input_types(self, dtype: DType, dev: DeviceRef) -> list:
@@ -81,27 +82,34 @@ class CompiledOp:
     def compiled(self, dtype: torch.dtype, device: str):
         return library.session(device).load(self.graph(dtype, device))
 
-    def _signature(self, dtype: torch.dtype) -> tuple:
-        """(rank, dtype) of every argument when the op's dtype is `dtype`, and the eager kernel if any."""
-        if dtype not in self._signatures:
-            spec = tuple((len(dims), dtype if d is SAME else max_dtype_to_torch(d)) for _, d, dims in self.outputs + self.inputs)
+    def _spec(self, dtype: torch.dtype) -> tuple:
+        """(rank, dtype) of every argument when the op's dtype is `dtype`."""
+        if dtype not in self._specs:
+            self._specs[dtype] = tuple((len(dims), dtype if d is SAME else max_dtype_to_torch(d))
+                                       for _, d, dims in self.outputs + self.inputs)
+        return self._specs[dtype]
+
+    def _eager(self, dtype: torch.dtype) -> Callable:
+        """The extension module's kernel for `dtype` (the module is built on first use: CPU calls only)."""
+        if dtype not in self._eager_kernels:
             name = f"{self.fn.__name__}_{str(dtype).split('.')[-1]}"
-            self._signatures[dtype] = spec, getattr(library.eager_cpu_module(), name) if dtype in EAGER_DTYPES else None
-        return self._signatures[dtype]
+            self._eager_kernels[dtype] = getattr(library.eager_cpu_module(), name)
+        return self._eager_kernels[dtype]
 
     def __call__(self, *args: torch.Tensor) -> None:
         """args: the output buffers then the function's arguments, contiguous, on one device; the first
         one has the op's dtype. The kernels trust ranks, dtypes and devices: they are checked here."""
         dtype, on_cpu = args[0].dtype, args[0].is_cpu
-        spec, eager = self._signature(dtype)
+        spec = self._spec(dtype)
         flat = _flatten(args, spec, on_cpu)
         if flat is None:
             want = ", ".join(f"{r}-d {d}" for r, d in spec)
             got = ", ".join(f"{a.dim()}-d {a.dtype} on {a.device}" for a in args)
             raise ValueError(f"{self.fn.__name__}: needs ({want}) tensors on one device, got ({got})")
-        if eager is not None and EAGER_CPU and on_cpu:
+        if EAGER_CPU and on_cpu and dtype in EAGER_DTYPES:
+            kernel = self._eager(dtype)
             try:
-                eager(*flat)
+                kernel(*flat)
             except Exception as e:  # a Mojo error arrives as a bare Exception; MAX raises ValueError
                 raise ValueError(str(e)) from None
         else:  # (MAX checks that GPU tensors are on the session's GPU)
