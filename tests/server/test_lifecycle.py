@@ -18,7 +18,8 @@ import pytest
 
 from tests.server.live_server import MODEL_NAME, LiveServer, tiny_loader
 
-LONG = {"prompt": "tell me everything", "max_tokens": 400, "temperature": 0, "stream": True}
+# Holds the engine for seconds whatever the random weights say: /generate has no ignore_eos, so /v1/completions.
+LONG = {"prompt": "tell me everything", "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True}
 
 
 def test_health_is_503_while_loading_then_200(tiny_checkpoint: Path) -> None:
@@ -56,9 +57,10 @@ def test_a_failed_load_is_reported(tmp_path: Path) -> None:
 def test_full_queue_answers_503(tiny_checkpoint: Path) -> None:
     live = LiveServer(tiny_loader(tiny_checkpoint, max_queue_len=1, max_num_seqs=1))
     try:
-        with live.client.stream("POST", "/generate", json=LONG) as running, \
-                live.client.stream("POST", "/generate", json=LONG) as waiting:
-            next(running.iter_lines())
+        with live.client.stream("POST", "/v1/completions", json=LONG) as running, \
+                live.client.stream("POST", "/v1/completions", json=LONG) as waiting:
+            lines = running.iter_lines()  # kept: a discarded iterator closes the connection (the server aborts)
+            next(lines)
             assert waiting.status_code == 200
             full = live.client.post("/generate", json={"prompt": "one more"})
             assert full.status_code == 503 and "at capacity" in full.json()["error"]["message"]
@@ -98,7 +100,7 @@ def test_disconnects_abort_requests_and_free_pages(server: LiveServer) -> None:
     server.wait_idle()
 
     with pytest.raises(httpx.ReadTimeout):  # a non-streaming client that gives up
-        httpx.post(server.url + "/generate", json={**LONG, "stream": False, "max_tokens": 500}, timeout=0.2)
+        httpx.post(server.url + "/v1/completions", json={**LONG, "stream": False, "max_tokens": 500}, timeout=0.2)
     server.wait_idle()
     aborted = [line for line in server.client.get("/metrics").text.splitlines()
                if line.startswith("mili_request_success_total") and 'finished_reason="abort"' in line]
@@ -129,12 +131,12 @@ def test_mili_serve_shuts_down_gracefully(tiny_checkpoint: Path, sig: signal.Sig
                 pass
             assert time.monotonic() < deadline, "mili serve did not become ready"
             time.sleep(0.2)
-        with httpx.stream("POST", url + "/generate", json={**LONG, "max_tokens": 5000}, timeout=60) as stream:
+        with httpx.stream("POST", url + "/v1/completions", json={**LONG, "max_tokens": 5000}, timeout=60) as stream:
             lines = stream.iter_lines()
             next(line for line in lines if line.startswith("data: "))
             proc.send_signal(sig)
             events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
-        assert events[-1]["finish_reason"] == "abort"  # in flight past the grace period: aborted, not cut off
+        assert events[-1]["choices"][0]["finish_reason"] == "abort"  # in flight past the grace period: aborted, not cut off
         assert proc.wait(60) == 0
     finally:
         proc.kill()
