@@ -89,8 +89,12 @@ class CompiledOp:
                                        for _, d, dims in self.outputs + self.inputs)
         return self._specs[dtype]
 
-    def _eager(self, dtype: torch.dtype) -> Callable:
-        """The extension module's kernel for `dtype` (the module is built on first use: CPU calls only)."""
+    def eager_kernel(self, like: torch.Tensor) -> Optional[Callable]:
+        """The extension module's kernel for calls whose first tensor is like `like`, or None when such calls
+        run MAX graphs. The module is built on first use (CPU calls only)."""
+        dtype = like.dtype
+        if not (EAGER_CPU and like.is_cpu and dtype in EAGER_DTYPES):
+            return None
         if dtype not in self._eager_kernels:
             name = f"{self.fn.__name__}_{str(dtype).split('.')[-1]}"
             self._eager_kernels[dtype] = getattr(library.eager_cpu_module(), name)
@@ -106,8 +110,8 @@ class CompiledOp:
             want = ", ".join(f"{r}-d {d}" for r, d in spec)
             got = ", ".join(f"{a.dim()}-d {a.dtype} on {a.device}" for a in args)
             raise ValueError(f"{self.fn.__name__}: needs ({want}) tensors on one device, got ({got})")
-        if EAGER_CPU and on_cpu and dtype in EAGER_DTYPES:
-            kernel = self._eager(dtype)
+        kernel = self.eager_kernel(args[0])
+        if kernel is not None:
             try:
                 kernel(*flat)
             except Exception as e:  # a Mojo error arrives as a bare Exception; MAX raises ValueError
@@ -218,10 +222,13 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 def _elementwise(name: str, x: torch.Tensor) -> torch.Tensor:
     x = _c(x)
     y = torch.empty_like(x)
-    if x.dim() == 2:
-        _ELEMENTWISE[name](y, x)
+    op = _ELEMENTWISE[name]
+    kernel = op.eager_kernel(x)
+    if kernel is not None:  # y is x's twin: nothing for __call__ to check (its checks cost more than the kernel)
+        n = x.numel()
+        kernel(y.data_ptr(), 1, n, x.data_ptr(), 1, n)
     else:
-        _ELEMENTWISE[name](y.view(1, -1), x.view(1, -1))
+        op(y.view(1, -1), x.view(1, -1))
     return y
 
 

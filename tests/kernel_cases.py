@@ -27,6 +27,7 @@ ATTENTION_BATCHES = [
     ([4096, 17, 1000, 33], [1, 1, 1, 1]),
     ([37, 50, 300, 1], [37, 9, 1, 1]),
     ([3000], [1]),  # one long decode: its keys are split over the CPU workers and merged
+    ([70, 20], [3, 2]),  # a few queries each (speculative decoding): 1-6 rows per KV head, read directly, masked
 ]
 ATTENTION_HEADS = [(8, 8, 64), (16, 8, 128), (16, 2, 128), (4, 2, 44)]  # GQA ratios 1, 2, 8; 44: vector tails
 

@@ -10,7 +10,8 @@
 #      All KV heads of a token are adjacent in the cache, so an item streams through memory. Tiles with many
 #      rows per KV head stage each key block (transposed, float32) and score it without horizontal sums, four
 #      rows of a KV head at a time (each staged key / value vector loaded feeds four FMAs); the others (decode)
-#      read the cache directly, key by key, the rows of each KV head together (up to four).
+#      read the cache directly, KEY_GROUP keys at a time (the next group prefetched): the rows of a KV head (up
+#      to four) score several keys at once, and accumulate the group's values in registers.
 # GPU: one block per (query token, query head); keys in chunks of GPU_BLOCK, one key per thread for the
 #      scores, then one head dimension per thread for the weighted sum of values. (No split-K yet.)
 from extensibility import register, InputTensor, OutputTensor
@@ -20,10 +21,11 @@ from max.gpu import thread_idx, block_idx
 from max.gpu.sync import barrier
 from max.gpu.primitives import block
 from max.algorithm import parallelize
-from std.math import ceildiv, exp
+from std.math import ceildiv, exp, iota
 from std.memory import stack_allocation
 from std.collections import Array
-from std.sys import num_logical_cores
+from std.sys import num_logical_cores, size_of
+from std.sys.intrinsics import prefetch, PrefetchOptions
 from std.utils.index import IndexList
 
 from ..utils.types import load_f32, narrow, F32, F32_WIDTH, Ptr, GPU_BLOCK, check_same
@@ -38,6 +40,8 @@ comptime QUERY_TILE = 32
 """CPU: queries of one sequence that share each loaded key and value row."""
 comptime STAGE_MIN_ROWS = 8
 """CPU: (query, head) rows per KV head from which a tile stages its key blocks (transposed, float32)."""
+comptime KEY_GROUP = 8
+"""CPU, keys read straight from the cache: keys processed together, all KV heads (adjacent in memory)."""
 comptime VALUE_WIDTH = 2 * F32_WIDTH
 """CPU: head dimensions of a row accumulated per pass over a staged value block (two registers)."""
 comptime MASKED = Float32(-1.0e30)
@@ -51,71 +55,171 @@ def _token_offset(page_table: Ptr[DType.int32], table_row: Int, j: Int, page_siz
 
 
 @always_inline
-def _key_rows[dtype: DType, n: Int, scores: Bool](
-    buf: Ptr[F32], rows: IndexList[n], cache: Ptr[dtype], row_off: Int, jj: Int, j: Int, s_off: Int, acc_off: Int,
-    last_off: Int, head_dim: Int,
-):
-    """Key j (block slot jj) for n rows that share its KV head row cache[row_off:]: each key or value vector
-    loaded feeds n FMAs. scores: the rows' scores (MASKED where j is past a row's last key); else the value
-    step acc += p * V[j] with the rows' weights."""
-    comptime W = F32_WIDTH
-    var visible = Array[Bool, n](fill=True)
-    comptime for i in range(n):
-        visible[i] = Float32(j) <= buf.unsafe_load(last_off + rows[i])
-    var vec_end = head_dim - head_dim % W
-    comptime if scores:
-        var acc = Array[SIMD[F32, W], n](fill=SIMD[F32, W](0))
-        for x in range(0, vec_end, W):
-            var k = load_f32[dtype, W](cache, row_off + x)
-            comptime for i in range(n):
-                acc[i] = buf.unsafe_load[width=W](rows[i] * head_dim + x).fma(k, acc[i])
-        comptime for i in range(n):
-            var score = acc[i].reduce_add()
-            for x in range(vec_end, head_dim):
-                score += buf.unsafe_load(rows[i] * head_dim + x) * cache.unsafe_load(row_off + x).cast[F32]()
-            buf.unsafe_store(s_off + rows[i] * KEY_BLOCK + jj, score if visible[i] else MASKED)
-    else:
-        var p = Array[Float32, n](fill=0)
-        comptime for i in range(n):
-            if visible[i]:
-                p[i] = buf.unsafe_load(s_off + rows[i] * KEY_BLOCK + jj)
-        for x in range(0, vec_end, W):
-            var v = load_f32[dtype, W](cache, row_off + x)
-            comptime for i in range(n):
-                var at = acc_off + rows[i] * head_dim + x
-                buf.unsafe_store(at, v.fma(SIMD[F32, W](p[i]), buf.unsafe_load[width=W](at)))
-        for x in range(vec_end, head_dim):
-            var v = cache.unsafe_load(row_off + x).cast[F32]()
-            comptime for i in range(n):
-                var at = acc_off + rows[i] * head_dim + x
-                buf.unsafe_store(at, buf.unsafe_load(at) + v * p[i])
+def _block_offsets(page_table: Ptr[DType.int32], table_row: Int, j0: Int, n_keys: Int, page_size: Int,
+                   row_len: Int) -> Array[Int, KEY_BLOCK]:
+    """_token_offset of keys j0 .. j0 + n_keys - 1 (one division per block, not two per key)."""
+    var offsets = Array[Int, KEY_BLOCK](fill=0)
+    var page, slot = j0 // page_size, j0 % page_size
+    for jj in range(n_keys):
+        offsets[jj] = (Int(page_table.unsafe_load(table_row + page)) * page_size + slot) * row_len
+        slot += 1
+        if slot == page_size:
+            page, slot = page + 1, 0
+    return offsets^
 
 
 @always_inline
-def _direct_key[dtype: DType, scores: Bool](
-    buf: Ptr[F32], kv_rows: Ptr[DType.int64], per_head: Int, group_rows: Int, kv_heads: Int, cache: Ptr[dtype],
-    base: Int, jj: Int, j: Int, s_off: Int, acc_off: Int, last_off: Int, head_dim: Int,
+def _pair_sums[n: Int](acc: Array[SIMD[F32, F32_WIDTH], n]) -> SIMD[F32, F32_WIDTH]:
+    """Adds neighbouring lanes of the n vectors until one vector holds n groups of F32_WIDTH // n lanes, group i
+    summing to acc[i].reduce_add() (n a power of two, at most F32_WIDTH)."""
+    comptime if n == 1:
+        return acc[0]
+    else:
+        var half = Array[SIMD[F32, F32_WIDTH], n // 2](fill=0)
+        comptime for i in range(n // 2):
+            var pair = acc[2 * i].join(acc[2 * i + 1]).deinterleave()
+            half[i] = rebind[SIMD[F32, F32_WIDTH]](pair[0] + pair[1])
+        return _pair_sums[n // 2](half)
+
+
+@always_inline
+def _group_sums[n: Int, w: Int](v: SIMD[F32, w]) -> SIMD[F32, n]:
+    """The sums of v's n groups of w // n adjacent lanes."""
+    comptime if w == n:
+        return rebind[SIMD[F32, n]](v)
+    else:
+        var halves = v.deinterleave()
+        return _group_sums[n, w // 2](rebind[SIMD[F32, w // 2]](halves[0] + halves[1]))
+
+
+@always_inline
+def _score_tile[dtype: DType, R: Int, K: Int](
+    buf: Ptr[F32], rows: IndexList[R], cache: Ptr[dtype], offsets: Array[Int, KEY_BLOCK], head_off: Int, jj: Int,
+    j0: Int, s_off: Int, last_off: Int, head_dim: Int,
 ):
-    """_key_rows for every KV head of key j, its rows up to four at a time; kv_rows[g * per_head + k] is the
-    k-th row of KV head g."""
-    for g in range(kv_heads):
-        var at = g * per_head
-        var off = base + g * head_dim
-        var k = 0
-        while k < group_rows:
-            var r0 = Int(kv_rows.unsafe_load(at + k))
-            if k + 4 <= group_rows:
-                var rows = IndexList[4](r0, Int(kv_rows.unsafe_load(at + k + 1)), Int(kv_rows.unsafe_load(at + k + 2)),
-                                        Int(kv_rows.unsafe_load(at + k + 3)))
-                _key_rows[dtype, 4, scores](buf, rows, cache, off, jj, j, s_off, acc_off, last_off, head_dim)
-                k += 4
-            elif k + 2 <= group_rows:
-                var rows = IndexList[2](r0, Int(kv_rows.unsafe_load(at + k + 1)))
-                _key_rows[dtype, 2, scores](buf, rows, cache, off, jj, j, s_off, acc_off, last_off, head_dim)
-                k += 2
-            else:
-                _key_rows[dtype, 1, scores](buf, IndexList[1](r0), cache, off, jj, j, s_off, acc_off, last_off, head_dim)
-                k += 1
+    """Scores of block keys jj .. jj + K - 1 for R rows of one KV head (head_off: its place in a cache row),
+    MASKED past a row's last visible key. R x K accumulators: each key vector loaded feeds R FMAs, each q
+    vector K, and the R x K horizontal sums share one tree of adds."""
+    comptime W = F32_WIDTH
+    var acc = Array[SIMD[F32, W], R * K](fill=0)
+    var vec_end = head_dim - head_dim % W
+    for x in range(0, vec_end, W):
+        var qv = Array[SIMD[F32, W], R](fill=0)
+        comptime for r in range(R):
+            qv[r] = buf.unsafe_load[width=W](rows[r] * head_dim + x)
+        comptime for k in range(K):
+            var kv = load_f32[dtype, W](cache, offsets[jj + k] + head_off + x)
+            comptime for r in range(R):
+                acc[r * K + k] = qv[r].fma(kv, acc[r * K + k])
+    var sums = _group_sums[R * K, W](_pair_sums[R * K](acc))
+    var keys = iota[F32, K](Float32(j0 + jj))
+    comptime for r in range(R):
+        var s = sums.slice[K, offset=r * K]()
+        for x in range(vec_end, head_dim):
+            var qx = buf.unsafe_load(rows[r] * head_dim + x)
+            comptime for k in range(K):
+                s[k] += qx * cache.unsafe_load(offsets[jj + k] + head_off + x).cast[F32]()
+        var visible = keys.le(SIMD[F32, K](buf.unsafe_load(last_off + rows[r])))
+        buf.unsafe_store(s_off + rows[r] * KEY_BLOCK + jj, visible.select(s, SIMD[F32, K](MASKED)))
+
+
+@always_inline
+def _value_tile[dtype: DType, R: Int, C: Int, W: Int](
+    buf: Ptr[F32], rows: IndexList[R], cache: Ptr[dtype], offsets: Array[Int, KEY_BLOCK], head_off: Int, x: Int,
+    jj_begin: Int, jj_end: Int, s_off: Int, acc_off: Int, head_dim: Int,
+):
+    """acc[:, x : x + C * W] += sum over block keys jj_begin .. jj_end - 1 of p[:, key] * V[key] for R rows of one
+    KV head: the R x C accumulator vectors stay in registers while the keys' values stream by."""
+    var acc = Array[SIMD[F32, W], R * C](fill=0)
+    comptime for r in range(R):
+        comptime for c in range(C):
+            acc[r * C + c] = buf.unsafe_load[width=W](acc_off + rows[r] * head_dim + x + c * W)
+    for jj in range(jj_begin, jj_end):
+        var at = offsets[jj] + head_off + x
+        var p = Array[SIMD[F32, W], R](fill=0)
+        comptime for r in range(R):
+            p[r] = SIMD[F32, W](buf.unsafe_load(s_off + rows[r] * KEY_BLOCK + jj))
+        comptime for c in range(C):
+            var v = load_f32[dtype, W](cache, at + c * W)
+            comptime for r in range(R):
+                acc[r * C + c] = v.fma(p[r], acc[r * C + c])
+    comptime for r in range(R):
+        comptime for c in range(C):
+            buf.unsafe_store(acc_off + rows[r] * head_dim + x + c * W, acc[r * C + c])
+
+
+@always_inline
+def _direct_rows[dtype: DType, R: Int, scores: Bool](
+    buf: Ptr[F32], rows: IndexList[R], cache: Ptr[dtype], offsets: Array[Int, KEY_BLOCK], head_off: Int, j0: Int,
+    jj_begin: Int, jj_end: Int, s_off: Int, acc_off: Int, last_off: Int, head_dim: Int,
+):
+    """Block keys jj_begin .. jj_end - 1 read straight from the cache for R rows of a KV head. scores: their
+    scores; else the value step with their weights (0 for keys a row does not see)."""
+    comptime W = F32_WIDTH
+    comptime TILE = 8 // R  # keys scored, or accumulator vectors held, per row: 8 registers in all
+    comptime if scores:
+        comptime K = min(TILE, W // R, KEY_GROUP)
+        var jj = jj_begin
+        while jj + K <= jj_end:
+            _score_tile[dtype, R, K](buf, rows, cache, offsets, head_off, jj, j0, s_off, last_off, head_dim)
+            jj += K
+        while jj < jj_end:
+            _score_tile[dtype, R, 1](buf, rows, cache, offsets, head_off, jj, j0, s_off, last_off, head_dim)
+            jj += 1
+    else:
+        var x = 0
+        while x + TILE * W <= head_dim:
+            _value_tile[dtype, R, TILE, W](buf, rows, cache, offsets, head_off, x, jj_begin, jj_end, s_off, acc_off, head_dim)
+            x += TILE * W
+        while x + W <= head_dim:
+            _value_tile[dtype, R, 1, W](buf, rows, cache, offsets, head_off, x, jj_begin, jj_end, s_off, acc_off, head_dim)
+            x += W
+        while x < head_dim:
+            _value_tile[dtype, R, 1, 1](buf, rows, cache, offsets, head_off, x, jj_begin, jj_end, s_off, acc_off, head_dim)
+            x += 1
+
+
+@always_inline
+def _prefetch_rows[dtype: DType](cache: Ptr[dtype], offsets: Array[Int, KEY_BLOCK], jj_begin: Int, jj_end: Int,
+                                 row_len: Int):
+    """Asks for the cache rows (all KV heads) of block keys jj_begin .. jj_end - 1 ahead of their use: the
+    hardware prefetchers do not follow the key-major, head-by-head order of the reads."""
+    comptime LINE = 64 // size_of[dtype]()
+    for jj in range(jj_begin, jj_end):
+        for x in range(0, row_len, LINE):
+            prefetch[PrefetchOptions().for_read().medium_locality()](cache.unsafe_offset(offsets[jj] + x))
+
+
+@always_inline
+def _direct_block[dtype: DType, scores: Bool](
+    buf: Ptr[F32], kv_rows: Ptr[DType.int64], per_head: Int, group_rows: Int, kv_heads: Int, cache: Ptr[dtype],
+    offsets: Array[Int, KEY_BLOCK], j0: Int, n_keys: Int, s_off: Int, acc_off: Int, last_off: Int, head_dim: Int,
+):
+    """_direct_rows for the block's keys, KEY_GROUP keys (all their KV heads: a stretch of adjacent memory) at a
+    time, the rows of each KV head up to four at a time; kv_rows[g * per_head + k] is the k-th row of KV head g."""
+    for jj in range(0, n_keys, KEY_GROUP):
+        var jj_end = min(jj + KEY_GROUP, n_keys)
+        _prefetch_rows(cache, offsets, jj_end, min(jj_end + KEY_GROUP, n_keys), kv_heads * head_dim)
+        for g in range(kv_heads):
+            var at, head_off = g * per_head, g * head_dim
+            var k = 0
+            while k < group_rows:
+                var r0 = Int(kv_rows.unsafe_load(at + k))
+                if k + 4 <= group_rows:
+                    var rows = IndexList[4](r0, Int(kv_rows.unsafe_load(at + k + 1)), Int(kv_rows.unsafe_load(at + k + 2)),
+                                            Int(kv_rows.unsafe_load(at + k + 3)))
+                    _direct_rows[dtype, 4, scores](buf, rows, cache, offsets, head_off, j0, jj, jj_end, s_off, acc_off,
+                                                   last_off, head_dim)
+                    k += 4
+                elif k + 2 <= group_rows:
+                    var rows = IndexList[2](r0, Int(kv_rows.unsafe_load(at + k + 1)))
+                    _direct_rows[dtype, 2, scores](buf, rows, cache, offsets, head_off, j0, jj, jj_end, s_off, acc_off,
+                                                   last_off, head_dim)
+                    k += 2
+                else:
+                    _direct_rows[dtype, 1, scores](buf, IndexList[1](r0), cache, offsets, head_off, j0, jj, jj_end, s_off,
+                                                   acc_off, last_off, head_dim)
+                    k += 1
 
 
 @always_inline
@@ -309,8 +413,10 @@ def attention_cpu[dtype: DType](
         var buffers = List[Float32](length=rows * (2 * head_dim + 3 + KEY_BLOCK) + 2 * stage_len, fill=0)
         var buf = buffers.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
         var per_head = max_tile * group  # rows per KV head in the largest tile
-        var kv_row_list = List[Int64](length=kv_heads * per_head, fill=0)  # the rows of each KV head (hoisted:
-        var kv_rows = kv_row_list.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()  # divisions cost in a key loop)
+        # the k-th row of KV head g: query k // group, query head g * group + k % group (a table: divisions
+        # cost in the key loops)
+        var kv_row_list = List[Int64](length=kv_heads * per_head, fill=0)
+        var kv_rows = kv_row_list.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
         for g in range(kv_heads):
             for k in range(per_head):
                 kv_rows.unsafe_store(g * per_head + k, Int64((k // group) * q_heads + g * group + k % group))
@@ -343,10 +449,10 @@ def attention_cpu[dtype: DType](
             if n_queries * group >= STAGE_MIN_ROWS:  # enough rows per head to pay for staging the keys
                 for j0 in range(k_begin, k_end, KEY_BLOCK):
                     var n_keys = min(KEY_BLOCK, k_end - j0)
+                    var offsets = _block_offsets(page_table, b * max_pages, j0, n_keys, page_size, row_len)
                     for jj in range(KEY_BLOCK):  # stage the block, reading the cache in address order
                         if jj < n_keys:
-                            var j = j0 + jj
-                            var base = _token_offset(page_table, b * max_pages, j, page_size, row_len)
+                            var base = offsets[jj]
                             for g in range(kv_heads):
                                 _copy_column[dtype](buf, kt_off + g * head_dim * KEY_BLOCK + jj, KEY_BLOCK, k_cache, base + g * head_dim, head_dim)
                                 _copy_row[dtype](buf, vb_off + (g * KEY_BLOCK + jj) * head_dim, v_cache, base + g * head_dim, head_dim)
@@ -358,18 +464,16 @@ def attention_cpu[dtype: DType](
                     var group_rows = n_queries * group
                     for g in range(kv_heads):
                         var kt, vb = kt_off + g * head_dim * KEY_BLOCK, vb_off + g * KEY_BLOCK * head_dim
-                        # the k-th row of KV head g: query k // group, query head g * group + k % group
+                        var at = g * per_head
                         var k = 0
                         if head_dim % VALUE_WIDTH == 0:
                             while k + 4 <= group_rows:
-                                var r0 = (k // group) * q_heads + g * group + k % group
-                                var r1 = ((k + 1) // group) * q_heads + g * group + (k + 1) % group
-                                var r2 = ((k + 2) // group) * q_heads + g * group + (k + 2) % group
-                                var r3 = ((k + 3) // group) * q_heads + g * group + (k + 3) % group
+                                var r0, r1 = Int(kv_rows.unsafe_load(at + k)), Int(kv_rows.unsafe_load(at + k + 1))
+                                var r2, r3 = Int(kv_rows.unsafe_load(at + k + 2)), Int(kv_rows.unsafe_load(at + k + 3))
                                 _four_rows_block(buf, r0, r1, r2, r3, j0, n_keys, kt, vb, s_off, acc_off, m_off, l_off, last_off, head_dim)
                                 k += 4
                         while k < group_rows:
-                            var r = (k // group) * q_heads + g * group + k % group
+                            var r = Int(kv_rows.unsafe_load(at + k))
                             k += 1
                             var last = Int(buf.unsafe_load(last_off + r))
                             if j0 > last:  # no visible key in this block
@@ -381,18 +485,18 @@ def attention_cpu[dtype: DType](
                 var group_rows = n_queries * group
                 for j0 in range(k_begin, k_end, KEY_BLOCK):
                     var n_keys = min(KEY_BLOCK, k_end - j0)
-                    for jj in range(n_keys):
-                        var base = _token_offset(page_table, b * max_pages, j0 + jj, page_size, row_len)
-                        _direct_key[dtype, True](buf, kv_rows, per_head, group_rows, kv_heads, k_cache, base, jj, j0 + jj,
-                                                 s_off, acc_off, last_off, head_dim)
+                    var offsets = _block_offsets(page_table, b * max_pages, j0, n_keys, page_size, row_len)
+                    _direct_block[dtype, True](buf, kv_rows, per_head, group_rows, kv_heads, k_cache, offsets, j0, n_keys,
+                                               s_off, acc_off, last_off, head_dim)
                     for r in range(n_rows):
-                        if Float32(j0) <= buf.unsafe_load(last_off + r):  # else no visible key in this block
+                        if Float32(j0) <= buf.unsafe_load(last_off + r):
                             var keep = _softmax_block(buf, s_off + r * KEY_BLOCK, n_keys, m_off + r, l_off + r)
                             _rescale(buf, acc_off + r * head_dim, keep, head_dim)
-                    for jj in range(n_keys):
-                        var base = _token_offset(page_table, b * max_pages, j0 + jj, page_size, row_len)
-                        _direct_key[dtype, False](buf, kv_rows, per_head, group_rows, kv_heads, v_cache, base, jj, j0 + jj,
-                                                  s_off, acc_off, last_off, head_dim)
+                        else:  # no visible key in this block: weights 0
+                            for jj in range(n_keys):
+                                buf.unsafe_store(s_off + r * KEY_BLOCK + jj, 0)
+                    _direct_block[dtype, False](buf, kv_rows, per_head, group_rows, kv_heads, v_cache, offsets, j0, n_keys,
+                                                s_off, acc_off, last_off, head_dim)
             if splits == 1:
                 for r in range(n_rows):
                     var inv = 1 / buf.unsafe_load(l_off + r)
