@@ -64,19 +64,16 @@ def paired_median_seconds(fns: Sequence[Callable[[], object]], device: str, min_
 
 
 def captured_call(fn: Callable[[], object]) -> tuple:
-    """The CompiledOp and the exact tensors (outputs first) that one ops.* call hands to MAX."""
+    """The CompiledOp and the exact tensors (outputs first) that one ops.* call hands to MAX (recorded, not run;
+    EAGER_CPU off so that no op takes a shortcut around CompiledOp.__call__)."""
     calls = []
-    original = ops.CompiledOp.__call__
-
-    def record(self, *args):
-        calls.append((self, args))
-        return original(self, *args)
-
-    ops.CompiledOp.__call__ = record
+    original, eager = ops.CompiledOp.__call__, ops.EAGER_CPU
+    ops.CompiledOp.__call__ = lambda self, *args: calls.append((self, args))
+    ops.EAGER_CPU = False
     try:
         fn()
     finally:
-        ops.CompiledOp.__call__ = original
+        ops.CompiledOp.__call__, ops.EAGER_CPU = original, eager
     return calls[-1]
 
 
