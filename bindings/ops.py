@@ -89,11 +89,10 @@ class CompiledOp:
                                        for _, d, dims in self.outputs + self.inputs)
         return self._specs[dtype]
 
-    def eager_kernel(self, like: torch.Tensor) -> Optional[Callable]:
-        """The extension module's kernel for calls whose first tensor is like `like`, or None when such calls
-        run MAX graphs. The module is built on first use (CPU calls only)."""
-        dtype = like.dtype
-        if not (EAGER_CPU and like.is_cpu and dtype in EAGER_DTYPES):
+    def eager_kernel(self, dtype: torch.dtype, on_cpu: bool) -> Optional[Callable]:
+        """The extension module's kernel for calls whose first tensor has this dtype and device, or None when
+        such calls run MAX graphs. The module is built on first use (CPU calls only)."""
+        if not (EAGER_CPU and on_cpu and dtype in EAGER_DTYPES):
             return None
         if dtype not in self._eager_kernels:
             name = f"{self.fn.__name__}_{str(dtype).split('.')[-1]}"
@@ -110,7 +109,7 @@ class CompiledOp:
             want = ", ".join(f"{r}-d {d}" for r, d in spec)
             got = ", ".join(f"{a.dim()}-d {a.dtype} on {a.device}" for a in args)
             raise ValueError(f"{self.fn.__name__}: needs ({want}) tensors on one device, got ({got})")
-        kernel = self.eager_kernel(args[0])
+        kernel = self.eager_kernel(dtype, on_cpu)
         if kernel is not None:
             try:
                 kernel(*flat)
@@ -223,7 +222,7 @@ def _elementwise(name: str, x: torch.Tensor) -> torch.Tensor:
     x = _c(x)
     y = torch.empty_like(x)
     op = _ELEMENTWISE[name]
-    kernel = op.eager_kernel(x)
+    kernel = op.eager_kernel(x.dtype, x.is_cpu)
     if kernel is not None:  # y is x's twin: nothing for __call__ to check (its checks cost more than the kernel)
         n = x.numel()
         kernel(y.data_ptr(), 1, n, x.data_ptr(), 1, n)

@@ -374,6 +374,29 @@ def _four_rows_block(buf: Ptr[F32], r0: Int, r1: Int, r2: Int, r3: Int, j0: Int,
         buf.unsafe_store(acc_off + r3 * head_dim + x, c3)
 
 
+@always_inline
+def _merge_splits[dtype: DType](
+    output: Ptr[dtype], dst: Int, partial: Ptr[F32], first: Int, stride: Int, acc_at: Int, m_at: Int, l_at: Int,
+    splits: Int, x_begin: Int, x_end: Int, x_step: Int,
+):
+    """output[dst + x] for x in x_begin ..< x_end by x_step, from the partial softmax states of one row's splits
+    of the keys (CPU and GPU): split s keeps its unnormalized accumulator at partial[first + s * stride + acc_at:],
+    its running max at partial[first + s * stride + m_at] and its sum at partial[first + s * stride + l_at]."""
+    var m = Float32.MIN
+    for s in range(splits):
+        m = max(m, partial.unsafe_load(first + s * stride + m_at))
+    var total = Float32(0)
+    for s in range(splits):
+        var at = first + s * stride
+        total += partial.unsafe_load(at + l_at) * exp(partial.unsafe_load(at + m_at) - m)
+    for x in range(x_begin, x_end, x_step):
+        var acc = Float32(0)
+        for s in range(splits):
+            var at = first + s * stride
+            acc += partial.unsafe_load(at + acc_at + x) * exp(partial.unsafe_load(at + m_at) - m)
+        output.unsafe_store(dst + x, (acc / total).cast[dtype]())
+
+
 def attention_cpu[dtype: DType](
     output: Ptr[dtype], q: Ptr[dtype], k_cache: Ptr[dtype], v_cache: Ptr[dtype], page_table: Ptr[DType.int32],
     context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale: Float32,
@@ -528,20 +551,9 @@ def attention_cpu[dtype: DType](
             var q_begin = Int(query_start.unsafe_load(b))
             var n_queries = min(QUERY_TILE, Int(query_start.unsafe_load(b + 1)) - q_begin - first)
             for r in range(n_queries * q_heads):
-                var m = MASKED
-                for split in range(splits):
-                    m = max(m, part_ptr.unsafe_load((tile * splits + split) * state_len + rows * head_dim + r))
-                var total = Float32(0)
-                for split in range(splits):
-                    var part = (tile * splits + split) * state_len
-                    total += part_ptr.unsafe_load(part + rows * head_dim + rows + r) * exp(part_ptr.unsafe_load(part + rows * head_dim + r) - m)
                 var dst = ((q_begin + first + r // q_heads) * q_heads + r % q_heads) * head_dim
-                for x in range(head_dim):
-                    var acc = Float32(0)
-                    for split in range(splits):
-                        var part = (tile * splits + split) * state_len
-                        acc += part_ptr.unsafe_load(part + r * head_dim + x) * exp(part_ptr.unsafe_load(part + rows * head_dim + r) - m)
-                    output.unsafe_store(dst + x, (acc / total).cast[dtype]())
+                _merge_splits(output, dst, part_ptr, tile * splits * state_len, state_len, r * head_dim,
+                              rows * head_dim + r, rows * head_dim + rows + r, splits, 0, head_dim, 1)
     _ = tiles^
     _ = partial^
 
@@ -632,20 +644,8 @@ def _merge_splits_gpu[dtype: DType](output: Ptr[dtype], partial: Ptr[F32], q_hea
     """Block (t, h): the output of query token t, head h from its splits' partial softmax states."""
     var row = Int(block_idx.x) * Int(q_heads) + Int(block_idx.y)
     var d, n_splits = Int(head_dim), Int(splits)
-    var base = row * n_splits * (d + 2)
-    var m = Float32.MIN
-    for split in range(n_splits):
-        m = max(m, partial.unsafe_load(base + split * (d + 2) + d))
-    var total = Float32(0)
-    for split in range(n_splits):
-        var at = base + split * (d + 2)
-        total += partial.unsafe_load(at + d + 1) * exp(partial.unsafe_load(at + d) - m)
-    for x in range(Int(thread_idx.x), d, GPU_BLOCK):
-        var acc = Float32(0)
-        for split in range(n_splits):
-            var at = base + split * (d + 2)
-            acc += partial.unsafe_load(at + x) * exp(partial.unsafe_load(at + d) - m)
-        output.unsafe_store(row * d + x, (acc / total).cast[dtype]())
+    _merge_splits(output, row * d, partial, row * n_splits * (d + 2), d + 2, 0, d, d + 1, n_splits,
+                  Int(thread_idx.x), d, GPU_BLOCK)
 
 
 def gpu_splits(tokens: Int, q_heads: Int, max_keys: Int) -> Int:
