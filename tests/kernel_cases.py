@@ -80,6 +80,22 @@ def run_elementwise(ops, device: str, dtype: torch.dtype, size: int) -> None:
             assert_matches(getattr(ops, name)(shaped), getattr(ref, name)(shaped), dtype)
 
 
+def run_special_values(ops, device: str, dtype: torch.dtype, _: object) -> None:
+    """NaN, infinities, signed zeros and huge values come out as torch's; relu bit for bit, and in bfloat16 on
+    every one of the 65,536 bit patterns (its kernel works on the bits)."""
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([nan, -nan, inf, -inf, 0.0, -0.0, 1e30, -1e30, 100.0, -100.0, 0.5, -0.5], device=device).to(dtype)
+    for name in ("silu", "gelu"):
+        finite_or_negative = x[x != inf] if name == "gelu" else x  # torch's gelu(inf) is NaN, ours inf
+        assert_matches(getattr(ops, name)(finite_or_negative), getattr(ref, name)(finite_or_negative), dtype, equal_nan=True)
+    bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    if dtype == torch.bfloat16:
+        x = torch.arange(-(2**15), 2**15, dtype=torch.int32, device=device).to(torch.int16).view(dtype)
+    ours, theirs = ops.relu(x), ref.relu(x)
+    assert torch.equal(ours.isnan(), theirs.isnan())
+    assert torch.equal(ours[~ours.isnan()].view(bits), theirs[~theirs.isnan()].view(bits))
+
+
 def run_store_kv(ops, device: str, dtype: torch.dtype, tokens: int) -> None:
     pages, page_size, kv_heads, head_dim = tokens // 16 + 3, 16, 8, 128
     caches = [torch.randn(pages, page_size, kv_heads, head_dim, device=device).to(dtype) for _ in range(2)]
@@ -113,6 +129,7 @@ def kernel_cases() -> list:
         cases += [pytest.param(run_rope, dtype, c, id=f"rope-{d}-{c[:4]}-{'yarn' if c[4] else 'plain'}") for c in ROPE_CASES]
         cases += [pytest.param(run_activations, dtype, s, id=f"silu_and_mul-{d}-{s}") for s in ACT_SHAPES]
         cases += [pytest.param(run_elementwise, dtype, n, id=f"elementwise-{d}-{n}") for n in ELEMENTWISE_SIZES]
+        cases.append(pytest.param(run_special_values, dtype, None, id=f"special_values-{d}"))
         cases += [pytest.param(run_store_kv, dtype, n, id=f"store_kv-{d}-{n}") for n in (1, 2000)]
         cases += [pytest.param(run_attention, dtype, (b, h), id=f"attention-{d}-{b[0]}x{b[1]}-{h}")
                   for b in ATTENTION_BATCHES for h in ATTENTION_HEADS]

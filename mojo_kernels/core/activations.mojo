@@ -7,6 +7,7 @@ from max.gpu.host import DeviceContext
 from max.algorithm import parallelize
 from std.algorithm import vectorize
 from std.math import ceildiv, exp
+from std.memory import bitcast
 from std.utils.index import IndexList
 
 from ..utils.types import load_f32, narrow, F32, F32_WIDTH, Ptr, SERIAL_ELEMENTS, SERIAL_TRANSCENDENTAL, check_same
@@ -43,19 +44,34 @@ def _activation[kind: Int, width: Int](v: SIMD[F32, width]) -> SIMD[F32, width]:
         return v / (1 + exp(-v))
     elif kind == GELU:
         return 0.5 * v * (1 + _erf(v * Float32(0.7071067811865476)))
-    else:
-        return max(v, SIMD[F32, width](0))
+    else:  # as torch: NaN and -0.0 pass through
+        return v.lt(0).select(SIMD[F32, width](0), v)
+
+
+@always_inline
+def _relu_bfloat16_bits[width: Int](v: SIMD[DType.bfloat16, width]) -> SIMD[DType.bfloat16, width]:
+    """relu of bfloat16 without widening: zero where the bits are those of a value below zero (sign set,
+    not -0.0 = 0x8000, not a NaN > 0xFF80), as one unsigned comparison."""
+    var bits = bitcast[DType.uint16, width](v)
+    var below_zero = (bits - 0x8001).le(0xFF80 - 0x8001)
+    return bitcast[DType.bfloat16, width](below_zero.select(SIMD[DType.uint16, width](0), bits))
 
 
 def elementwise_cpu[dtype: DType, kind: Int, serial_scale: Int = 1](y: Ptr[dtype], x: Ptr[dtype], n: Int):
+    comptime bits_only = kind == RELU and dtype == DType.bfloat16
+
     def do_chunk(c: Int) {var y, var x, var n}:
         var start = c * CHUNK
 
         def body[width: Int](i: Int) {var y, var x, var start}:
-            var v = load_f32[dtype, width](x, start + i)
-            y.unsafe_store(start + i, narrow[dtype, width](_activation[kind, width](v)))
+            comptime if bits_only:
+                var v = rebind[SIMD[DType.bfloat16, width]](x.unsafe_load[width=width](start + i))
+                y.unsafe_store(start + i, rebind[SIMD[dtype, width]](_relu_bfloat16_bits(v)))
+            else:
+                var v = load_f32[dtype, width](x, start + i)
+                y.unsafe_store(start + i, narrow[dtype, width](_activation[kind, width](v)))
 
-        vectorize[F32_WIDTH](min(CHUNK, n - start), body)
+        vectorize[F32_WIDTH * (2 if bits_only else 1)](min(CHUNK, n - start), body)
 
     var chunks = ceildiv(n, CHUNK)
     if n <= (SERIAL_ELEMENTS if kind == RELU else SERIAL_TRANSCENDENTAL) * serial_scale:
