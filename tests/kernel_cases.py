@@ -15,7 +15,7 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
 NORM_SHAPES = [(1, 64), (7, 1000), (33, 1024), (3000, 1000)]  # 1000: not a multiple of any vector width
 HEAD_NORM_SHAPES = [(1, 16, 128), (5, 8, 64), (2048, 8, 128)]
 ROPE_CASES = [(1, 16, 8, 128, None), (37, 4, 2, 64, None), (2048, 16, 8, 128, None), (300, 8, 1, 128, YARN)]
-ACT_SHAPES = [(1, 3072), (5, 301), (2048, 3072)]
+ACT_SHAPES = [(0, 64), (1, 3072), (5, 301), (2048, 3072)]
 ELEMENTWISE_SIZES = [0, 1, 1001, 3 * 4096 + 7]
 # (context lengths, query lengths) per batch: prefill, extend after a cached prefix, decode over long contexts,
 # crossing page boundaries, sequences of different lengths together. On CPU they reach both block strategies
@@ -70,7 +70,8 @@ def run_rope(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
 
 def run_activations(ops, device: str, dtype: torch.dtype, shape: tuple) -> None:
     x = (3 * torch.randn(shape[0], 2 * shape[1], device=device)).to(dtype)
-    assert_matches(ops.silu_and_mul(x), ref.silu_and_mul(x), dtype)
+    for shaped in (x, x.view(1, *x.shape), x[0] if len(x) else x):  # [T, 2I], any leading dims, a single row
+        assert_matches(ops.silu_and_mul(shaped), ref.silu_and_mul(shaped), dtype)
 
 
 def run_elementwise(ops, device: str, dtype: torch.dtype, size: int) -> None:
