@@ -524,10 +524,9 @@ def attention_cpu[dtype: DType](
                                                   page_size, row_len)
                 for j0 in range(k_begin, k_end, KEY_BLOCK):
                     var n_keys = min(KEY_BLOCK, k_end - j0)
-                    var offsets = next_offsets.copy()
-                    var next_keys = min(KEY_BLOCK, k_end - j0 - KEY_BLOCK)
-                    if next_keys > 0:
-                        next_offsets = _block_offsets(page_table, b * max_pages, j0 + KEY_BLOCK, next_keys, page_size, row_len)
+                    var next_keys = max(0, min(KEY_BLOCK, k_end - j0 - KEY_BLOCK))
+                    var offsets = next_offsets^
+                    next_offsets = _block_offsets(page_table, b * max_pages, j0 + KEY_BLOCK, next_keys, page_size, row_len)
                     _direct_block[dtype, True](buf, kv_rows, per_head, group_rows, kv_heads, k_cache, offsets, j0, n_keys,
                                                s_off, acc_off, last_off, head_dim, v_cache, offsets, n_keys)
                     for r in range(n_rows):
@@ -538,7 +537,7 @@ def attention_cpu[dtype: DType](
                             for jj in range(n_keys):
                                 buf.unsafe_store(s_off + r * KEY_BLOCK + jj, 0)
                     _direct_block[dtype, False](buf, kv_rows, per_head, group_rows, kv_heads, v_cache, offsets, j0, n_keys,
-                                                s_off, acc_off, last_off, head_dim, k_cache, next_offsets, max(next_keys, 0))
+                                                s_off, acc_off, last_off, head_dim, k_cache, next_offsets, next_keys)
             if splits == 1:
                 for r in range(n_rows):
                     var inv = 1 / buf.unsafe_load(l_off + r)
