@@ -3,7 +3,9 @@
 `mili bench kernels [--dtype float32] [--device cpu]` (or `python benchmarks/kernels.py`). Prints a table with
 the median time of each side and their ratio (Mojo / reference: below 1 means Mojo is faster) and, for the
 memory-bound ops, the achieved bytes/s against the machine's copy bandwidth measured in the same run.
-Writes JSON under benchmarks/results/.
+Writes JSON under benchmarks/results/. On a GPU the peer is PyTorch's own ops instead of bindings/reference.py
+(`torch_gpu_peer`): F.rms_norm, F.silu/gelu/relu in the input dtype, and F.scaled_dot_product_attention over
+the K/V gathered into dense tensors beforehand (paging costs it nothing); rope and store_kv keep the reference.
 
 Two Mojo times: "call" is one standalone `bindings.ops` call from torch as users make it (on CPU the Mojo
 extension module, about a microsecond of dispatch; on GPU a MAX graph execution); "in-graph" is the op's time inside one graph that applies it REPEAT times in a chain (each
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -113,8 +116,44 @@ def _paged(context: int, batch: int, dtype: torch.dtype, device: str):
     return kc, vc, table
 
 
+def _sdpa_peer(q, kc, vc, table, lens, starts, scale) -> Callable[[], torch.Tensor]:
+    """F.scaled_dot_product_attention over dense copies of equal-length sequences' K/V (gathered here, untimed)."""
+    batch, context, page_size = len(lens), int(lens[0]), kc.shape[1]
+    dense = lambda cache: cache[table[:, : -(-context // page_size)].long()].flatten(1, 2)[:, :context].transpose(1, 2).contiguous()
+    k, v = dense(kc), dense(vc)
+    q4 = q.view(batch, -1, *q.shape[1:]).transpose(1, 2)
+    return partial(F.scaled_dot_product_attention, q4, k, v, is_causal=q4.shape[2] > 1, scale=scale, enable_gqa=True)
+
+
+def torch_gpu_peer(name: str, args: tuple) -> Callable[[], object] | None:
+    """PyTorch's own op for `name` on `args` (the ops.* arguments), or None where torch has none."""
+    if name == "attention":
+        return _sdpa_peer(*args)
+    x = args[0]
+    if name in ("rms_norm", "head_rms_norm"):
+        return partial(F.rms_norm, x, x.shape[-1:], args[1], args[2])
+    if name == "fused_add_rms_norm":
+        def add_rms_norm(x, residual, weight, eps):
+            residual = x + residual
+            return F.rms_norm(residual, residual.shape[-1:], weight, eps), residual
+        return partial(add_rms_norm, *args)
+    if name == "silu_and_mul":
+        return lambda: F.silu(x[..., : x.shape[-1] // 2]) * x[..., x.shape[-1] // 2 :]
+    if name in ("silu", "gelu", "relu"):
+        return partial(getattr(F, name), x)
+    return None
+
+
 def cases(dtype: torch.dtype, device: str):
-    """(name, tokens, mojo call, reference call, bytes moved); calls are partials bound to their own inputs."""
+    """(name, tokens, mojo call, peer call, bytes moved); calls are partials bound to their own inputs.
+    The peer is bindings/reference.py, or on a GPU PyTorch's own op where it has one."""
+    gpu = device.startswith("cuda")
+    for name, tokens, mojo, reference, nbytes in _reference_cases(dtype, device):
+        peer = torch_gpu_peer(name.split()[0], mojo.args) if gpu else None
+        yield name, tokens, mojo, peer or reference, nbytes
+
+
+def _reference_cases(dtype: torch.dtype, device: str):
     rnd = lambda *s: torch.randn(*s, device=device).to(dtype)
     size = torch.tensor([], dtype=dtype).element_size()
     for t in (1, 64, 2048):

@@ -1,5 +1,6 @@
 """MILI against transformers' Qwen3 on random-weight checkpoints of three shapes, on both backends: the
-compiled MAX graph on the Mojo kernels ("mojo") and the PyTorch reference."""
+compiled MAX graph on the Mojo kernels ("mojo") and the PyTorch reference, on the CPU and (where there is one) a
+CUDA GPU; transformers always runs on the CPU in float32 (or bfloat16) as the reference."""
 
 from __future__ import annotations
 
@@ -53,19 +54,23 @@ class _Batch:
             starts.append(starts[-1] + len(chunk))
             self.cached[s] += len(chunk)
             lens.append(self.cached[s])
-        i32 = lambda x: torch.tensor(x, dtype=torch.int32)
+        i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=self.model.device)
         attn = AttentionMetadata(i32(starts), i32(lens), i32(self.pages), i32(slots))
         indices = None if all_logits else i32([s - 1 for s in starts[1:]])
-        return self.model.forward(i32(ids), i32(pos), attn, self.cache, indices)
+        return self.model.forward(i32(ids), i32(pos), attn, self.cache, indices).cpu()
 
 
 BACKENDS = pytest.mark.parametrize("backend", ["mojo", "reference"])
+DEVICES = pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")),
+])
 
 
+@DEVICES
 @BACKENDS
-def test_prefill_and_decode_logits_match_transformers(parity_checkpoint: Path, backend: str) -> None:
+def test_prefill_and_decode_logits_match_transformers(parity_checkpoint: Path, backend: str, device: str) -> None:
     hf = _hf(parity_checkpoint)
-    model = Qwen3Model.from_pretrained(parity_checkpoint, backend=backend)
+    model = Qwen3Model.from_pretrained(parity_checkpoint, device=device, dtype="float32", backend=backend)
     prompts = _prompts(model.config.vocab_size)
     batch = _Batch(model, len(prompts))
 
@@ -94,10 +99,12 @@ def _hf_greedy(hf: Qwen3ForCausalLM, prompt: list[int], n: int) -> list[int]:
     return ids[len(prompt):]
 
 
+@DEVICES
 @BACKENDS
-def test_greedy_tokens_batched_single_and_transformers_agree(parity_checkpoint: Path, backend: str) -> None:
+def test_greedy_tokens_batched_single_and_transformers_agree(parity_checkpoint: Path, backend: str, device: str) -> None:
     hf = _hf(parity_checkpoint)
-    engine = InferenceEngine.from_pretrained(parity_checkpoint, backend=backend, enable_prefix_caching=False)
+    engine = InferenceEngine.from_pretrained(parity_checkpoint, device=device, dtype="float32", backend=backend,
+                                             enable_prefix_caching=False)
     prompts = _prompts(engine.model.config.vocab_size, seed=1)
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
@@ -111,12 +118,13 @@ def test_greedy_tokens_batched_single_and_transformers_agree(parity_checkpoint: 
     assert engine.kv_cache.num_free_pages == engine.kv_cache.num_pages
 
 
+@DEVICES
 @BACKENDS
-def test_bfloat16_logits_as_close_to_float32_as_transformers_bfloat16(tiny_checkpoint: Path, backend: str) -> None:
+def test_bfloat16_logits_as_close_to_float32_as_transformers_bfloat16(tiny_checkpoint: Path, backend: str, device: str) -> None:
     """bfloat16 rounds every op, so both implementations drift from the float32 logits; MILI's bfloat16 must
     drift no more than transformers' own bfloat16 does (and stay within 5e-2 relative)."""
     hf_bf16 = Qwen3ForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.bfloat16, attn_implementation="eager").eval()
-    model = Qwen3Model.from_pretrained(tiny_checkpoint, dtype="bfloat16", backend=backend)
+    model = Qwen3Model.from_pretrained(tiny_checkpoint, device=device, dtype="bfloat16", backend=backend)
     prompt = _prompts(model.config.vocab_size)[2]
     exact = _hf_logits(_hf(tiny_checkpoint), prompt)
     ours = _rel_err(_Batch(model, 1).forward([prompt], all_logits=True), exact)

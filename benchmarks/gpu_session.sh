@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Everything MILI checks on a GPU machine, in one run: build, the GPU kernel tests, the model on the GPU against
+# transformers, and the kernel benchmark against PyTorch's own GPU ops. Logs and JSON go to $OUT (default
+# /tmp/mili-gpu). Needs MAX/Mojo importable (on an offline box: install a wheelhouse first, see README).
+# Usage: benchmarks/gpu_session.sh [STEP...]   steps: build tests model bench (default: all, in that order)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/mili-gpu}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+steps=${*:-build tests model bench}
+status=0
+run() {  # run NAME TIMEOUT COMMAND...: log to $out/NAME.log, keep going after a failure
+  local name=$1 limit=$2; shift 2
+  echo "== $name: $*"
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  tail -n 25 "$out/$name.log"
+  echo "== $name: rc=$rc in $((SECONDS - start)) s"
+  [ $rc -eq 0 ] || status=1
+}
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+for step in $steps; do
+  case $step in
+    build) run build 600 python3 -c "from bindings import library; print(library.package_path())" ;;
+    tests) run tests 900 python3 -m pytest -q -p no:cacheprovider tests/gpu ;;
+    model) run model 900 python3 -m pytest -q -p no:cacheprovider tests/integration/test_parity.py -k cuda ;;
+    bench) for dtype in bfloat16 float32; do
+             run "bench-$dtype" 900 python3 benchmarks/kernels.py --device cuda --dtype "$dtype"
+             cp benchmarks/results/kernels-cuda-"$dtype"-*.json "$out/" 2>/dev/null
+           done ;;
+    *) echo "unknown step $step"; status=1 ;;
+  esac
+done
+exit $status
