@@ -9,6 +9,8 @@ out=${OUT:-/tmp/mili-gpu}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 steps=${*:-build tests model bench}
+# pytest-xdist, where installed: one op (and dtype) per worker, so each graph compiles once and in parallel
+xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8 --dist loadgroup")
 status=0
 run() {  # run NAME TIMEOUT COMMAND...: log to $out/NAME.log, keep going after a failure
   local name=$1 limit=$2; shift 2
@@ -24,8 +26,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --f
 for step in $steps; do
   case $step in
     build) run build 600 python3 -c "from bindings import library; print(library.package_path())" ;;
-    tests) run tests 900 python3 -m pytest -q -p no:cacheprovider tests/gpu ;;
-    model) run model 900 python3 -m pytest -q -p no:cacheprovider tests/integration/test_parity.py -k cuda ;;
+    tests) run tests 900 python3 -m pytest -q -p no:cacheprovider $xdist tests/gpu ;;
+    model) run model 900 python3 -m pytest -q -p no:cacheprovider $xdist tests/integration/test_parity.py -k cuda ;;
     bench) for dtype in bfloat16 float32; do
              run "bench-$dtype" 900 python3 benchmarks/kernels.py --device cuda --dtype "$dtype"
              cp benchmarks/results/kernels-cuda-"$dtype"-*.json "$out/" 2>/dev/null

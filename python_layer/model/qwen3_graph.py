@@ -47,7 +47,10 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
     inputs += [cache] * (2 * c.num_hidden_layers)
     name = f"mili_qwen3_{c.num_hidden_layers}x{c.hidden_size}_{str(dtype).split('.')[-1]}"
     with Graph(name, input_types=inputs, kernel_library=library.kernel_library()) as g:
-        w = {n: Weight(n, torch_dtype_to_max(t.dtype), list(t.shape), dev) for n, t in weights.items()}
+        # on a GPU the weights are already there (torch tensors): without _has_alias MAX expects them on the host
+        # and copies them over when it loads the graph
+        w = {n: Weight(n, torch_dtype_to_max(t.dtype), list(t.shape), dev, _has_alias=device_key != "cpu")
+             for n, t in weights.items()}
         ids, positions, query_start, context_lens, page_table, slots, logits_indices = (v.tensor for v in g.inputs[:7])
         caches = [v.buffer for v in g.inputs[7:]]
         k_caches, v_caches = caches[: c.num_hidden_layers], caches[c.num_hidden_layers :]
