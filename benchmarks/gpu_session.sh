@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Everything MILI checks on a GPU machine, in one run: build, the GPU kernel tests, the model on the GPU against
 # transformers, and the kernel benchmark against PyTorch's own GPU ops. Logs and JSON go to $OUT (default
-# /tmp/mili-gpu). Needs MAX/Mojo importable (on an offline box: install a wheelhouse first, see README).
+# /tmp/mili-gpu). Needs MAX/Mojo importable (on an offline box: ./offline_wheelhouse.sh, see README).
 # Usage: benchmarks/gpu_session.sh [STEP...]   steps: build tests model bench (default: all, in that order)
+#   BENCH_ONLY=attention benchmarks/gpu_session.sh bench   benchmarks only the ops whose name contains that
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/mili-gpu}
@@ -29,7 +30,7 @@ for step in $steps; do
     tests) run tests 900 python3 -m pytest -q -p no:cacheprovider $xdist tests/gpu ;;
     model) run model 900 python3 -m pytest -q -p no:cacheprovider $xdist tests/integration/test_parity.py -k cuda ;;
     bench) for dtype in bfloat16 float32; do
-             run "bench-$dtype" 900 python3 benchmarks/kernels.py --device cuda --dtype "$dtype"
+             run "bench-$dtype" 900 python3 benchmarks/kernels.py --device cuda --dtype "$dtype" --only "${BENCH_ONLY:-}"
              cp benchmarks/results/kernels-cuda-"$dtype"-*.json "$out/" 2>/dev/null
            done ;;
     *) echo "unknown step $step"; status=1 ;;

@@ -15,3 +15,14 @@ ops = pytest.importorskip("bindings.ops", reason="MAX is not installed")
 def test_op_matches_reference_on_gpu(runner, dtype: torch.dtype, case) -> None:
     torch.manual_seed(hash(str(case)) % 2**31)
     runner(ops, "cuda", dtype, case)
+
+
+def test_ops_and_torch_see_each_others_pending_work() -> None:
+    """MAX runs the ops on its own stream: an op must see what torch queued just before it (milliseconds of work
+    still running), and torch what the op wrote, without the caller synchronizing."""
+    x = torch.zeros(16 * 2**20, device="cuda")
+    for _ in range(64):  # 64 passes over 64 MB: a few ms of work queued on torch's stream
+        x.add_(1.0)
+    y = ops.relu(x)
+    y.add_(1.0)
+    assert torch.equal(y, torch.full_like(x, 65.0))
