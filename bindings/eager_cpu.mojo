@@ -1,12 +1,15 @@
 # MILI's CPU kernels as a Python extension module (`mili_eager_cpu`): bindings/ops.py calls them directly on
 # torch tensors, without the ~100 µs of a MAX graph execution per call. They run the very functions the MAX
-# custom ops run on CPU, after the same shape checks.
+# custom ops run on CPU, after the same shape checks, on the process's OpenMP threads (torch's: see
+# mojo_kernels/utils/parallel.mojo) instead of Mojo's runtime.
 #
-# Calling convention (bindings/ops.py CompiledOp): one function per op and dtype, e.g. `rms_norm_float32`;
-# its arguments are the op's tensors in the order of the MAX op (outputs first), each as its address followed
-# by its sizes. Python checks ranks, dtypes, devices and contiguity before the call.
+# Calling convention (bindings/ops.py CompiledOp): one function per op and dtype, e.g. `rms_norm_float32`,
+# called with METH_FASTCALL (no argument tuple); its arguments are integers: the address of GOMP_parallel
+# (0: none), then the op's tensors in the order of the MAX op (outputs first), each as its address followed by
+# its sizes. Python checks ranks, dtypes, devices and contiguity before the call.
 from std.os import abort
-from std.python import PythonObject
+from std.python import Python, PythonObject
+from std.python._cpython import PyObjectPtr
 from std.python.bindings import PythonModuleBuilder
 from std.utils.index import IndexList
 
@@ -17,9 +20,11 @@ from mojo_kernels.core.attention import check_attention, attention_cpu
 from mojo_kernels.core.normalization import check_norm, norm_rows_cpu
 from mojo_kernels.core.rope import check_rope, rope_cpu
 from mojo_kernels.memory.kv_cache import check_store_kv, store_kv_cpu
-from mojo_kernels.utils.types import EAGER_SERIAL_SCALE, F32, Ptr
+from mojo_kernels.utils.parallel import OpenMP
+from mojo_kernels.utils.types import F32, Ptr
 
 comptime I32 = DType.int32
+comptime PyArgs = Pointer[PyObjectPtr, MutUntrackedOrigin]
 
 
 struct Tensor[dtype: DType, rank: Int](ImplicitlyCopyable):
@@ -41,18 +46,26 @@ struct Tensor[dtype: DType, rank: Int](ImplicitlyCopyable):
 
 
 struct Args:
-    """Reads the flat (address, sizes...) argument tuple in order."""
+    """Reads the call's integer arguments in order."""
 
-    var items: PythonObject
+    var items: PyArgs
+    var count: Int
     var at: Int
 
-    def __init__(out self, items: PythonObject):
+    def __init__(out self, items: PyArgs, count: Int):
         self.items = items
+        self.count = count
         self.at = 0
 
     def int(mut self) raises -> Int:
+        if self.at >= self.count:
+            raise Error("expected more than ", self.count, " arguments")
+        ref cpython = Python().cpython()
+        var value = Int(cpython.PyLong_AsSsize_t(self.items[unsafe_offset=self.at]))
+        if value == -1 and cpython.PyErr_Occurred():
+            raise Error("argument ", self.at, " is not an integer")
         self.at += 1
-        return Int(py=self.items[self.at - 1])
+        return value
 
     def tensor[dtype: DType, rank: Int](mut self) raises -> Tensor[dtype, rank]:
         var address = self.int()
@@ -62,77 +75,87 @@ struct Args:
         return Tensor[dtype, rank](address, dims)
 
     def done(self, op: StaticString) raises:
-        if self.at != len(self.items):
-            raise Error(op, ": expected ", self.at, " arguments, got ", len(self.items))
+        if self.at != self.count:
+            raise Error(op, ": expected ", self.at, " arguments, got ", self.count)
+
+
+def _fastcall[op: def(mut Args) raises thin -> None](py_self: PyObjectPtr, items: PyArgs, count: Int) abi("C") -> PyObjectPtr:
+    """A METH_FASTCALL function running `op`: None, or NULL with a ValueError set when it raises."""
+    ref cpython = Python().cpython()
+    var args = Args(items, count)
+    try:
+        op(args)
+    except e:
+        if not cpython.PyErr_Occurred():
+            var message = String(e)
+            cpython.PyErr_SetString(cpython.get_error_global("PyExc_ValueError"), message.as_c_string_span().ptr().unsafe_origin_cast[ImmutAnyOrigin]())
+        return PyObjectPtr()
+    var none = cpython.Py_None()
+    cpython.Py_IncRef(none)
+    return none
 
 
 def _scalar(mut args: Args) raises -> Float32:
     return args.tensor[F32, 1]().ptr().unsafe_load(0)
 
 
-def rms_norm[dtype: DType](py_self: PythonObject, items: PythonObject) raises -> PythonObject:
-    var args = Args(items)
+def rms_norm[dtype: DType](mut args: Args) raises:
+    var runner = OpenMP(args.int())
     var y, x, w = args.tensor[dtype, 2](), args.tensor[dtype, 2](), args.tensor[dtype, 1]()
     var eps = _scalar(args)
     args.done("rms_norm")
     check_norm["rms_norm"](w.dims[0], x.dims[1], "hidden size", x.size(), x.size())
-    norm_rows_cpu[dtype, False, EAGER_SERIAL_SCALE](y.ptr(), y.ptr(), x.ptr(), x.ptr(), w.ptr(), x.dims[0], x.dims[1], eps)
-    return PythonObject(None)
+    norm_rows_cpu[dtype, False](runner, y.ptr(), y.ptr(), x.ptr(), x.ptr(), w.ptr(), x.dims[0], x.dims[1], eps)
 
 
-def fused_add_rms_norm[dtype: DType](py_self: PythonObject, items: PythonObject) raises -> PythonObject:
-    var args = Args(items)
+def fused_add_rms_norm[dtype: DType](mut args: Args) raises:
+    var runner = OpenMP(args.int())
     var y, res_out, x, res = args.tensor[dtype, 2](), args.tensor[dtype, 2](), args.tensor[dtype, 2](), args.tensor[dtype, 2]()
     var w = args.tensor[dtype, 1]()
     var eps = _scalar(args)
     args.done("fused_add_rms_norm")
     check_norm["fused_add_rms_norm"](w.dims[0], x.dims[1], "hidden size", res.size(), x.size())
-    norm_rows_cpu[dtype, True, EAGER_SERIAL_SCALE](y.ptr(), res_out.ptr(), x.ptr(), res.ptr(), w.ptr(), x.dims[0], x.dims[1], eps)
-    return PythonObject(None)
+    norm_rows_cpu[dtype, True](runner, y.ptr(), res_out.ptr(), x.ptr(), res.ptr(), w.ptr(), x.dims[0], x.dims[1], eps)
 
 
-def head_rms_norm[dtype: DType](py_self: PythonObject, items: PythonObject) raises -> PythonObject:
-    var args = Args(items)
+def head_rms_norm[dtype: DType](mut args: Args) raises:
+    var runner = OpenMP(args.int())
     var y, x, w = args.tensor[dtype, 3](), args.tensor[dtype, 3](), args.tensor[dtype, 1]()
     var eps = _scalar(args)
     args.done("head_rms_norm")
     check_norm["head_rms_norm"](w.dims[0], x.dims[2], "head_dim", x.size(), x.size())
-    norm_rows_cpu[dtype, False, EAGER_SERIAL_SCALE](y.ptr(), y.ptr(), x.ptr(), x.ptr(), w.ptr(), x.dims[0] * x.dims[1], x.dims[2], eps)
-    return PythonObject(None)
+    norm_rows_cpu[dtype, False](runner, y.ptr(), y.ptr(), x.ptr(), x.ptr(), w.ptr(), x.dims[0] * x.dims[1], x.dims[2], eps)
 
 
-def rope[dtype: DType](py_self: PythonObject, items: PythonObject) raises -> PythonObject:
-    var args = Args(items)
+def rope[dtype: DType](mut args: Args) raises:
+    var runner = OpenMP(args.int())
     var q_out, k_out, q, k = args.tensor[dtype, 3](), args.tensor[dtype, 3](), args.tensor[dtype, 3](), args.tensor[dtype, 3]()
     var positions, inv_freq = args.tensor[I32, 1](), args.tensor[F32, 1]()
     var scale = _scalar(args)
     args.done("rope")
     check_rope(q.dims[0], q.dims[2], k.dims[0], k.dims[2], positions.dims[0], inv_freq.dims[0])
     if q.dims[0] > 0:
-        rope_cpu[dtype, EAGER_SERIAL_SCALE](q_out.ptr(), k_out.ptr(), q.ptr(), k.ptr(), positions.ptr(), inv_freq.ptr(), scale, q.dims[0], q.dims[1],
+        rope_cpu[dtype](runner, q_out.ptr(), k_out.ptr(), q.ptr(), k.ptr(), positions.ptr(), inv_freq.ptr(), scale, q.dims[0], q.dims[1],
                         k.dims[1], q.dims[2])
-    return PythonObject(None)
 
 
-def silu_and_mul[dtype: DType](py_self: PythonObject, items: PythonObject) raises -> PythonObject:
-    var args = Args(items)
+def silu_and_mul[dtype: DType](mut args: Args) raises:
+    var runner = OpenMP(args.int())
     var y, x = args.tensor[dtype, 2](), args.tensor[dtype, 2]()
     args.done("silu_and_mul")
     check_silu_and_mul(x.dims[1], y.dims[1])
-    silu_and_mul_cpu[dtype, EAGER_SERIAL_SCALE](y.ptr(), x.ptr(), x.dims[0], y.dims[1])
-    return PythonObject(None)
+    silu_and_mul_cpu[dtype](runner, y.ptr(), x.ptr(), x.dims[0], y.dims[1])
 
 
-def elementwise[dtype: DType, kind: Int](py_self: PythonObject, items: PythonObject) raises -> PythonObject:
-    var args = Args(items)
+def elementwise[dtype: DType, kind: Int](mut args: Args) raises:
+    var runner = OpenMP(args.int())
     var y, x = args.tensor[dtype, 2](), args.tensor[dtype, 2]()
     args.done("elementwise activation")
-    elementwise_cpu[dtype, kind, EAGER_SERIAL_SCALE](y.ptr(), x.ptr(), x.size())
-    return PythonObject(None)
+    elementwise_cpu[dtype, kind](runner, y.ptr(), x.ptr(), x.size())
 
 
-def store_kv[dtype: DType](py_self: PythonObject, items: PythonObject) raises -> PythonObject:
-    var args = Args(items)
+def store_kv[dtype: DType](mut args: Args) raises:
+    var runner = OpenMP(args.int())
     var k, v = args.tensor[dtype, 3](), args.tensor[dtype, 3]()
     var k_cache, v_cache = args.tensor[dtype, 4](), args.tensor[dtype, 4]()
     var slots = args.tensor[I32, 1]()
@@ -140,12 +163,11 @@ def store_kv[dtype: DType](py_self: PythonObject, items: PythonObject) raises ->
     var row = k.dims[1] * k.dims[2]
     check_store_kv(k.dims[0], row, k_cache.dims[2] * k_cache.dims[3], k.size(), v.size(), slots.dims[0])
     if k.dims[0] > 0:
-        store_kv_cpu[dtype, EAGER_SERIAL_SCALE](k_cache.ptr(), v_cache.ptr(), k.ptr(), v.ptr(), slots.ptr(), k.dims[0], row)
-    return PythonObject(None)
+        store_kv_cpu[dtype](runner, k_cache.ptr(), v_cache.ptr(), k.ptr(), v.ptr(), slots.ptr(), k.dims[0], row)
 
 
-def paged_attention[dtype: DType](py_self: PythonObject, items: PythonObject) raises -> PythonObject:
-    var args = Args(items)
+def paged_attention[dtype: DType](mut args: Args) raises:
+    _ = args.int()  # GOMP_parallel: attention keeps Mojo's threads (few long work items, a worker per core)
     var output, q = args.tensor[dtype, 3](), args.tensor[dtype, 3]()
     var k_cache, v_cache = args.tensor[dtype, 4](), args.tensor[dtype, 4]()
     var page_table, context_lens, query_start = args.tensor[I32, 2](), args.tensor[I32, 1](), args.tensor[I32, 1]()
@@ -158,31 +180,30 @@ def paged_attention[dtype: DType](py_self: PythonObject, items: PythonObject) ra
         attention_cpu[dtype](output.ptr(), q.ptr(), k_cache.ptr(), v_cache.ptr(), page_table.ptr(), context_lens.ptr(),
                              query_start.ptr(), scale, batch, page_table.dims[1], q.dims[1], k_cache.dims[2], q.dims[2],
                              k_cache.dims[1])
-    return PythonObject(None)
 
 
 def _add_ops(mut m: PythonModuleBuilder) raises:
     # names must be static strings: one line per op and dtype
-    m.def_py_function[rms_norm[DType.float32]]("rms_norm_float32")
-    m.def_py_function[rms_norm[DType.bfloat16]]("rms_norm_bfloat16")
-    m.def_py_function[fused_add_rms_norm[DType.float32]]("fused_add_rms_norm_float32")
-    m.def_py_function[fused_add_rms_norm[DType.bfloat16]]("fused_add_rms_norm_bfloat16")
-    m.def_py_function[head_rms_norm[DType.float32]]("head_rms_norm_float32")
-    m.def_py_function[head_rms_norm[DType.bfloat16]]("head_rms_norm_bfloat16")
-    m.def_py_function[rope[DType.float32]]("rope_with_table_float32")
-    m.def_py_function[rope[DType.bfloat16]]("rope_with_table_bfloat16")
-    m.def_py_function[silu_and_mul[DType.float32]]("silu_and_mul_float32")
-    m.def_py_function[silu_and_mul[DType.bfloat16]]("silu_and_mul_bfloat16")
-    m.def_py_function[elementwise[DType.float32, SILU]]("silu_float32")
-    m.def_py_function[elementwise[DType.bfloat16, SILU]]("silu_bfloat16")
-    m.def_py_function[elementwise[DType.float32, GELU]]("gelu_float32")
-    m.def_py_function[elementwise[DType.bfloat16, GELU]]("gelu_bfloat16")
-    m.def_py_function[elementwise[DType.float32, RELU]]("relu_float32")
-    m.def_py_function[elementwise[DType.bfloat16, RELU]]("relu_bfloat16")
-    m.def_py_function[store_kv[DType.float32]]("store_kv_float32")
-    m.def_py_function[store_kv[DType.bfloat16]]("store_kv_bfloat16")
-    m.def_py_function[paged_attention[DType.float32]]("paged_attention_float32")
-    m.def_py_function[paged_attention[DType.bfloat16]]("paged_attention_bfloat16")
+    m.def_py_c_function(_fastcall[rms_norm[DType.float32]], "rms_norm_float32")
+    m.def_py_c_function(_fastcall[rms_norm[DType.bfloat16]], "rms_norm_bfloat16")
+    m.def_py_c_function(_fastcall[fused_add_rms_norm[DType.float32]], "fused_add_rms_norm_float32")
+    m.def_py_c_function(_fastcall[fused_add_rms_norm[DType.bfloat16]], "fused_add_rms_norm_bfloat16")
+    m.def_py_c_function(_fastcall[head_rms_norm[DType.float32]], "head_rms_norm_float32")
+    m.def_py_c_function(_fastcall[head_rms_norm[DType.bfloat16]], "head_rms_norm_bfloat16")
+    m.def_py_c_function(_fastcall[rope[DType.float32]], "rope_with_table_float32")
+    m.def_py_c_function(_fastcall[rope[DType.bfloat16]], "rope_with_table_bfloat16")
+    m.def_py_c_function(_fastcall[silu_and_mul[DType.float32]], "silu_and_mul_float32")
+    m.def_py_c_function(_fastcall[silu_and_mul[DType.bfloat16]], "silu_and_mul_bfloat16")
+    m.def_py_c_function(_fastcall[elementwise[DType.float32, SILU]], "silu_float32")
+    m.def_py_c_function(_fastcall[elementwise[DType.bfloat16, SILU]], "silu_bfloat16")
+    m.def_py_c_function(_fastcall[elementwise[DType.float32, GELU]], "gelu_float32")
+    m.def_py_c_function(_fastcall[elementwise[DType.bfloat16, GELU]], "gelu_bfloat16")
+    m.def_py_c_function(_fastcall[elementwise[DType.float32, RELU]], "relu_float32")
+    m.def_py_c_function(_fastcall[elementwise[DType.bfloat16, RELU]], "relu_bfloat16")
+    m.def_py_c_function(_fastcall[store_kv[DType.float32]], "store_kv_float32")
+    m.def_py_c_function(_fastcall[store_kv[DType.bfloat16]], "store_kv_bfloat16")
+    m.def_py_c_function(_fastcall[paged_attention[DType.float32]], "paged_attention_float32")
+    m.def_py_c_function(_fastcall[paged_attention[DType.bfloat16]], "paged_attention_bfloat16")
 
 
 @export

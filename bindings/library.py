@@ -88,6 +88,20 @@ def eager_cpu_module():
 
 
 @lru_cache(maxsize=1)
+def openmp_parallel_address() -> int:
+    """The address of GOMP_parallel in this process (the OpenMP runtime torch loaded; LLVM's and Intel's
+    runtimes export it too), or 0 when there is none: the eager CPU kernels then use Mojo's threads."""
+    import ctypes
+
+    import torch  # noqa: F401  (loads torch's OpenMP runtime into the global namespace)
+
+    try:
+        return ctypes.cast(ctypes.CDLL(None).GOMP_parallel, ctypes.c_void_p).value or 0
+    except AttributeError:
+        return 0
+
+
+@lru_cache(maxsize=1)
 def kernel_library():
     from max.graph import KernelLibrary
 

@@ -1,7 +1,7 @@
 """MILI's Mojo ops as functions on torch tensors, with exactly the signatures of bindings/reference.py.
 
 On CPU, float32 and bfloat16 tensors go straight to the Mojo kernels through a Python extension module
-(bindings/eager_cpu.mojo): a call costs about a microsecond more than the kernel. Otherwise (GPU, other dtypes,
+(bindings/eager_cpu.mojo), on torch's OpenMP threads: a call costs about a microsecond more than the kernel. Otherwise (GPU, other dtypes,
 or EAGER_CPU = False) each op is a small MAX graph (built with bindings/graph.py) compiled once per (dtype,
 device) with symbolic sizes, so a new number of tokens, sequences or pages never recompiles; each execution
 costs tens of microseconds. Float parameters (eps, theta, scale) travel as 1-element float32 tensors, not as
@@ -29,6 +29,8 @@ ALL_OPS: list["CompiledOp"] = []
 EAGER_CPU = True
 """CPU calls use the Mojo extension module; False sends them through MAX graphs like GPU calls (tests do both)."""
 EAGER_DTYPES = (torch.float32, torch.bfloat16)
+_OPENMP = library.openmp_parallel_address()
+"""The eager kernels' first argument: they run on torch's OpenMP threads (mojo_kernels/utils/parallel.mojo)."""
 
 
 def T(dtype, *dims: str | int) -> tuple:
@@ -92,12 +94,13 @@ class CompiledOp:
     def eager_kernel(self, dtype: torch.dtype, on_cpu: bool) -> Optional[Callable]:
         """The extension module's kernel for calls whose first tensor has this dtype and device, or None when
         such calls run MAX graphs. The module is built on first use (CPU calls only)."""
-        if not (EAGER_CPU and on_cpu and dtype in EAGER_DTYPES):
+        if not (on_cpu and EAGER_CPU):
             return None
-        if dtype not in self._eager_kernels:
+        kernel = self._eager_kernels.get(dtype)
+        if kernel is None and dtype in EAGER_DTYPES:
             name = f"{self.fn.__name__}_{str(dtype).split('.')[-1]}"
-            self._eager_kernels[dtype] = getattr(library.eager_cpu_module(), name)
-        return self._eager_kernels[dtype]
+            kernel = self._eager_kernels[dtype] = getattr(library.eager_cpu_module(), name)
+        return kernel
 
     def __call__(self, *args: torch.Tensor) -> None:
         """args: the output buffers then the function's arguments, contiguous, on one device; the first
@@ -110,11 +113,8 @@ class CompiledOp:
             got = ", ".join(f"{a.dim()}-d {a.dtype} on {a.device}" for a in args)
             raise ValueError(f"{self.fn.__name__}: needs ({want}) tensors on one device, got ({got})")
         kernel = self.eager_kernel(dtype, on_cpu)
-        if kernel is not None:
-            try:
-                kernel(*flat)
-            except Exception as e:  # a Mojo error arrives as a bare Exception; MAX raises ValueError
-                raise ValueError(str(e)) from None
+        if kernel is not None:  # raises ValueError, as MAX does
+            kernel(_OPENMP, *flat)
         else:  # (MAX checks that GPU tensors are on the session's GPU)
             self.compiled(dtype, library.device_key(args[0].device)).execute(*[Buffer.from_dlpack(a) for a in args])
 
@@ -217,35 +217,35 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     y = x2.new_empty((rows, inter))
     kernel = _SILU_AND_MUL.eager_kernel(x.dtype, x.is_cpu)
     if kernel is not None:  # y is made here to fit x2: nothing for __call__ to check
-        kernel(y.data_ptr(), rows, inter, x2.data_ptr(), rows, 2 * inter)
+        kernel(_OPENMP, y.data_ptr(), rows, inter, x2.data_ptr(), rows, 2 * inter)
     else:
         _SILU_AND_MUL(y, x2)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], inter)
 
 
-def _elementwise(name: str, x: torch.Tensor) -> torch.Tensor:
-    x = _c(x)
+def _elementwise(op: CompiledOp, x: torch.Tensor) -> torch.Tensor:
+    if not x.is_contiguous():
+        x = x.contiguous()
     y = torch.empty_like(x)
-    op = _ELEMENTWISE[name]
     kernel = op.eager_kernel(x.dtype, x.is_cpu)
     if kernel is not None:  # y is x's twin: nothing for __call__ to check (its checks cost more than the kernel)
         n = x.numel()
-        kernel(y.data_ptr(), 1, n, x.data_ptr(), 1, n)
+        kernel(_OPENMP, y.data_ptr(), 1, n, x.data_ptr(), 1, n)
     else:
         op(y.view(1, -1), x.view(1, -1))
     return y
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
-    return _elementwise("silu", x)
+    return _elementwise(_ELEMENTWISE["silu"], x)
 
 
 def gelu(x: torch.Tensor) -> torch.Tensor:
-    return _elementwise("gelu", x)
+    return _elementwise(_ELEMENTWISE["gelu"], x)
 
 
 def relu(x: torch.Tensor) -> torch.Tensor:
-    return _elementwise("relu", x)
+    return _elementwise(_ELEMENTWISE["relu"], x)
 
 
 # ---- KV cache -----------------------------------------------------------------------------------------------

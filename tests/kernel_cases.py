@@ -16,7 +16,7 @@ NORM_SHAPES = [(1, 64), (7, 1000), (33, 1024), (3000, 1000)]  # 1000: not a mult
 HEAD_NORM_SHAPES = [(1, 16, 128), (5, 8, 64), (2048, 8, 128)]
 ROPE_CASES = [(1, 16, 8, 128, None), (37, 4, 2, 64, None), (2048, 16, 8, 128, None), (300, 8, 1, 128, YARN)]
 ACT_SHAPES = [(0, 64), (1, 3072), (5, 301), (2048, 3072)]
-ELEMENTWISE_SIZES = [0, 1, 1001, 3 * 4096 + 7]
+ELEMENTWISE_SIZES = [0, 1, 1001, 3 * 4096 + 7, 5 * 16384 + 3]  # the last: 6 CPU chunks, run in parallel
 # (context lengths, query lengths) per batch: prefill, extend after a cached prefix, decode over long contexts,
 # crossing page boundaries, sequences of different lengths together. On CPU they reach both block strategies
 # (direct for few rows per KV head, staged for many) and the split-keys decode.

@@ -1,16 +1,16 @@
 # Activations, float32 arithmetic: silu_and_mul (SwiGLU: x[T, 2I] = [gate | up] -> silu(gate) * up),
 # and elementwise silu, gelu (exact: with erf, not the tanh approximation) and relu on [rows, columns].
-# CPU: parallel over chunks (rows for silu_and_mul), vectorized. GPU: `foreach`.
+# CPU: chunks (rows for silu_and_mul) as a ChunkTask for a Runner (utils/parallel.mojo), vectorized. GPU: `foreach`.
 from extensibility import register, InputTensor, OutputTensor, foreach
 from layout import Coord
 from max.gpu.host import DeviceContext
-from max.algorithm import parallelize
 from std.algorithm import vectorize
 from std.math import ceildiv, exp
 from std.memory import bitcast
 from std.utils.index import IndexList
 
-from ..utils.types import load_f32, narrow, F32, F32_WIDTH, Ptr, SERIAL_ELEMENTS, SERIAL_TRANSCENDENTAL, check_same
+from ..utils.parallel import ChunkTask, MojoThreads, Runner
+from ..utils.types import addr, ptr, load_f32, narrow, Addr, F32, F32_WIDTH, Ptr, SERIAL_ELEMENTS, SERIAL_TRANSCENDENTAL, check_same
 
 comptime SILU = 0
 comptime GELU = 1
@@ -57,47 +57,58 @@ def _relu_bfloat16_bits[width: Int](v: SIMD[DType.bfloat16, width]) -> SIMD[DTyp
     return bitcast[DType.bfloat16, width](below_zero.select(SIMD[DType.uint16, width](0), bits))
 
 
-def elementwise_cpu[dtype: DType, kind: Int, serial_scale: Int = 1](y: Ptr[dtype], x: Ptr[dtype], n: Int):
-    comptime bits_only = kind == RELU and dtype == DType.bfloat16
+struct _ElementwiseChunks[dtype: DType, kind: Int](ChunkTask):
+    var y: Addr[Self.dtype]
+    var x: Addr[Self.dtype]
+    var n: Int
 
-    def do_chunk(c: Int) {var y, var x, var n}:
+    def __init__(out self, y: Ptr[Self.dtype], x: Ptr[Self.dtype], n: Int):
+        self.y, self.x, self.n = addr(y), addr(x), n
+
+    def run(self, c: Int):
+        comptime bits_only = Self.kind == RELU and Self.dtype == DType.bfloat16
+        var y, x = ptr(self.y), ptr(self.x)
         var start = c * CHUNK
 
         def body[width: Int](i: Int) {var y, var x, var start}:
             comptime if bits_only:
                 var v = rebind[SIMD[DType.bfloat16, width]](x.unsafe_load[width=width](start + i))
-                y.unsafe_store(start + i, rebind[SIMD[dtype, width]](_relu_bfloat16_bits(v)))
+                y.unsafe_store(start + i, rebind[SIMD[Self.dtype, width]](_relu_bfloat16_bits(v)))
             else:
-                var v = load_f32[dtype, width](x, start + i)
-                y.unsafe_store(start + i, narrow[dtype, width](_activation[kind, width](v)))
+                var v = load_f32[Self.dtype, width](x, start + i)
+                y.unsafe_store(start + i, narrow[Self.dtype, width](_activation[Self.kind, width](v)))
 
-        vectorize[F32_WIDTH * (2 if bits_only else 1)](min(CHUNK, n - start), body)
-
-    var chunks = ceildiv(n, CHUNK)
-    if n <= (SERIAL_ELEMENTS if kind == RELU else SERIAL_TRANSCENDENTAL) * serial_scale:
-        for c in range(chunks):
-            do_chunk(c)
-    else:
-        parallelize(do_chunk, chunks)
+        vectorize[F32_WIDTH * (2 if bits_only else 1)](min(CHUNK, self.n - start), body)
 
 
-def silu_and_mul_cpu[dtype: DType, serial_scale: Int = 1](y: Ptr[dtype], x: Ptr[dtype], rows: Int, inter: Int):
-    def do_row(r: Int) {var y, var x, var inter}:
+def elementwise_cpu[dtype: DType, kind: Int, R: Runner](runner: R, y: Ptr[dtype], x: Ptr[dtype], n: Int):
+    var serial = n <= (SERIAL_ELEMENTS if kind == RELU else SERIAL_TRANSCENDENTAL)
+    runner.run(_ElementwiseChunks[dtype, kind](y, x, n), ceildiv(n, CHUNK), serial)
+
+
+struct _SiluAndMulRows[dtype: DType](ChunkTask):
+    var y: Addr[Self.dtype]
+    var x: Addr[Self.dtype]
+    var inter: Int
+
+    def __init__(out self, y: Ptr[Self.dtype], x: Ptr[Self.dtype], inter: Int):
+        self.y, self.x, self.inter = addr(y), addr(x), inter
+
+    def run(self, r: Int):
+        var y, x, inter = ptr(self.y), ptr(self.x), self.inter
         var src = r * 2 * inter
         var dst = r * inter
 
         def body[width: Int](i: Int) {var y, var x, var inter, var src, var dst}:
-            var gate = load_f32[dtype, width](x, src + i)
-            var up = load_f32[dtype, width](x, src + inter + i)
-            y.unsafe_store(dst + i, narrow[dtype, width](_activation[SILU, width](gate) * up))
+            var gate = load_f32[Self.dtype, width](x, src + i)
+            var up = load_f32[Self.dtype, width](x, src + inter + i)
+            y.unsafe_store(dst + i, narrow[Self.dtype, width](_activation[SILU, width](gate) * up))
 
         vectorize[F32_WIDTH](inter, body)
 
-    if rows * inter <= SERIAL_TRANSCENDENTAL * serial_scale:
-        for r in range(rows):
-            do_row(r)
-    else:
-        parallelize(do_row, rows)
+
+def silu_and_mul_cpu[dtype: DType, R: Runner](runner: R, y: Ptr[dtype], x: Ptr[dtype], rows: Int, inter: Int):
+    runner.run(_SiluAndMulRows[dtype](y, x, inter), rows, rows * inter <= SERIAL_TRANSCENDENTAL)
 
 
 def check_silu_and_mul(x_cols: Int, y_cols: Int) raises:
@@ -115,7 +126,7 @@ struct SiluAndMul:
         var inter = y.dim_size[1]()
         check_silu_and_mul(x.dim_size[1](), inter)
         comptime if target == "cpu":
-            silu_and_mul_cpu[dtype](y.unsafe_ptr(), x.unsafe_ptr(), x.dim_size[0](), inter)
+            silu_and_mul_cpu[dtype](MojoThreads(), y.unsafe_ptr(), x.unsafe_ptr(), x.dim_size[0](), inter)
         else:
             def body[width: Int](idx: Coord[...]) {var x, var inter} -> SIMD[dtype, width]:
                 var t = Int(idx[0])
@@ -131,7 +142,7 @@ def _elementwise[dtype: DType, kind: Int, target: StaticString](
     y: OutputTensor[dtype=dtype, rank=2, ...], x: InputTensor[dtype=dtype, rank=2, ...], ctx: DeviceContext
 ) raises:
     comptime if target == "cpu":
-        elementwise_cpu[dtype, kind](y.unsafe_ptr(), x.unsafe_ptr(), x.size())
+        elementwise_cpu[dtype, kind](MojoThreads(), y.unsafe_ptr(), x.unsafe_ptr(), x.size())
     else:
         def body[width: Int](idx: Coord[...]) {var x} -> SIMD[dtype, width]:
             return _activation[kind, width](x.load[width](idx).cast[F32]()).cast[dtype]()

@@ -2,56 +2,68 @@
 #   mili.rms_norm            x[T, H]
 #   mili.fused_add_rms_norm  residual_out = x + residual, y = rms_norm(residual_out)
 #   mili.head_rms_norm       x[T, heads, D] with w[D]: Qwen3's q/k norm
-# CPU: one row per task (parallel over rows), vectorized within a row. GPU: one block per row.
+# CPU: rows as a ChunkTask for a Runner (utils/parallel.mojo), vectorized within a row. GPU: one block per row.
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
 from max.gpu import thread_idx, block_idx
 from max.gpu.primitives import block
-from max.algorithm import parallelize
 from std.algorithm import vectorize
 from std.math import rsqrt
 
-from ..utils.types import load_f32, narrow, F32, F32_WIDTH, Ptr, GPU_BLOCK, SERIAL_ELEMENTS, check_same
+from ..utils.parallel import ChunkTask, MojoThreads, Runner
+from ..utils.types import addr, ptr, load_f32, narrow, Addr, F32, F32_WIDTH, Ptr, GPU_BLOCK, SERIAL_ELEMENTS, check_same
 
 
-def norm_rows_cpu[dtype: DType, fused: Bool, serial_scale: Int = 1](
-    y: Ptr[dtype], res_out: Ptr[dtype], x: Ptr[dtype], res: Ptr[dtype], w: Ptr[dtype],
-    rows: Int, cols: Int, eps: Float32,
-):
-    def do_row(r: Int) {var y, var res_out, var x, var res, var w, var cols, var eps}:
-        var base = r * cols
+struct _NormRows[dtype: DType, fused: Bool](ChunkTask):
+    var y: Addr[Self.dtype]
+    var res_out: Addr[Self.dtype]
+    var x: Addr[Self.dtype]
+    var res: Addr[Self.dtype]
+    var w: Addr[Self.dtype]
+    var cols: Int
+    var eps: Float32
+
+    def __init__(out self, y: Ptr[Self.dtype], res_out: Ptr[Self.dtype], x: Ptr[Self.dtype], res: Ptr[Self.dtype],
+                 w: Ptr[Self.dtype], cols: Int, eps: Float32):
+        self.y, self.res_out, self.x, self.res, self.w = addr(y), addr(res_out), addr(x), addr(res), addr(w)
+        self.cols, self.eps = cols, eps
+
+    def run(self, r: Int):
+        var y, res_out, x, res, w = ptr(self.y), ptr(self.res_out), ptr(self.x), ptr(self.res), ptr(self.w)
+        var base = r * self.cols
         var src = x
-        comptime if fused:
+        comptime if Self.fused:
             def add[width: Int](i: Int) {var res_out, var x, var res, var base}:
-                var s = load_f32[dtype, width](x, base + i) + load_f32[dtype, width](res, base + i)
-                res_out.unsafe_store(base + i, narrow[dtype, width](s))
+                var s = load_f32[Self.dtype, width](x, base + i) + load_f32[Self.dtype, width](res, base + i)
+                res_out.unsafe_store(base + i, narrow[Self.dtype, width](s))
 
-            vectorize[F32_WIDTH](cols, add)
+            vectorize[F32_WIDTH](self.cols, add)
             src = res_out
         var acc = SIMD[F32, F32_WIDTH](0)
         var tail = Float32(0)
 
         def square[width: Int](i: Int) {mut acc, mut tail, var src, var base}:
-            var v = load_f32[dtype, width](src, base + i)
+            var v = load_f32[Self.dtype, width](src, base + i)
             comptime if width == F32_WIDTH:
                 acc += rebind[SIMD[F32, F32_WIDTH]](v * v)
             else:
                 tail += (v * v).reduce_add()
 
-        vectorize[F32_WIDTH](cols, square)
-        var inv = rsqrt((acc.reduce_add() + tail) / Float32(cols) + eps)
+        vectorize[F32_WIDTH](self.cols, square)
+        var inv = rsqrt((acc.reduce_add() + tail) / Float32(self.cols) + self.eps)
 
         def scale[width: Int](i: Int) {var y, var src, var w, var base, var inv}:
-            var v = load_f32[dtype, width](src, base + i) * inv
-            y.unsafe_store(base + i, narrow[dtype, width](v * load_f32[dtype, width](w, i)))
+            var v = load_f32[Self.dtype, width](src, base + i) * inv
+            y.unsafe_store(base + i, narrow[Self.dtype, width](v * load_f32[Self.dtype, width](w, i)))
 
-        vectorize[F32_WIDTH](cols, scale)
+        vectorize[F32_WIDTH](self.cols, scale)
 
-    if rows * cols <= SERIAL_ELEMENTS * serial_scale:
-        for r in range(rows):
-            do_row(r)
-    else:
-        parallelize(do_row, rows)
+
+def norm_rows_cpu[dtype: DType, fused: Bool, R: Runner](
+    runner: R, y: Ptr[dtype], res_out: Ptr[dtype], x: Ptr[dtype], res: Ptr[dtype], w: Ptr[dtype],
+    rows: Int, cols: Int, eps: Float32,
+):
+    runner.run(_NormRows[dtype, fused](y, res_out, x, res, w, cols, eps), rows, rows * cols <= SERIAL_ELEMENTS)
 
 
 def _norm_rows_gpu[dtype: DType, fused: Bool](
@@ -90,7 +102,7 @@ def _norm_rows[dtype: DType, fused: Bool, target: StaticString](
     if rows == 0:
         return
     comptime if target == "cpu":
-        norm_rows_cpu[dtype, fused](y, res_out, x, res, w, rows, cols, eps.unsafe_load(0))
+        norm_rows_cpu[dtype, fused](MojoThreads(), y, res_out, x, res, w, rows, cols, eps.unsafe_load(0))
     else:
         ctx.enqueue_function[_norm_rows_gpu[dtype, fused]](
             y, res_out, x, res, w, Int32(cols), eps, grid_dim=rows, block_dim=GPU_BLOCK

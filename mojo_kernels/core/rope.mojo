@@ -6,11 +6,11 @@
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
 from max.gpu import thread_idx, block_idx
-from max.algorithm import parallelize
 from std.algorithm import vectorize
 from std.math import cos, sin, floor
 
-from ..utils.types import load_f32, narrow, F32, F32_WIDTH, Ptr, GPU_BLOCK, SERIAL_ELEMENTS, check_same
+from ..utils.parallel import ChunkTask, MojoThreads, Runner
+from ..utils.types import addr, ptr, load_f32, narrow, Addr, F32, F32_WIDTH, Ptr, GPU_BLOCK, SERIAL_ELEMENTS, check_same
 
 
 @always_inline
@@ -36,31 +36,47 @@ def _reduced_angle(angle: Float32) -> Float32:
     return (-k).fma(_TWO_PI_LO, (-k).fma(_TWO_PI_HI, angle))
 
 
-def rope_cpu[dtype: DType, serial_scale: Int = 1](
-    qo: Ptr[dtype], ko: Ptr[dtype], q: Ptr[dtype], k: Ptr[dtype], pos: Ptr[DType.int32], inv_freq: Ptr[F32],
-    scale: Float32, tokens: Int, q_heads: Int, k_heads: Int, head_dim: Int,
-):
-    var half = head_dim // 2
+struct _RopeTokens[dtype: DType](ChunkTask):
+    var qo: Addr[Self.dtype]
+    var ko: Addr[Self.dtype]
+    var q: Addr[Self.dtype]
+    var k: Addr[Self.dtype]
+    var pos: Addr[DType.int32]
+    var inv_freq: Addr[F32]
+    var scale: Float32
+    var q_heads: Int
+    var k_heads: Int
+    var head_dim: Int
 
-    def do_token(t: Int) {var qo, var ko, var q, var k, var pos, var inv_freq, var scale, var q_heads, var k_heads, var head_dim, var half}:
-        var p = pos.unsafe_load(t).cast[F32]()
+    def __init__(out self, qo: Ptr[Self.dtype], ko: Ptr[Self.dtype], q: Ptr[Self.dtype], k: Ptr[Self.dtype],
+                 pos: Ptr[DType.int32], inv_freq: Ptr[F32], scale: Float32, q_heads: Int, k_heads: Int, head_dim: Int):
+        self.qo, self.ko, self.q, self.k, self.pos, self.inv_freq = addr(qo), addr(ko), addr(q), addr(k), addr(pos), addr(inv_freq)
+        self.scale, self.q_heads, self.k_heads, self.head_dim = scale, q_heads, k_heads, head_dim
+
+    def run(self, t: Int):
+        var qo, ko, q, k, inv_freq = ptr(self.qo), ptr(self.ko), ptr(self.q), ptr(self.k), ptr(self.inv_freq)
+        var scale, q_heads, k_heads, head_dim = self.scale, self.q_heads, self.k_heads, self.head_dim
+        var half = head_dim // 2
+        var p = self.pos.unsafe_load(t).cast[F32]()
 
         def chunk[width: Int](i: Int) {var qo, var ko, var q, var k, var inv_freq, var scale, var q_heads, var k_heads, var head_dim, var half, var p, var t}:
             var angle = inv_freq.unsafe_load[width=width](i) * p
             var c = cos(angle) * scale
             var s = sin(angle) * scale
             for h in range(q_heads):
-                _rotate[dtype, width](qo, q, (t * q_heads + h) * head_dim + i, half, c, s)
+                _rotate[Self.dtype, width](qo, q, (t * q_heads + h) * head_dim + i, half, c, s)
             for h in range(k_heads):
-                _rotate[dtype, width](ko, k, (t * k_heads + h) * head_dim + i, half, c, s)
+                _rotate[Self.dtype, width](ko, k, (t * k_heads + h) * head_dim + i, half, c, s)
 
         vectorize[F32_WIDTH](half, chunk)
 
-    if tokens * (q_heads + k_heads) * head_dim <= SERIAL_ELEMENTS * serial_scale:
-        for t in range(tokens):
-            do_token(t)
-    else:
-        parallelize(do_token, tokens)
+
+def rope_cpu[dtype: DType, R: Runner](
+    runner: R, qo: Ptr[dtype], ko: Ptr[dtype], q: Ptr[dtype], k: Ptr[dtype], pos: Ptr[DType.int32], inv_freq: Ptr[F32],
+    scale: Float32, tokens: Int, q_heads: Int, k_heads: Int, head_dim: Int,
+):
+    var task = _RopeTokens[dtype](qo, ko, q, k, pos, inv_freq, scale, q_heads, k_heads, head_dim)
+    runner.run(task, tokens, tokens * (q_heads + k_heads) * head_dim <= SERIAL_ELEMENTS)
 
 
 def _rope_gpu[dtype: DType](
@@ -110,7 +126,7 @@ struct Rope:
         if tokens == 0:
             return
         comptime if target == "cpu":
-            rope_cpu[dtype](q_out.unsafe_ptr(), k_out.unsafe_ptr(), q.unsafe_ptr(), k.unsafe_ptr(), positions.unsafe_ptr(),
+            rope_cpu[dtype](MojoThreads(), q_out.unsafe_ptr(), k_out.unsafe_ptr(), q.unsafe_ptr(), k.unsafe_ptr(), positions.unsafe_ptr(),
                              inv_freq.unsafe_ptr(), scale.unsafe_ptr().unsafe_load(0), tokens, q.dim_size[1](),
                              k.dim_size[1](), head_dim)
         else:

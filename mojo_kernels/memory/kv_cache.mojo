@@ -4,33 +4,45 @@ from extensibility import register, InputTensor
 from extensibility import _MutableInputTensor as MutableInputTensor
 from max.gpu.host import DeviceContext
 from max.gpu import thread_idx, block_idx
-from max.algorithm import parallelize
 from std.algorithm import vectorize
 
-from ..utils.types import F32_WIDTH, Ptr, GPU_BLOCK, SERIAL_ELEMENTS, check_same
+from ..utils.parallel import ChunkTask, MojoThreads, Runner
+from ..utils.types import addr, ptr, Addr, F32_WIDTH, Ptr, GPU_BLOCK, SERIAL_ELEMENTS, check_same
 
 
-def store_kv_cpu[dtype: DType, serial_scale: Int = 1](
-    k_cache: Ptr[dtype], v_cache: Ptr[dtype], k: Ptr[dtype], v: Ptr[dtype], slots: Ptr[DType.int32], tokens: Int, row: Int
-):
-    def do_token(t: Int) {var k_cache, var v_cache, var k, var v, var slots, var row}:
-        var slot = Int(slots.unsafe_load(t))
+struct _StoreTokens[dtype: DType](ChunkTask):
+    var k_cache: Addr[Self.dtype]
+    var v_cache: Addr[Self.dtype]
+    var k: Addr[Self.dtype]
+    var v: Addr[Self.dtype]
+    var slots: Addr[DType.int32]
+    var row: Int
+
+    def __init__(out self, k_cache: Ptr[Self.dtype], v_cache: Ptr[Self.dtype], k: Ptr[Self.dtype], v: Ptr[Self.dtype],
+                 slots: Ptr[DType.int32], row: Int):
+        self.k_cache, self.v_cache, self.k, self.v, self.slots = addr(k_cache), addr(v_cache), addr(k), addr(v), addr(slots)
+        self.row = row
+
+    def run(self, t: Int):
+        var slot = Int(self.slots.unsafe_load(t))
         if slot < 0:
             return
-        var src = t * row
-        var dst = slot * row
+        var k_cache, v_cache, k, v = ptr(self.k_cache), ptr(self.v_cache), ptr(self.k), ptr(self.v)
+        var src = t * self.row
+        var dst = slot * self.row
 
         def copy[width: Int](i: Int) {var k_cache, var v_cache, var k, var v, var src, var dst}:
             k_cache.unsafe_store(dst + i, k.unsafe_load[width=width](src + i))
             v_cache.unsafe_store(dst + i, v.unsafe_load[width=width](src + i))
 
-        vectorize[F32_WIDTH](row, copy)
+        vectorize[F32_WIDTH](self.row, copy)
 
-    if tokens * row <= SERIAL_ELEMENTS * serial_scale:
-        for t in range(tokens):
-            do_token(t)
-    else:
-        parallelize(do_token, tokens)
+
+def store_kv_cpu[dtype: DType, R: Runner](
+    runner: R, k_cache: Ptr[dtype], v_cache: Ptr[dtype], k: Ptr[dtype], v: Ptr[dtype], slots: Ptr[DType.int32],
+    tokens: Int, row: Int,
+):
+    runner.run(_StoreTokens[dtype](k_cache, v_cache, k, v, slots, row), tokens, tokens * row <= SERIAL_ELEMENTS)
 
 
 def _store_gpu[dtype: DType](
@@ -69,7 +81,7 @@ struct StoreKV:
         if tokens == 0:
             return
         comptime if target == "cpu":
-            store_kv_cpu[dtype](k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), k.unsafe_ptr(), v.unsafe_ptr(),
+            store_kv_cpu[dtype](MojoThreads(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), k.unsafe_ptr(), v.unsafe_ptr(),
                               slot_mapping.unsafe_ptr(), tokens, row)
         else:
             ctx.enqueue_function[_store_gpu[dtype]](

@@ -7,19 +7,28 @@ comptime F32_WIDTH = simd_width_of[DType.float32]()
 """SIMD lanes of float32 on the host CPU (8 with AVX2, 16 with AVX-512)."""
 
 comptime Ptr[dtype: DType] = Pointer[Scalar[dtype], MutAnyOrigin]
+comptime Addr[dtype: DType] = Pointer[Scalar[dtype], MutUntrackedOrigin]
+"""A Ptr kept in a struct field (a field's type may not hold AnyOrigin): the ChunkTasks' pointers."""
+
+
+@always_inline
+def addr[dtype: DType](p: Ptr[dtype]) -> Addr[dtype]:
+    return p.unsafe_origin_cast[MutUntrackedOrigin]()
+
+
+@always_inline
+def ptr[dtype: DType](a: Addr[dtype]) -> Ptr[dtype]:
+    return a.unsafe_origin_cast[MutAnyOrigin]()
+
 
 comptime GPU_BLOCK = 128
 """Threads per block of the row-wise GPU kernels (one row per block)."""
 
 comptime SERIAL_ELEMENTS = 32768
-"""Below this many elements the memory-bound CPU kernels skip the thread pool: inside a MAX graph its workers
-are awake, and handing them work costs a few µs (a 1024-wide RMSNorm row takes ~0.2 µs)."""
+"""Up to this many elements the memory-bound CPU kernels run on the calling thread alone: handing work to
+awake workers costs a few µs (a 1024-wide RMSNorm row takes ~0.2 µs). torch's grain size is the same."""
 comptime SERIAL_TRANSCENDENTAL = 8192
 """The same for kernels with an exp or erf per element (silu, gelu): four times the work per element."""
-comptime EAGER_SERIAL_SCALE = 16
-"""Calls from Python (bindings/eager_cpu.mojo) stay serial up to 16x these sizes: their workers are asleep
-(waking them costs 10-20 µs on a VM), or they would compete for the cores with torch's OpenMP threads,
-which spin for milliseconds after each torch op."""
 
 
 def check_same[what: StaticString](a: Int, b: Int, a_name: StaticString, b_name: StaticString) raises:

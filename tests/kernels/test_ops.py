@@ -25,6 +25,39 @@ def test_op_matches_reference(cpu_path: str, runner, dtype: torch.dtype, case) -
     runner(ops, "cpu", dtype, case)
 
 
+PARALLEL_CASES = [c for c in kernel_cases() if c.id.split("-")[-1] in ("(3000, 1000)", "(2048, 3072)", "81923", "2000")
+                  or c.id.startswith(("rope-float32-(2048", "head_norm-bfloat16-(2048"))]
+
+
+@pytest.mark.parametrize("threads", ["mojo", "one"])
+@pytest.mark.parametrize("runner, dtype, case", PARALLEL_CASES)
+def test_eager_threads(threads: str, runner, dtype: torch.dtype, case, monkeypatch) -> None:
+    """The extension module's kernels big enough to run in parallel, on Mojo's threads (no OpenMP runtime
+    found: GOMP_parallel address 0) and on an OpenMP team of one thread (torch.set_num_threads(1))."""
+    assert ops._OPENMP != 0, "torch's OpenMP runtime was not found"
+    monkeypatch.setattr(ops, "EAGER_CPU", True)
+    if threads == "mojo":
+        monkeypatch.setattr(ops, "_OPENMP", 0)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1 if threads == "one" else before)
+    try:
+        torch.manual_seed(hash(str(case)) % 2**31)
+        runner(ops, "cpu", dtype, case)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_eager_calls_check_their_arguments() -> None:
+    kernel = ops._ELEMENTWISE["relu"].eager_kernel(torch.float32, True)
+    x = torch.randn(1, 8)
+    with pytest.raises(ValueError, match="expected more than 6 arguments"):
+        kernel(ops._OPENMP, x.data_ptr(), 1, 8, x.data_ptr(), 1)
+    with pytest.raises(ValueError, match="expected 7 arguments, got 8"):
+        kernel(ops._OPENMP, x.data_ptr(), 1, 8, x.data_ptr(), 1, 8, 0)
+    with pytest.raises(TypeError, match="integer"):
+        kernel(ops._OPENMP, x.data_ptr(), 1, 8, x.data_ptr(), 1, "8")
+
+
 def test_eager_cpu_calls_compile_nothing() -> None:
     before = ops.CompiledOp.compiled.cache_info().currsize
     ops.head_rms_norm(torch.randn(2, 4, 64, dtype=torch.bfloat16), torch.ones(64, dtype=torch.bfloat16), 1e-6)
