@@ -41,25 +41,34 @@ struct MojoThreads(Runner):
             parallelize(item, items)
 
 
+comptime _OMP_BLOCKS = 64
+"""The OpenMP team takes the items in about this many blocks: enough to balance uneven items, few enough that
+the threads rarely meet on the shared counter (one increment per item was 2x slower for 0.1 µs rows)."""
+
+
 struct _OmpJob[T: ChunkTask]:
     var task: Self.T
     var items: Int
+    var block: Int
     var next: Atomic[Int64]
 
     def __init__(out self, task: Self.T, items: Int):
         self.task = task
         self.items = items
+        self.block = max(1, items // _OMP_BLOCKS)
         self.next = Atomic[Int64](0)
 
 
 def _omp_body[T: ChunkTask](data: _VoidPtr) abi("C"):
-    """Every thread of the OpenMP team takes items until none is left (uneven items balance themselves)."""
+    """Every thread of the OpenMP team takes blocks of items until none is left."""
     var job = data.unsafe_bitcast[_OmpJob[T]]()
+    var items, block = job[].items, job[].block
     while True:
-        var i = Int(job[].next.fetch_add(1))
-        if i >= job[].items:
+        var start = Int(job[].next.fetch_add(Int64(block)))
+        if start >= items:
             return
-        job[].task.run(i)
+        for i in range(start, min(start + block, items)):
+            job[].task.run(i)
 
 
 struct OpenMP(Runner):
