@@ -4,9 +4,9 @@
 # mojo_kernels/utils/parallel.mojo) instead of Mojo's runtime.
 #
 # Calling convention (bindings/ops.py CompiledOp): one function per op and dtype, e.g. `rms_norm_float32`,
-# called with METH_FASTCALL (no argument tuple); its arguments are integers: the address of GOMP_parallel
-# (0: none), then the op's tensors in the order of the MAX op (outputs first), each as its address followed by
-# its sizes. Python checks ranks, dtypes, devices and contiguity before the call.
+# called with METH_FASTCALL (no argument tuple); its arguments are integers: the address of the process's
+# OpenMP entry points (utils/parallel.mojo; 0: none), then the op's tensors in the order of the MAX op (outputs
+# first), each as its address followed by its sizes. Python checks ranks, dtypes, devices and contiguity first.
 from std.os import abort
 from std.python import Python, PythonObject
 from std.python._cpython import PyObjectPtr
@@ -167,7 +167,7 @@ def store_kv[dtype: DType](mut args: Args) raises:
 
 
 def paged_attention[dtype: DType](mut args: Args) raises:
-    _ = args.int()  # GOMP_parallel: attention keeps Mojo's threads (few long work items, a worker per core)
+    _ = args.int()  # OpenMP entry points: attention keeps Mojo's threads (few long work items, a worker per core)
     var output, q = args.tensor[dtype, 3](), args.tensor[dtype, 3]()
     var k_cache, v_cache = args.tensor[dtype, 4](), args.tensor[dtype, 4]()
     var page_table, context_lens, query_start = args.tensor[I32, 2](), args.tensor[I32, 1](), args.tensor[I32, 1]()

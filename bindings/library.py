@@ -88,17 +88,27 @@ def eager_cpu_module():
 
 
 @lru_cache(maxsize=1)
-def openmp_parallel_address() -> int:
-    """The address of GOMP_parallel in this process (the OpenMP runtime torch loaded; LLVM's and Intel's
-    runtimes export it too), or 0 when there is none: the eager CPU kernels then use Mojo's threads."""
+def _openmp_functions():
     import ctypes
 
     import torch  # noqa: F401  (loads torch's OpenMP runtime into the global namespace)
 
+    process = ctypes.CDLL(None)
     try:
-        return ctypes.cast(ctypes.CDLL(None).GOMP_parallel, ctypes.c_void_p).value or 0
+        return (ctypes.c_void_p * 3)(*[ctypes.cast(getattr(process, name), ctypes.c_void_p).value
+                                       for name in ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")])
     except AttributeError:
-        return 0
+        return None
+
+
+def openmp_entry_points() -> int:
+    """The address of [GOMP_parallel, omp_get_thread_num, omp_get_num_threads] of the OpenMP runtime torch
+    loaded (mojo_kernels/utils/parallel.mojo OpenMPEntryPoints; LLVM's and Intel's runtimes export these names
+    too), or 0 when there is none: the eager CPU kernels then use Mojo's threads."""
+    import ctypes
+
+    functions = _openmp_functions()
+    return 0 if functions is None else ctypes.addressof(functions)
 
 
 @lru_cache(maxsize=1)

@@ -29,7 +29,7 @@ ALL_OPS: list["CompiledOp"] = []
 EAGER_CPU = True
 """CPU calls use the Mojo extension module; False sends them through MAX graphs like GPU calls (tests do both)."""
 EAGER_DTYPES = (torch.float32, torch.bfloat16)
-_OPENMP = library.openmp_parallel_address()
+_OPENMP = library.openmp_entry_points()
 """The eager kernels' first argument: they run on torch's OpenMP threads (mojo_kernels/utils/parallel.mojo)."""
 
 

@@ -33,7 +33,7 @@ PARALLEL_CASES = [c for c in kernel_cases() if c.id.split("-")[-1] in ("(3000, 1
 @pytest.mark.parametrize("runner, dtype, case", PARALLEL_CASES)
 def test_eager_threads(threads: str, runner, dtype: torch.dtype, case, monkeypatch) -> None:
     """The extension module's kernels big enough to run in parallel, on Mojo's threads (no OpenMP runtime
-    found: GOMP_parallel address 0) and on an OpenMP team of one thread (torch.set_num_threads(1))."""
+    found: OpenMP entry points 0) and on an OpenMP team of one thread (torch.set_num_threads(1))."""
     assert ops._OPENMP != 0, "torch's OpenMP runtime was not found"
     monkeypatch.setattr(ops, "EAGER_CPU", True)
     if threads == "mojo":
