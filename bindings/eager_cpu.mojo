@@ -9,7 +9,7 @@
 # first), each as its address followed by its sizes. Python checks ranks, dtypes, devices and contiguity first.
 from std.os import abort
 from std.python import Python, PythonObject
-from std.python._cpython import PyObjectPtr
+from std.python._cpython import PyObjectPtr, PyThreadState
 from std.python.bindings import PythonModuleBuilder
 from std.utils.index import IndexList
 
@@ -46,16 +46,21 @@ struct Tensor[dtype: DType, rank: Int](ImplicitlyCopyable):
 
 
 struct Args:
-    """Reads the call's integer arguments in order."""
+    """Reads the call's integer arguments in order; `done` then lets other Python threads run (as torch's ops
+    do) while the op checks sizes and runs its kernel, which touch no Python object."""
 
     var items: PyArgs
     var count: Int
     var at: Int
+    var saved_thread: Optional[Pointer[PyThreadState, MutUntrackedOrigin]]
+    var gil_released: Bool
 
     def __init__(out self, items: PyArgs, count: Int):
         self.items = items
         self.count = count
         self.at = 0
+        self.saved_thread = None
+        self.gil_released = False
 
     def int(mut self) raises -> Int:
         if self.at >= self.count:
@@ -74,9 +79,16 @@ struct Args:
             dims[i] = self.int()
         return Tensor[dtype, rank](address, dims)
 
-    def done(self, op: StaticString) raises:
+    def done(mut self, op: StaticString) raises:
         if self.at != self.count:
             raise Error(op, ": expected ", self.at, " arguments, got ", self.count)
+        self.saved_thread = Python().cpython().PyEval_SaveThread()
+        self.gil_released = True
+
+    def hold_gil(mut self):
+        if self.gil_released:
+            Python().cpython().PyEval_RestoreThread(self.saved_thread)
+            self.gil_released = False
 
 
 def _fastcall[op: def(mut Args) raises thin -> None](py_self: PyObjectPtr, items: PyArgs, count: Int) abi("C") -> PyObjectPtr:
@@ -86,10 +98,12 @@ def _fastcall[op: def(mut Args) raises thin -> None](py_self: PyObjectPtr, items
     try:
         op(args)
     except e:
+        args.hold_gil()
         if not cpython.PyErr_Occurred():
             var message = String(e)
             cpython.PyErr_SetString(cpython.get_error_global("PyExc_ValueError"), message.as_c_string_span().ptr().unsafe_origin_cast[ImmutAnyOrigin]())
         return PyObjectPtr()
+    args.hold_gil()
     var none = cpython.Py_None()
     cpython.Py_IncRef(none)
     return none

@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 
+from tests.attention_cases import attention_case
 from tests.kernel_cases import kernel_cases, run_attention
 
 ops = pytest.importorskip("bindings.ops", reason="MAX is not installed")
@@ -45,6 +46,28 @@ def test_eager_threads(threads: str, runner, dtype: torch.dtype, case, monkeypat
         runner(ops, "cpu", dtype, case)
     finally:
         torch.set_num_threads(before)
+
+
+def test_eager_calls_let_other_threads_run(monkeypatch) -> None:
+    """A long kernel runs without the GIL (as torch's ops): the main thread keeps running Python meanwhile."""
+    import threading
+
+    monkeypatch.setattr(ops, "EAGER_CPU", True)
+    q, kc, vc, table, lens, starts, _ = attention_case([1500], [1500], 8, 8, 64, torch.float32)
+    call = lambda: ops.paged_attention(q, kc, vc, table, lens, starts, 0.125)
+    call()
+    start = time.perf_counter()
+    call()
+    seconds = time.perf_counter() - start
+    worker = threading.Thread(target=call)
+    ticks, last, longest_gap = 0, time.perf_counter(), 0.0
+    worker.start()
+    while worker.is_alive():
+        now = time.perf_counter()
+        ticks, longest_gap, last = ticks + 1, max(longest_gap, now - last), now
+    worker.join()
+    # holding the GIL would stop this loop for the whole call
+    assert longest_gap < seconds / 2, (longest_gap, seconds, ticks)
 
 
 def test_eager_calls_check_their_arguments() -> None:
