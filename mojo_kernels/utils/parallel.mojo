@@ -27,14 +27,18 @@ trait Runner:
         ...
 
 
+def _on_this_thread[T: ChunkTask](task: T, items: Int):
+    for i in range(items):
+        task.run(i)
+
+
 struct MojoThreads(Runner):
     def __init__(out self):
         pass
 
     def run[T: ChunkTask](self, task: T, items: Int, serial: Bool):
         if serial or items == 1:
-            for i in range(items):
-                task.run(i)
+            _on_this_thread(task, items)
         else:
             def item(i: Int) {var task}:
                 task.run(i)
@@ -84,8 +88,7 @@ struct OpenMP(Runner):
         if self.entry_points == 0:
             MojoThreads().run(task, items, serial)
         elif serial or items == 1:
-            for i in range(items):
-                task.run(i)
+            _on_this_thread(task, items)
         else:
             var openmp = Pointer[OpenMPEntryPoints, MutUntrackedOrigin](unsafe_from_address=self.entry_points)
             var job = _OmpJob[T](task, items, openmp)
