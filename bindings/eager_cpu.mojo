@@ -53,14 +53,13 @@ struct Args:
     var count: Int
     var at: Int
     var saved_thread: Optional[Pointer[PyThreadState, MutUntrackedOrigin]]
-    var gil_released: Bool
+    """Set while the GIL is released (PyEval_SaveThread's result)."""
 
     def __init__(out self, items: PyArgs, count: Int):
         self.items = items
         self.count = count
         self.at = 0
         self.saved_thread = None
-        self.gil_released = False
 
     def int(mut self) raises -> Int:
         if self.at >= self.count:
@@ -83,12 +82,11 @@ struct Args:
         if self.at != self.count:
             raise Error(op, ": expected ", self.at, " arguments, got ", self.count)
         self.saved_thread = Python().cpython().PyEval_SaveThread()
-        self.gil_released = True
 
     def hold_gil(mut self):
-        if self.gil_released:
+        if self.saved_thread:
             Python().cpython().PyEval_RestoreThread(self.saved_thread)
-            self.gil_released = False
+            self.saved_thread = None
 
 
 def _fastcall[op: def(mut Args) raises thin -> None](py_self: PyObjectPtr, items: PyArgs, count: Int) abi("C") -> PyObjectPtr:

@@ -224,8 +224,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 def _elementwise(op: CompiledOp, x: torch.Tensor) -> torch.Tensor:
-    if not x.is_contiguous():
-        x = x.contiguous()
+    x = _c(x)
     y = torch.empty_like(x)
     kernel = op.eager_kernel(x.dtype, x.is_cpu)
     if kernel is not None:  # y is x's twin: nothing for __call__ to check (its checks cost more than the kernel)
