@@ -11,7 +11,8 @@ import time
 
 from common import model_path, print_table, write_json
 
-from python_layer import InferenceEngine, Qwen3Model, SamplingParams
+from python_layer import InferenceEngine, SamplingParams
+from python_layer.model.loader import load_model
 
 
 def run(engine: InferenceEngine, prompts: list[list[int]], max_tokens: list[int]) -> dict:
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for backend in args.backends.split(","):
         started = time.perf_counter()
-        model = Qwen3Model.from_pretrained(path, device=args.device, dtype=args.dtype, backend=backend)
+        model = load_model(path, device=args.device, dtype=args.dtype, backend=backend)
         engine = InferenceEngine(model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
         load_s = time.perf_counter() - started
         engine.generate([prompts[0][:8]], SamplingParams(max_tokens=2))  # warm-up

@@ -1,12 +1,13 @@
 """MILI: a Qwen3 inference server. `from python_layer import InferenceEngine, SamplingParams`."""
 
-from .inference import (
-    ContinuousBatchScheduler, InferenceEngine, InferenceRequest, RequestMetadata, RequestOutput, RequestPhase, Sampler,
-    SamplingParams,
+from .design_api import (
+    KVCacheAllocator, MessageFormatter, Qwen3Model, QwenTokenizer, RequestMetadata, RequestPhase, Sampler, get_tokenizer,
 )
-from .memory import KVCacheAllocator, PagedKVCache, RadixAttentionCache
-from .model import QWEN3_PRESETS, Qwen3Config, Qwen3Model, WeightLoader
-from .tokenizer import MessageFormatter, QwenTokenizer, get_tokenizer, parse_response
+from .inference import ContinuousBatchScheduler, InferenceEngine, InferenceRequest, RequestOutput, SamplingParams
+from .memory import PagedKVCache, RadixAttentionCache
+from .model import QWEN3_PRESETS, Qwen3Config, WeightLoader
+from .model.loader import load_model
+from .tokenizer import parse_response
 
 __version__ = "0.1.0"
 
@@ -14,6 +15,6 @@ __all__ = [
     "ContinuousBatchScheduler", "InferenceEngine", "InferenceRequest", "RequestMetadata", "RequestOutput", "RequestPhase",
     "Sampler", "SamplingParams",
     "KVCacheAllocator", "PagedKVCache", "RadixAttentionCache",
-    "QWEN3_PRESETS", "Qwen3Config", "Qwen3Model", "WeightLoader",
+    "QWEN3_PRESETS", "Qwen3Config", "Qwen3Model", "WeightLoader", "load_model",
     "MessageFormatter", "QwenTokenizer", "get_tokenizer", "parse_response",
 ]

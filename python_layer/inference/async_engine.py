@@ -1,7 +1,7 @@
 """AsyncEngine: the InferenceEngine on one background thread, with an asyncio front for the server.
 
 Only the engine thread touches the engine. The event loop hands it requests and aborts through a
-command list guarded by a condition variable, and gets each request's outputs back through its own
+command list guarded by a condition variable, and gets each request's deltas back through its own
 asyncio queue (`loop.call_soon_threadsafe`), so compute never blocks the loop. The number of unfinished
 requests is bounded: past `max_num_seqs + max_queue_len`, `add_requests` raises EngineOverloaded."""
 
@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import logging
 import threading
 import time
-from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Dict, List, Optional, Sequence
 
-from .inference_engine import InferenceEngine, Prompt
+from .inference_engine import InferenceEngine
 from .metrics import EngineMetrics
-from .request import RequestOutput
+from .request import InferenceRequest, RequestDelta
 from .sampling_params import SamplingParams
 
 logger = logging.getLogger("mili.engine")
@@ -33,39 +30,31 @@ class EngineStopped(RuntimeError):
     """The engine is shutting down or stopped after an error (HTTP 503)."""
 
 
-@dataclass
-class _Tracked:
-    """What the engine thread records of a request for its stream, its status and the latency metrics."""
-
-    stream: "RequestStream"
-    max_tokens: int
-    num_prompt_tokens: int
-    arrival: float = field(default_factory=time.perf_counter)
-    last_token_time: Optional[float] = None
-    tokens_generated: int = 0
-
-
 class RequestStream:
-    """The outputs of one or more requests submitted together (the n choices of an API call), as an async
-    iterator of RequestOutput in the order they come; ends once every request finished. Raises what the
-    engine raised if a request failed inside it."""
+    """The deltas of one or more requests submitted together (the n choices of an API call), as an async
+    iterator of RequestDelta in the order they come; ends once every request finished. Raises what the
+    engine raised if a request failed inside it. Once a request finished, `requests[i].output()` is its result."""
 
-    def __init__(self, request_ids: List[str], loop: asyncio.AbstractEventLoop) -> None:
-        self.request_ids = request_ids
-        self.index = {request_id: i for i, request_id in enumerate(request_ids)}
-        self.unfinished = set(request_ids)
+    def __init__(self, requests: List[InferenceRequest], loop: asyncio.AbstractEventLoop) -> None:
+        self.requests = requests
+        self.index = {r.request_id: i for i, r in enumerate(requests)}
+        self.unfinished = set(self.index)
         self._queue: asyncio.Queue = asyncio.Queue()
         self._loop = loop
+
+    @property
+    def request_ids(self) -> List[str]:
+        return [r.request_id for r in self.requests]
 
     @property
     def finished(self) -> bool:
         return not self.unfinished
 
-    def put(self, item: RequestOutput | BaseException) -> None:
+    def put(self, item: RequestDelta | BaseException) -> None:
         """Thread-safe: called from the engine thread."""
         self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
 
-    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+    async def __aiter__(self) -> AsyncIterator[RequestDelta]:
         while self.unfinished:
             item = await self._queue.get()
             if isinstance(item, BaseException):
@@ -76,8 +65,7 @@ class RequestStream:
 
 
 class AsyncEngine:
-    def __init__(self, engine: InferenceEngine, max_queue_len: int = 256, metrics: Optional[EngineMetrics] = None,
-                 max_status_entries: int = 1024) -> None:
+    def __init__(self, engine: InferenceEngine, max_queue_len: int = 256, metrics: Optional[EngineMetrics] = None) -> None:
         if max_queue_len < 0:
             raise ValueError(f"max_queue_len must be >= 0, got {max_queue_len}")
         self.engine = engine
@@ -85,34 +73,33 @@ class AsyncEngine:
         self.metrics = metrics
         self._cv = threading.Condition()
         self._commands: List[Callable[[], None]] = []
-        self._tracked: Dict[str, _Tracked] = {}  # unfinished requests (written by both threads under _cv)
-        self._finished: "OrderedDict[str, dict]" = OrderedDict()  # status of the latest finished requests
-        self._max_status_entries = max_status_entries
+        # the unfinished requests (written by both threads under _cv): their state lives on the request objects
+        self._unfinished: Dict[str, InferenceRequest] = {}
+        self._streams: Dict[str, RequestStream] = {}
         self._accepting = True
         self._stop = False
-        self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name="mili-engine", daemon=True)
         self._thread.start()
 
     # ---- event-loop side -------------------------------------------------------------------------------------
 
-    def add_requests(self, prompts: Sequence[Prompt], params: Sequence[SamplingParams]) -> RequestStream:
-        """Queue requests that belong together; their outputs come through the returned stream. Call it on the
-        event loop. Raises ValueError for a bad prompt (then nothing is queued), EngineOverloaded when the
+    def add_requests(self, prompts: Sequence[List[int]], params: Sequence[SamplingParams],
+                     request_ids: Sequence[str]) -> RequestStream:
+        """Queue requests that belong together; their deltas come through the returned stream. The prompts are
+        token ids that `engine.check_prompt` passed. Call it on the event loop. Raises EngineOverloaded when the
         queue is full, EngineStopped when the engine no longer accepts requests."""
-        token_ids = [self.engine.check_prompt(p)[1] for p in prompts]
-        base = f"mili-{next(self._ids)}-{time.monotonic_ns():x}"
-        ids = [base] if len(prompts) == 1 else [f"{base}-{i}" for i in range(len(prompts))]
-        stream = RequestStream(ids, asyncio.get_running_loop())
+        requests = [self.engine.new_request(p, sp, rid) for p, sp, rid in zip(prompts, params, request_ids)]
+        stream = RequestStream(requests, asyncio.get_running_loop())
         with self._cv:
             if not self._accepting:
                 raise EngineStopped("the server is shutting down and accepts no new requests")
-            if len(self._tracked) + len(ids) > self.capacity:
-                raise EngineOverloaded(f"the server is at capacity ({len(self._tracked)} requests running or "
+            if len(self._unfinished) + len(requests) > self.capacity:
+                raise EngineOverloaded(f"the server is at capacity ({len(self._unfinished)} requests running or "
                                        f"waiting, at most {self.capacity}); retry later")
-            for i, rid in enumerate(ids):
-                self._tracked[rid] = _Tracked(stream, params[i].max_tokens, len(token_ids[i]))
-                self._commands.append(functools.partial(self._add, rid, token_ids[i], params[i]))
+            for request in requests:
+                self._unfinished[request.request_id] = request
+                self._streams[request.request_id] = stream
+                self._commands.append(functools.partial(self._add, request))
             self._cv.notify()
         return stream
 
@@ -120,22 +107,19 @@ class AsyncEngine:
         """Thread-safe; the stream's unfinished requests end with finish_reason "abort", their KV pages freed."""
         with self._cv:
             for request_id in stream.request_ids:
-                if request_id in self._tracked:
+                if request_id in self._unfinished:
                     self._commands.append(functools.partial(self._abort, request_id))
             self._cv.notify()
 
     def get_request_status(self, request_id: str) -> dict:
-        """The design documents' {"status": "processing" | "completed" | "not_found", ...}."""
-        with self._cv:
-            tracked = self._tracked.get(request_id)
-            if tracked is not None:
-                return {"status": "processing", "tokens_generated": tracked.tokens_generated,
-                        "tokens_remaining": tracked.max_tokens - tracked.tokens_generated}
-            return dict(self._finished.get(request_id, {"status": "not_found"}))
+        """The design documents' {"status": "processing" | "completed" | "not_found", ...}: queued requests
+        the engine thread has not taken yet are processing too."""
+        request = self._unfinished.get(request_id) or self.engine.finished.get(request_id)
+        return request.status_dict() if request is not None else {"status": "not_found"}
 
     @property
     def num_unfinished(self) -> int:
-        return len(self._tracked)
+        return len(self._unfinished)
 
     @property
     def is_running(self) -> bool:
@@ -174,55 +158,47 @@ class AsyncEngine:
 
     def _step(self) -> None:
         try:
-            outputs = self.engine.step()
+            deltas = self.engine.step()
         except Exception as e:  # an engine bug must not kill the server: fail the requests in flight, go on
             logger.exception("engine step failed; failing the %d requests in flight", len(self.engine.requests))
             for request_id in list(self.engine.requests):
                 self.engine.abort(request_id)
                 self._fail(request_id, RuntimeError(f"the engine failed while running this request: {e}"))
             return
-        now = time.perf_counter()
-        for out in outputs:
-            self._deliver(out, now)
+        for delta in deltas:
+            self._deliver(delta)
 
-    def _add(self, request_id: str, token_ids: List[int], params: SamplingParams) -> None:
+    def _add(self, request: InferenceRequest) -> None:
         try:
-            self.engine.add_request(token_ids, params, request_id=request_id)
+            self.engine.submit(request)
         except ValueError as e:
-            self._fail(request_id, e)
+            self._fail(request.request_id, e)
 
     def _abort(self, request_id: str) -> None:
-        self.engine.abort(request_id)
-        result = self.engine.get_completed_result(request_id)
-        if result is not None and request_id in self._tracked:
-            self._deliver(result, time.perf_counter())
+        delta = self.engine.abort(request_id)
+        if delta is not None:
+            self._deliver(delta)
 
     def _fail(self, request_id: str, error: BaseException) -> None:
-        tracked = self._tracked.get(request_id)
-        if tracked is not None:
-            self._finish(request_id, tracked, "error", time.perf_counter())
-            tracked.stream.put(error)
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            self._forget(request_id, "error")
+            stream.put(error)
 
-    def _finish(self, request_id: str, tracked: _Tracked, finish_reason: str, now: float) -> None:
+    def _forget(self, request_id: str, finish_reason: str) -> None:
         with self._cv:
-            del self._tracked[request_id]
-            self._finished[request_id] = {"status": "completed", "finish_reason": finish_reason,
-                                          "tokens_generated": tracked.tokens_generated, "tokens_remaining": 0}
-            while len(self._finished) > self._max_status_entries:
-                self._finished.popitem(last=False)
+            request = self._unfinished.pop(request_id)
+            del self._streams[request_id]
         if self.metrics is not None:
-            self.metrics.observe_finished(finish_reason, now - tracked.arrival)
+            self.metrics.observe_finished(finish_reason, time.perf_counter() - request.arrival_time)
 
-    def _deliver(self, out: RequestOutput, now: float) -> None:
-        tracked = self._tracked.get(out.request_id)
-        if tracked is None:
+    def _deliver(self, delta: RequestDelta) -> None:
+        stream = self._streams.get(delta.request_id)
+        if stream is None:
             return
-        new_tokens = len(out.token_ids) - tracked.tokens_generated
-        if self.metrics is not None and new_tokens > 0:
-            self.metrics.observe_tokens(tracked.last_token_time, tracked.arrival, now, new_tokens,
-                                        tracked.num_prompt_tokens)
-        tracked.tokens_generated = len(out.token_ids)
-        tracked.last_token_time = now if new_tokens > 0 else tracked.last_token_time
-        if out.finished:
-            self._finish(out.request_id, tracked, out.finish_reason, now)
-        tracked.stream.put(out)
+        if self.metrics is not None and delta.token_ids:
+            request = self._unfinished[delta.request_id]
+            self.metrics.observe_tokens(request, len(delta.token_ids))
+        if delta.finished:
+            self._forget(delta.request_id, delta.finish_reason)
+        stream.put(delta)

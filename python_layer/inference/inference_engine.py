@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-import itertools
 import os
+import time
+from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 
 from ..memory.radix_cache import RadixAttentionCache
+from ..model.loader import load_model
 from ..model.qwen3_model import DEFAULT_BACKEND, Qwen3Model
 from ..tokenizer.detokenizer import IncrementalDetokenizer
 from ..tokenizer.qwen_tokenizer import QwenTokenizer, tokenizer_for_checkpoint
 from .model_runner import ModelRunner
-from .request import InferenceRequest, RequestOutput
-from .sampler import Sampler, TokenLogprobs
+from .request import InferenceRequest, RequestDelta, RequestOutput, new_request_id
+from .sampler import BatchSampler, TokenLogprobs
 from .scheduler import ContinuousBatchScheduler
 from .sampling_params import SamplingParams
 
@@ -37,6 +39,7 @@ class InferenceEngine:
         max_num_seqs: int = 64,
         max_num_batched_tokens: int = 2048,
         enable_prefix_caching: bool = True,
+        max_finished_requests: int = 1024,
         debug_checks: bool = False,
     ) -> None:
         self.model = model
@@ -58,9 +61,10 @@ class InferenceEngine:
         self.prefix_cache = RadixAttentionCache(self.kv_cache) if enable_prefix_caching else None
         self.scheduler = ContinuousBatchScheduler(self.kv_cache, self.prefix_cache, max_num_seqs, max_num_batched_tokens)
         self.runner = ModelRunner(model, self.kv_cache)
-        self.sampler = Sampler()
+        self.sampler = BatchSampler()
         self.debug_checks = debug_checks
-        self._ids = itertools.count()
+        self.finished: "OrderedDict[str, InferenceRequest]" = OrderedDict()  # the latest finished, for /status
+        self.max_finished_requests = max_finished_requests
 
     @classmethod
     def from_pretrained(
@@ -71,12 +75,8 @@ class InferenceEngine:
         backend: str = DEFAULT_BACKEND,
         **engine_args,
     ) -> "InferenceEngine":
-        """Load a checkpoint directory or hub id (None: MILI's built-in random-weight test model)."""
-        if model_path is None:
-            from ..model.random_checkpoint import builtin_model_path
-
-            model_path = builtin_model_path()
-        return cls(Qwen3Model.from_pretrained(model_path, device=device, dtype=dtype, backend=backend), **engine_args)
+        """`load_model(model_path, device, dtype, backend)` (None: the built-in random-weight model) in an engine."""
+        return cls(load_model(model_path, device=device, dtype=dtype, backend=backend), **engine_args)
 
     @property
     def requests(self) -> Dict[str, InferenceRequest]:
@@ -92,21 +92,12 @@ class InferenceEngine:
 
     def add_request(self, prompt: Prompt, params: Optional[SamplingParams] = None, request_id: Optional[str] = None) -> str:
         """Queue a prompt (text, or token ids); returns its request id. Raises ValueError for a bad prompt."""
-        params = params or SamplingParams()
         text, token_ids = self.check_prompt(prompt)
-        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if request_id in self.requests:
-            raise ValueError(f"request_id {request_id!r} is already in use")
-        max_total = min(self.max_model_len, len(token_ids) + params.max_tokens)
-        generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-        detokenizer = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=params.skip_special_tokens)
-        request = InferenceRequest(request_id, text, token_ids, params, detokenizer, max_total, generator)
-        if params.logprobs is not None:
-            request.logprobs = []
-        return self.scheduler.add_request(request)
+        return self.submit(self.new_request(token_ids, params or SamplingParams(), request_id, text))
 
     def check_prompt(self, prompt: Prompt) -> tuple[Optional[str], List[int]]:
-        """(text or None, token ids) of a prompt; ValueError naming the problem when it cannot run here."""
+        """(text or None, token ids) of a prompt; ValueError naming the problem when it cannot run here. The
+        front door: what passes is trusted from here on."""
         if isinstance(prompt, str):
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
@@ -126,60 +117,107 @@ class InferenceEngine:
             )
         return text, token_ids
 
-    def abort(self, request_id: str) -> None:
-        """Stop a request now and free its KV pages (a finished or unknown request is ignored)."""
-        self.scheduler.abort_request(request_id)
+    def new_request(self, token_ids: List[int], params: SamplingParams, request_id: Optional[str] = None,
+                    prompt: Optional[str] = None) -> InferenceRequest:
+        """A request for prompt token ids that `check_prompt` passed (safe to call off the engine thread)."""
+        max_total = min(self.max_model_len, len(token_ids) + params.max_tokens)
+        generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        detokenizer = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=params.skip_special_tokens)
+        return InferenceRequest(request_id or new_request_id(), prompt, list(token_ids), params, detokenizer,
+                                max_total, generator)
+
+    def submit(self, request: InferenceRequest) -> str:
+        """Queue a request made by `new_request`."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        return self.scheduler.add_request(request)
+
+    def abort(self, request_id: str) -> Optional[RequestDelta]:
+        """Stop a request now and free its KV pages; returns its last delta (None for a finished or unknown id)."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return None
+        return self._finish(request, "abort", request.held_text)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    def get_request(self, request_id: str) -> Optional[InferenceRequest]:
+        """An unfinished request, or one of the latest `max_finished_requests` finished ones."""
+        return self.requests.get(request_id) or self.finished.get(request_id)
+
     def get_request_status(self, request_id: str) -> dict:
-        return self.scheduler.get_request_status(request_id)
+        """The design documents' {"status": "processing" | "completed" | "not_found", ...}."""
+        request = self.get_request(request_id)
+        return request.status_dict() if request is not None else {"status": "not_found"}
 
     def get_completed_result(self, request_id: str) -> Optional[RequestOutput]:
-        return self.scheduler.get_completed_result(request_id)
+        request = self.finished.get(request_id)
+        return request.output() if request is not None else None
 
     # ---- stepping -------------------------------------------------------------------------------------------
 
-    def step(self) -> List[RequestOutput]:
-        """Run one batch; returns the outputs of every request that got a new token (finished ones have
-        finish_reason). A step that only computed prompt chunks returns nothing."""
+    def step(self) -> List[RequestDelta]:
+        """Run one batch; returns what is new for every request that got a new token (the last delta of a
+        finished one has its finish_reason). A step that only computed prompt chunks returns nothing."""
         batch = self.scheduler.get_next_batch()
         if not batch:
             return []
         logits, sampling = self.runner.run(batch.items)
         for request, num_computed in batch.items:
             self.scheduler.update_request(request, num_computed)
-        outputs = []
+        deltas = []
         if sampling:
-            sampled = self.sampler(logits, [r.params for r in sampling], [r.generator for r in sampling],
-                                   [(r.prompt_token_ids, r.output_token_ids) for r in sampling])
+            sampled = self.sampler(logits, [r.params for r in sampling], [r.generator for r in sampling], sampling)
+            now = time.perf_counter()
             for request, token, logprobs in zip(sampling, sampled.token_ids, sampled.logprobs):
-                self._append_token(request, token, logprobs)
-                outputs.append(request.output())
+                deltas.append(self._append_token(request, token, logprobs, now))
         if self.debug_checks:
             self.scheduler.check_page_accounting()
-        return outputs
+        return deltas
 
-    def _append_token(self, request: InferenceRequest, token: int, logprobs: Optional[TokenLogprobs]) -> None:
-        request.output_token_ids.append(token)
+    def _append_token(self, request: InferenceRequest, token: int, logprobs: Optional[TokenLogprobs],
+                      now: float) -> RequestDelta:
+        request.token_ids.append(token)
+        if request.last_token_time is not None:
+            request.token_interval = now - request.last_token_time
+        request.last_token_time = now
         if request.logprobs is not None:
             request.logprobs.append(logprobs)
-        searched = len(request.text)
-        request.text += request.detokenizer.add(token)
         params = request.params
         reason = None
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
             reason = "stop"
-        elif len(request.output_token_ids) >= params.max_tokens or request.num_tokens >= request.max_total_tokens:
+        elif request.num_output_tokens >= params.max_tokens or request.num_tokens >= request.max_total_tokens:
             reason = "length"
+        text = request.held_text + request.detokenizer.add(token)
         if reason is not None:
-            request.text += request.detokenizer.flush()
-        stop_at = _find_stop(request.text, params.stop, searched)
+            text += request.detokenizer.flush()
+        stop_at = _find_stop(text, params.stop)
         if stop_at is not None:
-            request.text, reason = request.text[:stop_at], "stop"
+            text, reason = text[:stop_at], "stop"
+        lp = None if logprobs is None else [logprobs]
         if reason is not None:
-            self.scheduler.finish_request(request, reason)
+            return self._finish(request, reason, text, [token], lp)
+        # hold back the tail that could still be the start of a stop string
+        keep = min(len(text), max((len(s) for s in params.stop), default=1) - 1)
+        request.held_text = text[len(text) - keep :]
+        return self._delta(request, [token], text[: len(text) - keep], lp)
+
+    def _finish(self, request: InferenceRequest, reason: str, text: str, token_ids: Sequence[int] = (),
+                logprobs: Optional[list] = None) -> RequestDelta:
+        self.scheduler.finish_request(request, reason)
+        request.held_text = ""
+        self.finished[request.request_id] = request
+        while len(self.finished) > self.max_finished_requests:
+            self.finished.popitem(last=False)
+        return self._delta(request, list(token_ids), text, logprobs)
+
+    @staticmethod
+    def _delta(request: InferenceRequest, token_ids: List[int], text: str, logprobs: Optional[list]) -> RequestDelta:
+        if text:
+            request.text_pieces.append(text)
+        return RequestDelta(request.request_id, token_ids, text, logprobs, request.finish_reason)
 
     # ---- offline API ----------------------------------------------------------------------------------------
 
@@ -192,26 +230,17 @@ class InferenceEngine:
         params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")
-        ids = []
-        try:
-            for prompt, p in zip(prompts, params_list):
-                ids.append(self.add_request(prompt, p))
-        except ValueError:
-            for request_id in ids:
-                self.abort(request_id)
-            raise
-        results: Dict[str, RequestOutput] = {}
-        while len(results) < len(ids):
-            outputs = self.step()
-            if not outputs and not self.has_unfinished_requests():
-                raise RuntimeError("requests were aborted before they finished")
-            for out in outputs:
-                if out.finished:
-                    results[out.request_id] = out
-        return [results[i] for i in ids]
+        checked = [self.check_prompt(p) for p in prompts]  # a bad prompt anywhere: nothing is queued
+        requests = [self.new_request(ids, p or SamplingParams(), prompt=text) for (text, ids), p in zip(checked, params_list)]
+        for request in requests:
+            self.submit(request)
+        while not all(r.finished for r in requests):
+            self.step()
+        return [r.output() for r in requests]
 
 
-def _find_stop(text: str, stops: List[str], new_from: int) -> Optional[int]:
-    """Where the first stop string that ends in text[new_from:] starts (earlier text was searched before)."""
-    found = [i for i in (text.find(s, max(0, new_from - len(s) + 1)) for s in stops) if i >= 0]
+def _find_stop(text: str, stops: List[str]) -> Optional[int]:
+    """Where the first stop string in text starts (text is the held-back tail plus the new piece: a stop string
+    that ends in the new piece lies wholly inside it)."""
+    found = [i for i in (text.find(s) for s in stops) if i >= 0]
     return min(found) if found else None

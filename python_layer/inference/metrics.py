@@ -7,6 +7,7 @@ from typing import Optional
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .inference_engine import InferenceEngine
+from .request import InferenceRequest
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                     20.0, 40.0, 80.0)
@@ -62,13 +63,13 @@ class EngineMetrics:
         counter.inc(total - self._seen[key])
         self._seen[key] = total
 
-    def observe_tokens(self, last_token_time: Optional[float], arrival: float, now: float, new_tokens: int,
-                       num_prompt_tokens: int) -> None:
-        if last_token_time is None:
-            self.ttft.observe(now - arrival)
-            self.prompt_tokens.inc(num_prompt_tokens)
+    def observe_tokens(self, request: InferenceRequest, new_tokens: int) -> None:
+        """A request got new tokens (engine thread, right after the step that made them)."""
+        if request.token_interval is None:
+            self.ttft.observe(request.last_token_time - request.arrival_time)
+            self.prompt_tokens.inc(request.num_prompt_tokens)
         else:
-            self.itl.observe((now - last_token_time) / new_tokens)
+            self.itl.observe(request.token_interval / new_tokens)
         self.generation_tokens.inc(new_tokens)
 
     def observe_finished(self, finish_reason: Optional[str], seconds: float) -> None:

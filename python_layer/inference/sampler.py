@@ -4,12 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 import torch
 
 from .sampling_params import SamplingParams
 
-History = tuple[Sequence[int], Sequence[int]]  # (prompt_token_ids, output_token_ids) of one request
+
+
+class History(Protocol):
+    """A request's tokens so far (InferenceRequest is one): read only for rows with penalties."""
+
+    @property
+    def prompt_token_ids(self) -> Sequence[int]: ...
+
+    @property
+    def output_token_ids(self) -> Sequence[int]: ...
+
+
+class TokenHistory(NamedTuple):
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
 
 
 @dataclass
@@ -74,8 +89,8 @@ def apply_penalties(
         raise ValueError("repetition, frequency and presence penalties need the token histories")
     sub = [params[i] for i in rows]
     vocab, device, index = logits.shape[-1], logits.device, torch.tensor(rows, device=logits.device)
-    output_counts = _token_counts([histories[i][1] for i in rows], vocab, device)
-    seen = (output_counts > 0) | (_token_counts([histories[i][0] for i in rows], vocab, device) > 0)
+    output_counts = _token_counts([histories[i].output_token_ids for i in rows], vocab, device)
+    seen = (output_counts > 0) | (_token_counts([histories[i].prompt_token_ids for i in rows], vocab, device) > 0)
     repetition = torch.where(seen, _per_row([p.repetition_penalty for p in sub], logits)[:, None], 1.0)
     x = logits[index]
     x = torch.where(x > 0, x / repetition, x * repetition)
@@ -109,7 +124,7 @@ def _logprobs(
     return out
 
 
-class Sampler:
+class BatchSampler:
     """Samples one token per row of a batch, each row with its own parameters, generator and history."""
 
     def __call__(
@@ -119,7 +134,7 @@ class Sampler:
         generators: Sequence[torch.Generator | None],
         histories: Sequence[History] | None = None,
     ) -> SamplerOutput:
-        """histories: (prompt_token_ids, output_token_ids) of each row, needed by rows with penalties.
+        """histories: each row's tokens so far, needed by rows with penalties.
         Logprobs are of the raw logits (before penalties, temperature and truncation)."""
         logits = logits.float()
         tokens = self._sample(apply_penalties(logits, params, histories), params, generators)
@@ -142,19 +157,3 @@ class Sampler:
         for j, i in enumerate(rows):
             tokens[i] = _draw(probs[j], generators[i])
         return tokens
-
-    @staticmethod
-    def greedy_sampling(logits: torch.Tensor) -> torch.Tensor:
-        """The most likely token of each row: [batch]."""
-        return logits.argmax(dim=-1)
-
-    @staticmethod
-    def temperature_sampling(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-        return Sampler.top_k_top_p_sampling(logits, temperature=temperature, top_k=0, top_p=1.0)
-
-    @staticmethod
-    def top_k_top_p_sampling(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 50, top_p: float = 0.95) -> torch.Tensor:
-        """One sampled token per row of logits [batch, vocab] (temperature 0 is greedy)."""
-        logits = logits.float().reshape(-1, logits.shape[-1])
-        params = [SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)] * logits.shape[0]
-        return Sampler._sample(logits, params, [None] * logits.shape[0])

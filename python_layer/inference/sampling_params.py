@@ -4,9 +4,38 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Dict, NamedTuple
 
 
 _GREEDY_BELOW = 1e-5
+
+
+class Bound(NamedTuple):
+    """The range of a float parameter: [low, high], or (low, high] when low_open; NaN and inf are never in it."""
+
+    low: float
+    high: float
+    low_open: bool = False
+
+    @property
+    def rule(self) -> str:
+        return f"must be a finite number in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+
+    def admits(self, value: object) -> bool:
+        return _is_finite(value) and (self.low < value if self.low_open else self.low <= value) and value <= self.high
+
+
+# The one table of the float parameters' ranges: SamplingParams checks it and the HTTP API's fields
+# (server/protocol.py) are generated from it. Temperature stops at 2 as in OpenAI's API: beyond, sampling is noise.
+BOUNDS: Dict[str, Bound] = {
+    "temperature": Bound(0, 2),
+    "top_p": Bound(0, 1, low_open=True),
+    "min_p": Bound(0, 1),
+    "presence_penalty": Bound(-2, 2),
+    "frequency_penalty": Bound(-2, 2),
+    # beyond [0.01, 100] the float32 logits / penalty overflow (a penalty of 5e-324 is 0 in float32: NaN)
+    "repetition_penalty": Bound(0.01, 100),
+}
 
 
 @dataclass
@@ -31,18 +60,11 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
-        _check(isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0,
-               "temperature", self.temperature, "must be a finite number >= 0 (0 means greedy)")
-        _check(isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
+        for name, bound in BOUNDS.items():
+            value = getattr(self, name)
+            _check(bound.admits(value), name, value, bound.rule)
         _check(_is_int(self.top_k) and (0 <= self.top_k < 2**31 or self.top_k == -1), "top_k", self.top_k,
                "must be an integer in [1, 2**31), or 0 / -1 to disable")
-        _check(isinstance(self.min_p, (int, float)) and 0 <= self.min_p <= 1, "min_p", self.min_p, "must be in [0, 1]")
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            _check(_is_finite(value) and -2 <= value <= 2, name, value, "must be a finite number in [-2, 2]")
-        # beyond [0.01, 100] the float32 logits / penalty overflow (a penalty of 5e-324 is 0 in float32: NaN)
-        _check(_is_finite(self.repetition_penalty) and 0.01 <= self.repetition_penalty <= 100, "repetition_penalty",
-               self.repetition_penalty, "must be a number in [0.01, 100]")
         _check(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", self.max_tokens, "must be an integer >= 1")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "must be non-empty strings")
         _check(all(_is_int(t) and 0 <= t < 2**31 for t in self.stop_token_ids), "stop_token_ids", self.stop_token_ids,

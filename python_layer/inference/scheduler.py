@@ -5,17 +5,22 @@ whose prompt is still being prefilled, then waiting requests (FIFO) take what is
 prompts split into chunks over several steps when long. KV pages are taken as tokens need them; when the
 pool is short the scheduler evicts unused prefix-cache pages, then preempts the most recently admitted
 running request (its pages are freed and it waits to be recomputed). Nothing is dropped; nothing deadlocks,
-because the engine admits no request that could need more pages than the whole pool."""
+because the engine admits no request that could need more pages than the whole pool.
+
+With a prefix cache, the full pages of a prompt enter the radix tree after each prefill chunk (SGLang's
+cache_unfinished_req), so requests that share a long system prompt reuse it while it is still being
+computed; a waiting request whose prefix a running one is computing right now waits for it rather than
+computing it again."""
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Deque, Dict, List, Optional, Tuple
+from typing import Deque, Dict, List, Optional, Sequence, Tuple
 
 from ..memory.kv_cache_manager import PagedKVCache
 from ..memory.radix_cache import RadixAttentionCache
-from .request import InferenceRequest, RequestOutput, RequestStatus
+from .request import InferenceRequest, RequestStatus
 
 
 @dataclass
@@ -38,7 +43,6 @@ class ContinuousBatchScheduler:
         prefix_cache: Optional[RadixAttentionCache] = None,
         max_num_seqs: int = 64,
         max_num_batched_tokens: int = 2048,
-        max_completed: int = 1024,
     ) -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got {max_num_seqs}, {max_num_batched_tokens}")
@@ -46,9 +50,7 @@ class ContinuousBatchScheduler:
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.waiting: Deque[InferenceRequest] = deque()
         self.running: List[InferenceRequest] = []  # in admission order: the last one is preempted first
-        self.requests: Dict[str, InferenceRequest] = {}
-        self.completed: "OrderedDict[str, RequestOutput]" = OrderedDict()  # the latest finished, for status queries
-        self.max_completed = max_completed
+        self.requests: Dict[str, InferenceRequest] = {}  # the unfinished ones by id
         self.num_preemptions = 0
 
     # ---- requests in and out --------------------------------------------------------------------------------
@@ -70,36 +72,13 @@ class ContinuousBatchScheduler:
             self._release_pages(request, cache=True)
         request.finish_reason, request.status = reason, RequestStatus.FINISHED
         del self.requests[request.request_id]
-        self.completed[request.request_id] = request.output()
-        while len(self.completed) > self.max_completed:
-            self.completed.popitem(last=False)
-
-    def abort_request(self, request_id: str) -> bool:
-        request = self.requests.get(request_id)
-        if request is None:
-            return False
-        self.finish_request(request, "abort")
-        return True
 
     def update_request(self, request: InferenceRequest, num_computed: int) -> None:
-        """Record that the step computed `num_computed` more tokens of the request (their KV is cached)."""
+        """Record that the step computed `num_computed` more tokens of the request (their KV is cached). After a
+        prefill chunk, its full pages enter the prefix cache at once."""
         request.num_cached_tokens += num_computed
-
-    def get_request_status(self, request_id: str) -> dict:
-        """{"status": "processing" | "completed" | "not_found", ...} (the design documents' shape)."""
-        request = self.requests.get(request_id)
-        if request is not None:
-            generated = len(request.output_token_ids)
-            return {"status": "processing", "phase": request.status.value, "tokens_generated": generated,
-                    "tokens_remaining": request.params.max_tokens - generated}
-        done = self.completed.get(request_id)
-        if done is not None:
-            return {"status": "completed", "finish_reason": done.finish_reason, "tokens_generated": len(done.token_ids),
-                    "tokens_remaining": 0}
-        return {"status": "not_found"}
-
-    def get_completed_result(self, request_id: str) -> Optional[RequestOutput]:
-        return self.completed.get(request_id)
+        if self.prefix_cache is not None and num_computed > 1:
+            self._cache_computed_pages(request)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
@@ -119,14 +98,17 @@ class ContinuousBatchScheduler:
             n = min(request.num_tokens - request.num_cached_tokens, budget())
             if self._grow_or_preempt(request, n, batch):
                 batch.items.append((request, n))
-        while budget() > 0 and self.waiting and len(self.running) < self.max_num_seqs and not batch.preempted:
-            request = self.waiting[0]
+        for request in list(self.waiting):
+            if budget() == 0 or len(self.running) >= self.max_num_seqs or batch.preempted:
+                break
+            if self._prefix_in_flight(request):
+                continue
             self._match_prefix(request)
             n = min(request.num_tokens - request.num_cached_tokens, budget())
             if not self._grow(request, n):
                 self._release_pages(request, cache=False)
                 break
-            self.waiting.popleft()
+            self.waiting.remove(request)
             request.status = RequestStatus.RUNNING
             if request.num_cached_prompt_tokens is None:  # the first admission's prefix hit is what users see
                 request.num_cached_prompt_tokens = request.num_cached_tokens
@@ -171,16 +153,46 @@ class ContinuousBatchScheduler:
     def _match_prefix(self, request: InferenceRequest) -> None:
         if self.prefix_cache is None or request.prefix_node is not None:
             return
-        pages, node = self.prefix_cache.match_prefix(request.all_token_ids)
+        pages, node = self.prefix_cache.match_prefix(request.token_ids)
         request.page_ids, request.prefix_node = pages, node
         request.num_cached_tokens = len(pages) * self.kv_cache.page_size
+
+    def _prefix_in_flight(self, request: InferenceRequest) -> bool:
+        """Whether a running request is computing full pages of this one's prefix that are not cached yet:
+        then this one waits for them instead of computing them too."""
+        if self.prefix_cache is None:
+            return False
+        ps = self.kv_cache.page_size
+        matchable = (request.num_tokens - 1) // ps  # match_prefix never takes a whole prompt
+        for other in self.running:
+            cached = other.num_cached_tokens // ps
+            if other.num_tokens - other.num_cached_tokens > 1 and cached < matchable:
+                if _common_pages(request.token_ids, other.token_ids, ps, matchable) > cached:
+                    return True
+        return False
+
+    def _cache_computed_pages(self, request: InferenceRequest) -> None:
+        """Put the request's computed full pages in the prefix cache and move its lock to their node. Where
+        another request cached the same tokens first, the request drops its copy for the cached page."""
+        ps = self.kv_cache.page_size
+        n = request.num_cached_tokens // ps
+        node, pages = self.prefix_cache.insert(request.token_ids[: n * ps], request.page_ids[:n])
+        for i, page in enumerate(pages):
+            if request.page_ids[i] != page:
+                self.kv_cache.add_reference([page])
+                self.kv_cache.free_pages([request.page_ids[i]])
+                request.page_ids[i] = page
+        self.prefix_cache.lock(node)
+        if request.prefix_node is not None:
+            self.prefix_cache.release(request.prefix_node)
+        request.prefix_node = node
 
     def _release_pages(self, request: InferenceRequest, cache: bool) -> None:
         """Give up the request's pages and prefix lock; with cache=True its computed full pages go to the
         prefix cache first, so a recomputation or a later request with the same prefix can reuse them."""
         if self.prefix_cache is not None:
             if cache:
-                self.prefix_cache.insert(request.all_token_ids[: request.num_cached_tokens], request.page_ids)
+                self.prefix_cache.insert(request.token_ids[: request.num_cached_tokens], request.page_ids)
             if request.prefix_node is not None:
                 self.prefix_cache.release(request.prefix_node)
         self.kv_cache.free_pages(request.page_ids)
@@ -206,3 +218,11 @@ class ContinuousBatchScheduler:
         free = self.kv_cache.free_page_ids()
         assert len(free) == len(set(free)), "a KV page is in the free pool twice"
         assert sorted(free) == [p for p, e in enumerate(expected) if e == 0], "the free pool and the reference counts disagree"
+
+
+def _common_pages(a: Sequence[int], b: Sequence[int], page_size: int, limit: int) -> int:
+    """Full pages (at most `limit`) that token lists a and b share from their start."""
+    n = 0
+    while n < limit and a[n * page_size : (n + 1) * page_size] == b[n * page_size : (n + 1) * page_size]:
+        n += 1
+    return n

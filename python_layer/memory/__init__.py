@@ -1,4 +1,4 @@
-from .kv_cache_manager import KVCacheAllocator, PagedKVCache
+from .kv_cache_manager import PagedKVCache
 from .radix_cache import RadixAttentionCache
 
-__all__ = ["PagedKVCache", "KVCacheAllocator", "RadixAttentionCache"]
+__all__ = ["PagedKVCache", "RadixAttentionCache"]

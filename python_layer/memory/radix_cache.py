@@ -58,13 +58,17 @@ class RadixAttentionCache:
             node = child
         self.kv_cache.add_reference(pages)
         self._touch(node)
-        self._lock(node, +1)
+        self.lock(node)
         self.queried_tokens += len(token_ids)
         self.hit_tokens += len(pages) * ps
         return pages, node
 
+    def lock(self, node: RadixNode) -> None:
+        """Keep node and its ancestors from eviction until `release(node)`."""
+        self._lock(node, +1)
+
     def release(self, node: RadixNode) -> None:
-        """Undo the lock taken by match_prefix."""
+        """Undo a lock (the one match_prefix takes, or `lock`)."""
         self._lock(node, -1)
 
     @property
@@ -88,14 +92,16 @@ class RadixAttentionCache:
         return pages
 
     # ---- updates -------------------------------------------------------------------------------------------
-    def insert(self, token_ids: Sequence[int], page_ids: Sequence[int]) -> int:
-        """Cache the full pages of a sequence; returns how many pages the tree newly took a reference to."""
+    def insert(self, token_ids: Sequence[int], page_ids: Sequence[int]) -> tuple[RadixNode, list[int]]:
+        """Cache the full pages of a sequence. Returns the node that ends them and the tree's pages for them:
+        where the tree already held a page for the same tokens, that page rather than the one given (the
+        caller may swap its own copy for it, as SGLang's cache_unfinished_req does)."""
         ps = self.page_size
         n = len(token_ids) // ps
         if len(page_ids) < n:
             raise ValueError(f"{len(token_ids)} tokens need {n} full page(s), got {len(page_ids)}")
         tokens, pages = tuple(token_ids[: n * ps]), list(page_ids[:n])
-        node, i = self.root, 0
+        node, i, path = self.root, 0, []
         while i < n:
             child = node.children.get(tokens[i * ps : (i + 1) * ps])
             if child is None:
@@ -104,14 +110,16 @@ class RadixAttentionCache:
                 self.kv_cache.add_reference(child.pages)
                 self._num_cached += n - i
                 self._num_evictable += n - i
+                path += child.pages
                 node = child
                 break
             m = self._common_pages(child.key, tokens[i * ps :])
             if m < len(child.pages):
                 child = self._split(child, m)
+            path += child.pages
             node, i = child, i + m
         self._touch(node)
-        return n - i
+        return node, path
 
     def evict(self, num_pages: int) -> int:
         """Drop unlocked leaves, least recently used first, until num_pages pages went back to the free pool

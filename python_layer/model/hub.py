@@ -33,7 +33,7 @@ def resolve_model_dir(name_or_path: str | os.PathLike, allow_patterns: Optional[
     except LocalEntryNotFoundError as e:
         raise FileNotFoundError(
             f"{name!r} is not a local directory, and the Hugging Face Hub cannot be reached (offline) "
-            f"with nothing cached for it: download it on a connected machine (huggingface-cli download {name}) "
+            f"with nothing cached for it: download it on a connected machine (hf download {name}) "
             f"or pass a local checkpoint directory. ({e})"
         ) from e
     except Exception as e:  # the hub client raises many types: repository not found, auth, HTTP errors

@@ -24,7 +24,8 @@ from .config import Qwen3Config
 
 if TYPE_CHECKING:
     from ..memory.kv_cache_manager import PagedKVCache
-    from .qwen3_model import AttentionMetadata, Qwen3Model
+    from .attention_metadata import AttentionMetadata
+    from .qwen3_model import Qwen3Model
 
 _METADATA = ("input_ids", "positions", "query_start", "context_lens", "page_table", "slot_mapping", "logits_indices")
 

@@ -1,23 +1,23 @@
-"""Qwen3 forward over ragged batches with a paged KV cache: one MAX graph on the Mojo kernels, or the PyTorch reference."""
+"""Qwen3 over ragged batches with a paged KV cache: the weights, and one `forward` that runs them either as one
+compiled MAX graph on the Mojo kernels (qwen3_graph.py) or op by op in PyTorch (reference_forward.py)."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Protocol
 
 import torch
 
-from bindings import reference
-
 from ..memory.kv_cache_manager import PagedKVCache
+from .attention_metadata import AttentionMetadata
 from .config import Qwen3Config
 from .qwen3_graph import CompiledQwen3  # imports MAX here, on the importing (main) thread: MAX enters its MLIR context there
-from .weight_loader import WeightLoader, parse_dtype
+from .reference_forward import ReferenceQwen3
+from .weight_loader import WeightLoader
 
 # "mojo": the whole forward as one compiled MAX graph on the Mojo kernels (qwen3_graph.py);
 # "reference": the same forward op by op in PyTorch (bindings/reference.py), the specification tests compare with.
-BACKENDS = ("mojo", "reference")
+BACKENDS = {"mojo": CompiledQwen3, "reference": ReferenceQwen3}
 DEFAULT_BACKEND = "mojo"
 
 
@@ -27,14 +27,11 @@ def check_backend(backend: str) -> str:
     return backend
 
 
-@dataclass
-class AttentionMetadata:
-    """Where the tokens of one step sit: B sequences, T tokens in all (all int32)."""
+class Forward(Protocol):
+    """What both backends implement: one step of a ragged batch -> float32 logits of the rows asked for."""
 
-    query_start: torch.Tensor  # [B + 1] offsets of each sequence's new tokens in the flat batch
-    context_lens: torch.Tensor  # [B] tokens in the cache after this step (cached prefix + new tokens)
-    page_table: torch.Tensor  # [B, max_pages] page ids of each sequence
-    slot_mapping: torch.Tensor  # [T] cache slot (page * page_size + offset) of each new token
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
+                 kv_cache: PagedKVCache, logits_indices: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass
@@ -66,11 +63,7 @@ class Qwen3Model:
         self.lm_head = w("lm_head.weight")
         self.final_norm = w("model.norm.weight")
         self.layers = [self._layer_weights(w, i) for i in range(config.num_hidden_layers)]
-        self.scale = config.head_dim**-0.5
-        self._engine = None
-        self.compiled = None
-        if backend == "mojo":
-            self.compiled = CompiledQwen3(self)
+        self.forward_fn: Forward = BACKENDS[backend](self)
 
     def _layer_weights(self, w, i: int) -> DecoderLayerWeights:
         p = f"model.layers.{i}."
@@ -90,17 +83,6 @@ class Qwen3Model:
             down_proj=w(p + "mlp.down_proj.weight"),
         )
 
-    @classmethod
-    def from_pretrained(
-        cls, model_path: str | os.PathLike, device: str = "cpu", dtype: str | torch.dtype = "auto", backend: str = DEFAULT_BACKEND
-    ) -> "Qwen3Model":
-        from .hub import resolve_model_dir
-
-        model_dir = resolve_model_dir(model_path)
-        config = Qwen3Config.from_pretrained(model_dir)
-        loader = WeightLoader(model_dir, config, device=device, dtype=parse_dtype(dtype, device))
-        return cls(config, loader, device=device, backend=backend)
-
     def new_kv_cache(self, num_pages: int, page_size: int = 16) -> PagedKVCache:
         return PagedKVCache.for_model(self.config, num_pages, page_size, dtype=self.dtype, device=self.device)
 
@@ -117,42 +99,4 @@ class Qwen3Model:
         Writes the new tokens' K/V into kv_cache at attn.slot_mapping."""
         if logits_indices is None:
             logits_indices = torch.arange(input_ids.shape[0], dtype=torch.int32, device=input_ids.device)
-        if self.compiled is not None:
-            return self.compiled(input_ids, positions, attn, kv_cache, logits_indices)
-        c, ops = self.config, reference
-        num_tokens = input_ids.shape[0]
-        q_size, kv_size = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-        hidden = self.embed_tokens[input_ids.long()]
-        residual = None
-        for i, layer in enumerate(self.layers):
-            if residual is None:
-                residual, x = hidden, ops.rms_norm(hidden, layer.input_norm, c.rms_norm_eps)
-            else:
-                x, residual = ops.fused_add_rms_norm(hidden, residual, layer.input_norm, c.rms_norm_eps)
-            qkv = torch.nn.functional.linear(x, layer.qkv_proj, layer.qkv_bias)
-            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-            q = ops.head_rms_norm(q.reshape(num_tokens, c.num_attention_heads, c.head_dim), layer.q_norm, c.rms_norm_eps)
-            k = ops.head_rms_norm(k.reshape(num_tokens, c.num_key_value_heads, c.head_dim), layer.k_norm, c.rms_norm_eps)
-            q, k = ops.rope(q, k, positions, c.rope_theta, c.rope_scaling)
-            v = v.reshape(num_tokens, c.num_key_value_heads, c.head_dim)
-            ops.store_kv(k, v, kv_cache.k_caches[i], kv_cache.v_caches[i], attn.slot_mapping)
-            o = ops.paged_attention(
-                q, kv_cache.k_caches[i], kv_cache.v_caches[i],
-                attn.page_table, attn.context_lens, attn.query_start, self.scale,
-            )
-            hidden = o.reshape(num_tokens, q_size) @ layer.o_proj.T
-            x, residual = ops.fused_add_rms_norm(hidden, residual, layer.post_attention_norm, c.rms_norm_eps)
-            hidden = ops.silu_and_mul(x @ layer.gate_up_proj.T) @ layer.down_proj.T
-        hidden, residual = hidden[logits_indices.long()], residual[logits_indices.long()]
-        x, _ = ops.fused_add_rms_norm(hidden, residual, self.final_norm, c.rms_norm_eps)
-        return (x @ self.lm_head.T).float()
-
-    def generate(self, prompt: str, max_tokens: int = 128, temperature: float = 1.0, top_p: float = 0.95, top_k: int = 50) -> str:
-        """Text continuation of a prompt (the design documents' one-call API)."""
-        from ..inference.inference_engine import InferenceEngine
-        from ..inference.sampling_params import SamplingParams
-
-        if self._engine is None:
-            self._engine = InferenceEngine(self)
-        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens)
-        return self._engine.generate([prompt], params)[0].text
+        return self.forward_fn(input_ids, positions, attn, kv_cache, logits_indices)

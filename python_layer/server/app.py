@@ -12,8 +12,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import __version__
-from ..inference.async_engine import AsyncEngine
+from ..inference.async_engine import AsyncEngine, RequestStream
 from ..inference.metrics import EngineMetrics
+from ..inference.request import RequestDelta, RequestOutput, new_request_id
 from . import openai_api
 from .errors import HANDLERS
 from .middleware import GuardMiddleware
@@ -72,15 +73,13 @@ def build_app(config: ServerConfig, loader: Loader, on_load_failure: Optional[Ca
     @app.post("/generate")
     async def generate(body: GenerateRequest, http_request: Request):
         prompt_ids = await state.token_ids(body.prompt)
-        stream = state.submit([prompt_ids], [body.sampling_params()])
-        request_id = stream.request_ids[0]
-        outputs = state.outputs(http_request, stream)
+        stream = state.submit([prompt_ids], [body.sampling_params()], new_request_id("gen"))
+        deltas = state.outputs(http_request, stream)
         if body.stream:
-            return StreamingResponse(_generate_events(request_id, outputs), media_type="text/event-stream")
-        final = None
-        async for final in outputs:
+            return StreamingResponse(_generate_events(stream, deltas), media_type="text/event-stream")
+        async for _ in deltas:
             pass
-        return _generate_response(request_id, final)
+        return _generate_response(stream.requests[0].output())
 
     return app
 
@@ -91,24 +90,22 @@ def _unready_status(state: ServerState) -> str:
     return "failed" if state.load_error else "loading"
 
 
-def _generate_response(request_id: str, out) -> dict:
-    return {"request_id": request_id, "generated_text": out.text, "tokens": out.token_ids,
+def _generate_response(out: RequestOutput) -> dict:
+    return {"request_id": out.request_id, "generated_text": out.text, "tokens": out.token_ids,
             "total_tokens": len(out.prompt_token_ids) + len(out.token_ids), "prompt_tokens": len(out.prompt_token_ids),
             "finish_reason": out.finish_reason}
 
 
-async def _generate_events(request_id: str, outputs) -> AsyncIterator[str]:
+async def _generate_events(stream: RequestStream, deltas: AsyncIterator[RequestDelta]) -> AsyncIterator[str]:
     """SSE: one event per new piece of text ({"request_id", "text", "tokens", "finish_reason"}), then the whole
     response as the last event, then [DONE]."""
-    sent_text = sent_tokens = 0
+    request = stream.requests[0]
     try:
-        async for out in outputs:
-            yield sse_event({"request_id": request_id, "text": out.text[sent_text:], "tokens": out.token_ids[sent_tokens:],
-                             "finish_reason": out.finish_reason})
-            sent_text, sent_tokens = len(out.text), len(out.token_ids)
-            if out.finished:
-                yield sse_event(_generate_response(request_id, out))
+        async for delta in deltas:
+            yield sse_event({"request_id": request.request_id, "text": delta.text, "tokens": delta.token_ids,
+                             "finish_reason": delta.finish_reason})
+            if delta.finished:
+                yield sse_event(_generate_response(request.output()))
     except Exception as e:  # the engine failed this request: tell the client in the stream
         yield sse_error(str(e))
     yield SSE_DONE
-

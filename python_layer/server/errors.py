@@ -10,7 +10,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error",
-          413: "invalid_request_error", 415: "invalid_request_error", 503: "service_unavailable"}
+          408: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
+          503: "service_unavailable"}
 
 
 class ApiError(Exception):
@@ -29,7 +30,11 @@ def error_response(status: int, message: str, param: Optional[str] = None, code:
 
 
 async def _api_error(_: Request, e: ApiError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+    headers = None
+    if e.status == 401:
+        headers = {"WWW-Authenticate": "Bearer"}
+    elif e.status == 503:  # overloaded, shutting down or loading: loading takes longest
+        headers = {"Retry-After": "5" if e.code == "model_not_ready" else "1"}
     return error_response(e.status, e.message, e.param, e.code, headers)
 
 

@@ -1,6 +1,6 @@
 """`mili serve`: listen at once (/health answers 503 while loading), load the model on a worker thread with a
-progress display, then serve; SIGINT/SIGTERM stop admitting, let in-flight requests finish for a grace
-period, abort the rest, and exit 0."""
+progress display (a live counter on a terminal, a line every 10 s in a log), then serve; SIGINT/SIGTERM stop
+admitting, let in-flight requests finish for a grace period, abort the rest, and exit 0."""
 
 from __future__ import annotations
 
@@ -20,31 +20,32 @@ from ..inference.async_engine import AsyncEngine
 from ..inference.inference_engine import InferenceEngine
 from ..inference.metrics import EngineMetrics
 from ..inference.sampling_params import SamplingParams
+from ..model.loader import load_model
 from .app import build_app
 from .state import ServerConfig
 
 
 @contextlib.contextmanager
-def _phase(name: str) -> Iterator[None]:
-    """A loading phase on stderr: a live elapsed-time counter on a terminal, a start and an end line otherwise."""
+def _phase(name: str, interval: float = 10.0) -> Iterator[None]:
+    """A loading phase on stderr: a live elapsed-time counter on a terminal; otherwise (a log file, a container)
+    a start line, a progress line every `interval` seconds, and an end line."""
     started, tty, done = time.perf_counter(), sys.stderr.isatty(), threading.Event()
 
     def tick() -> None:
-        while not done.wait(0.5):
-            print(f"\r[mili] {name} ... {time.perf_counter() - started:.0f} s", end="", file=sys.stderr, flush=True)
+        while not done.wait(0.5 if tty else interval):
+            progress = f"[mili] {name} ... {time.perf_counter() - started:.0f} s"
+            print(f"\r{progress}" if tty else progress, end="" if tty else "\n", file=sys.stderr, flush=True)
 
     print(f"[mili] {name} ...", end="" if tty else "\n", file=sys.stderr, flush=True)
     ticker = threading.Thread(target=tick, daemon=True)
-    if tty:
-        ticker.start()
+    ticker.start()
     status = "failed"
     try:
         yield
         status = "done"
     finally:
         done.set()
-        if tty:
-            ticker.join()
+        ticker.join()
         end = f"\r[mili] {name} ... " if tty else f"[mili] {name}: "
         print(f"{end}{status} in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
 
@@ -55,20 +56,7 @@ def served_name(model: Optional[str]) -> str:
 
 def make_loader(args: argparse.Namespace) -> Callable[[EngineMetrics], AsyncEngine]:
     def load(metrics: EngineMetrics) -> AsyncEngine:
-        from ..model.config import Qwen3Config
-        from ..model.hub import resolve_model_dir
-        from ..model.qwen3_model import Qwen3Model
-        from ..model.random_checkpoint import builtin_model_path
-        from ..model.weight_loader import WeightLoader, parse_dtype
-
-        with _phase("resolving the checkpoint"):
-            model_dir = resolve_model_dir(args.model) if args.model else builtin_model_path()
-            config = Qwen3Config.from_pretrained(model_dir)
-        with _phase(f"loading weights of {model_dir} ({args.dtype} on {args.device})"):
-            weights = WeightLoader(model_dir, config, device=args.device, dtype=parse_dtype(args.dtype, args.device))
-            weights.load_from_safetensors()
-        with _phase("building the model graph (compiled once, then read from the compile cache)"):
-            model = Qwen3Model(config, weights, device=args.device, backend=args.backend)
+        model = load_model(args.model, device=args.device, dtype=args.dtype, backend=args.backend, on_phase=_phase)
         with _phase("allocating the KV cache and warming up"):
             engine = InferenceEngine(model, num_kv_pages=args.kv_pages, kv_cache_memory_gb=_kv_memory_gb(args),
                                      max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
@@ -131,4 +119,7 @@ def serve(args: argparse.Namespace) -> int:
     server.grace = args.shutdown_timeout
     server.run()
     state = app.state.mili
-    return 1 if state.load_error else 0
+    if state.load_error:
+        print(f"mili: error: {state.load_error}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,9 +1,11 @@
 """One ASGI middleware for what every request must pass before routing: the API key (every route but
-/health), a JSON content type on bodies, and a bound on the body size (checked while it is read, so a
-chunked upload cannot get past it)."""
+/health), a JSON content type on bodies, a bound on the body size (checked while it is read, so a
+chunked upload cannot get past it) and on the time a client may take to send it (408 after body_timeout
+seconds without the rest of the body, so a half-sent body cannot hold a connection forever)."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 from typing import Optional
@@ -17,13 +19,14 @@ _OPEN_PATHS = {"/health"}
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
 
 
-class _BodyTooLarge(HTTPException):
-    """Raised while the body is read: FastAPI passes HTTPExceptions through, the app answers 413."""
+class _BodyRefused(HTTPException):
+    """Raised while the body is read: FastAPI passes HTTPExceptions through, the app answers 413 or 408."""
 
 
 class GuardMiddleware:
-    def __init__(self, app: ASGIApp, max_body_bytes: int, api_key: Optional[str] = None) -> None:
-        self.app, self.max_body_bytes, self.api_key = app, max_body_bytes, api_key
+    def __init__(self, app: ASGIApp, max_body_bytes: int, api_key: Optional[str] = None,
+                 body_timeout: float = 30.0) -> None:
+        self.app, self.max_body_bytes, self.api_key, self.body_timeout = app, max_body_bytes, api_key, body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -43,15 +46,22 @@ class GuardMiddleware:
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
             return await _reply(send, 413, self._too_large())
-        received = 0
+        received, more_body = 0, True
+        deadline = asyncio.get_running_loop().time() + self.body_timeout  # for the whole body: no slow trickle
 
         async def counting_receive() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, more_body
+            if not more_body:  # the body is in: the app now waits for a disconnect, for as long as it likes
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), deadline - asyncio.get_running_loop().time())
+            except asyncio.TimeoutError:
+                raise _BodyRefused(408, f"the request body was not received within {self.body_timeout:g} s") from None
             if message["type"] == "http.request":
+                more_body = message.get("more_body", False)
                 received += len(message.get("body", b""))
                 if received > self.max_body_bytes:
-                    raise _BodyTooLarge(413, self._too_large())
+                    raise _BodyRefused(413, self._too_large())
             return message
 
         await self.app(scope, counting_receive, send)

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from typing import AsyncIterator, Dict, List, Optional
+from typing import AsyncIterator, List, Optional
 
 import jinja2
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from ..inference.request import RequestOutput
+from ..inference.request import RequestOutput, new_request_id
 from ..inference.sampler import TokenLogprobs
-from ..tokenizer.chat_template import ReasoningStream, parse_response
+from ..tokenizer.chat_template import ReasoningStream
 from ..tokenizer.qwen_tokenizer import QwenTokenizer
 from .errors import ApiError
 from .protocol import ChatCompletionRequest, CompletionRequest, _OpenAIRequest
@@ -69,27 +68,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     finals = await call.finals()
     choices = []
     for i, out in enumerate(finals):
-        reasoning, content = parse_response(out.text)
-        choices.append({"index": i, "message": {"role": "assistant", "content": content, "reasoning_content": reasoning},
+        reasoning, content = ReasoningStream().feed(out.text, final=True)  # as the streamed split, in one piece
+        choices.append({"index": i, "message": {"role": "assistant", "content": content, "reasoning_content": reasoning or None},
                         "finish_reason": out.finish_reason,
                         "logprobs": call.chat_logprobs(out.logprobs) if body.logprobs else None})
     return call.envelope("chat.completion", choices, usage=call.usage(finals))
-
-
-class _Deltas:
-    """What of a choice's latest output is new. Text that might still turn into a stop string (its last
-    len(longest stop) - 1 characters) is held back until the request goes on or finishes."""
-
-    def __init__(self, stops: List[str]) -> None:
-        self.holdback = max((len(s) for s in stops), default=1) - 1
-        self.text = self.tokens = 0
-
-    def take(self, out: RequestOutput) -> tuple[str, List[TokenLogprobs]]:
-        end = len(out.text) if out.finished else max(self.text, len(out.text) - self.holdback)
-        text, self.text = out.text[self.text:end], end
-        logprobs = (out.logprobs or [])[self.tokens:]
-        self.tokens = len(out.token_ids)
-        return text, logprobs
 
 
 class _Call:
@@ -100,7 +83,7 @@ class _Call:
         engine = state.require_engine().engine
         self.tokenizer: QwenTokenizer = engine.tokenizer
         self.body, self.prompts = body, prompts
-        self.id, self.created = f"{kind}-{uuid.uuid4().hex}", int(time.time())
+        self.id, self.created = new_request_id(kind), int(time.time())
         self.model = state.config.model_name
         defaults = engine.model.config.generation_defaults
         ids, params = [], []
@@ -109,18 +92,15 @@ class _Call:
             for j in range(body.n):
                 ids.append(prompt)
                 params.append(body.sampling_params(defaults, limit, logprobs, j))
-        self.stream = state.submit(ids, params)
-        self.outputs = state.outputs(request, self.stream)
-        self.stops = params[0].stop
+        self.stream = state.submit(ids, params, self.id)
+        self.deltas = state.outputs(request, self.stream)
 
     async def finals(self) -> List[RequestOutput]:
-        finals: Dict[int, RequestOutput] = {}
-        async for out in self.outputs:
-            if out.finished:
-                finals[self.stream.index[out.request_id]] = out
-        if len(finals) < len(self.stream.request_ids):
+        async for _ in self.deltas:
+            pass
+        if not self.stream.finished:
             raise ApiError(499, "the client disconnected")
-        return [finals[i] for i in range(len(finals))]
+        return [r.output() for r in self.stream.requests]
 
     def usage(self, finals: List[RequestOutput]) -> dict:
         prompt = sum(len(p) for p in self.prompts)
@@ -150,52 +130,51 @@ class _Call:
         return {"content": [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
                             for lp in logprobs]}
 
-    async def _streamed(self, chunks: AsyncIterator[tuple[dict, RequestOutput]], chunk_object: str) -> AsyncIterator[str]:
+    async def _streamed(self, chunks: AsyncIterator[dict], chunk_object: str) -> AsyncIterator[str]:
         """SSE: the chunks, the usage chunk when asked for, then [DONE]; an engine failure as an error event."""
-        finals: List[RequestOutput] = []
         try:
-            async for chunk, out in chunks:
-                if out.finished and chunk["choices"][0]["finish_reason"] is not None:
-                    finals.append(out)
+            async for chunk in chunks:
                 yield sse_event(chunk)
             if self.body.include_usage:
+                finals = [r.output() for r in self.stream.requests]
                 yield sse_event(self.envelope(chunk_object, [], usage=self.usage(finals)))
         except Exception as e:
             yield sse_error(f"the request failed: {e}")
         yield SSE_DONE
 
     def completion_chunks(self) -> AsyncIterator[str]:
-        async def chunks() -> AsyncIterator[tuple[dict, RequestOutput]]:
-            deltas = [_Deltas(self.stops) for _ in self.stream.request_ids]
-            async for out in self.outputs:
-                i = self.stream.index[out.request_id]
-                offset = deltas[i].text
-                text, logprobs = deltas[i].take(out)
-                if not text and not logprobs and not out.finished:
+        async def chunks() -> AsyncIterator[dict]:
+            offsets = [0] * len(self.stream.requests)  # text sent so far per choice, for logprobs' text_offset
+            async for delta in self.deltas:
+                i = self.stream.index[delta.request_id]
+                if not delta.text and not delta.logprobs and not delta.finished:
                     continue
-                choice = {"index": i, "text": text, "finish_reason": out.finish_reason,
-                          "logprobs": self.completion_logprobs(logprobs, offset) if self.body.logprobs is not None else None}
-                yield self.envelope("text_completion", [choice]), out
+                logprobs = None
+                if self.body.logprobs is not None:
+                    logprobs = self.completion_logprobs(delta.logprobs or [], offsets[i])
+                offsets[i] += len(delta.text)
+                yield self.envelope("text_completion", [{"index": i, "text": delta.text, "finish_reason": delta.finish_reason,
+                                                         "logprobs": logprobs}])
 
         return self._streamed(chunks(), "text_completion")
 
     def chat_chunks(self) -> AsyncIterator[str]:
-        async def chunks() -> AsyncIterator[tuple[dict, RequestOutput]]:
-            n = len(self.stream.request_ids)
-            deltas, reasoning = [_Deltas(self.stops) for _ in range(n)], [ReasoningStream() for _ in range(n)]
-            async for out in self.outputs:
-                i = self.stream.index[out.request_id]
-                if deltas[i].tokens == 0:
-                    yield self._chat_chunk(i, {"role": "assistant", "content": ""}, None, None), out
-                _, logprobs = deltas[i].take(out)
-                new_reasoning, new_content = reasoning[i].feed(out.text[: deltas[i].text], final=out.finished)
-                lp = self.chat_logprobs(logprobs) if self.body.logprobs else None
+        async def chunks() -> AsyncIterator[dict]:
+            n = len(self.stream.requests)
+            started, reasoning = [False] * n, [ReasoningStream() for _ in range(n)]
+            async for delta in self.deltas:
+                i = self.stream.index[delta.request_id]
+                if not started[i]:
+                    started[i] = True
+                    yield self._chat_chunk(i, {"role": "assistant", "content": ""}, None, None)
+                new_reasoning, new_content = reasoning[i].feed(delta.text, final=delta.finished)
+                lp = self.chat_logprobs(delta.logprobs or []) if self.body.logprobs else None
                 for key, value in (("reasoning_content", new_reasoning), ("content", new_content)):
                     if value:
-                        yield self._chat_chunk(i, {key: value}, lp, None), out
+                        yield self._chat_chunk(i, {key: value}, lp, None)
                         lp = None
-                if out.finished:
-                    yield self._chat_chunk(i, {}, lp, out.finish_reason), out
+                if delta.finished:
+                    yield self._chat_chunk(i, {}, lp, delta.finish_reason)
 
         return self._streamed(chunks(), "chat.completion.chunk")
 

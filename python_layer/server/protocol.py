@@ -3,24 +3,65 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from ..inference.sampling_params import SamplingParams
+from ..inference.sampling_params import BOUNDS, SamplingParams
+
+# JSON can carry "\ud800" alone; json.loads joins valid pairs, so any surrogate left in a str is unpaired
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _bounded(name: str, default: Any) -> Any:
+    """A float field with SamplingParams' range for `name` (sampling_params.BOUNDS)."""
+    bound = BOUNDS[name]
+    low = {"gt": bound.low} if bound.low_open else {"ge": bound.low}
+    return Field(default, le=bound.high, allow_inf_nan=False, **low)
+
+
+def _unpaired_surrogate_at(value: Any, where: str) -> Optional[str]:
+    """The path (like messages[0].content) of the first string in `value` with an unpaired surrogate."""
+    if isinstance(value, str):
+        return where if _SURROGATE.search(value) else None
+    if isinstance(value, list):
+        children = [(f"{where}[{i}]", item) for i, item in enumerate(value)]
+    elif isinstance(value, dict):  # each key is checked before the path with it is returned
+        children = [child for key, item in value.items() for child in ((f"a key of {where}", key), (f"{where}.{key}", item))]
+    else:
+        return None
+    for path, item in children:
+        found = _unpaired_surrogate_at(item, path)
+        if found:
+            return found
+    return None
 
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class GenerateRequest(_Request):
+class _Body(_Request):
+    """A whole request body. Its strings must be valid Unicode: the tokenizer (and the JSON encoder of the
+    answer) fail on an unpaired surrogate."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _check_unicode(cls, value: Any, info: ValidationInfo) -> Any:
+        where = _unpaired_surrogate_at(value, info.field_name)
+        if where:
+            raise ValueError(f"{where} contains an unpaired UTF-16 surrogate (invalid Unicode)")
+        return value
+
+
+class GenerateRequest(_Body):
     """POST /generate (defaults of the design documents)."""
 
     prompt: str = Field(min_length=1)
     max_tokens: int = Field(50, ge=1)
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(0.95, gt=0, le=1)
+    temperature: float = _bounded("temperature", 1.0)
+    top_p: float = _bounded("top_p", 0.95)
     top_k: int = Field(50, ge=-1, lt=2**31)
     stream: bool = False
 
@@ -32,7 +73,7 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
-class _OpenAIRequest(_Request):
+class _OpenAIRequest(_Body):
     """The sampling fields /v1/completions and /v1/chat/completions share (OpenAI's, plus vLLM's top_k,
     min_p, repetition_penalty, stop_token_ids and ignore_eos). Unset fields take the checkpoint's
     generation_config.json defaults."""
@@ -40,14 +81,14 @@ class _OpenAIRequest(_Request):
     model: Optional[str] = None
     n: int = Field(1, ge=1, le=16)
     max_tokens: Optional[int] = Field(None, ge=1)
-    temperature: Optional[float] = Field(None, ge=0, le=2)
-    top_p: Optional[float] = Field(None, gt=0, le=1)
+    temperature: Optional[float] = _bounded("temperature", None)
+    top_p: Optional[float] = _bounded("top_p", None)
     top_k: Optional[int] = Field(None, ge=-1, lt=2**31)
-    min_p: Optional[float] = Field(None, ge=0, le=1)
+    min_p: Optional[float] = _bounded("min_p", None)
     seed: Optional[int] = Field(None, ge=-(2**63), lt=2**63 - 16)  # seed + choice index stays in range
-    presence_penalty: Optional[float] = Field(None, ge=-2, le=2)
-    frequency_penalty: Optional[float] = Field(None, ge=-2, le=2)
-    repetition_penalty: Optional[float] = Field(None, gt=0, le=10)
+    presence_penalty: Optional[float] = _bounded("presence_penalty", None)
+    frequency_penalty: Optional[float] = _bounded("frequency_penalty", None)
+    repetition_penalty: Optional[float] = _bounded("repetition_penalty", None)
     stop: Optional[Union[str, List[str]]] = None
     stop_token_ids: Optional[List[Annotated[int, Field(ge=0, lt=2**31)]]] = None
     ignore_eos: bool = False

@@ -12,7 +12,7 @@ from fastapi import Request
 
 from ..inference.async_engine import AsyncEngine, EngineOverloaded, EngineStopped, RequestStream
 from ..inference.metrics import EngineMetrics
-from ..inference.request import RequestOutput
+from ..inference.request import RequestDelta
 from ..inference.sampling_params import SamplingParams
 from ..tokenizer.chat_template import MessageFormatter
 from .errors import ApiError
@@ -44,7 +44,8 @@ class ServerState:
         try:
             engine = await asyncio.to_thread(loader, self.metrics)
         except Exception as e:
-            logger.exception("loading the model failed")
+            # a wrong --model or option is the user's mistake: the message says it all, a traceback would bury it
+            logger.error("loading the model failed: %s", e, exc_info=not isinstance(e, (FileNotFoundError, ValueError)))
             self.load_error = f"{type(e).__name__}: {e}"
             on_failure()
             return
@@ -79,10 +80,16 @@ class ServerState:
         except ValueError as e:
             raise ApiError(400, str(e), param="prompt", code="invalid_prompt") from None
 
-    def submit(self, prompts: Sequence[List[int]], params: Sequence[SamplingParams]) -> RequestStream:
+    def submit(self, prompts: Sequence[List[int]], params: Sequence[SamplingParams], request_id: str) -> RequestStream:
+        """Queue the requests of one API call (token ids from `token_ids`). With one request its id is
+        `request_id`; with several (n choices, several prompts) each one's is `request_id-i`."""
         engine = self.require_engine()
+        if len(prompts) > engine.capacity:  # would be refused however long the client waits: not a 503
+            raise ApiError(400, f"the request asks for {len(prompts)} completions (n times the prompts), more than the "
+                                f"server can hold at once: at most {engine.capacity}", param="n")
         try:
-            return engine.add_requests(prompts, params)
+            ids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
+            return engine.add_requests(prompts, params, ids)
         except EngineOverloaded as e:
             raise ApiError(503, str(e), code="server_overloaded") from None
         except EngineStopped as e:
@@ -90,8 +97,8 @@ class ServerState:
         except ValueError as e:
             raise ApiError(400, str(e)) from None
 
-    async def outputs(self, http_request: Request, stream: RequestStream) -> AsyncIterator[RequestOutput]:
-        """The stream's outputs until all its requests finished. When the client disconnects, or the consumer
+    async def outputs(self, http_request: Request, stream: RequestStream) -> AsyncIterator[RequestDelta]:
+        """The stream's deltas until all its requests finished. When the client disconnects, or the consumer
         stops iterating early, the unfinished requests are aborted (their KV pages freed)."""
         items = stream.__aiter__()
         watcher = asyncio.ensure_future(self._disconnected(http_request))

@@ -100,32 +100,50 @@ def parse_response(text: str) -> Tuple[Optional[str], str]:
 
 
 class ReasoningStream:
-    """parse_response for streamed text: feed the text so far, get the (reasoning, content) that became final
-    since the last call. Text that could still change the split (a partial <think> / </think> tag or trailing
-    newlines, which parse_response strips) is held back until more text or `final=True` settles it."""
+    """parse_response for streamed text: feed each new piece, get the (reasoning, content) that became final.
+    Work per piece does not grow with the text before it. Text that could still change the split (a partial
+    <think> / </think> tag, newlines that parse_response strips) is held back until more text or
+    `final=True` settles it. Text that does not open with <think> is all content here."""
 
     def __init__(self) -> None:
-        self._sent_reasoning = self._sent_content = ""
+        self._mode = "start"  # start -> reasoning -> content, or start -> plain
+        self._held = ""  # text not handed out yet
+        self._started = False  # whether the current part (reasoning or content) has begun past its newlines
 
     def feed(self, text: str, final: bool = False) -> Tuple[str, str]:
-        if not final:
-            text = _settled(text)
-        reasoning, content = parse_response(text)
-        reasoning = reasoning or ""
-        new_reasoning = reasoning[len(self._sent_reasoning):] if reasoning.startswith(self._sent_reasoning) else ""
-        new_content = content[len(self._sent_content):] if content.startswith(self._sent_content) else ""
-        self._sent_reasoning += new_reasoning
-        self._sent_content += new_content
-        return new_reasoning, new_content
+        held = self._held + text
+        self._held = ""
+        if self._mode == "start":
+            opening = held.lstrip()
+            if opening.startswith(THINK_START):
+                self._mode, held = "reasoning", opening[len(THINK_START):]
+            elif THINK_START.startswith(opening) and not final:
+                self._held = held
+                return "", ""
+            else:
+                self._mode = "plain"
+        if self._mode == "plain":
+            return "", held
+        reasoning = ""
+        if self._mode == "reasoning":
+            end = held.find(THINK_END)
+            if end < 0:
+                return self._part(held, final, trailing=THINK_END), ""
+            reasoning = self._part(held[:end], final=True)
+            self._mode, self._started, held = "content", False, held[end + len(THINK_END):]
+        return reasoning, self._part(held, final)
 
-
-def _settled(text: str) -> str:
-    """text without a trailing partial tag or trailing newlines ("" while it may still open with <think>)."""
-    if THINK_START.startswith(text.lstrip()):
-        return ""
-    for tag in (THINK_START, THINK_END):
-        for n in range(len(tag) - 1, 0, -1):
-            if text.endswith(tag[:n]):
-                text = text[:-n]
-                break
-    return text.rstrip("\n")
+    def _part(self, text: str, final: bool, trailing: str = "") -> str:
+        """The settled text of the current part: without its leading newlines, and (unless final) holding back
+        a trailing partial `trailing` tag and trailing newlines (stripped at the end of reasoning)."""
+        if not self._started:
+            text = text.lstrip("\n")
+            self._started = bool(text)
+        if self._mode == "content":
+            return text
+        if final:
+            return text.rstrip("\n")
+        keep = next((n for n in range(len(trailing) - 1, 0, -1) if text.endswith(trailing[:n])), 0)
+        settled = text[: len(text) - keep].rstrip("\n")
+        self._held = text[len(settled):]
+        return settled

@@ -8,7 +8,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Union
 
-import torch
 from tokenizers import Tokenizer
 
 ASSETS_DIR = Path(__file__).parent / "assets"
@@ -55,40 +54,6 @@ class QwenTokenizer:
         ids = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)
         return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def batch_encode(
-        self,
-        texts: List[str],
-        max_length: Optional[int] = 2048,
-        padding: bool = True,
-        truncation: bool = True,
-        return_tensors: bool = False,
-        add_special_tokens: bool = True,
-        padding_side: str = "right",
-    ) -> dict:
-        """{"input_ids", "attention_mask"}: truncated to max_length, padded with the pad id to the longest text.
-        With return_tensors, int64 torch tensors (padding is then required)."""
-        if padding_side not in ("left", "right"):
-            raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
-        ids = self.encode(list(texts), add_special_tokens=add_special_tokens)
-        if truncation and max_length is not None:
-            ids = [seq[:max_length] for seq in ids]
-        masks = [[1] * len(seq) for seq in ids]
-        if padding and ids:
-            if self.pad_token_id is None:
-                raise ValueError("This tokenizer has no pad token: call batch_encode with padding=False")
-            longest = max(len(seq) for seq in ids)
-            pads = [longest - len(seq) for seq in ids]
-            if padding_side == "right":
-                ids = [seq + [self.pad_token_id] * n for seq, n in zip(ids, pads)]
-                masks = [m + [0] * n for m, n in zip(masks, pads)]
-            else:
-                ids = [[self.pad_token_id] * n + seq for seq, n in zip(ids, pads)]
-                masks = [[0] * n + m for m, n in zip(masks, pads)]
-        if return_tensors:
-            if not padding and len({len(seq) for seq in ids}) > 1:
-                raise ValueError("return_tensors needs padding=True when the texts have different lengths")
-            return {"input_ids": torch.tensor(ids, dtype=torch.long), "attention_mask": torch.tensor(masks, dtype=torch.long)}
-        return {"input_ids": ids, "attention_mask": masks}
 
 
 def _token_content(token: Any) -> Optional[str]:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from python_layer import InferenceEngine, Qwen3Model, SamplingParams
+from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.qwen3_model import check_backend
 from tests.engine_checks import no_request_holds_pages
 
@@ -17,6 +17,33 @@ def test_text_prompt_output(tiny_engine: InferenceEngine) -> None:
     assert len(out.token_ids) == 10 and out.finish_reason == "length"
     assert out.text == tiny_engine.tokenizer.decode(out.token_ids)
     assert no_request_holds_pages(tiny_engine)
+
+
+def test_steps_hand_out_only_what_is_new(tiny_engine: InferenceEngine) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=1)
+    request_id = tiny_engine.add_request("Once upon a time", params)
+    deltas = []
+    while tiny_engine.has_unfinished_requests():
+        deltas += tiny_engine.step()
+    final = tiny_engine.get_completed_result(request_id)
+    assert [len(d.token_ids) for d in deltas] == [1] * 12
+    assert [t for d in deltas for t in d.token_ids] == final.token_ids
+    assert "".join(d.text for d in deltas) == final.text == tiny_engine.tokenizer.decode(final.token_ids)
+    assert [lp for d in deltas for lp in d.logprobs] == final.logprobs
+    assert [d.finish_reason for d in deltas] == [None] * 11 + ["length"]
+
+
+def test_stop_string_text_is_held_back_until_settled(tiny_engine: InferenceEngine) -> None:
+    full = tiny_engine.generate("Once upon a time", SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))[0]
+    stop = full.text.strip()[3:6]
+    request_id = tiny_engine.add_request("Once upon a time", SamplingParams(temperature=0.0, max_tokens=12,
+                                                                            ignore_eos=True, stop=[stop, "@@@@@@"]))
+    sent = ""
+    while tiny_engine.has_unfinished_requests():
+        for delta in tiny_engine.step():
+            sent += delta.text
+            assert stop not in sent
+    assert sent == tiny_engine.get_completed_result(request_id).text == full.text[: full.text.index(stop)]
 
 
 def test_stop_token_ids_and_eos(tiny_engine: InferenceEngine) -> None:
@@ -73,6 +100,11 @@ def test_context_limit_and_bad_prompts(tiny_checkpoint: Path) -> None:
     engine = InferenceEngine.from_pretrained(tiny_checkpoint, max_model_len=40)
     out = engine.generate([[3] * 35], SamplingParams(max_tokens=20, ignore_eos=True))[0]
     assert out.finish_reason == "length" and len(out.token_ids) == 5
+    request_id = engine.add_request([3] * 35, SamplingParams(max_tokens=10**21))
+    engine.step()
+    assert engine.get_request_status(request_id) == {"status": "processing", "phase": "running", "tokens_generated": 1,
+                                                     "tokens_remaining": 4}  # the limit the context allows
+    engine.abort(request_id)
     with pytest.raises(ValueError, match="the prompt has 40 tokens.*max_model_len.* 40"):
         engine.generate([[3] * 40])
     with pytest.raises(ValueError, match="empty"):
@@ -105,13 +137,6 @@ def test_abort_frees_pages(tiny_engine: InferenceEngine) -> None:
     assert no_request_holds_pages(tiny_engine)
 
 
-def test_design_document_generate(tiny_checkpoint: Path) -> None:
-    model = Qwen3Model.from_pretrained(tiny_checkpoint)
-    text = model.generate("What is machine learning?", max_tokens=6, temperature=0.0)
-    engine = InferenceEngine(model)
-    assert text == engine.generate("What is machine learning?", SamplingParams(temperature=0.0, max_tokens=6))[0].text
-
-
 def test_max_model_len_beyond_the_kv_pool_is_rejected(tiny_checkpoint: Path) -> None:
     with pytest.raises(ValueError, match="max_model_len 1000 exceeds.*KV pool 10 pages"):
         InferenceEngine.from_pretrained(tiny_checkpoint, num_kv_pages=10, max_model_len=1000)
@@ -129,6 +154,6 @@ def test_missing_checkpoint_errors(tmp_path: Path) -> None:
 def test_stop_string_split_over_pieces_is_found() -> None:
     from python_layer.inference.inference_engine import _find_stop
 
-    assert _find_stop("abcSTOPx", ["STOP"], new_from=5) == 3  # "abcST" was searched before "OPx" arrived
-    assert _find_stop("abcSTOPx", ["zz", "OPx", "STOP"], new_from=7) == 5  # STOP ended before new_from
-    assert _find_stop("abcSTOPx", ["STOP"], new_from=8) is None  # already searched: cannot end in new text
+    assert _find_stop("STx", ["STOP"]) is None
+    assert _find_stop("abcSTOPx", ["zz", "OPx", "STOP"]) == 3  # the earliest start wins
+    assert _find_stop("abc", []) is None

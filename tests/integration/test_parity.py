@@ -10,8 +10,10 @@ import pytest
 import torch
 from transformers import Qwen3ForCausalLM
 
-from python_layer import InferenceEngine, Qwen3Model, SamplingParams
-from python_layer.model.qwen3_model import AttentionMetadata
+from python_layer import InferenceEngine, SamplingParams
+from python_layer.model.attention_metadata import SequenceChunk, build_step_inputs
+from python_layer.model.loader import load_model
+from python_layer.model.qwen3_model import Qwen3Model
 
 PROMPT_LENGTHS = (5, 19, 33)  # inside one page, across one and two page boundaries (page size 16)
 
@@ -45,19 +47,12 @@ class _Batch:
         self.cached = [0] * num_seqs
 
     def forward(self, chunks: list[list[int]], all_logits: bool) -> torch.Tensor:
-        ids, pos, slots, starts, lens = [], [], [], [0], []
+        steps = [SequenceChunk(chunk, self.cached[s], self.pages[s]) for s, chunk in enumerate(chunks)]
         for s, chunk in enumerate(chunks):
-            begin = self.cached[s]
-            ids += chunk
-            pos += range(begin, begin + len(chunk))
-            slots += [self.pages[s][p // self.page_size] * self.page_size + p % self.page_size for p in range(begin, begin + len(chunk))]
-            starts.append(starts[-1] + len(chunk))
             self.cached[s] += len(chunk)
-            lens.append(self.cached[s])
-        i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=self.model.device)
-        attn = AttentionMetadata(i32(starts), i32(lens), i32(self.pages), i32(slots))
-        indices = None if all_logits else i32([s - 1 for s in starts[1:]])
-        return self.model.forward(i32(ids), i32(pos), attn, self.cache, indices).cpu()
+        inputs = build_step_inputs(steps, self.page_size, self.model.device)
+        indices = None if all_logits else inputs.attn.query_start[1:] - 1
+        return self.model.forward(inputs.input_ids, inputs.positions, inputs.attn, self.cache, indices).cpu()
 
 
 BACKENDS = pytest.mark.parametrize("backend", ["mojo", "reference"])
@@ -70,7 +65,7 @@ DEVICES = pytest.mark.parametrize("device", [
 @BACKENDS
 def test_prefill_and_decode_logits_match_transformers(parity_checkpoint: Path, backend: str, device: str) -> None:
     hf = _hf(parity_checkpoint)
-    model = Qwen3Model.from_pretrained(parity_checkpoint, device=device, dtype="float32", backend=backend)
+    model = load_model(parity_checkpoint, device=device, dtype="float32", backend=backend)
     prompts = _prompts(model.config.vocab_size)
     batch = _Batch(model, len(prompts))
     # on an H100 the mojo backend's float32 logits were 1.1-1.3e-3 off (the reference backend there: < 1e-4), while
@@ -128,7 +123,7 @@ def test_bfloat16_logits_as_close_to_float32_as_transformers_bfloat16(tiny_check
     """bfloat16 rounds every op, so both implementations drift from the float32 logits; MILI's bfloat16 must
     drift no more than transformers' own bfloat16 does (and stay within 5e-2 relative)."""
     hf_bf16 = Qwen3ForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.bfloat16, attn_implementation="eager").eval()
-    model = Qwen3Model.from_pretrained(tiny_checkpoint, device=device, dtype="bfloat16", backend=backend)
+    model = load_model(tiny_checkpoint, device=device, dtype="bfloat16", backend=backend)
     prompt = _prompts(model.config.vocab_size)[2]
     exact = _hf_logits(_hf(tiny_checkpoint), prompt)
     ours = _rel_err(_Batch(model, 1).forward([prompt], all_logits=True), exact)

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from python_layer import InferenceEngine, Qwen3Model, SamplingParams
+from python_layer import InferenceEngine, SamplingParams
+from python_layer.model.loader import load_model
+from python_layer.model.qwen3_model import Qwen3Model
 from tests.engine_checks import no_request_holds_pages
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
@@ -17,7 +19,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def model(tiny_checkpoint: Path) -> Qwen3Model:
-    return Qwen3Model.from_pretrained(tiny_checkpoint, backend="mojo")
+    return load_model(tiny_checkpoint, backend="mojo")
 
 
 def _engine(model: Qwen3Model, **kwargs) -> InferenceEngine:
@@ -80,6 +82,48 @@ def test_prefix_cache_hits_match_fresh_prefill(model, prompts, alone) -> None:
     assert no_request_holds_pages(engine)
 
 
+def test_requests_submitted_together_share_a_prefix_being_computed(model, prompts) -> None:
+    system = _prompts(1, (40, 40), seed=5)[0]  # 2.5 pages shared by every request below
+    shared = [system + p for p in prompts]
+    fresh = [_engine(model, enable_prefix_caching=False).generate([p], GREEDY)[0].token_ids for p in shared]
+    engine = _engine(model)
+    outs = engine.generate(shared, GREEDY)  # all at once: the first computes the system prompt, the others wait
+    assert [o.token_ids for o in outs] == fresh
+    assert outs[0].num_cached_tokens == 0 and all(o.num_cached_tokens == 32 for o in outs[1:])
+    assert no_request_holds_pages(engine)
+
+
+def test_prefill_chunks_enter_the_prefix_cache_at_once(model) -> None:
+    engine = _engine(model, max_num_batched_tokens=16)
+    prompt = _prompts(1, (50, 50), seed=9)[0]
+    first = engine.add_request(prompt, GREEDY)
+    for chunk in (1, 2):  # 16-token prefill chunks: each page is in the tree while the request still prefills
+        engine.step()
+        assert engine.prefix_cache.num_cached_pages == chunk and engine.requests[first].prefix_node.pages
+    second = engine.add_request(prompt[:40] + [1, 2, 3], GREEDY)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.get_completed_result(second).num_cached_tokens == 32
+    assert no_request_holds_pages(engine)
+
+
+def test_a_prefix_computed_twice_is_kept_once(model) -> None:
+    """Two requests that computed the same pages in one step (here: waiting for the other is switched off) end
+    up sharing the cached copy; the duplicate goes back to the pool."""
+    engine = _engine(model)
+    engine.scheduler._prefix_in_flight = lambda request: False
+    prompt = _prompts(1, (40, 40), seed=11)[0]
+    a, b = engine.add_request(prompt, GREEDY), engine.add_request(prompt, GREEDY)
+    engine.step()  # both prefill the whole prompt
+    pages_a, pages_b = engine.requests[a].page_ids, engine.requests[b].page_ids
+    assert pages_a[:2] == pages_b[:2] and pages_a[2] != pages_b[2]
+    assert engine.kv_cache.num_free_pages == engine.kv_cache.num_pages - 4
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.get_completed_result(a).token_ids == engine.get_completed_result(b).token_ids
+    assert no_request_holds_pages(engine)
+
+
 def test_prompt_of_whole_pages_is_never_matched_whole(model) -> None:
     engine = _engine(model)
     prompt = _prompts(1, (32, 32), seed=7)[0]
@@ -94,8 +138,9 @@ def test_abort_frees_pages_at_once(model) -> None:
     waiting = engine.add_request([4, 5, 6], GREEDY)
     engine.step()
     assert engine.kv_cache.num_free_pages < engine.kv_cache.num_pages
-    engine.abort(running)
+    assert engine.abort(running).finish_reason == "abort"
     engine.abort(waiting)
+    assert engine.abort(waiting) is None  # already finished
     assert engine.kv_cache.num_free_pages == engine.kv_cache.num_pages and not engine.requests
     assert engine.get_request_status(running) == {"status": "completed", "finish_reason": "abort",
                                                   "tokens_generated": 1, "tokens_remaining": 0}
@@ -146,9 +191,9 @@ def test_stress_random_requests_and_aborts_small_pool(model) -> None:
             victim = rng.choice(sorted(engine.requests))
             engine.abort(victim)
             aborted.add(victim)
-        for out in engine.step():  # debug_checks: page accounting verified after every step
-            if out.finished:
-                finished[out.request_id] = out
+        for delta in engine.step():  # debug_checks: page accounting verified after every step
+            if delta.finished:
+                finished[delta.request_id] = engine.get_completed_result(delta.request_id)
         steps += 1
     assert len(finished) + len(aborted) == 300
     for rid, out in finished.items():

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+import threading
 
+import pytest
+from fastapi import FastAPI, Request
+
+from python_layer.inference.sampling_params import SamplingParams
+from python_layer.server.errors import HANDLERS, ApiError, _api_error
+from python_layer.server.middleware import GuardMiddleware
 from tests.server.live_server import MODEL_NAME, LiveServer
 
 CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -67,3 +74,133 @@ def test_malformed_json_wrong_content_type_oversized_body(server: LiveServer) ->
     assert server.client.get("/generate").status_code == 405
     assert server.client.get("/health").status_code == 200
     assert server.client.post("/generate", json={"prompt": "still serving", "max_tokens": 2}).status_code == 200
+
+
+JSON = {"content-type": "application/json"}
+
+
+@pytest.mark.parametrize("route, raw, where", [
+    ("/v1/completions", b'{"prompt": "a\\ud800b", "max_tokens": 2}', "prompt"),
+    ("/v1/completions", b'{"prompt": ["ok", "a\\udc00"], "max_tokens": 2}', "prompt[1]"),
+    ("/v1/completions", b'{"prompt": "hi", "stop": ["\\ud800"], "max_tokens": 2}', "stop[0]"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": "a\\ud800b"}]}',
+     "messages[1].content"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]}',
+     "messages[0].content[0].text"),
+    ("/generate", b'{"prompt": "a\\ud800b"}', "prompt"),
+])
+def test_unpaired_surrogates_are_a_400_naming_the_field(server: LiveServer, route: str, raw: bytes, where: str) -> None:
+    response = server.client.post(route, content=raw, headers=JSON)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert f"{where} contains an unpaired UTF-16 surrogate (invalid Unicode)" in error["message"], error
+    assert error["param"] == where.split("[")[0]
+
+
+def test_a_surrogate_pair_is_a_valid_character(server: LiveServer) -> None:
+    raw = b'{"prompt": "smile \\ud83d\\ude00", "max_tokens": 2}'
+    assert server.client.post("/v1/completions", content=raw, headers=JSON).status_code == 200
+
+
+def test_more_choices_than_the_server_can_hold_is_a_400(server: LiveServer) -> None:
+    capacity = server.state.engine.capacity
+    body = {**COMPLETION, "prompt": ["hi"] * (capacity // 16 + 1), "n": 16}
+    response = server.client.post("/v1/completions", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "n" and f"at most {capacity}" in error["message"]
+    assert server.client.post("/v1/completions", json=COMPLETION).status_code == 200
+
+
+@pytest.mark.parametrize("name, value", [
+    ("repetition_penalty", 50), ("repetition_penalty", 150), ("repetition_penalty", 0.005), ("temperature", 2),
+    ("temperature", 2.5), ("top_p", 0), ("top_p", 1), ("min_p", 1), ("min_p", 1.5), ("presence_penalty", -2.5),
+    ("frequency_penalty", 2),
+])
+def test_the_api_and_sampling_params_share_their_bounds(server: LiveServer, name: str, value: float) -> None:
+    try:
+        SamplingParams(**{name: value})
+        engine_accepts = True
+    except ValueError:
+        engine_accepts = False
+    response = server.client.post("/v1/completions", json={**COMPLETION, "max_tokens": 1, name: value})
+    assert response.status_code == (200 if engine_accepts else 400), response.text
+    if not engine_accepts:
+        assert response.json()["error"]["param"] == name
+
+
+@pytest.mark.parametrize("value", [b"NaN", b"Infinity"])
+def test_a_temperature_must_be_a_finite_number(server: LiveServer, value: bytes) -> None:
+    raw = b'{"prompt": "hi", "temperature": ' + value + b"}"
+    for route in ("/v1/completions", "/generate"):
+        response = server.client.post(route, content=raw, headers=JSON)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == "temperature" and "finite number" in error["message"], error
+
+
+def test_every_503_says_when_to_retry() -> None:
+    go = threading.Event()
+
+    def load_later(metrics):
+        go.wait(60)
+        raise ValueError("this test never loads a model")
+
+    live = LiveServer(load_later, wait=False)
+    try:
+        loading = live.client.post("/generate", json={"prompt": "hi"})
+        assert loading.status_code == 503 and loading.headers["retry-after"] == "5"
+    finally:
+        go.set()
+        live.stop()
+    overloaded = asyncio.run(_api_error(None, ApiError(503, "at capacity", code="server_overloaded")))
+    assert overloaded.status_code == 503 and overloaded.headers["retry-after"] == "1"
+
+
+def _guarded_echo(body_timeout: float) -> GuardMiddleware:
+    app = FastAPI()
+    for exc, handler in HANDLERS.items():
+        app.add_exception_handler(exc, handler)
+
+    @app.post("/echo")
+    async def echo(request: Request) -> dict:
+        body = await request.json()
+        after = await request.receive()  # what comes once the body is in: the client's disconnect
+        return {"body": body, "after": after["type"]}
+
+    return GuardMiddleware(app, max_body_bytes=1000, body_timeout=body_timeout)
+
+
+def _call(app: GuardMiddleware, messages: list) -> tuple[int, bytes]:
+    """Call the ASGI app with a client that sends `messages` (a callable is awaited for its message) and then stalls."""
+    sent = []
+
+    async def receive() -> dict:
+        if messages:
+            message = messages.pop(0)
+            return await message() if callable(message) else message
+        await asyncio.Event().wait()
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/echo", "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json"), (b"content-length", b"100")]}
+    asyncio.run(app(scope, receive, send))
+    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def test_a_body_not_sent_in_time_is_a_408() -> None:
+    status, body = _call(_guarded_echo(0.2), [{"type": "http.request", "body": b'{"prompt":', "more_body": True}])
+    assert status == 408 and b"the request body was not received within 0.2 s" in body
+
+
+def test_the_body_timeout_ends_with_the_body() -> None:
+    async def late_disconnect() -> dict:
+        await asyncio.sleep(0.6)
+        return {"type": "http.disconnect"}
+
+    messages = [{"type": "http.request", "body": b'{"a":', "more_body": True}, {"type": "http.request", "body": b" 1}"},
+                late_disconnect]
+    status, body = _call(_guarded_echo(0.2), messages)
+    assert status == 200 and body == b'{"body":{"a":1},"after":"http.disconnect"}'

@@ -4,6 +4,7 @@ client, streaming and not. Greedy output over HTTP equals the offline engine's."
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import httpx
@@ -73,6 +74,30 @@ def test_status_while_processing(server: LiveServer) -> None:
         assert status["status"] == "processing" and status["tokens_generated"] >= 1
         assert status["tokens_generated"] + status["tokens_remaining"] == 400
     server.wait_idle()  # leaving the stream early aborted the request
+
+
+def test_status_reports_the_clamped_output_limit(server: LiveServer) -> None:
+    body = {"prompt": "count", "max_tokens": 10**21, "temperature": 0, "stream": True}
+    with server.client.stream("POST", "/generate", json=body) as response:
+        first = json.loads(next(line for line in response.iter_lines() if line.startswith("data: "))[6:])
+        status = server.client.get(f"/status/{first['request_id']}").json()
+        assert status["tokens_generated"] + status["tokens_remaining"] == 512 - 1  # max_model_len - prompt tokens
+    server.wait_idle()
+
+
+def test_status_knows_openai_ids_and_ids_are_random(server: LiveServer, client: openai.OpenAI) -> None:
+    kw = dict(model=MODEL_NAME, max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
+    completion = client.completions.create(prompt="Hi", **kw)
+    chat = client.chat.completions.create(messages=[{"role": "user", "content": "Hi"}], **kw)
+    for call_id in (completion.id, chat.id):
+        assert server.client.get(f"/status/{call_id}").json() == {
+            "request_id": call_id, "status": "completed", "finish_reason": "length", "tokens_generated": 3,
+            "tokens_remaining": 0}
+    several = client.completions.create(prompt="Hi", n=2, **kw)  # each choice has its own id: ID-INDEX
+    assert [server.client.get(f"/status/{several.id}-{i}").json()["status"] for i in range(2)] == ["completed"] * 2
+    ids = [server.client.post("/generate", json={"prompt": "a", "max_tokens": 1}).json()["request_id"] for _ in range(2)]
+    assert all(re.fullmatch(r"gen-[0-9a-f]{32}", i) for i in ids) and ids[0] != ids[1]
+    assert re.fullmatch(r"cmpl-[0-9a-f]{32}", completion.id) and re.fullmatch(r"chatcmpl-[0-9a-f]{32}", chat.id)
 
 
 def test_completions(server: LiveServer, client: openai.OpenAI, offline: InferenceEngine) -> None:

@@ -89,9 +89,9 @@ def test_reasoning_stream_matches_parse_response_however_the_text_is_cut(text: s
     rng = random.Random(len(text))
     for _ in range(30):
         cuts = sorted(rng.sample(range(1, len(text)), min(6, len(text) - 1)))
-        stream, reasoning, content = ReasoningStream(), "", ""
+        stream, reasoning, content, fed = ReasoningStream(), "", "", 0
         for cut in cuts + [len(text)]:
-            r, c = stream.feed(text[:cut], final=cut == len(text))
-            reasoning, content = reasoning + r, content + c
+            r, c = stream.feed(text[fed:cut], final=cut == len(text))
+            reasoning, content, fed = reasoning + r, content + c, cut
         expected_reasoning, expected_content = parse_response(text)
         assert (reasoning, content) == (expected_reasoning or "", expected_content), cuts

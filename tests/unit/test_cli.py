@@ -1,3 +1,5 @@
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,3 +28,13 @@ def test_errors_are_reported_not_raised(tmp_path: Path, capsys: pytest.CaptureFi
     assert "does not exist" in capsys.readouterr().err
     assert main(["generate", "--prompt", "x", "--max-tokens", "0"]) == 1
     assert "max_tokens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["serve", "--port", "0"], ["generate", "--prompt", "x"]])
+def test_a_wrong_model_directory_is_one_message_without_a_traceback(tmp_path: Path, command: list) -> None:
+    missing = tmp_path / "missing"
+    done = subprocess.run([sys.executable, "-m", "python_layer.cli", *command, "--model", str(missing)],
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 1, done.stderr
+    assert "mili: error: " in done.stderr and "does not exist" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr

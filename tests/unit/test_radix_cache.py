@@ -39,7 +39,8 @@ def test_insert_then_match_takes_references_and_locks() -> None:
     kv, cache = make()
     pages = kv.allocate_pages(3)
     tokens = seq(10)  # 2 full pages + 2 tokens
-    assert cache.insert(tokens, pages) == 2
+    node, path = cache.insert(tokens, pages)
+    assert path == pages[:2] and node.pages == pages[:2] and cache.num_cached_pages == 2
     assert kv.ref_counts[pages[0]] == 2 and kv.ref_counts[pages[1]] == 2 and kv.ref_counts[pages[2]] == 1
     kv.free_pages(pages)
     assert kv.ref_counts[pages[0]] == 1 and kv.ref_counts[pages[2]] == 0
@@ -108,7 +109,9 @@ def test_insert_overlapping_sequence_keeps_tree_pages_and_adds_tail() -> None:
     # the same first 2 pages of tokens, computed into different pages, then a new tail
     tokens = seq(8) + [30, 31, 32, 33, 34, 35, 36, 37, 38]
     dup = kv.allocate_pages(5)
-    assert cache.insert(tokens, dup) == 2
+    node, path = cache.insert(tokens, dup)
+    assert path == first[:2] + dup[2:4] and node.pages == dup[2:4]  # the tree's own pages where it had them
+    assert cache.num_cached_pages == 5
     assert [kv.ref_counts[p] for p in dup] == [1, 1, 2, 2, 1]  # duplicates of cached pages get no tree reference
     kv.free_pages(dup)
     assert kv.ref_counts[dup[0]] == 0 and kv.ref_counts[dup[1]] == 0
@@ -117,8 +120,9 @@ def test_insert_overlapping_sequence_keeps_tree_pages_and_adds_tail() -> None:
     assert got == first[:2] + dup[2:4]
     cache.release(node)
     kv.free_pages(got)
-    assert cache.insert(tokens, got + [dup[4]]) == 0  # already fully cached
-    assert cache.insert(seq(3), []) == 0  # no full page
+    assert cache.insert(tokens, got + [dup[4]]) == (node, got)  # already fully cached: nothing new
+    assert cache.insert(seq(3), []) == (cache.root, [])  # no full page
+    assert cache.num_cached_pages == 5
 
 
 def test_evict_lru_leaves_then_parents_and_skips_locked() -> None:

@@ -1,13 +1,13 @@
 import pytest
 import torch
 
-from python_layer.inference.sampler import Sampler, SamplerOutput, apply_penalties
-from python_layer.inference.sampling_params import SamplingParams
+from python_layer.inference.sampler import BatchSampler, SamplerOutput, TokenHistory, apply_penalties
+from python_layer.inference.sampling_params import BOUNDS, SamplingParams
 
 
 def _draws(logits: torch.Tensor, params: SamplingParams, n: int = 2000, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return torch.tensor([Sampler()(logits[None], [params], [g]).token_ids[0] for _ in range(n)])
+    return torch.tensor([BatchSampler()(logits[None], [params], [g]).token_ids[0] for _ in range(n)])
 
 
 LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -1.0, -3.0, -5.0])
@@ -17,11 +17,10 @@ def test_greedy_and_mixed_parameters_in_one_batch() -> None:
     logits = torch.randn(4, 50)
     params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_k=1),
               SamplingParams(temperature=0.8, top_p=0.9), SamplingParams(temperature=0.0)]
-    out = Sampler()(logits, params, [None, None, torch.Generator().manual_seed(1), None])
+    out = BatchSampler()(logits, params, [None, None, torch.Generator().manual_seed(1), None])
     assert isinstance(out, SamplerOutput) and out.logprobs == [None] * 4
     tokens = out.token_ids
     assert tokens[0] == logits[0].argmax() and tokens[1] == logits[1].argmax() and tokens[3] == logits[3].argmax()
-    assert Sampler.greedy_sampling(logits).tolist() == logits.argmax(-1).tolist()
 
 
 def test_temperature_sampling_follows_the_softmax() -> None:
@@ -45,18 +44,10 @@ def test_seed_makes_sampling_reproducible() -> None:
     assert _draws(LOGITS, params, n=50, seed=7).tolist() != _draws(LOGITS, params, n=50, seed=8).tolist()
 
 
-def test_design_document_static_methods() -> None:
-    logits = torch.randn(3, 20)
-    assert Sampler.top_k_top_p_sampling(logits, temperature=0.0).tolist() == logits.argmax(-1).tolist()
-    tokens = Sampler.top_k_top_p_sampling(logits, temperature=0.7, top_k=2, top_p=1.0)
-    top2 = logits.topk(2).indices
-    assert all(t in row for t, row in zip(tokens.tolist(), top2.tolist()))
-    assert Sampler.temperature_sampling(logits, 1.0).shape == (3,)
-
-
 @pytest.mark.parametrize("kwargs, field", [
     ({"temperature": -0.1}, "temperature"),
     ({"temperature": float("nan")}, "temperature"),
+    ({"temperature": 2.5}, "temperature"),
     ({"top_p": 0.0}, "top_p"),
     ({"top_p": 1.5}, "top_p"),
     ({"top_k": -2}, "top_k"),
@@ -88,6 +79,24 @@ def test_invalid_sampling_parameters_name_the_field(kwargs: dict, field: str) ->
         SamplingParams(**kwargs)
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_a_temperature_must_be_a_finite_number(value: float) -> None:
+    with pytest.raises(ValueError, match=r"SamplingParams.temperature must be a finite number in \[0, 2\]"):
+        SamplingParams(temperature=value)
+
+
+def test_the_bounds_table_is_what_sampling_params_checks() -> None:
+    for name, bound in BOUNDS.items():
+        SamplingParams(**{name: bound.high})
+        with pytest.raises(ValueError, match=f"SamplingParams.{name} "):
+            SamplingParams(**{name: bound.high + 0.5})
+        if bound.low_open:
+            with pytest.raises(ValueError, match=f"SamplingParams.{name} "):
+                SamplingParams(**{name: bound.low})
+        else:
+            SamplingParams(**{name: bound.low})
+
+
 def test_sampling_params_normalization() -> None:
     p = SamplingParams(stop="END", top_k=-1)
     assert p.stop == ["END"] and p.top_k == 0 and not p.greedy and SamplingParams(temperature=0).greedy
@@ -99,7 +108,7 @@ def test_temperatures_too_small_to_divide_by_are_greedy() -> None:
     logits = torch.tensor([[0.5, 3.0, -1.0, 2.9]])
     for temperature in (5e-324, 1e-300, 9e-6):
         params = SamplingParams(temperature=temperature, top_k=2)
-        assert params.greedy and Sampler()(logits, [params], [None]).token_ids == [1]
+        assert params.greedy and BatchSampler()(logits, [params], [None]).token_ids == [1]
     assert not SamplingParams(temperature=1e-5).greedy
 
 
@@ -107,7 +116,7 @@ GREEDY = SamplingParams(temperature=0.0)
 
 
 def _greedy(logits: list[float], params: SamplingParams, prompt: list[int], output: list[int]) -> int:
-    return Sampler()(torch.tensor([logits]), [params], [None], [(prompt, output)]).token_ids[0]
+    return BatchSampler()(torch.tensor([logits]), [params], [None], [TokenHistory(prompt, output)]).token_ids[0]
 
 
 def test_repetition_penalty_on_positive_negative_and_prompt_only_tokens() -> None:
@@ -136,7 +145,7 @@ def test_frequency_penalty_counts_output_occurrences_and_presence_does_not() -> 
 def test_all_penalties_match_a_hand_computed_row() -> None:
     logits = torch.tensor([[2.0, -1.0, 0.5, 1.0, -0.5], [2.0, -1.0, 0.5, 1.0, -0.5]])
     params = [SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25), SamplingParams()]
-    histories = [([1, 4], [0, 2, 0, 4]), ([1, 4], [0, 2, 0, 4])]
+    histories = [TokenHistory([1, 4], [0, 2, 0, 4])] * 2
     # token 0: output x2 -> 2/2 - 0.5*2 - 0.25; 1: prompt only -> -1*2; 2: output x1 -> 0.5/2 - 0.5 - 0.25;
     # 3: in neither -> untouched; 4: prompt and output x1 -> -0.5*2 - 0.5 - 0.25. Row 1 has no penalties.
     expected = torch.tensor([[-0.25, -2.0, -0.5, 1.0, -1.75], [2.0, -1.0, 0.5, 1.0, -0.5]])
@@ -150,24 +159,24 @@ def test_penalties_are_per_row_and_leave_the_logits_alone() -> None:
     penalized = SamplingParams(temperature=0, frequency_penalty=1.5)
     sampled = SamplingParams(temperature=1.0, top_k=1, presence_penalty=2.0)
     params = [penalized, GREEDY, sampled, SamplingParams(temperature=1.0, top_k=1)]
-    histories = [([], [0])] * 4
+    histories = [TokenHistory([], [0])] * 4
     generators = [None, None, torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)]
-    assert Sampler()(logits, params, generators, histories).token_ids == [1, 0, 1, 0]
+    assert BatchSampler()(logits, params, generators, histories).token_ids == [1, 0, 1, 0]
     assert torch.equal(logits, raw)
 
 
 def test_penalties_need_histories() -> None:
     logits = torch.zeros(2, 4)
     with pytest.raises(ValueError, match="histories"):
-        Sampler()(logits, [GREEDY, SamplingParams(temperature=0, presence_penalty=0.5)], [None, None])
-    assert Sampler()(logits, [GREEDY, GREEDY], [None, None]).token_ids == [0, 0]
+        BatchSampler()(logits, [GREEDY, SamplingParams(temperature=0, presence_penalty=0.5)], [None, None])
+    assert BatchSampler()(logits, [GREEDY, GREEDY], [None, None]).token_ids == [0, 0]
 
 
 def test_logprobs_are_of_the_raw_logits() -> None:
     logits = torch.randn(3, 30)  # row 0 is penalized, scaled and truncated: its logprobs still are of the raw row
     params = [SamplingParams(temperature=0.5, top_k=3, repetition_penalty=1.7, logprobs=5),
               SamplingParams(temperature=0, logprobs=0), SamplingParams(temperature=0)]
-    out = Sampler()(logits, params, [torch.Generator().manual_seed(0), None, None], [([1, 2], [3])] * 3)
+    out = BatchSampler()(logits, params, [torch.Generator().manual_seed(0), None, None], [TokenHistory([1, 2], [3])] * 3)
     expected = torch.log_softmax(logits, dim=-1)
     first, second, third = out.logprobs
     assert third is None and second is not None and first is not None

@@ -1,7 +1,6 @@
 import hashlib
 
 import pytest
-import torch
 from transformers import AutoTokenizer
 
 from python_layer.tokenizer import QwenTokenizer, get_tokenizer
@@ -53,22 +52,6 @@ def test_encode_decode_match_transformers(hf_tokenizer, text: str) -> None:
     for skip in (True, False):
         assert tok.decode(ids, skip_special_tokens=skip) == hf_tokenizer.decode(ids, skip_special_tokens=skip)
     assert tok.decode(ids, skip_special_tokens=False) == text
-
-
-def test_batch_encode_matches_transformers(hf_tokenizer) -> None:
-    tok = get_tokenizer()
-    texts = TEXTS[:6]
-    ours = tok.batch_encode(texts, max_length=12)
-    theirs = hf_tokenizer(texts, padding=True, truncation=True, max_length=12)
-    assert ours["input_ids"] == theirs["input_ids"]
-    assert ours["attention_mask"] == theirs["attention_mask"]
-    tensors = tok.batch_encode(texts, max_length=None, return_tensors=True, padding_side="left")
-    longest = max(len(tok.encode(t)) for t in texts)
-    assert tensors["input_ids"].shape == (6, longest) and tensors["input_ids"].dtype == torch.long
-    assert tensors["input_ids"][0, 0] == tok.pad_token_id and tensors["attention_mask"][0, 0] == 0
-    assert tok.encode(texts) == [tok.encode(t) for t in texts]
-    with pytest.raises(ValueError, match="padding=True"):
-        tok.batch_encode(texts, padding=False, return_tensors=True)
 
 
 def test_checkpoint_tokenizer_files_are_used(tiny_checkpoint) -> None:

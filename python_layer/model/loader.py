@@ -1,0 +1,46 @@
+"""The one way from a checkpoint path to a running model: resolve, read the config, load the weights, build
+the forward (compiling the graph, or reading it from MAX's cache)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Callable, ContextManager, Optional
+
+import torch
+
+from .config import Qwen3Config
+from .hub import resolve_model_dir
+from .qwen3_model import DEFAULT_BACKEND, Qwen3Model, check_backend
+from .weight_loader import WeightLoader, parse_dtype
+
+# on_phase(description) returns a context manager around that phase (the server shows progress with it)
+PhaseReporter = Callable[[str], ContextManager[None]]
+
+
+def load_model(
+    path: Optional[str | os.PathLike] = None,
+    device: str = "cpu",
+    dtype: str | torch.dtype = "auto",
+    backend: str = DEFAULT_BACKEND,
+    on_phase: Optional[PhaseReporter] = None,
+) -> Qwen3Model:
+    """A checkpoint directory or Hugging Face Hub id (None: MILI's built-in random-weight model) as a model
+    ready to run. dtype "auto" is float32 on a CPU, bfloat16 on a GPU."""
+    phase = on_phase or (lambda _: contextlib.nullcontext())
+    check_backend(backend)
+    with phase("resolving the checkpoint"):
+        if path is None:
+            from .random_checkpoint import builtin_model_path
+
+            model_dir = builtin_model_path()
+        else:
+            model_dir = resolve_model_dir(path)
+        config = Qwen3Config.from_pretrained(model_dir)
+        torch_dtype = parse_dtype(dtype, device)
+    with phase(f"loading weights of {model_dir} ({torch_dtype} on {device})"):
+        weights = WeightLoader(model_dir, config, device=device, dtype=torch_dtype)
+        weights.load_from_safetensors()
+    with phase("building the model graph (compiled once, then read from the compile cache)"
+               if backend == "mojo" else "building the reference model"):
+        return Qwen3Model(config, weights, device=device, backend=backend)
