@@ -41,7 +41,8 @@ def build_app(config: ServerConfig, loader: Loader, on_load_failure: Optional[Ca
     app = FastAPI(title="MILI", version=__version__, lifespan=lifespan,
                   description="Qwen3 inference server: the design documents' API and an OpenAI-compatible API.")
     app.state.mili = state
-    app.add_middleware(GuardMiddleware, max_body_bytes=config.max_body_bytes, api_key=config.api_key)
+    app.add_middleware(GuardMiddleware, max_body_bytes=config.max_body_bytes, api_key=config.api_key,
+                       body_timeout=config.body_timeout_seconds)
     for exc, handler in HANDLERS.items():
         app.add_exception_handler(exc, handler)
     app.include_router(openai_api.router)
@@ -60,7 +61,7 @@ def build_app(config: ServerConfig, loader: Loader, on_load_failure: Optional[Ca
                 "scheduler_ready": state.ready}
         if state.load_error:
             body["error"] = state.load_error
-        return JSONResponse(body, status_code=200 if state.ready else 503)
+        return JSONResponse(body, status_code=200 if state.ready else 503, headers=None if state.ready else {"Retry-After": "5"})
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -26,6 +26,7 @@ class ServerConfig:
     model_name: str
     api_key: Optional[str] = None
     max_body_bytes: int = 8 * 2**20
+    body_timeout_seconds: float = 30.0  # a body not received in full by then answers 408
     max_queue_len: int = 256
     disconnect_poll_seconds: float = 0.25
 

@@ -21,7 +21,7 @@ class ScriptedSampler:
         self.token_ids = token_ids
 
     def __call__(self, logits, params, generators, histories) -> SamplerOutput:
-        return SamplerOutput([self.token_ids[len(output) % len(self.token_ids)] for _, output in histories],
+        return SamplerOutput([self.token_ids[len(h.output_token_ids) % len(self.token_ids)] for h in histories],
                              [None] * len(params))
 
 

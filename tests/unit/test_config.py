@@ -74,8 +74,9 @@ def test_missing_directory_and_missing_config(tmp_path: Path) -> None:
 
 def test_hub_id_offline_with_nothing_cached_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    with pytest.raises(FileNotFoundError, match="offline"):
+    with pytest.raises(FileNotFoundError, match="offline") as raised:
         Qwen3Config.from_pretrained("Qwen/Qwen3-0.6B")
+    assert "hf download Qwen/Qwen3-0.6B" in str(raised.value)  # the CLI huggingface_hub installs (not huggingface-cli)
 
 
 def test_hub_id_resolves_from_the_local_hub_cache(tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
