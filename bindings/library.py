@@ -73,11 +73,11 @@ def package_path() -> Path:
 
 @lru_cache(maxsize=1)
 def eager_cpu_module():
-    """The CPU kernels as a Python extension module (bindings/eager_cpu.mojo), built when stale."""
+    """The CPU kernels as a Python extension module (bindings/eager/eager_cpu.mojo), built when stale."""
     import importlib.machinery
     import importlib.util
 
-    source = Path(__file__).with_name("eager_cpu.mojo")
+    source = Path(__file__).parent / "eager" / "eager_cpu.mojo"
     digest = hashlib.sha256((_sources_digest(kernels_dir()) + source.read_text()).encode()).hexdigest()[:16]
     out = Path(os.environ["MODULAR_CACHE_DIR"]) / "mili_eager_cpu" / digest / "mili_eager_cpu.so"
     _build(out, ["build", "--emit", "shared-lib", "-I", str(kernels_dir().parent), str(source)])

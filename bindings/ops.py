@@ -1,7 +1,7 @@
 """MILI's Mojo ops as functions on torch tensors, with exactly the signatures of bindings/reference.py.
 
 On CPU, float32 and bfloat16 tensors go straight to the Mojo kernels through a Python extension module
-(bindings/eager_cpu.mojo), on torch's OpenMP threads: a call costs about a microsecond more than the kernel. Otherwise (GPU, other dtypes,
+(bindings/eager/eager_cpu.mojo), on torch's OpenMP threads: a call costs about a microsecond more than the kernel. Otherwise (GPU, other dtypes,
 or EAGER_CPU = False) each op is a small MAX graph (built with bindings/graph.py) compiled once per (dtype,
 device) with symbolic sizes, so a new number of tokens, sequences or pages never recompiles; each execution
 costs tens of microseconds. Float parameters (eps, theta, scale) travel as 1-element float32 tensors, not as
