@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     model.forward_fn = timed
     engine = InferenceEngine(model, max_num_seqs=args.batch)
     max_tokens = args.late + args.steps + 1
-    params = SamplingParams(temperature=0.8, top_p=0.95, seed=0, max_tokens=max_tokens, ignore_eos=True,
+    # greedy: sampling from the whole vocabulary costs the same at every position and would hide what grows
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
                             stop=["\u2603never\u2603"] if args.stop else None)
     for i in range(args.batch):
         engine.add_request([1000 + i, 2000, 3000, 4000], params)

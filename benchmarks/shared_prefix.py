@@ -1,6 +1,6 @@
 """Shared-prefix benchmark: many requests that share one long system prompt, all submitted at once, with the
 prefix cache on and off, in the same run on the same loaded model.
-`mili bench shared_prefix [--system-len 2000] [--num-requests 12]`.
+`mili bench shared_prefix [--system-len 2000] [--num-requests 16]`.
 
 With the cache, the first request's system prompt enters the prefix cache as it is computed and the others wait
 for it instead of computing it again; without, each computes it. The table gives the time to first token
@@ -33,7 +33,7 @@ def ttfts(engine: InferenceEngine, prompts: list[list[int]], params: SamplingPar
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default=None, help="checkpoint (default: random weights of Qwen3-0.6B's shape)")
-    parser.add_argument("--num-requests", type=int, default=12)
+    parser.add_argument("--num-requests", type=int, default=16)
     parser.add_argument("--system-len", type=int, default=2000)
     parser.add_argument("--question-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=8)

@@ -150,9 +150,13 @@ class BatchSampler:
             return tokens
         sub = [params[i] for i in rows]
         x = logits[rows] / _per_row([p.temperature for p in sub], logits)[:, None]
-        x = apply_top_k(x, torch.tensor([p.top_k for p in sub], device=x.device))
-        x = apply_top_p(x, _per_row([p.top_p for p in sub], x))
-        x = apply_min_p(x, _per_row([p.min_p for p in sub], x))
+        # each filter sorts or normalizes the whole vocabulary: skip those no row asks for
+        if any(p.top_k > 0 for p in sub):
+            x = apply_top_k(x, torch.tensor([p.top_k for p in sub], device=x.device))
+        if any(p.top_p < 1 for p in sub):
+            x = apply_top_p(x, _per_row([p.top_p for p in sub], x))
+        if any(p.min_p > 0 for p in sub):
+            x = apply_min_p(x, _per_row([p.min_p for p in sub], x))
         probs = x.softmax(dim=-1)
         for j, i in enumerate(rows):
             tokens[i] = _draw(probs[j], generators[i])
