@@ -88,15 +88,13 @@ class ServerState:
         if len(prompts) > engine.capacity:  # would be refused however long the client waits: not a 503
             raise ApiError(400, f"the request asks for {len(prompts)} completions (n times the prompts), more than the "
                                 f"server can hold at once: at most {engine.capacity}", param="n")
+        ids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
         try:
-            ids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
             return engine.add_requests(prompts, params, ids)
         except EngineOverloaded as e:
             raise ApiError(503, str(e), code="server_overloaded") from None
         except EngineStopped as e:
             raise ApiError(503, str(e), code="shutting_down") from None
-        except ValueError as e:
-            raise ApiError(400, str(e)) from None
 
     async def outputs(self, http_request: Request, stream: RequestStream) -> AsyncIterator[RequestDelta]:
         """The stream's deltas until all its requests finished. When the client disconnects, or the consumer
