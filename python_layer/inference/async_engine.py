@@ -114,8 +114,8 @@ class AsyncEngine:
     def get_request_status(self, request_id: str) -> dict:
         """The design documents' {"status": "processing" | "completed" | "not_found", ...}: queued requests
         the engine thread has not taken yet are processing too."""
-        request = self._unfinished.get(request_id) or self.engine.finished.get(request_id)
-        return request.status_dict() if request is not None else {"status": "not_found"}
+        request = self._unfinished.get(request_id)
+        return request.status_dict() if request is not None else self.engine.get_request_status(request_id)
 
     @property
     def num_unfinished(self) -> int:
