@@ -79,6 +79,13 @@ def relu(x: TensorValue) -> TensorValue:
     return _elementwise("mili_relu", x)
 
 
+def linear(x: TensorValue, weight: TensorValue, scales: TensorValue, block_k: Union[int, TensorValue]) -> TensorValue:
+    """x [M, K] @ dequantize(weight)[N, K]^T (reference.linear); scales are read for float8_e4m3fn / int8 weights only."""
+    if not isinstance(block_k, TensorValue):
+        block_k = ops.constant(np.array([block_k], dtype=np.int32), DType.int32, x.device)
+    return _custom("mili_linear", x, [x, weight, scales, block_k], [[x.shape[0], weight.shape[0]]])[0]
+
+
 def store_kv(k: TensorValue, v: TensorValue, k_cache: BufferValue, v_cache: BufferValue, slot_mapping: TensorValue) -> None:
     ops.inplace_custom("mili_store_kv", k.device, [k_cache, v_cache, k, v, slot_mapping])
 

@@ -47,8 +47,9 @@ class CompiledOp:
     """A bindings.graph function compiled into its own graph, whose inputs are [output buffers..., the
     function's arguments...]: the function's results are written into the output buffers."""
 
-    def __init__(self, fn: Callable, outputs: Sequence[tuple], inputs: Sequence[tuple]) -> None:
-        self.fn, self.outputs, self.inputs = fn, list(outputs), list(inputs)
+    def __init__(self, fn: Callable, outputs: Sequence[tuple], inputs: Sequence[tuple], variant: str = "") -> None:
+        """variant: appended to the names of its graphs and eager kernels, for ops with one twin per input dtype."""
+        self.fn, self.outputs, self.inputs, self.variant = fn, list(outputs), list(inputs), variant
         self._specs: dict = {}
         self._eager_kernels: dict = {}
         ALL_OPS.append(self)
@@ -73,7 +74,7 @@ class CompiledOp:
 
     def graph(self, dtype: torch.dtype, device: str, repeat: int = 1, chain: Optional[dict[int, int]] = None) -> Graph:
         dev = library.device_ref(device)
-        name = f"mili_{self.fn.__name__}_{str(dtype).split('.')[-1]}" + (f"_x{repeat}" if repeat > 1 else "")
+        name = f"mili_{self.fn.__name__}_{str(dtype).split('.')[-1]}{self.variant}" + (f"_x{repeat}" if repeat > 1 else "")
         with Graph(name, input_types=self.input_types(torch_dtype_to_max(dtype), dev),
                    kernel_library=library.kernel_library()) as g:
             self.emit(g.inputs, repeat, chain)
@@ -98,7 +99,7 @@ class CompiledOp:
             return None
         kernel = self._eager_kernels.get(dtype)
         if kernel is None and dtype in EAGER_DTYPES:
-            name = f"{self.fn.__name__}_{str(dtype).split('.')[-1]}"
+            name = f"{self.fn.__name__}_{str(dtype).split('.')[-1]}{self.variant}"
             kernel = self._eager_kernels[dtype] = getattr(library.eager_cpu_module(), name)
         return kernel
 
@@ -278,3 +279,40 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     _PAGED_ATTENTION(out, _c(q), k_cache, v_cache, _i32(page_table), _i32(context_lens), _i32(query_start),
                      _scalar(scale, q))
     return out
+
+
+# ---- linear layers ------------------------------------------------------------------------------------------
+
+WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.int8)
+SCALED_DTYPES = (torch.float8_e4m3fn, torch.int8)
+_BITS = {torch.float8_e4m3fn: torch.uint8}
+"""The kernels take FP8 weights as their uint8 bits (MAX graphs refuse float8 tensors on CPU)."""
+_LINEAR = {w: CompiledOp(graph.linear, [T(SAME, "M", "N")],
+                         [T(SAME, "M", "K"), T(torch_dtype_to_max(w), "N", "K"), T(F32, "N", "KB"), T(I32, 1)],
+                         variant="_" + str(w).split(".")[-1])
+           for w in (torch.float32, torch.bfloat16, torch.uint8, torch.int8)}
+
+
+@lru_cache(maxsize=64)
+def _block_k_on(block_k: int, device: torch.device) -> torch.Tensor:
+    return torch.tensor([block_k], dtype=torch.int32, device=device)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, scales: Optional[torch.Tensor] = None, block_k: int = 0) -> torch.Tensor:
+    """x [M, K] @ dequantize(weight)[N, K]^T (reference.linear): float32 / bfloat16 weights as they are,
+    float8_e4m3fn / int8 weights with scales [N, ceil(K / block_k)]."""
+    if weight.dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"linear: weights must be one of {', '.join(map(str, WEIGHT_DTYPES))}, got {weight.dtype}")
+    if weight.dtype in SCALED_DTYPES:
+        if scales is None or block_k <= 0:
+            raise ValueError(f"linear: {weight.dtype} weights need scales and a positive block_k")
+        want = (weight.shape[0], -(-weight.shape[1] // block_k))
+        if tuple(scales.shape) != want:
+            raise ValueError(f"linear: scales must be {want} for a {tuple(weight.shape)} weight and block_k {block_k}, "
+                             f"got {tuple(scales.shape)}")
+    else:
+        scales = _scalar_on(1.0, x.device).view(1, 1)
+    y = x.new_empty((x.shape[0], weight.shape[0]))
+    bits = _BITS.get(weight.dtype, weight.dtype)
+    _LINEAR[bits](y, _c(x), _c(weight).view(bits), _c(scales.float()), _block_k_on(int(block_k), x.device))
+    return y

@@ -182,3 +182,17 @@ def paged_attention(
         probs = scores.softmax(dim=-1)
         out[q_begin:q_end] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
     return out
+
+
+def dequantize(weight: torch.Tensor, scales: Optional[torch.Tensor] = None, block_k: int = 0) -> torch.Tensor:
+    """A weight [N, K] as float32: float32 / bfloat16 as they are; float8_e4m3fn / int8 times scales[N, ceil(K /
+    block_k)], one per row and block of block_k columns."""
+    w = weight.float()
+    if weight.dtype in (torch.float8_e4m3fn, torch.int8):
+        w = w * scales.float().repeat_interleave(block_k, dim=1)[:, : w.shape[1]]
+    return w
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, scales: Optional[torch.Tensor] = None, block_k: int = 0) -> torch.Tensor:
+    """x [M, K] @ dequantize(weight)[N, K]^T in float32, in x's dtype."""
+    return torch.matmul(x.float(), dequantize(weight, scales, block_k).t()).to(x.dtype)

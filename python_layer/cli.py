@@ -12,7 +12,8 @@ def _generate(args: argparse.Namespace) -> int:
     from .inference import InferenceEngine, SamplingParams
 
     t0 = time.perf_counter()
-    engine = InferenceEngine.from_pretrained(args.model, device=args.device, dtype=args.dtype, backend=args.backend)
+    engine = InferenceEngine.from_pretrained(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
+                                               weight_dtype=args.weight_dtype)
     load_s = time.perf_counter() - t0
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.seed, ignore_eos=args.ignore_eos)
@@ -32,7 +33,7 @@ def _bench(args: argparse.Namespace) -> int:
     import runpy
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / f"{args.what}.py"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / ("peers/run.py" if args.what == "peers" else f"{args.what}.py")
     if not script.is_file():
         print(f"mili bench: {script} not found: the benchmarks ship with the source checkout", file=sys.stderr)
         return 2
@@ -51,6 +52,12 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(args)
 
 
+def _add_weight_dtype(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--weight-dtype", default="auto", metavar="{auto,float32,bfloat16,fp8,int8}",
+                        help="the linear layers' weights on a CPU (auto: an FP8 checkpoint's FP8, else --dtype); "
+                        "on a GPU they are dequantized to --dtype")
+
+
 def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="checkpoint directory or Hugging Face id (default: the built-in random-weight model)")
     parser.add_argument("--host", default="127.0.0.1")
@@ -59,6 +66,7 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                         help="auto: bfloat16 on a GPU, float32 on the CPU")
     parser.add_argument("--backend", default="mojo", choices=["mojo", "reference"])
+    _add_weight_dtype(parser)
     parser.add_argument("--max-num-seqs", type=int, default=64, help="requests in the running batch at most")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens computed per step at most")
     parser.add_argument("--max-queue-len", type=int, default=256,
@@ -94,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="auto: bfloat16 on a GPU, float32 on the CPU")
     gen.add_argument("--backend", default="mojo", choices=["mojo", "reference"],
                      help="mojo: one compiled MAX graph on the Mojo kernels; reference: PyTorch op by op")
+    _add_weight_dtype(gen)
     gen.set_defaults(func=_generate)
 
     serve = sub.add_parser("serve", help="start the HTTP server (design-document routes and an OpenAI-compatible API)")
@@ -101,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_serve)
 
     bench = sub.add_parser("bench", help="run a benchmark of benchmarks/; extra arguments go to it")
-    bench.add_argument("what", nargs="?", default="kernels", choices=["kernels", "throughput", "shared_prefix", "host_overhead"])
+    bench.add_argument("what", nargs="?", default="kernels", choices=["kernels", "throughput", "shared_prefix", "host_overhead", "latency", "peers"])
     bench.add_argument("args", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_bench)
     return parser

@@ -17,6 +17,7 @@ from mojo_kernels.core.activations import (
     check_silu_and_mul, elementwise_cpu, silu_and_mul_cpu, SILU, GELU, RELU
 )
 from mojo_kernels.core.attention import check_attention, attention_cpu
+from mojo_kernels.core.linear import check_linear, linear_cpu
 from mojo_kernels.core.normalization import check_norm, norm_rows_cpu
 from mojo_kernels.core.rope import check_rope, rope_cpu
 from mojo_kernels.memory.kv_cache import check_store_kv, store_kv_cpu
@@ -194,6 +195,17 @@ def paged_attention[dtype: DType](mut args: Args) raises:
                              k_cache.dims[1])
 
 
+def linear[a_type: DType, w_type: DType](mut args: Args) raises:
+    var runner = OpenMP(args.int())
+    var y, x, w = args.tensor[a_type, 2](), args.tensor[a_type, 2](), args.tensor[w_type, 2]()
+    var scales = args.tensor[F32, 2]()
+    var block_k = args.tensor[I32, 1]().ptr().unsafe_load(0)
+    args.done("linear")
+    check_linear[w_type](x.dims[0], x.dims[1], w.dims[0], w.dims[1], y.dims[0], y.dims[1], scales.dims[0], scales.dims[1],
+                         Int(block_k))
+    linear_cpu[a_type, w_type](runner, y.ptr(), x.ptr(), w.ptr(), scales.ptr(), x.dims[0], w.dims[0], x.dims[1], Int(block_k))
+
+
 def _add_ops(mut m: PythonModuleBuilder) raises:
     # names must be static strings: one line per op and dtype
     m.def_py_c_function(_fastcall[rms_norm[DType.float32]], "rms_norm_float32")
@@ -216,6 +228,14 @@ def _add_ops(mut m: PythonModuleBuilder) raises:
     m.def_py_c_function(_fastcall[store_kv[DType.bfloat16]], "store_kv_bfloat16")
     m.def_py_c_function(_fastcall[paged_attention[DType.float32]], "paged_attention_float32")
     m.def_py_c_function(_fastcall[paged_attention[DType.bfloat16]], "paged_attention_bfloat16")
+    m.def_py_c_function(_fastcall[linear[DType.float32, DType.float32]], "linear_float32_float32")
+    m.def_py_c_function(_fastcall[linear[DType.float32, DType.bfloat16]], "linear_float32_bfloat16")
+    m.def_py_c_function(_fastcall[linear[DType.float32, DType.uint8]], "linear_float32_uint8")
+    m.def_py_c_function(_fastcall[linear[DType.float32, DType.int8]], "linear_float32_int8")
+    m.def_py_c_function(_fastcall[linear[DType.bfloat16, DType.float32]], "linear_bfloat16_float32")
+    m.def_py_c_function(_fastcall[linear[DType.bfloat16, DType.bfloat16]], "linear_bfloat16_bfloat16")
+    m.def_py_c_function(_fastcall[linear[DType.bfloat16, DType.uint8]], "linear_bfloat16_uint8")
+    m.def_py_c_function(_fastcall[linear[DType.bfloat16, DType.int8]], "linear_bfloat16_int8")
 
 
 @export

@@ -73,10 +73,13 @@ class InferenceEngine:
         device: str = "cpu",
         dtype: str | torch.dtype = "auto",
         backend: str = DEFAULT_BACKEND,
+        weight_dtype: str = "auto",
         **engine_args,
     ) -> "InferenceEngine":
-        """`load_model(model_path, device, dtype, backend)` (None: the built-in random-weight model) in an engine."""
-        return cls(load_model(model_path, device=device, dtype=dtype, backend=backend), **engine_args)
+        """`load_model(model_path, device, dtype, backend, weight_dtype=...)` (None: the built-in random-weight
+        model) in an engine."""
+        model = load_model(model_path, device=device, dtype=dtype, backend=backend, weight_dtype=weight_dtype)
+        return cls(model, **engine_args)
 
     @property
     def requests(self) -> Dict[str, InferenceRequest]:

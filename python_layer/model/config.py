@@ -46,6 +46,7 @@ class Qwen3Config:
     eos_token_ids: list[int] = field(default_factory=lambda: [151645, 151643])
     pad_token_id: Optional[int] = None
     generation_defaults: dict = field(default_factory=dict)  # temperature / top_k / top_p ... of generation_config.json
+    quantization_config: Optional[dict] = None  # Qwen's FP8 checkpoints: {"quant_method": "fp8", "weight_block_size": [128, 128]}
 
     def __post_init__(self) -> None:
         for name in _POSITIVE_INTS:
@@ -66,6 +67,7 @@ class Qwen3Config:
         if self.hidden_act != "silu":
             raise ValueError(f"Qwen3Config.hidden_act must be 'silu' (Qwen3's SwiGLU), got {self.hidden_act!r}")
         self._validate_rope_scaling()
+        self._validate_quantization()
         self.eos_token_ids = [int(t) for t in self.eos_token_ids]
 
     def _validate_rope_scaling(self) -> None:
@@ -85,6 +87,26 @@ class Qwen3Config:
         if not isinstance(scaling.get("original_max_position_embeddings"), int):
             raise ValueError("Qwen3Config.rope_scaling needs an integer original_max_position_embeddings for yarn")
         self.rope_scaling = {**scaling, "rope_type": "yarn"}
+
+    def _validate_quantization(self) -> None:
+        q = self.quantization_config
+        if q is None:
+            return
+        if not isinstance(q, dict) or q.get("quant_method") != "fp8":
+            method = q.get("quant_method") if isinstance(q, dict) else q
+            raise ValueError(f"quantization_config.quant_method {method!r} is not supported: MILI loads FP8 checkpoints "
+                             "(quant_method 'fp8', as Qwen publishes them) and quantizes others with --weight-dtype")
+        if q.get("fmt", "e4m3") != "e4m3":
+            raise ValueError(f"quantization_config.fmt {q['fmt']!r} is not supported: FP8 weights must be e4m3")
+        block = q.get("weight_block_size")
+        if not (isinstance(block, (list, tuple)) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
+            raise ValueError(f"quantization_config.weight_block_size must be two positive integers such as [128, 128], "
+                             f"got {block!r} (per-tensor FP8 scales are not supported)")
+
+    @property
+    def fp8_block_size(self) -> Optional[tuple[int, int]]:
+        """(rows, columns) of an FP8 checkpoint's scale blocks; None for unquantized checkpoints."""
+        return tuple(self.quantization_config["weight_block_size"]) if self.quantization_config else None
 
     @property
     def num_kv_groups(self) -> int:

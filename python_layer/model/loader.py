@@ -11,6 +11,7 @@ import torch
 
 from .config import Qwen3Config
 from .hub import resolve_model_dir
+from .quantization import parse_weight_dtype
 from .qwen3_model import DEFAULT_BACKEND, Qwen3Model, check_backend
 from .weight_loader import WeightLoader, parse_dtype
 
@@ -24,11 +25,15 @@ def load_model(
     dtype: str | torch.dtype = "auto",
     backend: str = DEFAULT_BACKEND,
     on_phase: Optional[PhaseReporter] = None,
+    weight_dtype: str = "auto",
 ) -> Qwen3Model:
     """A checkpoint directory or Hugging Face Hub id (None: MILI's built-in random-weight model) as a model
-    ready to run. dtype "auto" is float32 on a CPU, bfloat16 on a GPU."""
+    ready to run. dtype (activations, KV cache) "auto" is float32 on a CPU, bfloat16 on a GPU. weight_dtype
+    (the linear layers' weights on a CPU: float32, bfloat16, fp8, int8) "auto" is an FP8 checkpoint's FP8,
+    else dtype."""
     phase = on_phase or (lambda _: contextlib.nullcontext())
     check_backend(backend)
+    parse_weight_dtype(weight_dtype)
     with phase("resolving the checkpoint"):
         if path is None:
             from .random_checkpoint import builtin_model_path
@@ -43,4 +48,4 @@ def load_model(
         weights.load_from_safetensors()
     with phase("building the model graph (compiled once, then read from the compile cache)"
                if backend == "mojo" else "building the reference model"):
-        return Qwen3Model(config, weights, device=device, backend=backend)
+        return Qwen3Model(config, weights, device=device, backend=backend, weight_dtype=weight_dtype)

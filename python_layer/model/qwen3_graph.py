@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Dict, List, Optional
 
+import numpy as np
 import torch
 
 from bindings import graph as mili, library  # library sets MODULAR_CACHE_DIR before max is imported
@@ -21,6 +22,7 @@ from max.dtype import DType  # noqa: E402
 from max.graph import BufferType, Graph, TensorType, TensorValue, Weight, ops  # noqa: E402
 
 from .config import Qwen3Config
+from .quantization import QuantizedWeight
 
 if TYPE_CHECKING:
     from ..memory.kv_cache_manager import PagedKVCache
@@ -31,22 +33,39 @@ _METADATA = ("input_ids", "positions", "query_start", "context_lens", "page_tabl
 
 
 def graph_weights(model: "Qwen3Model") -> Dict[str, torch.Tensor]:
-    """The model's weights by the names the graph gives them (the same tensors: nothing is copied here)."""
-    weights = {"embed_tokens": model.embed_tokens, "lm_head": model.lm_head, "final_norm": model.final_norm}
+    """The model's weights by the names the graph gives them (the same tensors: nothing is copied here); a
+    quantized weight `X` is `X` and `X.scales`."""
+    named = {"embed_tokens": model.embed_tokens, "lm_head": model.lm_head, "final_norm": model.final_norm}
     for i, layer in enumerate(model.layers):
-        for name, tensor in vars(layer).items():
-            if tensor is not None:
-                weights[f"layers.{i}.{name}"] = tensor
+        named.update({f"layers.{i}.{name}": tensor for name, tensor in vars(layer).items() if tensor is not None})
+    weights = {}
+    for name, tensor in named.items():
+        if isinstance(tensor, QuantizedWeight):  # FP8 as its uint8 bits: MAX graphs refuse float8 tensors on CPU
+            weights[name] = tensor.weight.view(torch.uint8) if tensor.weight.dtype == torch.float8_e4m3fn else tensor.weight
+            weights[name + ".scales"] = tensor.scales
+        else:
+            weights[name] = tensor
     return weights
 
 
-def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: torch.dtype, device_key: str) -> Graph:
+def _block_k(model: "Qwen3Model") -> int:
+    """The column block of the model's quantized weights (0: none); one graph constant serves them all."""
+    blocks = {w.block_k for w in [model.lm_head, *(t for l in model.layers for t in vars(l).values())]
+              if isinstance(w, QuantizedWeight)}
+    if len(blocks) > 1:
+        raise ValueError(f"the model's quantized weights have different column blocks {sorted(blocks)}: one is supported")
+    return blocks.pop() if blocks else 0
+
+
+def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: torch.dtype, device_key: str,
+                block_k: int = 0) -> Graph:
     c, dev, dt = config, library.device_ref(device_key), torch_dtype_to_max(dtype)
     i32 = lambda *dims: TensorType(DType.int32, list(dims), dev)
     cache = BufferType(dt, ["pages", "page_size", c.num_key_value_heads, c.head_dim], dev)
     inputs = [i32("T"), i32("T"), i32("B_plus_1"), i32("B"), i32("B", "max_pages"), i32("T"), i32("L")]
     inputs += [cache] * (2 * c.num_hidden_layers)
-    name = f"mili_qwen3_{c.num_hidden_layers}x{c.hidden_size}_{str(dtype).split('.')[-1]}"
+    weight_dtype = str(weights["lm_head"].dtype).split(".")[-1]
+    name = f"mili_qwen3_{c.num_hidden_layers}x{c.hidden_size}_{str(dtype).split('.')[-1]}_w{weight_dtype}"
     with Graph(name, input_types=inputs, kernel_library=library.kernel_library()) as g:
         # on a GPU the weights are already there (torch tensors): without _has_alias MAX expects them on the host
         # and copies them over when it loads the graph
@@ -58,6 +77,15 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
         q_size, kv_size = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
         inv_freq, rope_scale = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling)
         inv_freq = ops.constant(inv_freq.numpy(), DType.float32, dev)
+        no_scales = ops.constant(np.ones((1, 1), np.float32), DType.float32, dev)
+        block_k_value = ops.constant(np.array([block_k], np.int32), DType.int32, dev)
+
+        def linear(x: TensorValue, name: str, bias: Optional[TensorValue] = None) -> TensorValue:
+            if device_key == "cpu":  # MILI's kernel for every weight format
+                y = mili.linear(x, w[name], w.get(name + ".scales", no_scales), block_k_value)
+            else:  # weights and activations are both `dtype` on a GPU: MAX's matmul takes the transposed operand directly
+                y = ops.matmul(x, ops.transpose(w[name], 0, 1))
+            return y if bias is None else y + bias
 
         hidden, residual = ops.gather(w["embed_tokens"], ids, axis=0), None
         for i in range(c.num_hidden_layers):
@@ -66,7 +94,7 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
                 residual, x = hidden, mili.rms_norm(hidden, w[p + "input_norm"], c.rms_norm_eps)
             else:
                 x, residual = mili.fused_add_rms_norm(hidden, residual, w[p + "input_norm"], c.rms_norm_eps)
-            qkv = _linear(x, w[p + "qkv_proj"], w.get(p + "qkv_bias"))
+            qkv = linear(x, p + "qkv_proj", w.get(p + "qkv_bias"))
             q = ops.reshape(qkv[:, :q_size], [-1, c.num_attention_heads, c.head_dim])
             k = ops.reshape(qkv[:, q_size : q_size + kv_size], [-1, c.num_key_value_heads, c.head_dim])
             v = ops.reshape(qkv[:, q_size + kv_size :], [-1, c.num_key_value_heads, c.head_dim])
@@ -75,19 +103,13 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
             q, k = mili.rope_with_table(q, k, positions, inv_freq, rope_scale)
             mili.store_kv(k, v, k_caches[i], v_caches[i], slots)
             o = mili.paged_attention(q, k_caches[i], v_caches[i], page_table, context_lens, query_start, c.head_dim**-0.5)
-            hidden = _linear(ops.reshape(o, [-1, q_size]), w[p + "o_proj"])
+            hidden = linear(ops.reshape(o, [-1, q_size]), p + "o_proj")
             x, residual = mili.fused_add_rms_norm(hidden, residual, w[p + "post_attention_norm"], c.rms_norm_eps)
-            hidden = _linear(mili.silu_and_mul(_linear(x, w[p + "gate_up_proj"])), w[p + "down_proj"])
+            hidden = linear(mili.silu_and_mul(linear(x, p + "gate_up_proj")), p + "down_proj")
         hidden, residual = ops.gather(hidden, logits_indices, axis=0), ops.gather(residual, logits_indices, axis=0)
         x, _ = mili.fused_add_rms_norm(hidden, residual, w["final_norm"], c.rms_norm_eps)
-        g.output(ops.cast(_linear(x, w["lm_head"]), DType.float32))
+        g.output(ops.cast(linear(x, "lm_head"), DType.float32))
     return g
-
-
-def _linear(x: TensorValue, weight: TensorValue, bias: Optional[TensorValue] = None) -> TensorValue:
-    # weights stay [out, in] as in the checkpoint: MAX's matmul takes the transposed operand directly
-    y = ops.matmul(x, ops.transpose(weight, 0, 1))
-    return y if bias is None else y + bias
 
 
 class CompiledQwen3:
@@ -103,7 +125,7 @@ class CompiledQwen3:
         started = time.perf_counter()
         # MAX 26.7 enters its MLIR context for the main thread only; the server loads models on a worker thread
         with ensure_default_mlir_context():
-            graph = build_graph(model.config, weights, model.dtype, self.device_key)
+            graph = build_graph(model.config, weights, model.dtype, self.device_key, _block_k(model))
             self.model = library.session(self.device_key).load(graph, weights_registry=weights)
         self.load_seconds = time.perf_counter() - started
         self._cache_buffers: tuple[Optional["PagedKVCache"], List[Buffer]] = (None, [])

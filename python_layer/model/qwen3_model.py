@@ -11,6 +11,7 @@ import torch
 from ..memory.kv_cache_manager import PagedKVCache
 from .attention_metadata import AttentionMetadata
 from .config import Qwen3Config
+from .quantization import LinearWeight, cat_rows, convert, parse_weight_dtype
 from .qwen3_graph import CompiledQwen3  # imports MAX here, on the importing (main) thread: MAX enters its MLIR context there
 from .reference_forward import ReferenceQwen3
 from .weight_loader import WeightLoader
@@ -27,6 +28,17 @@ def check_backend(backend: str) -> str:
     return backend
 
 
+def resolve_weight_dtype(weight_dtype: str, config: Qwen3Config, dtype: torch.dtype, device: torch.device) -> str:
+    """The linear layers' weight format. "auto": an FP8 checkpoint's FP8, else the activation dtype. On a GPU
+    the weights are dense in the activation dtype (FP8 / int8 checkpoints are dequantized when they load)."""
+    weight_dtype = parse_weight_dtype(weight_dtype)
+    if device.type != "cpu":
+        return str(dtype).split(".")[-1]
+    if weight_dtype == "auto":
+        return "fp8" if config.fp8_block_size else str(dtype).split(".")[-1]
+    return weight_dtype
+
+
 class Forward(Protocol):
     """What both backends implement: one step of a ragged batch -> float32 logits of the rows asked for."""
 
@@ -37,35 +49,41 @@ class Forward(Protocol):
 @dataclass
 class DecoderLayerWeights:
     input_norm: torch.Tensor
-    qkv_proj: torch.Tensor  # [(Hq + 2 Hkv) * D, hidden]: q, k, v projections stacked
+    qkv_proj: LinearWeight  # [(Hq + 2 Hkv) * D, hidden]: q, k, v projections stacked
     qkv_bias: Optional[torch.Tensor]
     q_norm: torch.Tensor
     k_norm: torch.Tensor
-    o_proj: torch.Tensor
+    o_proj: LinearWeight
     post_attention_norm: torch.Tensor
-    gate_up_proj: torch.Tensor  # [2 * intermediate, hidden]: gate then up, for silu_and_mul
-    down_proj: torch.Tensor
+    gate_up_proj: LinearWeight  # [2 * intermediate, hidden]: gate then up, for silu_and_mul
+    down_proj: LinearWeight
 
 
 class Qwen3Model:
     """Qwen3 causal LM. `forward` runs one step of a ragged batch and returns logits only where asked."""
 
-    def __init__(self, config: Qwen3Config, weight_loader: WeightLoader, device: str = "cpu", backend: str = DEFAULT_BACKEND) -> None:
+    def __init__(self, config: Qwen3Config, weight_loader: WeightLoader, device: str = "cpu", backend: str = DEFAULT_BACKEND,
+                 weight_dtype: str = "auto") -> None:
         self.config = config
         self.device = torch.device(device)
         self.dtype = weight_loader.dtype
         self.backend = check_backend(backend)
         self.model_path = weight_loader.model_path
+        self.weight_dtype = resolve_weight_dtype(weight_dtype, config, self.dtype, self.device)
         if not weight_loader.weights:
             weight_loader.load_from_safetensors()
-        w = weight_loader.get_weight
-        self.embed_tokens = w("model.embed_tokens.weight")
-        self.lm_head = w("lm_head.weight")
-        self.final_norm = w("model.norm.weight")
-        self.layers = [self._layer_weights(w, i) for i in range(config.num_hidden_layers)]
+        self.embed_tokens = weight_loader.get_weight("model.embed_tokens.weight")
+        self.lm_head = self._linear(weight_loader, "lm_head.weight")
+        self.final_norm = weight_loader.get_weight("model.norm.weight")
+        self.layers = [self._layer_weights(weight_loader, i) for i in range(config.num_hidden_layers)]
         self.forward_fn: Forward = BACKENDS[backend](self)
 
-    def _layer_weights(self, w, i: int) -> DecoderLayerWeights:
+    def _linear(self, loader: WeightLoader, *names: str) -> LinearWeight:
+        return convert(cat_rows([loader.get_linear(n) for n in names]), self.weight_dtype, self.dtype)
+
+    def _layer_weights(self, loader: WeightLoader, i: int) -> DecoderLayerWeights:
+        w = loader.get_weight
+        lin = lambda *names: self._linear(loader, *names)
         p = f"model.layers.{i}."
         attn = p + "self_attn."
         bias = None
@@ -73,14 +91,14 @@ class Qwen3Model:
             bias = torch.cat([w(attn + f"{n}_proj.bias") for n in "qkv"])
         return DecoderLayerWeights(
             input_norm=w(p + "input_layernorm.weight"),
-            qkv_proj=torch.cat([w(attn + f"{n}_proj.weight") for n in "qkv"]),
+            qkv_proj=lin(*(attn + f"{n}_proj.weight" for n in "qkv")),
             qkv_bias=bias,
             q_norm=w(attn + "q_norm.weight"),
             k_norm=w(attn + "k_norm.weight"),
-            o_proj=w(attn + "o_proj.weight"),
+            o_proj=lin(attn + "o_proj.weight"),
             post_attention_norm=w(p + "post_attention_layernorm.weight"),
-            gate_up_proj=torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]),
-            down_proj=w(p + "mlp.down_proj.weight"),
+            gate_up_proj=lin(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+            down_proj=lin(p + "mlp.down_proj.weight"),
         )
 
     def new_kv_cache(self, num_pages: int, page_size: int = 16) -> PagedKVCache:

@@ -10,6 +10,7 @@ import torch
 from bindings import reference as ops
 
 from .attention_metadata import AttentionMetadata
+from .quantization import linear
 
 if TYPE_CHECKING:
     from ..memory.kv_cache_manager import PagedKVCache
@@ -32,7 +33,9 @@ class ReferenceQwen3:
                 residual, x = hidden, ops.rms_norm(hidden, layer.input_norm, c.rms_norm_eps)
             else:
                 x, residual = ops.fused_add_rms_norm(hidden, residual, layer.input_norm, c.rms_norm_eps)
-            qkv = torch.nn.functional.linear(x, layer.qkv_proj, layer.qkv_bias)
+            qkv = linear(x, layer.qkv_proj)
+            if layer.qkv_bias is not None:
+                qkv = qkv + layer.qkv_bias
             q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
             q = ops.head_rms_norm(q.reshape(num_tokens, c.num_attention_heads, c.head_dim), layer.q_norm, c.rms_norm_eps)
             k = ops.head_rms_norm(k.reshape(num_tokens, c.num_key_value_heads, c.head_dim), layer.k_norm, c.rms_norm_eps)
@@ -43,9 +46,9 @@ class ReferenceQwen3:
                 q, kv_cache.k_caches[i], kv_cache.v_caches[i],
                 attn.page_table, attn.context_lens, attn.query_start, c.head_dim**-0.5,
             )
-            hidden = o.reshape(num_tokens, q_size) @ layer.o_proj.T
+            hidden = linear(o.reshape(num_tokens, q_size), layer.o_proj)
             x, residual = ops.fused_add_rms_norm(hidden, residual, layer.post_attention_norm, c.rms_norm_eps)
-            hidden = ops.silu_and_mul(x @ layer.gate_up_proj.T) @ layer.down_proj.T
+            hidden = linear(ops.silu_and_mul(linear(x, layer.gate_up_proj)), layer.down_proj)
         hidden, residual = hidden[logits_indices.long()], residual[logits_indices.long()]
         x, _ = ops.fused_add_rms_norm(hidden, residual, m.final_norm, c.rms_norm_eps)
-        return (x @ m.lm_head.T).float()
+        return linear(x, m.lm_head).float()

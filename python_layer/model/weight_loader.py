@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Dict, NamedTuple
+from typing import Dict
 
 import numpy as np
 import torch
@@ -13,8 +13,11 @@ from safetensors import safe_open
 
 from .config import Qwen3Config
 from .hub import resolve_model_dir
+from .quantization import LinearWeight, QuantizedWeight, from_block_scales, quantize
 
 FP8_E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
+SCALE_SUFFIX = "_scale_inv"
+"""An FP8 checkpoint's `X.weight_scale_inv` beside each quantized `X.weight`."""
 
 
 def expected_weight_shapes(config: Qwen3Config) -> Dict[str, tuple[int, ...]]:
@@ -51,16 +54,6 @@ def expected_weight_shapes(config: Qwen3Config) -> Dict[str, tuple[int, ...]]:
     return shapes
 
 
-class Fp8Weight(NamedTuple):
-    """A float8_e4m3fn weight [out, in] with one float32 scale per output channel: w ~= weight * scale[:, None]."""
-
-    weight: torch.Tensor
-    scale: torch.Tensor
-
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return (self.weight.float() * self.scale[:, None]).to(dtype)
-
-
 class WeightLoader:
     """Reads, checks and converts the tensors of a Qwen3 checkpoint."""
 
@@ -78,30 +71,48 @@ class WeightLoader:
         self.weights: Dict[str, torch.Tensor] = {}
 
     def load_from_safetensors(self) -> Dict[str, torch.Tensor]:
-        """Load every tensor of `model_path`, checked against the config and converted to `dtype` on `device`."""
+        """Load every tensor of `model_path`, checked against the config and converted to `dtype` on `device`
+        (an FP8 checkpoint's float8_e4m3fn weights and their `weight_scale_inv` stay as they are)."""
         files = self._safetensors_files()
         expected = expected_weight_shapes(self.config)
+        block = self.config.fp8_block_size
         weights: Dict[str, torch.Tensor] = {}
         for file in files:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
+                    if block and name.endswith(SCALE_SUFFIX) and name[: -len(SCALE_SUFFIX)] in expected:
+                        n, k = expected[name[: -len(SCALE_SUFFIX)]]
+                        shape = (-(-n // block[0]), -(-k // block[1]))
+                        weights[name] = self._checked(f, name, file, shape).to(self.device, torch.float32)
+                        continue
                     if name not in expected:
                         if name == "lm_head.weight" and self.config.tie_word_embeddings:
                             continue  # some tied checkpoints store the copy anyway; the embedding is used
                         raise ValueError(f"Unexpected tensor {name!r} in {file.name}: not part of a Qwen3 model with this config")
-                    tensor = f.get_tensor(name)
-                    if tuple(tensor.shape) != expected[name]:
-                        raise ValueError(
-                            f"Tensor {name!r} in {file.name} has shape {tuple(tensor.shape)}, "
-                            f"but the config needs {expected[name]}"
-                        )
-                    weights[name] = tensor.to(device=self.device, dtype=self.dtype)
+                    tensor = self._checked(f, name, file, expected[name])
+                    if tensor.dtype == torch.float8_e4m3fn:
+                        if not block:
+                            raise ValueError(f"Tensor {name!r} in {file.name} is float8_e4m3fn, but config.json has no FP8 "
+                                             "quantization_config (quant_method 'fp8', weight_block_size) to scale it")
+                        weights[name] = tensor.to(self.device)
+                    else:
+                        weights[name] = tensor.to(device=self.device, dtype=self.dtype)
+        unscaled = [n for n, t in weights.items() if t.dtype == torch.float8_e4m3fn and n + SCALE_SUFFIX not in weights]
+        if unscaled:
+            raise ValueError(f"Checkpoint {self.model_path} has FP8 weight(s) without {SCALE_SUFFIX}: {', '.join(unscaled[:3])}")
         missing = [n for n in expected if n not in weights]
         if missing:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
             raise ValueError(f"Checkpoint {self.model_path} lacks tensor(s) {', '.join(missing[:3])}{more}")
         self.weights = weights
         return weights
+
+    @staticmethod
+    def _checked(f, name: str, file: Path, shape: tuple[int, ...]) -> torch.Tensor:
+        tensor = f.get_tensor(name)
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"Tensor {name!r} in {file.name} has shape {tuple(tensor.shape)}, but the config needs {shape}")
+        return tensor
 
     def load_from_huggingface(self, model_name: str) -> Dict[str, torch.Tensor]:
         """Load from a Hugging Face Hub id (downloaded, or from the local HF cache when offline)."""
@@ -124,27 +135,28 @@ class WeightLoader:
             raise FileNotFoundError(f"No *.safetensors weights in {self.model_path}: not a Hugging Face checkpoint directory")
         return files
 
-    def quantize_to_fp8(self) -> Dict[str, Fp8Weight]:
-        """Quantize every linear projection to float8_e4m3fn with per-output-channel scales (amax / 448).
-
-        Norms and embeddings stay as they are; the returned dict holds only the quantized projections.
-        """
+    def quantize_to_fp8(self) -> Dict[str, QuantizedWeight]:
+        """Every linear projection as float8_e4m3fn with a scale per row and block of 128 columns (the block's
+        largest |value| / 448). Norms and embeddings stay as they are: the dict holds only the projections."""
         if not self.weights:
             raise RuntimeError("No weights loaded: call load_from_safetensors() first")
-        quantized = {}
-        for name, w in self.weights.items():
-            if w.dim() == 2 and "_proj." in name:
-                amax = w.float().abs().amax(dim=1).clamp(min=1e-12)
-                scale = amax / FP8_E4M3_MAX
-                q = (w.float() / scale[:, None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
-                quantized[name] = Fp8Weight(q, scale)
-        return quantized
+        return {name: quantize(self.get_weight(name), "fp8") for name, w in self.weights.items()
+                if w.dim() == 2 and "_proj." in name}
+
+    def get_linear(self, name: str) -> LinearWeight:
+        """A linear layer's weight as the checkpoint has it: dense, or FP8 with its scales (QuantizedWeight)."""
+        if name + SCALE_SUFFIX in self.weights:
+            return from_block_scales(self.weights[name], self.weights[name + SCALE_SUFFIX], self.config.fp8_block_size)
+        return self.get_weight(name)
 
     def get_weight(self, name: str) -> torch.Tensor:
+        """A tensor of the checkpoint in `dtype` (FP8 weights dequantized)."""
         if name == "lm_head.weight" and self.config.tie_word_embeddings:
             name = "model.embed_tokens.weight"
         if name not in self.weights:
             raise KeyError(f"Weight {name!r} not loaded (known: model.embed_tokens.weight, model.layers.N.*, model.norm.weight, lm_head.weight)")
+        if name + SCALE_SUFFIX in self.weights:
+            return self.get_linear(name).dequantize(self.dtype)
         return self.weights[name]
 
     def get_weight_as_numpy(self, name: str) -> np.ndarray:

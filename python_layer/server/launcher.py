@@ -56,7 +56,8 @@ def served_name(model: Optional[str]) -> str:
 
 def make_loader(args: argparse.Namespace) -> Callable[[EngineMetrics], AsyncEngine]:
     def load(metrics: EngineMetrics) -> AsyncEngine:
-        model = load_model(args.model, device=args.device, dtype=args.dtype, backend=args.backend, on_phase=_phase)
+        model = load_model(args.model, device=args.device, dtype=args.dtype, backend=args.backend, on_phase=_phase,
+                           weight_dtype=args.weight_dtype)
         with _phase("allocating the KV cache and warming up"):
             engine = InferenceEngine(model, num_kv_pages=args.kv_pages, kv_cache_memory_gb=_kv_memory_gb(args),
                                      max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,

@@ -1,0 +1,92 @@
+"""Weight formats of the linear layers: dense float32 / bfloat16, or float8_e4m3fn / int8 values with a float32
+scale per row and block of BLOCK_K columns (the layout of the `mili_linear` kernel, bindings/reference.linear).
+
+Qwen's FP8 checkpoints scale 128 x 128 blocks (`weight_scale_inv` [ceil(N / 128), ceil(K / 128)]); loading
+repeats each scale over the block's rows, which is exact."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence, Union
+
+import torch
+
+from bindings import reference
+
+BLOCK_K = 128
+WEIGHT_DTYPES = ("float32", "bfloat16", "fp8", "int8")
+"""--weight-dtype choices ("auto": the checkpoint's FP8 when it has it, else the activation dtype)."""
+_QUANTIZED = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}
+_LARGEST = {torch.float8_e4m3fn: torch.finfo(torch.float8_e4m3fn).max, torch.int8: 127.0}
+
+
+class QuantizedWeight(NamedTuple):
+    """A linear layer's weight [N, K] as float8_e4m3fn or int8 values times scales[N, ceil(K / block_k)]."""
+
+    weight: torch.Tensor
+    scales: torch.Tensor
+    block_k: int
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return reference.dequantize(self.weight, self.scales, self.block_k).to(dtype)
+
+    def to(self, device: torch.device | str) -> "QuantizedWeight":
+        return QuantizedWeight(self.weight.to(device), self.scales.to(device), self.block_k)
+
+
+LinearWeight = Union[torch.Tensor, QuantizedWeight]
+
+
+def parse_weight_dtype(name: str) -> str:
+    name = {"fp32": "float32", "bf16": "bfloat16", "float8_e4m3fn": "fp8", "q8": "int8"}.get(name, name)
+    if name != "auto" and name not in WEIGHT_DTYPES:
+        raise ValueError(f"weight dtype {name!r} is not supported: use one of auto, {', '.join(WEIGHT_DTYPES)}")
+    return name
+
+
+def quantize(weight: torch.Tensor, weight_dtype: str, block_k: int = BLOCK_K) -> QuantizedWeight:
+    """weight [N, K] as fp8 / int8 with a scale per row and block: the block's largest |value| maps to the
+    format's largest value (448 / 127)."""
+    qtype = _QUANTIZED[weight_dtype]
+    n, k = weight.shape
+    blocks = -(-k // block_k)
+    w = torch.nn.functional.pad(weight.float(), (0, blocks * block_k - k)).view(n, blocks, block_k)
+    scales = w.abs().amax(dim=2).clamp(min=1e-12) / _LARGEST[qtype]
+    q = w / scales[:, :, None]
+    q = q.round().clamp(-127, 127) if qtype == torch.int8 else q.clamp(-448, 448)
+    return QuantizedWeight(q.to(qtype).view(n, blocks * block_k)[:, :k].contiguous(), scales, block_k)
+
+
+def from_block_scales(weight: torch.Tensor, scale_inv: torch.Tensor, block_size: Sequence[int]) -> QuantizedWeight:
+    """A Qwen FP8 checkpoint's weight [N, K] and `weight_scale_inv` [ceil(N / bn), ceil(K / bk)] (w = weight *
+    scale_inv over each bn x bk block) in the per-row layout."""
+    block_n, block_k = block_size
+    scales = scale_inv.float().repeat_interleave(block_n, dim=0)[: weight.shape[0]].contiguous()
+    return QuantizedWeight(weight, scales, block_k)
+
+
+def convert(weight: LinearWeight, weight_dtype: str, dense_dtype: torch.dtype) -> LinearWeight:
+    """weight in `weight_dtype` (dense formats in dense_dtype when weight_dtype is not one of them)."""
+    if weight_dtype in _QUANTIZED:
+        if isinstance(weight, QuantizedWeight) and weight.weight.dtype == _QUANTIZED[weight_dtype]:
+            return weight
+        dense = weight.dequantize() if isinstance(weight, QuantizedWeight) else weight
+        return quantize(dense, weight_dtype)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(weight_dtype, dense_dtype)
+    dense = weight.dequantize(dtype) if isinstance(weight, QuantizedWeight) else weight
+    return dense.to(dtype)
+
+
+def cat_rows(parts: Sequence[LinearWeight]) -> LinearWeight:
+    """Weights of several layers stacked along N (q, k, v; gate, up), in the format they share."""
+    if isinstance(parts[0], QuantizedWeight):
+        if any(p.block_k != parts[0].block_k or p.weight.dtype != parts[0].weight.dtype for p in parts):
+            raise ValueError("cannot stack quantized weights of different formats or block sizes")
+        return QuantizedWeight(torch.cat([p.weight for p in parts]), torch.cat([p.scales for p in parts]), parts[0].block_k)
+    return torch.cat(list(parts))
+
+
+def linear(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
+    """x @ weight^T in PyTorch, for the reference backend."""
+    if isinstance(weight, QuantizedWeight):
+        return reference.linear(x, weight.weight, weight.scales, weight.block_k)
+    return x @ (weight if weight.dtype == x.dtype else weight.to(x.dtype)).T
