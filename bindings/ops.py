@@ -288,7 +288,7 @@ SCALED_DTYPES = (torch.float8_e4m3fn, torch.int8)
 _BITS = {torch.float8_e4m3fn: torch.uint8}
 """The kernels take FP8 weights as their uint8 bits (MAX graphs refuse float8 tensors on CPU)."""
 _LINEAR = {w: CompiledOp(graph.linear, [T(SAME, "M", "N")],
-                         [T(SAME, "M", "K"), T(torch_dtype_to_max(w), "N", "K"), T(F32, "N", "KB"), T(I32, 1)],
+                         [T(SAME, "M", "K"), T(torch_dtype_to_max(w), "N", "K"), T(F32, "SN", "KB"), T(I32, 1)],
                          variant="_" + str(w).split(".")[-1])
            for w in (torch.float32, torch.bfloat16, torch.uint8, torch.int8)}
 

@@ -29,6 +29,10 @@ ATTENTION_BATCHES = [
     ([3000], [1]),  # one long decode: its keys are split over the CPU workers and merged
     ([70, 20], [3, 2]),  # a few queries each (speculative decoding): 1-6 rows per KV head, read directly, masked
 ]
+# (M, K, N): decode (M <= 8) and prefill (M > 8) kernels; K past a vector width and a 128-column scale block;
+# N past the decode tile (4 rows) and the prefill panel (2 vector widths)
+LINEAR_SHAPES = [(1, 37, 5), (1, 1000, 130), (7, 200, 133), (8, 2048, 64), (9, 128, 33), (64, 300, 70), (130, 1024, 96)]
+WEIGHT_DTYPES = [torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.int8]
 ATTENTION_HEADS = [(8, 8, 64), (16, 8, 128), (16, 2, 128), (4, 2, 44)]  # GQA ratios 1, 2, 8; 44: vector tails
 
 
@@ -122,6 +126,30 @@ def run_attention(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     torch.testing.assert_close(ours.float().cpu(), expected, **tolerance(dtype))
 
 
+def linear_weight(n: int, k: int, weight_dtype: torch.dtype, device: str, block_k: int = 128) -> tuple:
+    """(weight, scales, block_k) of a random weight in the format: FP8 and int8 from uniformly random bit
+    patterns (every FP8 normal, subnormal and zero; no NaN)."""
+    if weight_dtype == torch.float8_e4m3fn:
+        bits = torch.randint(0, 256, (n, k), dtype=torch.int32, device=device)
+        bits = torch.where((bits & 0x7F) == 0x7F, bits - 1, bits)  # 0x7F / 0xFF are NaN
+        weight = bits.to(torch.uint8).view(torch.float8_e4m3fn)
+    elif weight_dtype == torch.int8:
+        weight = torch.randint(-127, 128, (n, k), dtype=torch.int8, device=device)
+    else:
+        return torch.randn(n, k, device=device).to(weight_dtype), None, 0
+    return weight, torch.rand(n, -(-k // block_k), device=device) * 0.01 + 1e-3, block_k
+
+
+def run_linear(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
+    (m, k, n), weight_dtype = case
+    x = torch.randn(m, k, device=device).to(dtype)
+    weight, scales, block_k = linear_weight(n, k, weight_dtype, device)
+    ours, theirs = ops.linear(x, weight, scales, block_k), ref.linear(x, weight, scales, block_k)
+    # float32 sums of K products in another order: relative to the output's size, not each element's
+    atol = (1e-5 if dtype == torch.float32 else 1e-2) * theirs.float().abs().max().item()
+    assert_matches(ours, theirs, dtype, atol=atol)
+
+
 def kernel_cases() -> list:
     """(runner, case) pairs for every op and path, as pytest params. Each runner and dtype is an xdist group, so
     that `pytest -n N --dist loadgroup` compiles each op's graph in one worker only."""
@@ -137,5 +165,7 @@ def kernel_cases() -> list:
         cases += [pytest.param(run_store_kv, dtype, n, id=f"store_kv-{d}-{n}") for n in (1, 2000)]
         cases += [pytest.param(run_attention, dtype, (b, h), id=f"attention-{d}-{b[0]}x{b[1]}-{h}")
                   for b in ATTENTION_BATCHES for h in ATTENTION_HEADS]
+        cases += [pytest.param(run_linear, dtype, (s, w), id=f"linear-{d}-{str(w).split('.')[-1]}-{s}")
+                  for w in WEIGHT_DTYPES for s in LINEAR_SHAPES]
     group = lambda runner, dtype: pytest.mark.xdist_group(f"{runner.__name__}-{dtype}")
     return [pytest.param(*p.values, id=p.id, marks=group(*p.values[:2])) for p in cases]

@@ -6,9 +6,14 @@ repeats each scale over the block's rows, which is exact."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+from pathlib import Path
 from typing import NamedTuple, Sequence, Union
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from bindings import reference
 
@@ -62,6 +67,41 @@ def from_block_scales(weight: torch.Tensor, scale_inv: torch.Tensor, block_size:
     block_n, block_k = block_size
     scales = scale_inv.float().repeat_interleave(block_n, dim=0)[: weight.shape[0]].contiguous()
     return QuantizedWeight(weight, scales, block_k)
+
+
+def quantize_fp8_blocks(weight: torch.Tensor, block_size: Sequence[int] = (BLOCK_K, BLOCK_K)) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] as Qwen's FP8 checkpoints store it: float8_e4m3fn values and `weight_scale_inv`
+    [ceil(N / bn), ceil(K / bk)], each block's largest |value| mapped to 448."""
+    bn, bk = block_size
+    n, k = weight.shape
+    rows, cols = -(-n // bn), -(-k // bk)
+    w = torch.nn.functional.pad(weight.float(), (0, cols * bk - k, 0, rows * bn - n)).view(rows, bn, cols, bk)
+    scale_inv = w.abs().amax(dim=(1, 3)).clamp(min=1e-12) / _LARGEST[torch.float8_e4m3fn]
+    q = (w / scale_inv[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return q.view(rows * bn, cols * bk)[:n, :k].contiguous(), scale_inv
+
+
+def write_fp8_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, block_size: Sequence[int] = (BLOCK_K, BLOCK_K)) -> Path:
+    """A copy of the checkpoint `src` in the layout of Qwen's FP8 releases: every decoder projection as
+    float8_e4m3fn with its `weight_scale_inv`, the rest as it was, and config.json's quantization_config."""
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    for file in src.iterdir():
+        if file.suffix == ".safetensors":
+            tensors = {}
+            for name, t in load_file(file).items():
+                if name.startswith("model.layers.") and name.endswith("_proj.weight"):
+                    tensors[name], tensors[name + "_scale_inv"] = quantize_fp8_blocks(t, block_size)
+                else:
+                    tensors[name] = t
+            save_file(tensors, dst / file.name, metadata={"format": "pt"})
+        elif file.name != "model.safetensors.index.json" and file.is_file():
+            shutil.copyfile(file, dst / file.name)
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                     "weight_block_size": list(block_size)}
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    return dst
 
 
 def convert(weight: LinearWeight, weight_dtype: str, dense_dtype: torch.dtype) -> LinearWeight:

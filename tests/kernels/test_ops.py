@@ -122,6 +122,15 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
                      torch.tensor([16], dtype=torch.int32))
     with pytest.raises(ValueError, match="even"):
         ops.silu_and_mul(torch.randn(2, 5))
+    with pytest.raises(ValueError, match="weight's in_features \\(40\\) must equal x's last dimension \\(32\\)|dimension 'K'"):
+        ops.linear(torch.randn(2, 32), torch.randn(8, 40))
+    int8 = torch.ones(8, 200, dtype=torch.int8)
+    with pytest.raises(ValueError, match="scales must be \\(8, 2\\)"):
+        ops.linear(torch.randn(2, 200), int8, torch.ones(8, 1), 128)
+    with pytest.raises(ValueError, match="need scales and a positive block_k"):
+        ops.linear(torch.randn(2, 200), int8)
+    with pytest.raises(ValueError, match="weights must be one of"):
+        ops.linear(torch.randn(2, 200), torch.ones(8, 200, dtype=torch.float16))
 
 
 def test_gpu_compile_check_passes() -> None:
