@@ -73,13 +73,19 @@ class Qwen3Model:
         if not weight_loader.weights:
             weight_loader.load_from_safetensors()
         self.embed_tokens = weight_loader.get_weight("model.embed_tokens.weight")
-        self.lm_head = self._linear(weight_loader, "lm_head.weight")
+        self.lm_head = self._linear(weight_loader, "lm_head.weight", weight_dtype=self._lm_head_dtype())
         self.final_norm = weight_loader.get_weight("model.norm.weight")
         self.layers = [self._layer_weights(weight_loader, i) for i in range(config.num_hidden_layers)]
         self.forward_fn: Forward = BACKENDS[backend](self)
 
-    def _linear(self, loader: WeightLoader, *names: str) -> LinearWeight:
-        return convert(cat_rows([loader.get_linear(n) for n in names]), self.weight_dtype, self.dtype)
+    def _lm_head_dtype(self) -> str:
+        # Qwen's FP8 checkpoints leave the LM head unquantized (bfloat16): kept so, not quantized again
+        if self.config.fp8_block_size and self.weight_dtype == "fp8":
+            return "bfloat16"
+        return self.weight_dtype
+
+    def _linear(self, loader: WeightLoader, *names: str, weight_dtype: Optional[str] = None) -> LinearWeight:
+        return convert(cat_rows([loader.get_linear(n) for n in names]), weight_dtype or self.weight_dtype, self.dtype)
 
     def _layer_weights(self, loader: WeightLoader, i: int) -> DecoderLayerWeights:
         w = loader.get_weight

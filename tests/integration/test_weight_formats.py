@@ -1,0 +1,65 @@
+"""The model on low-precision weights, end to end on the compiled graph: an FP8 checkpoint in Qwen's layout
+against a float32 run of its own dequantized weights, bfloat16 weights against transformers' bfloat16 drift,
+int8 weights against the reference backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from python_layer import InferenceEngine, SamplingParams
+from python_layer.model.quantization import QuantizedWeight, write_fp8_checkpoint
+from python_layer.model.random_checkpoint import build_random_checkpoint
+from tests.integration.test_parity import _Batch, _hf, _hf_logits, _prompts, _rel_err
+from tests.unit.test_quantization import ODD
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def fp8_checkpoint(checkpoints_dir: Path) -> Path:
+    dense = build_random_checkpoint(checkpoints_dir / "odd-dense", seed=3, dtype=torch.bfloat16, **ODD)
+    return write_fp8_checkpoint(dense, checkpoints_dir / "odd-fp8")
+
+
+def _greedy(engine: InferenceEngine, prompts: list[list[int]]) -> list[list[int]]:
+    return [o.token_ids for o in engine.generate(prompts, GREEDY)]
+
+
+def test_fp8_checkpoint_runs_fp8_and_matches_float32_on_its_dequantized_weights(fp8_checkpoint: Path) -> None:
+    fp8 = InferenceEngine.from_pretrained(fp8_checkpoint, device="cpu", dtype="float32")  # no flag: the config says FP8
+    dense = InferenceEngine.from_pretrained(fp8_checkpoint, device="cpu", dtype="float32", weight_dtype="float32")
+    layer = fp8.model.layers[0]
+    assert fp8.model.weight_dtype == "fp8" and isinstance(layer.gate_up_proj, QuantizedWeight)
+    assert layer.gate_up_proj.weight.dtype == torch.float8_e4m3fn
+    assert fp8.model.lm_head.dtype == torch.bfloat16  # unquantized in the checkpoint: kept so
+    assert torch.equal(layer.gate_up_proj.dequantize(), dense.model.layers[0].gate_up_proj)
+    prompts = _prompts(fp8.model.config.vocab_size)  # 57 prompt tokens (prefill kernel), then 3 rows (decode kernel)
+    assert _greedy(fp8, prompts) == _greedy(dense, prompts)
+    logits = [_Batch(e.model, len(prompts)).forward(prompts, all_logits=True) for e in (fp8, dense)]
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_weights_drift_no_more_than_transformers_bfloat16(tiny_checkpoint: Path) -> None:
+    from transformers import Qwen3ForCausalLM
+
+    hf_bf16 = Qwen3ForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.bfloat16, attn_implementation="eager").eval()
+    engine = InferenceEngine.from_pretrained(tiny_checkpoint, dtype="float32", weight_dtype="bfloat16")
+    assert engine.model.layers[0].qkv_proj.dtype == torch.bfloat16 and engine.model.embed_tokens.dtype == torch.float32
+    prompt = _prompts(engine.model.config.vocab_size)[2]
+    exact = _hf_logits(_hf(tiny_checkpoint), prompt)
+    ours = _rel_err(_Batch(engine.model, 1).forward([prompt], all_logits=True), exact)
+    theirs = _rel_err(_hf_logits(hf_bf16, prompt), exact)
+    assert ours < min(theirs, 5e-2), (ours, theirs)
+
+
+def test_int8_weights_match_the_reference_backend_and_stay_near_float32(tiny_checkpoint: Path) -> None:
+    engines = {b: InferenceEngine.from_pretrained(tiny_checkpoint, dtype="float32", weight_dtype="int8", backend=b)
+               for b in ("mojo", "reference")}
+    prompts = _prompts(engines["mojo"].model.config.vocab_size, seed=1)
+    assert _greedy(engines["mojo"], prompts) == _greedy(engines["reference"], prompts)
+    exact = _hf_logits(_hf(tiny_checkpoint), prompts[2])
+    # an int8 step is 1/254 of its block's largest |weight|: coarser than bfloat16's 2^-9 relative
+    assert _rel_err(_Batch(engines["mojo"].model, 1).forward([prompts[2]], all_logits=True), exact) < 5e-2
