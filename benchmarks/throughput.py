@@ -1,7 +1,8 @@
 """Offline throughput: N requests with random prompt and output lengths (ignore_eos), all submitted at once,
-on each backend in the same run. `mili bench throughput [--num-requests 32] [--backends mojo,reference]`.
-Prints a table (output and total tokens/s, and each backend's throughput relative to the reference
-backend) and writes JSON under benchmarks/results/."""
+on each backend and weight format in the same run. `mili bench throughput [--num-requests 32]
+[--backends mojo,reference] [--weight-dtypes float32,int8]`. Prints a table (output and total tokens/s, and
+each row's throughput relative to the first row of the reference backend, else the first row) and writes JSON
+under benchmarks/results/."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-len", type=int, nargs=2, default=(16, 128), metavar=("MIN", "MAX"))
     parser.add_argument("--backends", default="mojo,reference")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--weight-dtypes", default="auto", help="comma-separated: auto, float32, bfloat16, fp8, int8")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
@@ -47,18 +49,21 @@ def main(argv: list[str] | None = None) -> int:
     max_tokens = [rng.randint(*args.output_len) for _ in range(args.num_requests)]
     rows = []
     for backend in args.backends.split(","):
-        started = time.perf_counter()
-        model = load_model(path, device=args.device, dtype=args.dtype, backend=backend)
-        engine = InferenceEngine(model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
-        load_s = time.perf_counter() - started
-        engine.generate([prompts[0][:8]], SamplingParams(max_tokens=2))  # warm-up
-        rows.append(dict(backend=backend, load_s=load_s, **run(engine, prompts, max_tokens)))
-        print(f"{backend}: {rows[-1]['output_tok_s']:.1f} output tokens/s", flush=True)
+        for weight_dtype in args.weight_dtypes.split(","):
+            started = time.perf_counter()
+            model = load_model(path, device=args.device, dtype=args.dtype, backend=backend, weight_dtype=weight_dtype)
+            engine = InferenceEngine(model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+            load_s = time.perf_counter() - started
+            engine.generate([prompts[0][:8]], SamplingParams(max_tokens=2))  # warm-up
+            rows.append(dict(backend=backend, weights=model.weight_dtype, load_s=load_s, **run(engine, prompts, max_tokens)))
+            print(f"{backend} {model.weight_dtype}: {rows[-1]['output_tok_s']:.1f} output tokens/s", flush=True)
+            del engine, model
     base = next((r for r in rows if r["backend"] == "reference"), rows[0])
+    name = f"speedup_vs_{base['backend']}_{base['weights']}"
     for r in rows:
-        r["speedup_vs_" + base["backend"]] = r["total_tok_s"] / base["total_tok_s"]
-    print_table(rows, ["backend", "load_s", "prompt_tokens", "output_tokens", "seconds", "output_tok_s", "total_tok_s",
-                       "preemptions", "speedup_vs_" + base["backend"]])
+        r[name] = r["total_tok_s"] / base["total_tok_s"]
+    print_table(rows, ["backend", "weights", "load_s", "prompt_tokens", "output_tokens", "seconds", "output_tok_s",
+                       "total_tok_s", "preemptions", name])
     write_json("throughput", dict(vars(args), model=path), rows)
     return 0
 
