@@ -1,0 +1,160 @@
+"""CPU latency of one request and of small batches, in each weight format:
+`mili bench latency [--weight-dtypes float32,bfloat16,int8,fp8] [--batches 1,8] [--runs 3]`.
+
+The definition, shared with benchmarks/peers/run.py (which times llama.cpp and transformers the same way):
+- prefill: one 512-token prompt; seconds from submitting it until its first new token is produced;
+- decode: greedy, 128 new tokens per sequence, 32-token prompts, batch 1 and 8 (8 different prompts);
+  tok/s = batch * (128 - 1) / (seconds from the moment every sequence has its first token until the last token),
+  so the prompts' processing is left out;
+- prompts: random token ids in [1000, 100000) from a fixed seed; the median of 3 runs after one warm-up run.
+The engine runs float32 activations with the weights in --weight-dtypes, prefix caching off (every run
+computes its prompt). Prints a table and writes JSON under benchmarks/results/."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import time
+from typing import Callable, Sequence
+
+from common import model_path, print_table, write_json
+
+from python_layer import InferenceEngine, SamplingParams
+
+# bits per weight of the linear layers (int8 and fp8: plus a float32 scale per row and 128 columns)
+MILI_BITS = {"float32": 32, "bfloat16": 16, "int8": 8.25, "fp8": 8.25}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of the benchmark definition (shared with benchmarks/peers/run.py)."""
+    parser.add_argument("--model", default=None, help="checkpoint (default: random weights of Qwen3-0.6B's shape)")
+    parser.add_argument("--batches", default="1,8", help="decode batch sizes")
+    parser.add_argument("--runs", type=int, default=3, help="timed runs per figure (the median is reported)")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--prompt-len", type=int, default=32, help="prompt length of the decode runs")
+    parser.add_argument("--prefill-len", type=int, default=512)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def check_idle() -> float:
+    """The 1-minute load average, with a warning when other work keeps the CPUs busy: the figures are then far off
+    (llama.cpp's most of all: its threads spin at every barrier, and one descheduled thread stalls the others)."""
+    load = os.getloadavg()[0]
+    if load > 1.0:
+        print(f"warning: load average {load:.1f} before the start: other processes are using the CPUs", flush=True)
+    return load
+
+
+def batch_sizes(args: argparse.Namespace) -> list[int]:
+    return [int(b) for b in str(args.batches).split(",") if b]
+
+
+def prefill_prompt(args: argparse.Namespace) -> list[int]:
+    rng = random.Random(args.seed)
+    return [rng.randrange(1000, 100000) for _ in range(args.prefill_len)]
+
+
+def decode_prompts(args: argparse.Namespace) -> list[list[int]]:
+    """max(batches) different prompts; a batch of b takes the first b."""
+    rng = random.Random(args.seed + 1)
+    return [[rng.randrange(1000, 100000) for _ in range(args.prompt_len)] for _ in range(max(batch_sizes(args)))]
+
+
+def decode_tok_s(batch: int, new_tokens: int, seconds: float) -> float:
+    """Tokens per second after every sequence has its first token."""
+    return batch * (new_tokens - 1) / seconds
+
+
+def median_of(runs: int, once: Callable[[], float]) -> tuple[float, list[float]]:
+    """One warm-up call, then `runs` timed calls: (median, all)."""
+    once()
+    samples = [once() for _ in range(runs)]
+    return statistics.median(samples), samples
+
+
+def figures(args: argparse.Namespace, prefill: Callable[[list[int]], float],
+            decode: Callable[[list[list[int]]], float]) -> dict:
+    """prefill_s and decode_b{b}_tok_s (medians) of a system given its two timed runs: prefill(prompt) -> seconds
+    to the first token; decode(prompts) -> seconds from every sequence's first token to the last token."""
+    row: dict = {}
+    row["prefill_s"], row["prefill_runs"] = median_of(args.runs, lambda: prefill(prefill_prompt(args)))
+    prompts = decode_prompts(args)
+    for b in batch_sizes(args):
+        seconds, runs = median_of(args.runs, lambda b=b: decode(prompts[:b]))
+        row[f"decode_b{b}_tok_s"] = decode_tok_s(b, args.new_tokens, seconds)
+        row[f"decode_b{b}_runs_s"] = runs
+    return row
+
+
+# ---- MILI ---------------------------------------------------------------------------------------------------
+
+def _run_requests(engine: InferenceEngine, prompts: Sequence[list[int]], max_tokens: int) -> tuple[float, float, float]:
+    """Submit the prompts together, step until all finish: (submitted, every one has its first token, last token)."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    started = time.perf_counter()
+    ids = {engine.add_request(list(p), params) for p in prompts}
+    first: dict[str, float] = {}
+    counts = dict.fromkeys(ids, 0)
+    now = started
+    while engine.has_unfinished_requests():
+        deltas = engine.step()
+        now = time.perf_counter()
+        for d in deltas:
+            if d.token_ids and d.request_id in ids:
+                first.setdefault(d.request_id, now)
+                counts[d.request_id] += len(d.token_ids)
+    if set(counts.values()) != {max_tokens}:
+        raise RuntimeError(f"expected {max_tokens} tokens per request, got {sorted(counts.values())}")
+    return started, max(first.values()), now
+
+
+def measure_mili(path: str, weight_dtype: str, args: argparse.Namespace) -> dict:
+    """MILI on the CPU (float32 activations, weights in weight_dtype): load_s, prefill_s, decode_b{b}_tok_s."""
+    started = time.perf_counter()
+    engine = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", weight_dtype=weight_dtype,
+                                             enable_prefix_caching=False, max_num_seqs=max(8, *batch_sizes(args)),
+                                             max_num_batched_tokens=max(2048, args.prefill_len))
+    load_s = time.perf_counter() - started
+
+    def prefill(prompt: list[int]) -> float:
+        submitted, first, _ = _run_requests(engine, [prompt], 1)
+        return first - submitted
+
+    def decode(prompts: list[list[int]]) -> float:
+        _, first, last = _run_requests(engine, prompts, args.new_tokens)
+        return last - first
+
+    row = dict(system="mili", format=weight_dtype, bits=MILI_BITS.get(weight_dtype, ""), load_s=load_s)
+    row.update(figures(args, prefill, decode))
+    return row
+
+
+COLUMNS = ["system", "format", "bits", "load_s", "prefill_s"]
+
+
+def columns(args: argparse.Namespace) -> list[str]:
+    return COLUMNS + [f"decode_b{b}_tok_s" for b in batch_sizes(args)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    parser.add_argument("--weight-dtypes", default="float32,bfloat16,int8,fp8")
+    args = parser.parse_args(argv)
+
+    path = model_path(args.model)
+    load = check_idle()
+    rows = []
+    for weight_dtype in args.weight_dtypes.split(","):
+        rows.append(measure_mili(path, weight_dtype, args))
+        print(", ".join(f"{k} {v:.4g}" for k, v in rows[-1].items() if k in columns(args) and isinstance(v, float)),
+              f"({weight_dtype})", flush=True)
+    print_table(rows, columns(args))
+    write_json("latency", dict(vars(args), model=path, load_average=load), rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
