@@ -141,26 +141,6 @@ def _decode_tile[a_type: DType, w_type: DType, rows: Int](
                 y.unsafe_store((m0 + i) * wt.n + n0 + j, narrow[a_type, 1](SIMD[F32, 1](v)))
 
 
-struct _DecodeTiles[a_type: DType, w_type: DType](ChunkTask):
-    """Item: NR weight rows against every row of x."""
-
-    var y: Addr[Self.a_type]
-    var x: Addr[Self.a_type]
-    var wt: _Weights[Self.w_type]
-    var m: Int
-
-    def __init__(out self, y: Ptr[Self.a_type], x: Ptr[Self.a_type], wt: _Weights[Self.w_type], m: Int):
-        self.y, self.x, self.wt, self.m = addr(y), addr(x), wt, m
-
-    def run(self, item: Int):
-        var y, x = ptr(self.y), ptr(self.x)
-        for m0 in range(0, self.m, MR):
-            var rows = min(MR, self.m - m0)
-            comptime for r in range(1, MR + 1):
-                if rows == r:
-                    _decode_tile[Self.a_type, Self.w_type, r](y, x, self.wt, m0, item * NR)
-
-
 def _pack_panel[w_type: DType](panel: Ptr[F32], wt: _Weights[w_type], n0: Int):
     """panel[k * PANEL + c] = dequantized w[n0 + c, k]; 0 for rows past N."""
     var K = wt.k
@@ -206,8 +186,8 @@ def _panel_tile[a_type: DType, rows: Int](y: Ptr[a_type], x: Ptr[a_type], panel:
                 y.unsafe_store(out + c, narrow[a_type, 1](SIMD[F32, 1](v)))
 
 
-struct _PrefillPanels[a_type: DType, w_type: DType](ChunkTask):
-    """Item: PANEL weight rows, widened once, against every row of x."""
+struct _LinearTiles[a_type: DType, w_type: DType, prefill: Bool](ChunkTask):
+    """Item: NR weight rows (decode) or a PANEL of them widened once (prefill), against every row of x."""
 
     var y: Addr[Self.a_type]
     var x: Addr[Self.a_type]
@@ -219,15 +199,22 @@ struct _PrefillPanels[a_type: DType, w_type: DType](ChunkTask):
 
     def run(self, item: Int):
         var y, x = ptr(self.y), ptr(self.x)
-        var buffer = List[Float32](length=self.wt.k * PANEL, fill=0)
-        var panel = buffer.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
-        var n0 = item * PANEL
-        _pack_panel(panel, self.wt, n0)
-        for m0 in range(0, self.m, PANEL_ROWS):
-            var rows = min(PANEL_ROWS, self.m - m0)
-            comptime for r in range(1, PANEL_ROWS + 1):
-                if rows == r:
-                    _panel_tile[Self.a_type, r](y, x, panel, m0, n0, self.wt.n, self.wt.k)
+        comptime if Self.prefill:
+            var buffer = List[Float32](length=self.wt.k * PANEL, fill=0)
+            var panel = buffer.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
+            var n0 = item * PANEL
+            _pack_panel(panel, self.wt, n0)
+            for m0 in range(0, self.m, PANEL_ROWS):
+                var rows = min(PANEL_ROWS, self.m - m0)
+                comptime for r in range(1, PANEL_ROWS + 1):
+                    if rows == r:
+                        _panel_tile[Self.a_type, r](y, x, panel, m0, n0, self.wt.n, self.wt.k)
+        else:
+            for m0 in range(0, self.m, MR):
+                var rows = min(MR, self.m - m0)
+                comptime for r in range(1, MR + 1):
+                    if rows == r:
+                        _decode_tile[Self.a_type, Self.w_type, r](y, x, self.wt, m0, item * NR)
 
 
 def linear_cpu[a_type: DType, w_type: DType, R: Runner](
@@ -238,9 +225,9 @@ def linear_cpu[a_type: DType, w_type: DType, R: Runner](
     var wt = _Weights[w_type](w, scales, n, k, block_k)
     var serial = m * n * k <= SERIAL_MACS
     if m <= DECODE_ROWS:
-        runner.run(_DecodeTiles[a_type, w_type](y, x, wt, m), ceildiv(n, NR), serial)
+        runner.run(_LinearTiles[a_type, w_type, False](y, x, wt, m), ceildiv(n, NR), serial)
     else:
-        runner.run(_PrefillPanels[a_type, w_type](y, x, wt, m), ceildiv(n, PANEL), serial)
+        runner.run(_LinearTiles[a_type, w_type, True](y, x, wt, m), ceildiv(n, PANEL), serial)
 
 
 def _linear_gpu[a_type: DType, w_type: DType](
@@ -261,15 +248,20 @@ def _linear_gpu[a_type: DType, w_type: DType](
     y.unsafe_store(row * N + col, acc.cast[a_type]())
 
 
-def check_linear[w_type: DType](m: Int, k: Int, n: Int, w_k: Int, y_m: Int, y_n: Int, scale_rows: Int, scale_cols: Int,
-                                block_k: Int) raises:
+def _check_shapes[w_type: DType](m: Int, k: Int, n: Int, w_k: Int, y_m: Int, y_n: Int, scale_rows: Int) raises:
     check_same["linear"](w_k, k, "weight's in_features", "x's last dimension")
     check_same["linear"](y_m, m, "output rows", "x rows")
     check_same["linear"](y_n, n, "output columns", "weight's out_features")
     comptime if is_scaled[w_type]():
+        check_same["linear"](scale_rows, n, "scale rows", "weight's out_features")
+
+
+def check_linear[w_type: DType](m: Int, k: Int, n: Int, w_k: Int, y_m: Int, y_n: Int, scale_rows: Int, scale_cols: Int,
+                                block_k: Int) raises:
+    _check_shapes[w_type](m, k, n, w_k, y_m, y_n, scale_rows)
+    comptime if is_scaled[w_type]():
         if block_k <= 0:
             raise Error("linear: block_k must be positive, got ", block_k)
-        check_same["linear"](scale_rows, n, "scale rows", "weight's out_features")
         check_same["linear"](scale_cols, ceildiv(k, block_k), "scale columns", "ceil(in_features / block_k)")
 
 
@@ -293,9 +285,7 @@ struct Linear:
                                        m, n, k, bk)
         else:
             # block_k lives on the device: its agreement with the scales' width is checked by the callers
-            var cols = scales.dim_size[1]()
-            check_linear[w_type](m, k, n, w.dim_size[1](), y.dim_size[0](), y.dim_size[1](), scales.dim_size[0](),
-                                 cols, ceildiv(k, max(cols, 1)))
+            _check_shapes[w_type](m, k, n, w.dim_size[1](), y.dim_size[0](), y.dim_size[1](), scales.dim_size[0]())
             if m == 0 or n == 0:
                 return
             ctx.enqueue_function[_linear_gpu[a_type, w_type]](

@@ -20,8 +20,9 @@ from bindings import reference
 BLOCK_K = 128
 WEIGHT_DTYPES = ("float32", "bfloat16", "fp8", "int8")
 """--weight-dtype choices ("auto": the checkpoint's FP8 when it has it, else the activation dtype)."""
+FP8_E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
 _QUANTIZED = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}
-_LARGEST = {torch.float8_e4m3fn: torch.finfo(torch.float8_e4m3fn).max, torch.int8: 127.0}
+_LARGEST = {torch.float8_e4m3fn: FP8_E4M3_MAX, torch.int8: 127.0}
 
 
 class QuantizedWeight(NamedTuple):
@@ -33,9 +34,6 @@ class QuantizedWeight(NamedTuple):
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return reference.dequantize(self.weight, self.scales, self.block_k).to(dtype)
-
-    def to(self, device: torch.device | str) -> "QuantizedWeight":
-        return QuantizedWeight(self.weight.to(device), self.scales.to(device), self.block_k)
 
 
 LinearWeight = Union[torch.Tensor, QuantizedWeight]
@@ -57,7 +55,8 @@ def quantize(weight: torch.Tensor, weight_dtype: str, block_k: int = BLOCK_K) ->
     w = torch.nn.functional.pad(weight.float(), (0, blocks * block_k - k)).view(n, blocks, block_k)
     scales = w.abs().amax(dim=2).clamp(min=1e-12) / _LARGEST[qtype]
     q = w / scales[:, :, None]
-    q = q.round().clamp(-127, 127) if qtype == torch.int8 else q.clamp(-448, 448)
+    largest = _LARGEST[qtype]
+    q = (q.round() if qtype == torch.int8 else q).clamp(-largest, largest)
     return QuantizedWeight(q.to(qtype).view(n, blocks * block_k)[:, :k].contiguous(), scales, block_k)
 
 
@@ -76,8 +75,8 @@ def quantize_fp8_blocks(weight: torch.Tensor, block_size: Sequence[int] = (BLOCK
     n, k = weight.shape
     rows, cols = -(-n // bn), -(-k // bk)
     w = torch.nn.functional.pad(weight.float(), (0, cols * bk - k, 0, rows * bn - n)).view(rows, bn, cols, bk)
-    scale_inv = w.abs().amax(dim=(1, 3)).clamp(min=1e-12) / _LARGEST[torch.float8_e4m3fn]
-    q = (w / scale_inv[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    scale_inv = w.abs().amax(dim=(1, 3)).clamp(min=1e-12) / FP8_E4M3_MAX
+    q = (w / scale_inv[:, None, :, None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
     return q.view(rows * bn, cols * bk)[:n, :k].contiguous(), scale_inv
 
 

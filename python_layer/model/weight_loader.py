@@ -14,8 +14,6 @@ from safetensors import safe_open
 from .config import Qwen3Config
 from .hub import resolve_model_dir
 from .quantization import LinearWeight, QuantizedWeight, from_block_scales, quantize
-
-FP8_E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
 SCALE_SUFFIX = "_scale_inv"
 """An FP8 checkpoint's `X.weight_scale_inv` beside each quantized `X.weight`."""
 

@@ -8,7 +8,8 @@ from safetensors.torch import load_file, save_file
 
 from python_layer.model.config import Qwen3Config
 from python_layer.model.random_checkpoint import TINY, build_random_checkpoint
-from python_layer.model.weight_loader import FP8_E4M3_MAX, WeightLoader, expected_weight_shapes
+from python_layer.model.quantization import FP8_E4M3_MAX
+from python_layer.model.weight_loader import WeightLoader, expected_weight_shapes
 
 
 def _copy(src: Path, dst: Path) -> Path:
