@@ -46,7 +46,7 @@ def test_root_health_models(server: LiveServer) -> None:
 
 
 def test_generate_matches_offline_engine(server: LiveServer, offline: InferenceEngine) -> None:
-    body = {"prompt": "Hello, world!", "max_tokens": 6, "temperature": 0}
+    body = {"prompt": "Hello, world!", "max_tokens": 6, "temperature": 0, "ignore_eos": True}
     out = server.client.post("/generate", json=body).json()
     assert out["tokens"] == _greedy(offline, "Hello, world!", 6)
     assert out["prompt_tokens"] == 4 and out["total_tokens"] == 10 and out["finish_reason"] == "length"
@@ -66,7 +66,7 @@ def test_generate_matches_offline_engine(server: LiveServer, offline: InferenceE
 
 
 def test_status_while_processing(server: LiveServer) -> None:
-    body = {"prompt": "count", "max_tokens": 400, "temperature": 0, "stream": True}
+    body = {"prompt": "count", "max_tokens": 400, "temperature": 0, "stream": True, "ignore_eos": True}
     with server.client.stream("POST", "/generate", json=body) as response:
         lines = response.iter_lines()
         first = json.loads(next(line for line in lines if line.startswith("data: "))[6:])
@@ -77,7 +77,7 @@ def test_status_while_processing(server: LiveServer) -> None:
 
 
 def test_status_reports_the_clamped_output_limit(server: LiveServer) -> None:
-    body = {"prompt": "count", "max_tokens": 10**21, "temperature": 0, "stream": True}
+    body = {"prompt": "count", "max_tokens": 10**21, "temperature": 0, "stream": True, "ignore_eos": True}
     with server.client.stream("POST", "/generate", json=body) as response:
         first = json.loads(next(line for line in response.iter_lines() if line.startswith("data: "))[6:])
         status = server.client.get(f"/status/{first['request_id']}").json()
