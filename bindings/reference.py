@@ -193,6 +193,22 @@ def dequantize(weight: torch.Tensor, scales: Optional[torch.Tensor] = None, bloc
     return w
 
 
+def effective_x(x: torch.Tensor, weight: torch.Tensor, block_k: int = 0) -> torch.Tensor:
+    """x [M, K] in float32 as the linear kernel multiplies it by `weight`, as llama.cpp does for bf16 and q8_0:
+    rounded to bfloat16 for bfloat16 weights; for int8 weights quantized to int8 per row and block of block_k
+    columns (q = round(x * 127 / largest |x|), times largest |x| / 127); x itself for the others."""
+    x = x.float()
+    if weight.dtype == torch.bfloat16:
+        return x.to(torch.bfloat16).float()
+    if weight.dtype != torch.int8:
+        return x
+    m, k = x.shape
+    blocks = torch.nn.functional.pad(x, (0, -k % block_k)).view(m, -1, block_k)
+    largest = blocks.abs().amax(dim=2, keepdim=True)
+    q = torch.round(blocks * torch.where(largest > 0, 127 / largest, 0))
+    return (q * (largest / 127)).view(m, -1)[:, :k]
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, scales: Optional[torch.Tensor] = None, block_k: int = 0) -> torch.Tensor:
-    """x [M, K] @ dequantize(weight)[N, K]^T in float32, in x's dtype."""
-    return torch.matmul(x.float(), dequantize(weight, scales, block_k).t()).to(x.dtype)
+    """effective_x(x) [M, K] @ dequantize(weight)[N, K]^T in float32, in x's dtype."""
+    return torch.matmul(effective_x(x, weight, block_k), dequantize(weight, scales, block_k).t()).to(x.dtype)

@@ -1,9 +1,16 @@
-# Linear layers on low-precision weights: y[M, N] = x[M, K] @ dequantize(w)[N, K]^T, float32 arithmetic.
+# Linear layers on low-precision weights: y[M, N] = x[M, K] @ dequantize(w)[N, K]^T, float32 accumulation.
 # The weight format is w's dtype:
-#   float32, bfloat16     the values themselves (bfloat16 widened with a shift)
+#   float32, bfloat16     the values themselves
 #   float8_e4m3fn, int8   times a float32 scale per row and block of `block_k` columns: scales[N, ceil(K / block_k)]
 #                         (Qwen's FP8 checkpoints' 128 x 128 blocks become per-row blocks when they are loaded).
 #                         FP8 weights arrive as uint8 bits: MAX graphs refuse float8 tensors on CPU.
+# What x is multiplied by the weights, as llama.cpp does for its bf16 and q8_0 formats (reference.effective_x):
+#   float32, FP8 weights  x itself
+#   bfloat16 weights      x rounded to bfloat16: products of two bfloat16 are exact in float32, and AVX512_BF16's
+#                         vdpbf16ps does 32 of them per instruction
+#   int8 weights          x quantized to int8 per row and block (scale = the block's largest |x| / 127): AVX512_VNNI's
+#                         vpdpbusd does 64 int8 products per instruction, summed exactly in int32
+# Without those instructions the same numbers are computed with float32 FMAs / int32 multiplies.
 # FP8 e4m3 widening: the sign to bit 15 and the 7 exponent and mantissa bits to bits 7..13 make a float16 that is
 # the e4m3 value times 2^-8, normals and subnormals alike; the 2^8 goes into the scale. Its conversion to float32
 # (F16C) is exact and, unlike the same trick on float32 bits, makes no float32 subnormals, which cost a CPU
@@ -21,6 +28,8 @@ from max.gpu import thread_idx, block_idx
 from std.collections import Array
 from std.math import ceildiv
 from std.memory import bitcast
+from std.sys import CompilationTarget, llvm_intrinsic, size_of
+from std.sys.intrinsics import prefetch, PrefetchOptions
 
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
 from ..utils.types import addr, ptr, load_f32, narrow, Addr, F32, F32_WIDTH, Ptr, GPU_BLOCK, check_same
@@ -38,6 +47,16 @@ comptime PANEL_ROWS = 6
 comptime SERIAL_MACS = 1 << 18
 comptime FP8_SCALE = Float32(256)
 """2^8: see the widening above."""
+comptime BF16_DOT = CompilationTarget._has_feature["avx512bf16"]()
+comptime I8_DOT = CompilationTarget._has_feature["avx512vnni"]()
+comptime DOT_LANES = 16
+"""float32 / int32 lanes of a dot-product accumulator: 32 bfloat16 or 64 int8 pairs per step."""
+comptime I8_ROWS = 2
+"""Rows of x per int8 decode tile: an int32 block sum and a float32 total per pair of rows, 2 x NR x 2 vectors."""
+comptime I8_X_MAX = Float32(127)
+comptime PREFETCH_BYTES = 16384
+"""How far ahead the dot-product decode tiles prefetch each weight row: the hardware prefetchers alone left the
+bfloat16 / int8 LM head at half the memory bandwidth."""
 
 
 @always_inline
@@ -93,6 +112,12 @@ struct _Weights[w_type: DType](ImplicitlyCopyable):
         return block_scale[Self.w_type](ptr(self.scales), n, kb, self.k_blocks)
 
     @always_inline
+    def prefetch(self, n: Int, k: Int):
+        """Asks for w[n, k] PREFETCH_BYTES ahead (the rows of the next tiles)."""
+        var at = ptr(self.w).unsafe_bitcast[UInt8]().unsafe_offset((n * self.k + k) * size_of[Self.w_type]() + PREFETCH_BYTES)
+        prefetch[PrefetchOptions().for_read().medium_locality()](at)
+
+    @always_inline
     def load[width: Int](self, n: Int, k: Int, scale: Float32) -> SIMD[F32, width]:
         var v = widen[Self.w_type, width](ptr(self.w), n * self.k + k)
         comptime if is_scaled[Self.w_type]():
@@ -101,17 +126,103 @@ struct _Weights[w_type: DType](ImplicitlyCopyable):
             return v
 
 
+struct _QuantizedX(ImplicitlyCopyable):
+    """x [M, K] as int8 per row and block of columns: x ~ q * scale; sum: the block's sum of q."""
+
+    var q: Addr[DType.int8]
+    var scales: Addr[F32]
+    var sums: Addr[DType.int32]
+    var k_blocks: Int
+
+    def __init__(out self, q: Ptr[DType.int8], scales: Ptr[F32], sums: Ptr[DType.int32], k_blocks: Int):
+        self.q, self.scales, self.sums, self.k_blocks = addr(q), addr(scales), addr(sums), k_blocks
+
+    @always_inline
+    def scale(self, m: Int, kb: Int) -> Float32:
+        return ptr(self.scales).unsafe_load(m * self.k_blocks + kb)
+
+    @always_inline
+    def sum(self, m: Int, kb: Int) -> Int32:
+        return ptr(self.sums).unsafe_load(m * self.k_blocks + kb)
+
+
+def _quantize_x[a_type: DType](x: Ptr[a_type], xq: _QuantizedX, m: Int, k: Int, block_k: Int):
+    """xq = x quantized per row and block: q = round(x * (127 / largest |x|)), scale = largest |x| / 127."""
+    var q = ptr(xq.q)
+    for r in range(m):
+        for kb in range(xq.k_blocks):
+            var start = r * k + kb * block_k
+            var count = min(block_k, k - kb * block_k)
+            var big = SIMD[F32, W](0)
+            var i = 0
+            while i + W <= count:
+                big = max(big, abs(load_f32[a_type, W](x, start + i)))
+                i += W
+            var largest = big.reduce_max()
+            for t in range(i, count):
+                largest = max(largest, abs(load_f32[a_type, 1](x, start + t)[0]))
+            var inv = I8_X_MAX / largest if largest > 0 else Float32(0)
+            var total = SIMD[DType.int32, W](0)
+            i = 0
+            while i + W <= count:
+                var v = (load_f32[a_type, W](x, start + i) * inv).__round__().cast[DType.int32]()
+                q.unsafe_store(start + i, v.cast[DType.int8]())
+                total += v
+                i += W
+            var sum = total.reduce_add()
+            for t in range(i, count):
+                var v = (load_f32[a_type, 1](x, start + t) * inv).__round__().cast[DType.int32]()
+                q.unsafe_store(start + t, v.cast[DType.int8]())
+                sum += v[0]
+            ptr(xq.scales).unsafe_store(r * xq.k_blocks + kb, largest / I8_X_MAX)
+            ptr(xq.sums).unsafe_store(r * xq.k_blocks + kb, sum)
+
+
+def _dequantize_x(dst: Ptr[F32], xq: _QuantizedX, m: Int, k: Int, block_k: Int):
+    for r in range(m):
+        for c in range(k):
+            dst.unsafe_store(r * k + c, Float32(ptr(xq.q).unsafe_load(r * k + c)) * xq.scale(r, c // block_k))
+
+
+def _round_x[a_type: DType, to: DType](x: Ptr[a_type], dst: Ptr[to], count: Int):
+    """dst = x rounded to bfloat16 (to: bfloat16 for the dot products, float32 for the panels)."""
+    var i = 0
+    while i + W <= count:
+        dst.unsafe_store(i, narrow[DType.bfloat16, W](load_f32[a_type, W](x, i)).cast[to]())
+        i += W
+    for t in range(i, count):
+        dst.unsafe_store(t, narrow[DType.bfloat16, 1](load_f32[a_type, 1](x, t)).cast[to]())
+
+
+@always_inline
+def _tile_rows[w_type: DType](wt: _Weights[w_type], n0: Int) -> Array[Int, NR]:
+    """The weight rows of the tile at n0; rows past N repeat the last one (computed, not stored)."""
+    var n_of = Array[Int, NR](fill=0)
+    comptime for j in range(NR):
+        n_of[j] = min(n0 + j, wt.n - 1)
+    return n_of^
+
+
+@always_inline
+def _store_tile[a_type: DType, rows: Int, lanes: Int](
+    y: Ptr[a_type], acc: Array[SIMD[F32, lanes], rows * NR], tail: Array[Float32, rows * NR], m0: Int, n0: Int, N: Int,
+):
+    comptime for i in range(rows):
+        comptime for j in range(NR):
+            if n0 + j < N:
+                var v = acc[i * NR + j].reduce_add() + tail[i * NR + j]
+                y.unsafe_store((m0 + i) * N + n0 + j, narrow[a_type, 1](SIMD[F32, 1](v)))
+
+
 @always_inline
 def _decode_tile[a_type: DType, w_type: DType, rows: Int](
     y: Ptr[a_type], x: Ptr[a_type], wt: _Weights[w_type], m0: Int, n0: Int,
 ):
-    """y[m0 : m0 + rows, n0 : n0 + NR] (rows past N are computed on the last row and not stored)."""
+    """y[m0 : m0 + rows, n0 : n0 + NR], float32 FMAs on widened weights (float32 and FP8 weights)."""
     var K = wt.k
     var acc = Array[SIMD[F32, W], rows * NR](fill=0)
     var tail = Array[Float32, rows * NR](fill=0)
-    var n_of = Array[Int, NR](fill=0)
-    comptime for j in range(NR):
-        n_of[j] = min(n0 + j, wt.n - 1)
+    var n_of = _tile_rows(wt, n0)
     for kb in range(wt.k_blocks):
         var s = Array[Float32, NR](fill=1)
         comptime if is_scaled[w_type]():
@@ -124,6 +235,7 @@ def _decode_tile[a_type: DType, w_type: DType, rows: Int](
             comptime for i in range(rows):
                 xv[i] = load_f32[a_type, W](x, (m0 + i) * K + k)
             comptime for j in range(NR):
+                wt.prefetch(n_of[j], k)
                 var wv = wt.load[W](n_of[j], k, s[j])
                 comptime for i in range(rows):
                     acc[i * NR + j] = xv[i].fma(wv, acc[i * NR + j])
@@ -134,11 +246,117 @@ def _decode_tile[a_type: DType, w_type: DType, rows: Int](
                 comptime for i in range(rows):
                     tail[i * NR + j] += load_f32[a_type, 1](x, (m0 + i) * K + k)[0] * wv
             k += 1
-    comptime for i in range(rows):
+    _store_tile[a_type, rows, W](y, acc, tail, m0, n0, wt.n)
+
+
+@always_inline
+def _widen_bf16[width: Int](v: SIMD[DType.bfloat16, width]) -> SIMD[F32, width]:
+    return bitcast[F32, width](bitcast[DType.uint16, width](v).cast[DType.uint32]() << 16)
+
+
+@always_inline
+def _dot_bf16(
+    acc: SIMD[F32, DOT_LANES], a: SIMD[DType.bfloat16, 2 * DOT_LANES], b: SIMD[DType.bfloat16, 2 * DOT_LANES],
+) -> SIMD[F32, DOT_LANES]:
+    """acc plus the products of a and b, summed in pairs."""
+    comptime if BF16_DOT:
+        return llvm_intrinsic["llvm.x86.avx512bf16.dpbf16ps.512", SIMD[F32, DOT_LANES]](acc, a, b)
+    else:
+        comptime lo, hi = 0, DOT_LANES
+        var first = _widen_bf16[DOT_LANES](a.slice[DOT_LANES, offset=lo]()).fma(_widen_bf16[DOT_LANES](b.slice[DOT_LANES, offset=lo]()), acc)
+        return _widen_bf16[DOT_LANES](a.slice[DOT_LANES, offset=hi]()).fma(_widen_bf16[DOT_LANES](b.slice[DOT_LANES, offset=hi]()), first)
+
+
+@always_inline
+def _dot_i8(
+    acc: SIMD[DType.int32, DOT_LANES], w: SIMD[DType.int8, 4 * DOT_LANES], x: SIMD[DType.int8, 4 * DOT_LANES],
+) -> SIMD[DType.int32, DOT_LANES]:
+    """acc plus the products (w + 128) * x, summed in fours: vpdpbusd multiplies unsigned by signed bytes, so the
+    weights are offset by 128 (a flip of the sign bit) and 128 * sum(x) is taken off per block."""
+    var u = bitcast[DType.uint8, 4 * DOT_LANES](w ^ -128)
+    comptime if I8_DOT:
+        return llvm_intrinsic["llvm.x86.avx512.vpdpbusd.512", SIMD[DType.int32, DOT_LANES]](
+            acc, u, bitcast[DType.uint8, 4 * DOT_LANES](x)
+        )
+    else:
+        var total = acc
+        comptime for c in range(4):
+            comptime at = c * DOT_LANES
+            total += u.slice[DOT_LANES, offset=at]().cast[DType.int32]() * x.slice[DOT_LANES, offset=at]().cast[DType.int32]()
+        return total
+
+
+@always_inline
+def _decode_tile_bf16[a_type: DType, w_type: DType, rows: Int](
+    y: Ptr[a_type], xb: Ptr[DType.bfloat16], wt: _Weights[w_type], m0: Int, n0: Int,
+):
+    """y[m0 : m0 + rows, n0 : n0 + NR] from x rounded to bfloat16: pairs of exact products."""
+    comptime S = 2 * DOT_LANES
+    var K = wt.k
+    var w = ptr(wt.w).unsafe_bitcast[BFloat16]()
+    var acc = Array[SIMD[F32, DOT_LANES], rows * NR](fill=0)
+    var tail = Array[Float32, rows * NR](fill=0)
+    var n_of = _tile_rows(wt, n0)
+    var k = 0
+    while k + S <= K:
+        var xv = Array[SIMD[DType.bfloat16, S], rows](fill=0)
+        comptime for i in range(rows):
+            xv[i] = xb.unsafe_load[width=S]((m0 + i) * K + k)
         comptime for j in range(NR):
-            if n0 + j < wt.n:
-                var v = acc[i * NR + j].reduce_add() + tail[i * NR + j]
-                y.unsafe_store((m0 + i) * wt.n + n0 + j, narrow[a_type, 1](SIMD[F32, 1](v)))
+            wt.prefetch(n_of[j], k)
+            var wv = w.unsafe_load[width=S](n_of[j] * K + k)
+            comptime for i in range(rows):
+                acc[i * NR + j] = _dot_bf16(acc[i * NR + j], xv[i], wv)
+        k += S
+    while k < K:
+        comptime for j in range(NR):
+            var wv = load_f32[DType.bfloat16, 1](w, n_of[j] * K + k)[0]
+            comptime for i in range(rows):
+                tail[i * NR + j] += load_f32[DType.bfloat16, 1](xb, (m0 + i) * K + k)[0] * wv
+        k += 1
+    _store_tile[a_type, rows, DOT_LANES](y, acc, tail, m0, n0, wt.n)
+
+
+@always_inline
+def _decode_tile_i8[a_type: DType, w_type: DType, rows: Int](
+    y: Ptr[a_type], xq: _QuantizedX, wt: _Weights[w_type], m0: Int, n0: Int,
+):
+    """y[m0 : m0 + rows, n0 : n0 + NR] from x quantized to int8: exact int32 sums per block, then both scales."""
+    comptime S = 4 * DOT_LANES
+    var K = wt.k
+    var w, q = ptr(wt.w).unsafe_bitcast[Int8](), ptr(xq.q)
+    var acc = Array[SIMD[F32, DOT_LANES], rows * NR](fill=0)
+    var tail = Array[Float32, rows * NR](fill=0)
+    var n_of = _tile_rows(wt, n0)
+    for kb in range(wt.k_blocks):
+        var k = kb * wt.block_k
+        var end = min(K, k + wt.block_k)
+        var dots = Array[SIMD[DType.int32, DOT_LANES], rows * NR](fill=0)
+        var rest = Array[Int32, rows * NR](fill=0)
+        while k + S <= end:
+            var xv = Array[SIMD[DType.int8, S], rows](fill=0)
+            comptime for i in range(rows):
+                xv[i] = q.unsafe_load[width=S]((m0 + i) * K + k)
+            comptime for j in range(NR):
+                wt.prefetch(n_of[j], k)
+                var wv = w.unsafe_load[width=S](n_of[j] * K + k)
+                comptime for i in range(rows):
+                    dots[i * NR + j] = _dot_i8(dots[i * NR + j], wv, xv[i])
+            k += S
+        while k < end:
+            comptime for j in range(NR):
+                var wv = Int32(w.unsafe_load(n_of[j] * K + k)) + 128
+                comptime for i in range(rows):
+                    rest[i * NR + j] += wv * Int32(q.unsafe_load((m0 + i) * K + k))
+            k += 1
+        comptime for i in range(rows):
+            var sx = xq.scale(m0 + i, kb)
+            var offset = 128 * xq.sum(m0 + i, kb)
+            comptime for j in range(NR):
+                var s = sx * wt.scale(n_of[j], kb)
+                acc[i * NR + j] = dots[i * NR + j].cast[F32]().fma(s, acc[i * NR + j])
+                tail[i * NR + j] += Float32(rest[i * NR + j] - offset) * s
+    _store_tile[a_type, rows, DOT_LANES](y, acc, tail, m0, n0, wt.n)
 
 
 def _pack_panel[w_type: DType](panel: Ptr[F32], wt: _Weights[w_type], n0: Int):
@@ -165,14 +383,16 @@ def _pack_panel[w_type: DType](panel: Ptr[F32], wt: _Weights[w_type], n0: Int):
 
 
 @always_inline
-def _panel_tile[a_type: DType, rows: Int](y: Ptr[a_type], x: Ptr[a_type], panel: Ptr[F32], m0: Int, n0: Int, N: Int, K: Int):
+def _panel_tile[a_type: DType, x_type: DType, rows: Int](
+    y: Ptr[a_type], x: Ptr[x_type], panel: Ptr[F32], m0: Int, n0: Int, N: Int, K: Int,
+):
     """y[m0 : m0 + rows, n0 : n0 + PANEL] from a packed panel."""
     var acc = Array[SIMD[F32, W], 2 * rows](fill=0)
     for k in range(K):
         var b0 = panel.unsafe_load[width=W](k * PANEL)
         var b1 = panel.unsafe_load[width=W](k * PANEL + W)
         comptime for i in range(rows):
-            var a = SIMD[F32, W](load_f32[a_type, 1](x, (m0 + i) * K + k)[0])
+            var a = SIMD[F32, W](load_f32[x_type, 1](x, (m0 + i) * K + k)[0])
             acc[2 * i] = a.fma(b0, acc[2 * i])
             acc[2 * i + 1] = a.fma(b1, acc[2 * i + 1])
     comptime for i in range(rows):
@@ -186,35 +406,55 @@ def _panel_tile[a_type: DType, rows: Int](y: Ptr[a_type], x: Ptr[a_type], panel:
                 y.unsafe_store(out + c, narrow[a_type, 1](SIMD[F32, 1](v)))
 
 
-struct _LinearTiles[a_type: DType, w_type: DType, prefill: Bool](ChunkTask):
-    """Item: NR weight rows (decode) or a PANEL of them widened once (prefill), against every row of x."""
+struct _DecodeTiles[a_type: DType, w_type: DType](ChunkTask):
+    """Item: NR weight rows against every row of x, as the weight format reads x (x, xb or xq)."""
 
     var y: Addr[Self.a_type]
     var x: Addr[Self.a_type]
+    var xb: Addr[DType.bfloat16]
+    var xq: _QuantizedX
     var wt: _Weights[Self.w_type]
     var m: Int
 
-    def __init__(out self, y: Ptr[Self.a_type], x: Ptr[Self.a_type], wt: _Weights[Self.w_type], m: Int):
+    def __init__(out self, y: Ptr[Self.a_type], x: Ptr[Self.a_type], xb: Ptr[DType.bfloat16], xq: _QuantizedX,
+                 wt: _Weights[Self.w_type], m: Int):
+        self.y, self.x, self.xb, self.xq, self.wt, self.m = addr(y), addr(x), addr(xb), xq, wt, m
+
+    def run(self, item: Int):
+        comptime step = I8_ROWS if Self.w_type == DType.int8 else MR
+        for m0 in range(0, self.m, step):
+            var rows = min(step, self.m - m0)
+            comptime for r in range(1, step + 1):
+                if rows == r:
+                    comptime if Self.w_type == DType.bfloat16:
+                        _decode_tile_bf16[Self.a_type, Self.w_type, r](ptr(self.y), ptr(self.xb), self.wt, m0, item * NR)
+                    elif Self.w_type == DType.int8:
+                        _decode_tile_i8[Self.a_type, Self.w_type, r](ptr(self.y), self.xq, self.wt, m0, item * NR)
+                    else:
+                        _decode_tile[Self.a_type, Self.w_type, r](ptr(self.y), ptr(self.x), self.wt, m0, item * NR)
+
+
+struct _PanelTiles[a_type: DType, x_type: DType, w_type: DType](ChunkTask):
+    """Item: a PANEL of weight rows, widened once, against every row of x."""
+
+    var y: Addr[Self.a_type]
+    var x: Addr[Self.x_type]
+    var wt: _Weights[Self.w_type]
+    var m: Int
+
+    def __init__(out self, y: Ptr[Self.a_type], x: Ptr[Self.x_type], wt: _Weights[Self.w_type], m: Int):
         self.y, self.x, self.wt, self.m = addr(y), addr(x), wt, m
 
     def run(self, item: Int):
-        var y, x = ptr(self.y), ptr(self.x)
-        comptime if Self.prefill:
-            var buffer = List[Float32](length=self.wt.k * PANEL, fill=0)
-            var panel = buffer.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
-            var n0 = item * PANEL
-            _pack_panel(panel, self.wt, n0)
-            for m0 in range(0, self.m, PANEL_ROWS):
-                var rows = min(PANEL_ROWS, self.m - m0)
-                comptime for r in range(1, PANEL_ROWS + 1):
-                    if rows == r:
-                        _panel_tile[Self.a_type, r](y, x, panel, m0, n0, self.wt.n, self.wt.k)
-        else:
-            for m0 in range(0, self.m, MR):
-                var rows = min(MR, self.m - m0)
-                comptime for r in range(1, MR + 1):
-                    if rows == r:
-                        _decode_tile[Self.a_type, Self.w_type, r](y, x, self.wt, m0, item * NR)
+        var buffer = List[Float32](length=self.wt.k * PANEL, fill=0)
+        var panel = buffer.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
+        var n0 = item * PANEL
+        _pack_panel(panel, self.wt, n0)
+        for m0 in range(0, self.m, PANEL_ROWS):
+            var rows = min(PANEL_ROWS, self.m - m0)
+            comptime for r in range(1, PANEL_ROWS + 1):
+                if rows == r:
+                    _panel_tile[Self.a_type, Self.x_type, r](ptr(self.y), ptr(self.x), panel, m0, n0, self.wt.n, self.wt.k)
 
 
 def linear_cpu[a_type: DType, w_type: DType, R: Runner](
@@ -224,10 +464,45 @@ def linear_cpu[a_type: DType, w_type: DType, R: Runner](
         return
     var wt = _Weights[w_type](w, scales, n, k, block_k)
     var serial = m * n * k <= SERIAL_MACS
-    if m <= DECODE_ROWS:
-        runner.run(_LinearTiles[a_type, w_type, False](y, x, wt, m), ceildiv(n, NR), serial)
+    var decode = m <= DECODE_ROWS
+    # the effective x (see the top): bfloat16 weights read x rounded, int8 weights x quantized
+    var rounded = List[BFloat16]()
+    var q = List[Int8]()
+    var q_scales = List[Float32]()
+    var q_sums = List[Int32]()
+    var effective = List[Float32]()
+    var xq = _QuantizedX(q.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](), q_scales.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](),
+                         q_sums.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](), wt.k_blocks)
+    comptime if w_type == DType.int8:
+        q.resize(m * k, 0)
+        q_scales.resize(m * wt.k_blocks, 0)
+        q_sums.resize(m * wt.k_blocks, 0)
+        xq = _QuantizedX(q.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](), q_scales.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](),
+                         q_sums.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](), wt.k_blocks)
+        _quantize_x(x, xq, m, k, wt.block_k)
+        if not decode:
+            effective.resize(m * k, 0)
+            _dequantize_x(effective.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](), xq, m, k, wt.block_k)
+    elif w_type == DType.bfloat16:
+        if decode:
+            rounded.resize(m * k, 0)
+            _round_x(x, rounded.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](), m * k)
+        else:
+            effective.resize(m * k, 0)
+            _round_x(x, effective.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](), m * k)
+    if decode:
+        var xb = rounded.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
+        runner.run(_DecodeTiles[a_type, w_type](y, x, xb, xq, wt, m), ceildiv(n, NR), serial)
+    elif len(effective) > 0:
+        var xf = effective.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
+        runner.run(_PanelTiles[a_type, F32, w_type](y, xf, wt, m), ceildiv(n, PANEL), serial)
     else:
-        runner.run(_LinearTiles[a_type, w_type, True](y, x, wt, m), ceildiv(n, PANEL), serial)
+        runner.run(_PanelTiles[a_type, a_type, w_type](y, x, wt, m), ceildiv(n, PANEL), serial)
+    _ = rounded^
+    _ = q^
+    _ = q_scales^
+    _ = q_sums^
+    _ = effective^
 
 
 def _linear_gpu[a_type: DType, w_type: DType](
@@ -235,16 +510,32 @@ def _linear_gpu[a_type: DType, w_type: DType](
 ):
     var col = Int(block_idx.x) * GPU_BLOCK + Int(thread_idx.x)
     var row = Int(block_idx.y)
-    var N, K, bk = Int(n), Int(k), Int(block_k.unsafe_load(0))
+    var N, K = Int(n), Int(k)
     if col >= N:
         return
-    var k_blocks = ceildiv(K, bk) if is_scaled[w_type]() else 1
+    var bk = Int(block_k.unsafe_load(0)) if is_scaled[w_type]() else max(K, 1)
+    var k_blocks = ceildiv(K, bk)
     var acc = Float32(0)
-    for i in range(K):
-        var v = widen[w_type, 1](w, col * K + i)[0]
+    for kb in range(k_blocks):
+        var start, end = kb * bk, min(K, kb * bk + bk)
+        var inv, sx = Float32(1), Float32(1)
+        comptime if w_type == DType.int8:  # the effective x: quantized per block
+            var largest = Float32(0)
+            for i in range(start, end):
+                largest = max(largest, abs(x.unsafe_load(row * K + i).cast[F32]()))
+            inv = I8_X_MAX / largest if largest > 0 else Float32(0)
+            sx = largest / I8_X_MAX
+        var part = Float32(0)
+        for i in range(start, end):
+            var xv = x.unsafe_load(row * K + i).cast[F32]()
+            comptime if w_type == DType.bfloat16:
+                xv = narrow[DType.bfloat16, 1](SIMD[F32, 1](xv))[0].cast[F32]()
+            elif w_type == DType.int8:
+                xv = (xv * inv).__round__()
+            part += xv * widen[w_type, 1](w, col * K + i)[0]
         comptime if is_scaled[w_type]():
-            v *= block_scale[w_type](scales, col, i // bk, k_blocks)
-        acc += x.unsafe_load(row * K + i).cast[F32]() * v
+            part *= sx * block_scale[w_type](scales, col, kb, k_blocks)
+        acc += part
     y.unsafe_store(row * N + col, acc.cast[a_type]())
 
 

@@ -1,6 +1,6 @@
 """The model on low-precision weights, end to end on the compiled graph: an FP8 checkpoint in Qwen's layout
 against a float32 run of its own dequantized weights, bfloat16 weights against transformers' bfloat16 drift,
-int8 weights against the reference backend."""
+int8 weights (and int8 activations) against the reference backend."""
 
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ def test_fp8_checkpoint_runs_fp8_and_matches_float32_on_its_dequantized_weights(
     prompts = _prompts(fp8.model.config.vocab_size)  # 57 prompt tokens (prefill kernel), then 3 rows (decode kernel)
     assert _greedy(fp8, prompts) == _greedy(dense, prompts)
     logits = [_Batch(e.model, len(prompts)).forward(prompts, all_logits=True) for e in (fp8, dense)]
-    torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)
+    # the bfloat16 LM head reads the last hidden state rounded to bfloat16 (reference.effective_x): 2^-9 relative
+    assert _rel_err(logits[0], logits[1]) < 2e-3
 
 
 def test_bfloat16_weights_drift_no_more_than_transformers_bfloat16(tiny_checkpoint: Path) -> None:
@@ -61,5 +62,6 @@ def test_int8_weights_match_the_reference_backend_and_stay_near_float32(tiny_che
     prompts = _prompts(engines["mojo"].model.config.vocab_size, seed=1)
     assert _greedy(engines["mojo"], prompts) == _greedy(engines["reference"], prompts)
     exact = _hf_logits(_hf(tiny_checkpoint), prompts[2])
-    # an int8 step is 1/254 of its block's largest |weight|: coarser than bfloat16's 2^-9 relative
-    assert _rel_err(_Batch(engines["mojo"].model, 1).forward([prompts[2]], all_logits=True), exact) < 5e-2
+    # int8 weights (a step is 1/254 of the block's largest |weight|) times int8 activations, as llama.cpp's q8_0:
+    # 5.3% here, 3.4% with float32 activations, transformers' bfloat16 2.2%
+    assert _rel_err(_Batch(engines["mojo"].model, 1).forward([prompts[2]], all_logits=True), exact) < 8e-2
