@@ -16,11 +16,12 @@
 # (F16C) is exact and, unlike the same trick on float32 bits, makes no float32 subnormals, which cost a CPU
 # microcode assist per instruction (FP8 decode 3x slower on random weights).
 # CPU, by the number of rows M:
-#   decode (M <= DECODE_ROWS): every weight byte crosses the memory bus once. A tile of NR weight rows is
-#     widened in registers and feeds FMAs for MR rows of x at a time; for the next MR rows it is read again
-#     from L1, not from memory.
+#   decode (M <= DECODE_ROWS): every weight byte crosses the memory bus once, prefetched PREFETCH_BYTES ahead. A
+#     tile of NR weight rows is widened in registers (or fed to the dot-product instructions as it is) for MR rows
+#     of x at a time; for the next MR rows it is read again from L1, not from memory.
 #   prefill: a panel of PANEL weight rows is widened once into a float32 [K, PANEL] buffer (L2), and a
-#     PANEL_ROWS x PANEL register tile of y is computed from it for every PANEL_ROWS rows of x.
+#     PANEL_ROWS x PANEL register tile of y is computed from it for every PANEL_ROWS rows of x. With AVX512_BF16,
+#     bfloat16 weights are packed in pairs instead ([K / 2, PANEL] pairs) for vdpbf16ps: twice the FMAs' work.
 # GPU: a thread per output element (the model graph dequantizes to bfloat16 and uses MAX's matmul there).
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
@@ -44,6 +45,8 @@ comptime PANEL = 2 * F32_WIDTH
 """Weight rows per prefill panel: two vectors of y per row of x."""
 comptime PANEL_ROWS = 6
 """Rows of x per prefill register tile: 12 accumulators, 2 panel vectors and a broadcast (16 AVX2 registers)."""
+comptime PAIR_PANEL_ROWS = 12
+"""Rows of x per pair-panel register tile (AVX-512 only): 24 accumulators, 2 panel vectors and a broadcast."""
 comptime SERIAL_MACS = 1 << 18
 comptime FP8_SCALE = Float32(256)
 """2^8: see the widening above."""
@@ -146,8 +149,10 @@ struct _QuantizedX(ImplicitlyCopyable):
         return ptr(self.sums).unsafe_load(m * self.k_blocks + kb)
 
 
-def _quantize_x[a_type: DType](x: Ptr[a_type], xq: _QuantizedX, m: Int, k: Int, block_k: Int):
-    """xq = x quantized per row and block: q = round(x * (127 / largest |x|)), scale = largest |x| / 127."""
+def _quantize_x[a_type: DType, dequantized: Bool](x: Ptr[a_type], xq: _QuantizedX, m: Int, k: Int, block_k: Int,
+                                                   dst: Ptr[F32]):
+    """x quantized per row and block: q = round(x * (127 / largest |x|)), scale = largest |x| / 127. Into xq, or
+    when `dequantized` as q * scale into dst (the effective x of the float32 panels)."""
     var q = ptr(xq.q)
     for r in range(m):
         for kb in range(xq.k_blocks):
@@ -162,26 +167,33 @@ def _quantize_x[a_type: DType](x: Ptr[a_type], xq: _QuantizedX, m: Int, k: Int, 
             for t in range(i, count):
                 largest = max(largest, abs(load_f32[a_type, 1](x, start + t)[0]))
             var inv = I8_X_MAX / largest if largest > 0 else Float32(0)
+            var scale = largest / I8_X_MAX
             var total = SIMD[DType.int32, W](0)
+            var sum = Int32(0)
             i = 0
             while i + W <= count:
-                var v = (load_f32[a_type, W](x, start + i) * inv).__round__().cast[DType.int32]()
-                q.unsafe_store(start + i, v.cast[DType.int8]())
-                total += v
+                var v = (load_f32[a_type, W](x, start + i) * inv).__round__()
+                comptime if dequantized:
+                    dst.unsafe_store(start + i, v * scale)
+                else:
+                    q.unsafe_store(start + i, v.cast[DType.int8]())
+                    total += v.cast[DType.int32]()
                 i += W
-            var sum = total.reduce_add()
             for t in range(i, count):
-                var v = (load_f32[a_type, 1](x, start + t) * inv).__round__().cast[DType.int32]()
-                q.unsafe_store(start + t, v.cast[DType.int8]())
-                sum += v[0]
-            ptr(xq.scales).unsafe_store(r * xq.k_blocks + kb, largest / I8_X_MAX)
-            ptr(xq.sums).unsafe_store(r * xq.k_blocks + kb, sum)
+                var v = (load_f32[a_type, 1](x, start + t) * inv).__round__()
+                comptime if dequantized:
+                    dst.unsafe_store(start + t, v * scale)
+                else:
+                    q.unsafe_store(start + t, v.cast[DType.int8]())
+                    sum += v.cast[DType.int32]()[0]
+            comptime if not dequantized:
+                ptr(xq.scales).unsafe_store(r * xq.k_blocks + kb, scale)
+                ptr(xq.sums).unsafe_store(r * xq.k_blocks + kb, total.reduce_add() + sum)
 
 
-def _dequantize_x(dst: Ptr[F32], xq: _QuantizedX, m: Int, k: Int, block_k: Int):
-    for r in range(m):
-        for c in range(k):
-            dst.unsafe_store(r * k + c, Float32(ptr(xq.q).unsafe_load(r * k + c)) * xq.scale(r, c // block_k))
+@always_inline
+def _data[dtype: DType](mut values: List[Scalar[dtype]]) -> Ptr[dtype]:
+    return values.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
 
 
 def _round_x[a_type: DType, to: DType](x: Ptr[a_type], dst: Ptr[to], count: Int):
@@ -395,15 +407,61 @@ def _panel_tile[a_type: DType, x_type: DType, rows: Int](
             var a = SIMD[F32, W](load_f32[x_type, 1](x, (m0 + i) * K + k)[0])
             acc[2 * i] = a.fma(b0, acc[2 * i])
             acc[2 * i + 1] = a.fma(b1, acc[2 * i + 1])
+    _store_panel_rows[a_type, rows, W](y, acc, m0, n0, N)
+
+
+@always_inline
+def _store_panel_rows[a_type: DType, rows: Int, lanes: Int](
+    y: Ptr[a_type], acc: Array[SIMD[F32, lanes], 2 * rows], m0: Int, n0: Int, N: Int,
+):
+    """y[m0 + i, n0 : n0 + 2 * lanes] = acc[2i], acc[2i + 1], up to column N."""
     comptime for i in range(rows):
         var out = (m0 + i) * N + n0
-        if n0 + PANEL <= N:
-            y.unsafe_store(out, narrow[a_type, W](acc[2 * i]))
-            y.unsafe_store(out + W, narrow[a_type, W](acc[2 * i + 1]))
+        if n0 + 2 * lanes <= N:
+            y.unsafe_store(out, narrow[a_type, lanes](acc[2 * i]))
+            y.unsafe_store(out + lanes, narrow[a_type, lanes](acc[2 * i + 1]))
         else:
             for c in range(N - n0):
-                var v = acc[2 * i][c] if c < W else acc[2 * i + 1][c - W]
+                var v = acc[2 * i][c] if c < lanes else acc[2 * i + 1][c - lanes]
                 y.unsafe_store(out + c, narrow[a_type, 1](SIMD[F32, 1](v)))
+
+
+def _pack_pair_panel[w_type: DType](panel: Ptr[DType.uint32], wt: _Weights[w_type], n0: Int):
+    """panel[kp * PANEL + c] = the bfloat16 pair w[n0 + c, 2kp : 2kp + 2] (vdpbf16ps's layout); 0 past the last
+    row or column."""
+    var K = wt.k
+    var w = ptr(wt.w).unsafe_bitcast[UInt16]()
+    for c in range(PANEL):
+        var n = n0 + c
+        for kp in range(ceildiv(K, 2)):
+            var pair = UInt32(0)
+            if n < wt.n:
+                pair = UInt32(w.unsafe_load(n * K + 2 * kp))
+                if 2 * kp + 1 < K:
+                    pair |= UInt32(w.unsafe_load(n * K + 2 * kp + 1)) << 16
+            panel.unsafe_store(kp * PANEL + c, pair)
+
+
+@always_inline
+def _pair_panel_tile[a_type: DType, rows: Int](
+    y: Ptr[a_type], xb: Ptr[DType.bfloat16], panel: Ptr[DType.uint32], m0: Int, n0: Int, N: Int, K: Int,
+):
+    """y[m0 : m0 + rows, n0 : n0 + PANEL] from a pair panel: each step a pair of x broadcast against 2 x 16 pairs."""
+    comptime assert PANEL == 2 * DOT_LANES, "pair panels are two dot-product accumulators wide"
+    var acc = Array[SIMD[F32, DOT_LANES], 2 * rows](fill=0)
+    for kp in range(ceildiv(K, 2)):
+        var b0 = bitcast[DType.bfloat16, 2 * DOT_LANES](panel.unsafe_load[width=DOT_LANES](kp * PANEL))
+        var b1 = bitcast[DType.bfloat16, 2 * DOT_LANES](panel.unsafe_load[width=DOT_LANES](kp * PANEL + DOT_LANES))
+        comptime for i in range(rows):
+            var pair: UInt32
+            if 2 * kp + 1 < K:
+                pair = bitcast[DType.uint32, 1](xb.unsafe_load[width=2]((m0 + i) * K + 2 * kp))[0]
+            else:  # the last column of an odd K: its pair's weight is 0, so is x's
+                pair = UInt32(xb.unsafe_bitcast[UInt16]().unsafe_load((m0 + i) * K + 2 * kp))
+            var a = bitcast[DType.bfloat16, 2 * DOT_LANES](SIMD[DType.uint32, DOT_LANES](pair))
+            acc[2 * i] = _dot_bf16(acc[2 * i], a, b0)
+            acc[2 * i + 1] = _dot_bf16(acc[2 * i + 1], a, b1)
+    _store_panel_rows[a_type, rows, DOT_LANES](y, acc, m0, n0, N)
 
 
 struct _DecodeTiles[a_type: DType, w_type: DType](ChunkTask):
@@ -447,7 +505,7 @@ struct _PanelTiles[a_type: DType, x_type: DType, w_type: DType](ChunkTask):
 
     def run(self, item: Int):
         var buffer = List[Float32](length=self.wt.k * PANEL, fill=0)
-        var panel = buffer.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
+        var panel = _data(buffer)
         var n0 = item * PANEL
         _pack_panel(panel, self.wt, n0)
         for m0 in range(0, self.m, PANEL_ROWS):
@@ -455,6 +513,29 @@ struct _PanelTiles[a_type: DType, x_type: DType, w_type: DType](ChunkTask):
             comptime for r in range(1, PANEL_ROWS + 1):
                 if rows == r:
                     _panel_tile[Self.a_type, Self.x_type, r](ptr(self.y), ptr(self.x), panel, m0, n0, self.wt.n, self.wt.k)
+
+
+struct _PairPanelTiles[a_type: DType, w_type: DType](ChunkTask):
+    """Item: a PANEL of bfloat16 weight rows packed in pairs, against every row of x rounded to bfloat16."""
+
+    var y: Addr[Self.a_type]
+    var xb: Addr[DType.bfloat16]
+    var wt: _Weights[Self.w_type]
+    var m: Int
+
+    def __init__(out self, y: Ptr[Self.a_type], xb: Ptr[DType.bfloat16], wt: _Weights[Self.w_type], m: Int):
+        self.y, self.xb, self.wt, self.m = addr(y), addr(xb), wt, m
+
+    def run(self, item: Int):
+        var buffer = List[UInt32](length=ceildiv(self.wt.k, 2) * PANEL, fill=0)
+        var panel = _data(buffer)
+        var n0 = item * PANEL
+        _pack_pair_panel(panel, self.wt, n0)
+        for m0 in range(0, self.m, PAIR_PANEL_ROWS):
+            var rows = min(PAIR_PANEL_ROWS, self.m - m0)
+            comptime for r in range(1, PAIR_PANEL_ROWS + 1):
+                if rows == r:
+                    _pair_panel_tile[Self.a_type, r](ptr(self.y), ptr(self.xb), panel, m0, n0, self.wt.n, self.wt.k)
 
 
 def linear_cpu[a_type: DType, w_type: DType, R: Runner](
@@ -471,30 +552,31 @@ def linear_cpu[a_type: DType, w_type: DType, R: Runner](
     var q_scales = List[Float32]()
     var q_sums = List[Int32]()
     var effective = List[Float32]()
-    var xq = _QuantizedX(q.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](), q_scales.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](),
-                         q_sums.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](), wt.k_blocks)
+    var xq = _QuantizedX(_data(q), _data(q_scales), _data(q_sums), wt.k_blocks)
     comptime if w_type == DType.int8:
-        q.resize(m * k, 0)
-        q_scales.resize(m * wt.k_blocks, 0)
-        q_sums.resize(m * wt.k_blocks, 0)
-        xq = _QuantizedX(q.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](), q_scales.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](),
-                         q_sums.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](), wt.k_blocks)
-        _quantize_x(x, xq, m, k, wt.block_k)
-        if not decode:
-            effective.resize(m * k, 0)
-            _dequantize_x(effective.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](), xq, m, k, wt.block_k)
-    elif w_type == DType.bfloat16:
         if decode:
-            rounded.resize(m * k, 0)
-            _round_x(x, rounded.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](), m * k)
+            q.resize(m * k, 0)
+            q_scales.resize(m * wt.k_blocks, 0)
+            q_sums.resize(m * wt.k_blocks, 0)
+            xq = _QuantizedX(_data(q), _data(q_scales), _data(q_sums), wt.k_blocks)
+            _quantize_x[a_type, False](x, xq, m, k, wt.block_k, _data(effective))
         else:
             effective.resize(m * k, 0)
-            _round_x(x, effective.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](), m * k)
+            _quantize_x[a_type, True](x, xq, m, k, wt.block_k, _data(effective))
+    elif w_type == DType.bfloat16:
+        if decode or BF16_DOT:
+            rounded.resize(m * k, 0)
+            _round_x(x, _data(rounded), m * k)
+        else:
+            effective.resize(m * k, 0)
+            _round_x(x, _data(effective), m * k)
+    var xb = _data(rounded)
     if decode:
-        var xb = rounded.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
         runner.run(_DecodeTiles[a_type, w_type](y, x, xb, xq, wt, m), ceildiv(n, NR), serial)
+    elif w_type == DType.bfloat16 and BF16_DOT:
+        runner.run(_PairPanelTiles[a_type, w_type](y, xb, wt, m), ceildiv(n, PANEL), serial)
     elif len(effective) > 0:
-        var xf = effective.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
+        var xf = _data(effective)
         runner.run(_PanelTiles[a_type, F32, w_type](y, xf, wt, m), ceildiv(n, PANEL), serial)
     else:
         runner.run(_PanelTiles[a_type, a_type, w_type](y, x, wt, m), ceildiv(n, PANEL), serial)
