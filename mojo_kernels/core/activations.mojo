@@ -127,7 +127,7 @@ struct SiluAndMul:
         var inter = y.dim_size[1]()
         check_silu_and_mul(x.dim_size[1](), inter)
         comptime if target == "cpu":
-            silu_and_mul_cpu[dtype](MojoThreads(), y.unsafe_ptr(), x.unsafe_ptr(), x.dim_size[0](), inter)
+            silu_and_mul_cpu[dtype](MojoThreads(ctx), y.unsafe_ptr(), x.unsafe_ptr(), x.dim_size[0](), inter)
         else:
             def body[width: Int](idx: Coord[...]) {var x, var inter} -> SIMD[dtype, width]:
                 var t = Int(idx[0])
@@ -143,7 +143,7 @@ def _elementwise[dtype: DType, kind: Int, target: StaticString](
     y: OutputTensor[dtype=dtype, rank=2, ...], x: InputTensor[dtype=dtype, rank=2, ...], ctx: DeviceContext
 ) raises:
     comptime if target == "cpu":
-        elementwise_cpu[dtype, kind](MojoThreads(), y.unsafe_ptr(), x.unsafe_ptr(), x.size())
+        elementwise_cpu[dtype, kind](MojoThreads(ctx), y.unsafe_ptr(), x.unsafe_ptr(), x.size())
     else:
         def body[width: Int](idx: Coord[...]) {var x} -> SIMD[dtype, width]:
             return _activation[kind, width](x.load[width](idx).cast[F32]()).cast[dtype]()

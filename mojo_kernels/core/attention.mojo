@@ -31,6 +31,7 @@ from std.sys.intrinsics import prefetch, PrefetchOptions
 from std.utils.index import IndexList
 
 from ..utils.types import load_f32, narrow, F32, F32_WIDTH, Ptr, GPU_BLOCK, check_same
+from ..utils.parallel import CpuContext
 
 comptime MAX_HEAD_DIM = 2 * GPU_BLOCK
 """The GPU kernel keeps q in shared memory and two head dimensions per thread."""
@@ -421,6 +422,7 @@ def attention_cpu[dtype: DType](
     output: Ptr[dtype], q: Ptr[dtype], k_cache: Ptr[dtype], v_cache: Ptr[dtype], page_table: Ptr[DType.int32],
     context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale: Float32,
     batch: Int, max_pages: Int, q_heads: Int, kv_heads: Int, head_dim: Int, page_size: Int,
+    ctx: Optional[CpuContext] = None,
 ) raises:
     """Work item: a tile of up to QUERY_TILE queries of one sequence, all heads (rows = query x head), over
     one split of its keys. All heads of a key are adjacent in the cache, so an item streams through memory.
@@ -566,7 +568,7 @@ def attention_cpu[dtype: DType](
         _ = buffers^  # keep the buffers alive until here: only their pointers are used above
         _ = kv_row_list^
 
-    parallelize(worker, workers, workers)
+    parallelize(worker, workers, workers, ctx)
     if splits > 1:
         for tile in range(num_tiles):
             var b = tile_ptr.unsafe_load(2 * tile)
@@ -716,7 +718,7 @@ struct PagedAttention:
             attention_cpu[dtype](output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(),
                                   page_table.unsafe_ptr(), context_lens.unsafe_ptr(), query_start.unsafe_ptr(),
                                   scale.unsafe_ptr().unsafe_load(0), batch, page_table.dim_size[1](), q_heads,
-                                  kv_heads, head_dim, k_cache.dim_size[1]())
+                                  kv_heads, head_dim, k_cache.dim_size[1](), rebind[CpuContext](ctx))
         else:
             if head_dim > MAX_HEAD_DIM:
                 raise Error("paged_attention: head_dim ", head_dim, " exceeds the GPU kernel's ", MAX_HEAD_DIM)

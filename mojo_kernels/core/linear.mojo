@@ -654,7 +654,7 @@ struct Linear:
             var bk = Int(block_k.unsafe_ptr().unsafe_load(0))
             check_linear[w_type](m, k, n, w.dim_size[1](), y.dim_size[0](), y.dim_size[1](), scales.dim_size[0](),
                                  scales.dim_size[1](), bk)
-            linear_cpu[a_type, w_type](MojoThreads(), y.unsafe_ptr(), x.unsafe_ptr(), w.unsafe_ptr(), scales.unsafe_ptr(),
+            linear_cpu[a_type, w_type](MojoThreads(ctx), y.unsafe_ptr(), x.unsafe_ptr(), w.unsafe_ptr(), scales.unsafe_ptr(),
                                        m, n, k, bk)
         else:
             # block_k lives on the device: its agreement with the scales' width is checked by the callers

@@ -102,7 +102,7 @@ def _norm_rows[dtype: DType, fused: Bool, target: StaticString](
     if rows == 0:
         return
     comptime if target == "cpu":
-        norm_rows_cpu[dtype, fused](MojoThreads(), y, res_out, x, res, w, rows, cols, eps.unsafe_load(0))
+        norm_rows_cpu[dtype, fused](MojoThreads(ctx), y, res_out, x, res, w, rows, cols, eps.unsafe_load(0))
     else:
         ctx.enqueue_function[_norm_rows_gpu[dtype, fused]](
             y, res_out, x, res, w, Int32(cols), eps, grid_dim=rows, block_dim=GPU_BLOCK

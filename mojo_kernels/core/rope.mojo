@@ -126,7 +126,7 @@ struct Rope:
         if tokens == 0:
             return
         comptime if target == "cpu":
-            rope_cpu[dtype](MojoThreads(), q_out.unsafe_ptr(), k_out.unsafe_ptr(), q.unsafe_ptr(), k.unsafe_ptr(), positions.unsafe_ptr(),
+            rope_cpu[dtype](MojoThreads(ctx), q_out.unsafe_ptr(), k_out.unsafe_ptr(), q.unsafe_ptr(), k.unsafe_ptr(), positions.unsafe_ptr(),
                              inv_freq.unsafe_ptr(), scale.unsafe_ptr().unsafe_load(0), tokens, q.dim_size[1](),
                              k.dim_size[1](), head_dim)
         else:

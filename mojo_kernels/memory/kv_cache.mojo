@@ -81,7 +81,7 @@ struct StoreKV:
         if tokens == 0:
             return
         comptime if target == "cpu":
-            store_kv_cpu[dtype](MojoThreads(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), k.unsafe_ptr(), v.unsafe_ptr(),
+            store_kv_cpu[dtype](MojoThreads(ctx), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), k.unsafe_ptr(), v.unsafe_ptr(),
                               slot_mapping.unsafe_ptr(), tokens, row)
         else:
             ctx.enqueue_function[_store_gpu[dtype]](

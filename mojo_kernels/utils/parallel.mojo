@@ -5,6 +5,9 @@
 #     for a while after each parallel region, so calls from torch do not wait for sleeping threads to wake up
 #     (hundreds of µs on a VM), and torch's ops and ours share one pool instead of competing for the cores.
 from max.algorithm import parallelize
+from max.gpu.host import DeviceContext
+from max.gpu.host.device_context import DeviceContextBase
+from std.sys import CompilationTarget
 
 comptime _VoidPtr = OpaquePointer[MutAnyOrigin]
 comptime _OmpBody = def(_VoidPtr) abi("C") thin -> None
@@ -32,9 +35,19 @@ def _on_this_thread[T: ChunkTask](task: T, items: Int):
         task.run(i)
 
 
+comptime CpuContext = DeviceContextBase[CompilationTarget()]
+"""The type of context `parallelize` takes: a graph op's DeviceContext on the CPU."""
+
+
 struct MojoThreads(Runner):
+    var ctx: Optional[CpuContext]
+    """The op's context: without one, every `parallelize` makes a DeviceContext of its own."""
+
     def __init__(out self):
-        pass
+        self.ctx = None
+
+    def __init__(out self, ctx: DeviceContext):
+        self.ctx = rebind[CpuContext](ctx)
 
     def run[T: ChunkTask](self, task: T, items: Int, serial: Bool):
         if serial or items == 1:
@@ -43,7 +56,7 @@ struct MojoThreads(Runner):
             def item(i: Int) {var task}:
                 task.run(i)
 
-            parallelize(item, items)
+            parallelize(item, items, self.ctx)
 
 
 struct OpenMPEntryPoints:

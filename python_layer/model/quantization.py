@@ -125,7 +125,9 @@ def cat_rows(parts: Sequence[LinearWeight]) -> LinearWeight:
 
 
 def linear(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
-    """x @ weight^T in PyTorch, for the reference backend."""
+    """x @ weight^T in PyTorch as MILI's CPU kernel computes it (reference.linear), for the reference backend."""
     if isinstance(weight, QuantizedWeight):
         return reference.linear(x, weight.weight, weight.scales, weight.block_k)
-    return x @ (weight if weight.dtype == x.dtype else weight.to(x.dtype)).T
+    if weight.dtype == x.dtype:
+        return x @ weight.T
+    return reference.linear(x, weight)
