@@ -573,13 +573,15 @@ def linear_cpu[a_type: DType, w_type: DType, R: Runner](
     var xb = _data(rounded)
     if decode:
         runner.run(_DecodeTiles[a_type, w_type](y, x, xb, xq, wt, m), ceildiv(n, NR), serial)
-    elif w_type == DType.bfloat16 and BF16_DOT:
-        runner.run(_PairPanelTiles[a_type, w_type](y, xb, wt, m), ceildiv(n, PANEL), serial)
-    elif len(effective) > 0:
-        var xf = _data(effective)
-        runner.run(_PanelTiles[a_type, F32, w_type](y, xf, wt, m), ceildiv(n, PANEL), serial)
     else:
-        runner.run(_PanelTiles[a_type, a_type, w_type](y, x, wt, m), ceildiv(n, PANEL), serial)
+        comptime if w_type == DType.bfloat16 and BF16_DOT:
+            runner.run(_PairPanelTiles[a_type, w_type](y, xb, wt, m), ceildiv(n, PANEL), serial)
+        else:
+            if len(effective) > 0:
+                var xf = _data(effective)
+                runner.run(_PanelTiles[a_type, F32, w_type](y, xf, wt, m), ceildiv(n, PANEL), serial)
+            else:
+                runner.run(_PanelTiles[a_type, a_type, w_type](y, x, wt, m), ceildiv(n, PANEL), serial)
     _ = rounded^
     _ = q^
     _ = q_scales^
