@@ -205,7 +205,8 @@ def effective_x(x: torch.Tensor, weight: torch.Tensor, block_k: int = 0) -> torc
     m, k = x.shape
     blocks = torch.nn.functional.pad(x, (0, -k % block_k)).view(m, -1, block_k)
     largest = blocks.abs().amax(dim=2, keepdim=True)
-    q = torch.round(blocks * torch.where(largest > 0, 127 / largest, 0))
+    inverse = torch.full_like(largest, 127) / largest  # not 127 / largest: torch takes that as 127 * (1 / largest)
+    q = torch.round(blocks * torch.where(largest > 0, inverse, 0))
     return (q * (largest / 127)).view(m, -1)[:, :k]
 
 

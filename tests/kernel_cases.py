@@ -134,7 +134,7 @@ def linear_weight(n: int, k: int, weight_dtype: torch.dtype, device: str, block_
         bits = torch.where((bits & 0x7F) == 0x7F, bits - 1, bits)  # 0x7F / 0xFF are NaN
         weight = bits.to(torch.uint8).view(torch.float8_e4m3fn)
     elif weight_dtype == torch.int8:
-        weight = torch.randint(-127, 128, (n, k), dtype=torch.int8, device=device)
+        weight = torch.randint(-128, 128, (n, k), dtype=torch.int8, device=device)
     else:
         return torch.randn(n, k, device=device).to(weight_dtype), None, 0
     return weight, torch.rand(n, -(-k // block_k), device=device) * 0.01 + 1e-3, block_k

@@ -9,7 +9,8 @@
 #   bfloat16 weights      x rounded to bfloat16: products of two bfloat16 are exact in float32, and AVX512_BF16's
 #                         vdpbf16ps does 32 of them per instruction
 #   int8 weights          x quantized to int8 per row and block (scale = the block's largest |x| / 127): AVX512_VNNI's
-#                         vpdpbusd does 64 int8 products per instruction, summed exactly in int32
+#                         vpdpbusd does 64 int8 products per instruction, summed exactly in int32; AVX2's
+#                         vpmaddubsw + vpmaddwd 32 (as llama.cpp's q8_0 on AVX2)
 # Without those instructions the same numbers are computed with float32 FMAs / int32 multiplies.
 # FP8 e4m3 widening: the sign to bit 15 and the 7 exponent and mantissa bits to bits 7..13 make a float16 that is
 # the e4m3 value times 2^-8, normals and subnormals alike; the 2^8 goes into the scale. Its conversion to float32
@@ -52,8 +53,11 @@ comptime FP8_SCALE = Float32(256)
 """2^8: see the widening above."""
 comptime BF16_DOT = CompilationTarget._has_feature["avx512bf16"]()
 comptime I8_DOT = CompilationTarget._has_feature["avx512vnni"]()
-comptime DOT_LANES = 16
-"""float32 / int32 lanes of a dot-product accumulator: 32 bfloat16 or 64 int8 pairs per step."""
+comptime I8_MADD = CompilationTarget._has_feature["avx2"]()
+comptime I8_OFFSET = Int32(128) if I8_DOT else Int32(0)
+"""What vpdpbusd adds to each weight (see _dot_i8); the other paths multiply the weights as they are."""
+comptime DOT_LANES = F32_WIDTH
+"""float32 / int32 lanes of a dot-product accumulator: 2 bfloat16 or 4 int8 products per lane and step."""
 comptime I8_ROWS = 2
 """Rows of x per int8 decode tile: an int32 block sum and a float32 total per pair of rows, 2 x NR x 2 vectors."""
 comptime I8_X_MAX = Float32(127)
@@ -149,6 +153,12 @@ struct _QuantizedX(ImplicitlyCopyable):
         return ptr(self.sums).unsafe_load(m * self.k_blocks + kb)
 
 
+@always_inline
+def _round_even[width: Int](v: SIMD[F32, width]) -> SIMD[F32, width]:
+    """To the nearest integer, ties to even (as torch.round; one vroundps, where __round__'s ties away are several)."""
+    return llvm_intrinsic["llvm.roundeven", SIMD[F32, width]](v)
+
+
 def _quantize_x[a_type: DType, dequantized: Bool](x: Ptr[a_type], xq: _QuantizedX, m: Int, k: Int, block_k: Int,
                                                    dst: Ptr[F32]):
     """x quantized per row and block: q = round(x * (127 / largest |x|)), scale = largest |x| / 127. Into xq, or
@@ -172,7 +182,7 @@ def _quantize_x[a_type: DType, dequantized: Bool](x: Ptr[a_type], xq: _Quantized
             var sum = Int32(0)
             i = 0
             while i + W <= count:
-                var v = (load_f32[a_type, W](x, start + i) * inv).__round__()
+                var v = _round_even(load_f32[a_type, W](x, start + i) * inv)
                 comptime if dequantized:
                     dst.unsafe_store(start + i, v * scale)
                 else:
@@ -180,7 +190,7 @@ def _quantize_x[a_type: DType, dequantized: Bool](x: Ptr[a_type], xq: _Quantized
                     total += v.cast[DType.int32]()
                 i += W
             for t in range(i, count):
-                var v = (load_f32[a_type, 1](x, start + t) * inv).__round__()
+                var v = _round_even[1](load_f32[a_type, 1](x, start + t) * inv)
                 comptime if dequantized:
                     dst.unsafe_store(start + t, v * scale)
                 else:
@@ -262,39 +272,43 @@ def _decode_tile[a_type: DType, w_type: DType, rows: Int](
 
 
 @always_inline
-def _widen_bf16[width: Int](v: SIMD[DType.bfloat16, width]) -> SIMD[F32, width]:
-    return bitcast[F32, width](bitcast[DType.uint16, width](v).cast[DType.uint32]() << 16)
-
-
-@always_inline
 def _dot_bf16(
     acc: SIMD[F32, DOT_LANES], a: SIMD[DType.bfloat16, 2 * DOT_LANES], b: SIMD[DType.bfloat16, 2 * DOT_LANES],
 ) -> SIMD[F32, DOT_LANES]:
     """acc plus the products of a and b, summed in pairs."""
-    comptime if BF16_DOT:
+    comptime if BF16_DOT and DOT_LANES == 16:
         return llvm_intrinsic["llvm.x86.avx512bf16.dpbf16ps.512", SIMD[F32, DOT_LANES]](acc, a, b)
-    else:
-        comptime lo, hi = 0, DOT_LANES
-        var first = _widen_bf16[DOT_LANES](a.slice[DOT_LANES, offset=lo]()).fma(_widen_bf16[DOT_LANES](b.slice[DOT_LANES, offset=lo]()), acc)
-        return _widen_bf16[DOT_LANES](a.slice[DOT_LANES, offset=hi]()).fma(_widen_bf16[DOT_LANES](b.slice[DOT_LANES, offset=hi]()), first)
+    else:  # each 32-bit lane holds a pair: its low half shifted up and its high half masked are float32 as they are
+        var ua, ub = bitcast[DType.uint32, DOT_LANES](a), bitcast[DType.uint32, DOT_LANES](b)
+        comptime high = UInt32(0xFFFF0000)
+        var lows = bitcast[F32, DOT_LANES](ua << 16).fma(bitcast[F32, DOT_LANES](ub << 16), acc)
+        return bitcast[F32, DOT_LANES](ua & high).fma(bitcast[F32, DOT_LANES](ub & high), lows)
 
 
 @always_inline
 def _dot_i8(
     acc: SIMD[DType.int32, DOT_LANES], w: SIMD[DType.int8, 4 * DOT_LANES], x: SIMD[DType.int8, 4 * DOT_LANES],
 ) -> SIMD[DType.int32, DOT_LANES]:
-    """acc plus the products (w + 128) * x, summed in fours: vpdpbusd multiplies unsigned by signed bytes, so the
-    weights are offset by 128 (a flip of the sign bit) and 128 * sum(x) is taken off per block."""
-    var u = bitcast[DType.uint8, 4 * DOT_LANES](w ^ -128)
-    comptime if I8_DOT:
+    """acc plus the products (w + I8_OFFSET) * x, summed in fours. vpdpbusd multiplies unsigned by signed bytes, so
+    the weights are offset by 128 (a flip of the sign bit) and 128 * sum(x) is taken off per block. vpmaddubsw
+    does too but saturates its int16 pair sums, so it takes |w| (at most 128) times x with w's sign (|x| <= 127):
+    pair sums stay within 2 * 128 * 127."""
+    comptime if I8_DOT and DOT_LANES == 16:
         return llvm_intrinsic["llvm.x86.avx512.vpdpbusd.512", SIMD[DType.int32, DOT_LANES]](
-            acc, u, bitcast[DType.uint8, 4 * DOT_LANES](x)
+            acc, bitcast[DType.uint8, 4 * DOT_LANES](w ^ -128), bitcast[DType.uint8, 4 * DOT_LANES](x)
+        )
+    elif I8_MADD and DOT_LANES == 8:
+        var magnitudes = bitcast[DType.uint8, 4 * DOT_LANES](abs(w))
+        var signed_x = llvm_intrinsic["llvm.x86.avx2.psign.b", SIMD[DType.int8, 4 * DOT_LANES]](x, w)
+        var pairs = llvm_intrinsic["llvm.x86.avx2.pmadd.ub.sw", SIMD[DType.int16, 2 * DOT_LANES]](magnitudes, signed_x)
+        return acc + llvm_intrinsic["llvm.x86.avx2.pmadd.wd", SIMD[DType.int32, DOT_LANES]](
+            pairs, SIMD[DType.int16, 2 * DOT_LANES](1)
         )
     else:
         var total = acc
         comptime for c in range(4):
             comptime at = c * DOT_LANES
-            total += u.slice[DOT_LANES, offset=at]().cast[DType.int32]() * x.slice[DOT_LANES, offset=at]().cast[DType.int32]()
+            total += w.slice[DOT_LANES, offset=at]().cast[DType.int32]() * x.slice[DOT_LANES, offset=at]().cast[DType.int32]()
         return total
 
 
@@ -357,13 +371,13 @@ def _decode_tile_i8[a_type: DType, w_type: DType, rows: Int](
             k += S
         while k < end:
             comptime for j in range(NR):
-                var wv = Int32(w.unsafe_load(n_of[j] * K + k)) + 128
+                var wv = Int32(w.unsafe_load(n_of[j] * K + k)) + I8_OFFSET
                 comptime for i in range(rows):
                     rest[i * NR + j] += wv * Int32(q.unsafe_load((m0 + i) * K + k))
             k += 1
         comptime for i in range(rows):
             var sx = xq.scale(m0 + i, kb)
-            var offset = 128 * xq.sum(m0 + i, kb)
+            var offset = I8_OFFSET * xq.sum(m0 + i, kb)
             comptime for j in range(NR):
                 var s = sx * wt.scale(n_of[j], kb)
                 acc[i * NR + j] = dots[i * NR + j].cast[F32]().fma(s, acc[i * NR + j])
@@ -615,7 +629,7 @@ def _linear_gpu[a_type: DType, w_type: DType](
             comptime if w_type == DType.bfloat16:
                 xv = narrow[DType.bfloat16, 1](SIMD[F32, 1](xv))[0].cast[F32]()
             elif w_type == DType.int8:
-                xv = (xv * inv).__round__()
+                xv = _round_even[1](xv * inv)[0]
             part += xv * widen[w_type, 1](w, col * K + i)[0]
         comptime if is_scaled[w_type]():
             part *= sx * block_scale[w_type](scales, col, kb, k_blocks)

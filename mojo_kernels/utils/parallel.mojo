@@ -5,6 +5,8 @@
 #     for a while after each parallel region, so calls from torch do not wait for sleeping threads to wake up
 #     (hundreds of µs on a VM), and torch's ops and ours share one pool instead of competing for the cores.
 from max.algorithm import parallelize
+from max.runtime.asyncrt import parallelism_level
+from std.atomic import Atomic
 from max.gpu.host import DeviceContext
 from max.gpu.host.device_context import DeviceContextBase
 from std.sys import CompilationTarget
@@ -35,6 +37,7 @@ def _on_this_thread[T: ChunkTask](task: T, items: Int):
         task.run(i)
 
 
+comptime CHUNKS_PER_WORKER = 8
 comptime CpuContext = DeviceContextBase[CompilationTarget()]
 """The type of context `parallelize` takes: a graph op's DeviceContext on the CPU."""
 
@@ -50,13 +53,27 @@ struct MojoThreads(Runner):
         self.ctx = rebind[CpuContext](ctx)
 
     def run[T: ChunkTask](self, task: T, items: Int, serial: Bool):
+        """Contiguous chunks handed out in turn, CHUNKS_PER_WORKER per worker: a worker slowed down (by the
+        previous op, or another process) takes fewer, instead of the op waiting for its fixed share."""
         if serial or items == 1:
             _on_this_thread(task, items)
-        else:
-            def item(i: Int) {var task}:
-                task.run(i)
+            return
+        var workers = parallelism_level(self.ctx)
+        var chunks = min(items, workers * CHUNKS_PER_WORKER)
+        var taken = List[Int64](length=1, fill=0)
+        var counter = Int(taken.unsafe_ptr())
 
-            parallelize(item, items, self.ctx)
+        def worker(w: Int) {var task, var counter, var chunks, var items}:
+            var next = Pointer[Atomic[Int64], MutAnyOrigin](unsafe_from_address=counter)
+            while True:
+                var c = Int(next[].fetch_add(1))
+                if c >= chunks:
+                    return
+                for i in range(c * items // chunks, (c + 1) * items // chunks):
+                    task.run(i)
+
+        parallelize(worker, workers, workers, self.ctx)
+        _ = taken^
 
 
 struct OpenMPEntryPoints:
