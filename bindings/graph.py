@@ -90,6 +90,15 @@ def store_kv(k: TensorValue, v: TensorValue, k_cache: BufferValue, v_cache: Buff
     ops.inplace_custom("mili_store_kv", k.device, [k_cache, v_cache, k, v, slot_mapping])
 
 
+def qk_norm_rope_store(qkv: TensorValue, q_norm: TensorValue, k_norm: TensorValue, eps: Scalar, positions: TensorValue,
+                       inv_freq: TensorValue, scale: Scalar, k_cache: BufferValue, v_cache: BufferValue,
+                       slot_mapping: TensorValue) -> TensorValue:
+    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    out_type = TensorType(qkv.dtype, [qkv.shape[0], qkv.shape[1] // head_dim - 2 * kv_heads, head_dim], qkv.device)
+    args = [k_cache, v_cache, qkv, q_norm, k_norm, _f32(eps, qkv), positions, inv_freq, _f32(scale, qkv), slot_mapping]
+    return ops.inplace_custom("mili_qk_norm_rope_store", qkv.device, args, out_types=[out_type])[0].tensor
+
+
 def paged_attention(q: TensorValue, k_cache: BufferValue, v_cache: BufferValue, page_table: TensorValue,
                     context_lens: TensorValue, query_start: TensorValue, scale: Scalar) -> TensorValue:
     out_type = TensorType(q.dtype, q.shape, q.device)

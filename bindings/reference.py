@@ -100,6 +100,12 @@ def rope(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate-half (NeoX) RoPE of q[T, Hq, D] and k[T, Hkv, D] at positions[T]; returns new (q, k)."""
     inv_freq, scale = rope_inv_freq(q.shape[-1], theta, rope_scaling)
+    return rope_with_table(q, k, positions, inv_freq, scale)
+
+
+def rope_with_table(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """rope with its inverse frequencies [D / 2] and cos / sin scale given (rope_inv_freq makes them)."""
     angles = positions.float()[:, None] * inv_freq.to(q.device)[None, :]
     angles = torch.cat((angles, angles), dim=-1)[:, None, :]
     cos, sin = angles.cos() * scale, angles.sin() * scale
@@ -144,6 +150,28 @@ def store_kv(
     slots = slot_mapping[keep].long()
     k_cache.view(num_pages * page_size, *k_cache.shape[2:])[slots] = k[keep].to(k_cache.dtype)
     v_cache.view(num_pages * page_size, *v_cache.shape[2:])[slots] = v[keep].to(v_cache.dtype)
+
+
+def qk_norm_rope_store(
+    qkv: torch.Tensor,
+    q_norm: torch.Tensor,
+    k_norm: torch.Tensor,
+    eps: float,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    scale: float,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    """Qwen3's attention inputs from the fused projection qkv[T, (Hq + 2 Hkv) * D]: returns q[T, Hq, D] normed and
+    rotated; k normed and rotated, and v, are stored into the caches (store_kv)."""
+    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    q_heads = qkv.shape[1] // head_dim - 2 * kv_heads
+    q, k, v = qkv.view(qkv.shape[0], -1, head_dim).split([q_heads, kv_heads, kv_heads], dim=1)
+    q, k = rope_with_table(head_rms_norm(q, q_norm, eps), head_rms_norm(k, k_norm, eps), positions, inv_freq, scale)
+    store_kv(k, v, k_cache, v_cache, slot_mapping)
+    return q
 
 
 def paged_attention(

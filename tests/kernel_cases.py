@@ -15,6 +15,7 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
 NORM_SHAPES = [(1, 64), (7, 1000), (33, 1024), (3000, 1000)]  # 1000: not a multiple of any vector width
 HEAD_NORM_SHAPES = [(1, 16, 128), (5, 8, 64), (2048, 8, 128)]
 ROPE_CASES = [(1, 16, 8, 128, None), (37, 4, 2, 64, None), (2048, 16, 8, 128, None), (300, 8, 1, 128, YARN)]
+QK_CASES = [(1, 16, 8, 128, None), (37, 4, 2, 64, None), (600, 16, 8, 128, None), (9, 8, 1, 128, YARN)]
 ACT_SHAPES = [(0, 64), (1, 3072), (5, 301), (2048, 3072)]
 ELEMENTWISE_SIZES = [0, 1, 1001, 3 * 4096 + 7, 5 * 16384 + 3]  # the last: 6 CPU chunks, run in parallel
 # (context lengths, query lengths) per batch: prefill, extend after a cached prefix, decode over long contexts,
@@ -116,6 +117,22 @@ def run_store_kv(ops, device: str, dtype: torch.dtype, tokens: int) -> None:
     assert torch.equal(ours[0], caches[0]) and torch.equal(ours[1], caches[1])
 
 
+def run_qk_norm_rope_store(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
+    tokens, q_heads, kv_heads, head_dim, scaling = case
+    pages, page_size = tokens // 16 + 3, 16
+    caches = [torch.randn(pages, page_size, kv_heads, head_dim, device=device).to(dtype) for _ in range(2)]
+    qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * head_dim, device=device).to(dtype)
+    q_norm, k_norm = (torch.rand(head_dim, device=device) + 0.5).to(dtype), (torch.rand(head_dim, device=device) + 0.5).to(dtype)
+    positions = torch.randint(0, 4096, (tokens,), dtype=torch.int32, device=device)
+    slots = torch.randperm(pages * page_size, device=device)[:tokens].to(torch.int32)
+    slots[tokens // 2] = -1  # a padding token: its k and v are not stored
+    inv_freq, scale = ref.rope_inv_freq(head_dim, 1e6, scaling)
+    ours = [c.clone() for c in caches]
+    q = ops.qk_norm_rope_store(qkv, q_norm, k_norm, 1e-6, positions, inv_freq, scale, *ours, slots)
+    expected = ref.qk_norm_rope_store(qkv, q_norm, k_norm, 1e-6, positions, inv_freq, scale, *caches, slots)
+    assert_matches((q, *ours), (expected, *caches), dtype)
+
+
 def run_attention(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     (context_lens, query_lens), heads = case
     q_heads, kv_heads, head_dim = heads
@@ -163,6 +180,8 @@ def kernel_cases() -> list:
         cases += [pytest.param(run_elementwise, dtype, n, id=f"elementwise-{d}-{n}") for n in ELEMENTWISE_SIZES]
         cases.append(pytest.param(run_special_values, dtype, None, id=f"special_values-{d}"))
         cases += [pytest.param(run_store_kv, dtype, n, id=f"store_kv-{d}-{n}") for n in (1, 2000)]
+        cases += [pytest.param(run_qk_norm_rope_store, dtype, c, id=f"qk_norm_rope_store-{d}-{c[:4]}-{'yarn' if c[4] else 'plain'}")
+                  for c in QK_CASES]
         cases += [pytest.param(run_attention, dtype, (b, h), id=f"attention-{d}-{b[0]}x{b[1]}-{h}")
                   for b in ATTENTION_BATCHES for h in ATTENTION_HEADS]
         cases += [pytest.param(run_linear, dtype, (s, w), id=f"linear-{d}-{str(w).split('.')[-1]}-{s}")

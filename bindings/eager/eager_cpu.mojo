@@ -19,6 +19,7 @@ from mojo_kernels.core.activations import (
 from mojo_kernels.core.attention import check_attention, attention_cpu
 from mojo_kernels.core.linear import check_linear, linear_cpu
 from mojo_kernels.core.normalization import check_norm, norm_rows_cpu
+from mojo_kernels.core.qk_norm_rope import check_qk_norm_rope_store, qk_norm_rope_store_cpu
 from mojo_kernels.core.rope import check_rope, rope_cpu
 from mojo_kernels.memory.kv_cache import check_store_kv, store_kv_cpu
 from mojo_kernels.utils.parallel import OpenMP
@@ -195,6 +196,23 @@ def paged_attention[dtype: DType](mut args: Args) raises:
                              k_cache.dims[1])
 
 
+def qk_norm_rope_store[dtype: DType](mut args: Args) raises:
+    var runner = OpenMP(args.int())
+    var q, qkv = args.tensor[dtype, 3](), args.tensor[dtype, 2]()
+    var q_norm, k_norm = args.tensor[dtype, 1](), args.tensor[dtype, 1]()
+    var eps = _scalar(args)
+    var positions, inv_freq = args.tensor[I32, 1](), args.tensor[F32, 1]()
+    var scale = _scalar(args)
+    var k_cache, v_cache, slots = args.tensor[dtype, 4](), args.tensor[dtype, 4](), args.tensor[I32, 1]()
+    args.done("qk_norm_rope_store")
+    check_qk_norm_rope_store(qkv.dims[0], qkv.dims[1], q.dims[0], q.dims[1], q.dims[2], k_cache.dims[2], k_cache.dims[3],
+                             q_norm.dims[0], k_norm.dims[0], positions.dims[0], inv_freq.dims[0], slots.dims[0])
+    if qkv.dims[0] > 0:
+        qk_norm_rope_store_cpu[dtype](runner, q.ptr(), k_cache.ptr(), v_cache.ptr(), qkv.ptr(), q_norm.ptr(), k_norm.ptr(),
+                                      positions.ptr(), inv_freq.ptr(), slots.ptr(), eps, scale, qkv.dims[0], q.dims[1],
+                                      k_cache.dims[2], q.dims[2])
+
+
 def linear[a_type: DType, w_type: DType](mut args: Args) raises:
     var runner = OpenMP(args.int())
     var y, x, w = args.tensor[a_type, 2](), args.tensor[a_type, 2](), args.tensor[w_type, 2]()
@@ -226,6 +244,8 @@ def _add_ops(mut m: PythonModuleBuilder) raises:
     m.def_py_c_function(_fastcall[elementwise[DType.bfloat16, RELU]], "relu_bfloat16")
     m.def_py_c_function(_fastcall[store_kv[DType.float32]], "store_kv_float32")
     m.def_py_c_function(_fastcall[store_kv[DType.bfloat16]], "store_kv_bfloat16")
+    m.def_py_c_function(_fastcall[qk_norm_rope_store[DType.float32]], "qk_norm_rope_store_float32")
+    m.def_py_c_function(_fastcall[qk_norm_rope_store[DType.bfloat16]], "qk_norm_rope_store_bfloat16")
     m.def_py_c_function(_fastcall[paged_attention[DType.float32]], "paged_attention_float32")
     m.def_py_c_function(_fastcall[paged_attention[DType.bfloat16]], "paged_attention_bfloat16")
     m.def_py_c_function(_fastcall[linear[DType.float32, DType.float32]], "linear_float32_float32")

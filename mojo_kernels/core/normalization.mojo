@@ -39,24 +39,30 @@ struct _NormRows[dtype: DType, fused: Bool](ChunkTask):
 
             vectorize[F32_WIDTH](self.cols, add)
             src = res_out
-        var acc = SIMD[F32, F32_WIDTH](0)
-        var tail = Float32(0)
+        rms_norm_row[Self.dtype](y, base, src, base, w, self.cols, self.eps)
 
-        def square[width: Int](i: Int) {mut acc, mut tail, var src, var base}:
-            var v = load_f32[Self.dtype, width](src, base + i)
-            comptime if width == F32_WIDTH:
-                acc += rebind[SIMD[F32, F32_WIDTH]](v * v)
-            else:
-                tail += (v * v).reduce_add()
 
-        vectorize[F32_WIDTH](self.cols, square)
-        var inv = rsqrt((acc.reduce_add() + tail) / Float32(self.cols) + self.eps)
+@always_inline
+def rms_norm_row[dtype: DType](y: Ptr[dtype], y_base: Int, x: Ptr[dtype], x_base: Int, w: Ptr[dtype], cols: Int, eps: Float32):
+    """y[y_base : y_base + cols] = rms_norm(x[x_base : x_base + cols]) * w."""
+    var acc = SIMD[F32, F32_WIDTH](0)
+    var tail = Float32(0)
 
-        def scale[width: Int](i: Int) {var y, var src, var w, var base, var inv}:
-            var v = load_f32[Self.dtype, width](src, base + i) * inv
-            y.unsafe_store(base + i, narrow[Self.dtype, width](v * load_f32[Self.dtype, width](w, i)))
+    def square[width: Int](i: Int) {mut acc, mut tail, var x, var x_base}:
+        var v = load_f32[dtype, width](x, x_base + i)
+        comptime if width == F32_WIDTH:
+            acc += rebind[SIMD[F32, F32_WIDTH]](v * v)
+        else:
+            tail += (v * v).reduce_add()
 
-        vectorize[F32_WIDTH](self.cols, scale)
+    vectorize[F32_WIDTH](cols, square)
+    var inv = rsqrt((acc.reduce_add() + tail) / Float32(cols) + eps)
+
+    def scale[width: Int](i: Int) {var y, var y_base, var x, var x_base, var w, var inv}:
+        var v = load_f32[dtype, width](x, x_base + i) * inv
+        y.unsafe_store(y_base + i, narrow[dtype, width](v * load_f32[dtype, width](w, i)))
+
+    vectorize[F32_WIDTH](cols, scale)
 
 
 def norm_rows_cpu[dtype: DType, fused: Bool, R: Runner](

@@ -54,21 +54,29 @@ struct _RopeTokens[dtype: DType](ChunkTask):
         self.scale, self.q_heads, self.k_heads, self.head_dim = scale, q_heads, k_heads, head_dim
 
     def run(self, t: Int):
-        var qo, ko, q, k, inv_freq = ptr(self.qo), ptr(self.ko), ptr(self.q), ptr(self.k), ptr(self.inv_freq)
-        var scale, q_heads, k_heads, head_dim = self.scale, self.q_heads, self.k_heads, self.head_dim
-        var half = head_dim // 2
-        var p = self.pos.unsafe_load(t).cast[F32]()
+        rope_token[Self.dtype](ptr(self.qo), ptr(self.ko), ptr(self.q), ptr(self.k), t * self.q_heads * self.head_dim,
+                               t * self.k_heads * self.head_dim, self.pos.unsafe_load(t).cast[F32](), ptr(self.inv_freq),
+                               self.scale, self.q_heads, self.k_heads, self.head_dim)
 
-        def chunk[width: Int](i: Int) {var qo, var ko, var q, var k, var inv_freq, var scale, var q_heads, var k_heads, var head_dim, var half, var p, var t}:
-            var angle = inv_freq.unsafe_load[width=width](i) * p
-            var c = cos(angle) * scale
-            var s = sin(angle) * scale
-            for h in range(q_heads):
-                _rotate[Self.dtype, width](qo, q, (t * q_heads + h) * head_dim + i, half, c, s)
-            for h in range(k_heads):
-                _rotate[Self.dtype, width](ko, k, (t * k_heads + h) * head_dim + i, half, c, s)
 
-        vectorize[F32_WIDTH](half, chunk)
+@always_inline
+def rope_token[dtype: DType](
+    qo: Ptr[dtype], ko: Ptr[dtype], q: Ptr[dtype], k: Ptr[dtype], q_base: Int, k_base: Int, p: Float32,
+    inv_freq: Ptr[F32], scale: Float32, q_heads: Int, k_heads: Int, head_dim: Int,
+):
+    """One token's q heads at q[q_base:] and k heads at k[k_base:], rotated to position p (in place if qo == q)."""
+    var half = head_dim // 2
+
+    def chunk[width: Int](i: Int) {var qo, var ko, var q, var k, var q_base, var k_base, var p, var inv_freq, var scale, var q_heads, var k_heads, var head_dim, var half}:
+        var angle = inv_freq.unsafe_load[width=width](i) * p
+        var c = cos(angle) * scale
+        var s = sin(angle) * scale
+        for h in range(q_heads):
+            _rotate[dtype, width](qo, q, q_base + h * head_dim + i, half, c, s)
+        for h in range(k_heads):
+            _rotate[dtype, width](ko, k, k_base + h * head_dim + i, half, c, s)
+
+    vectorize[F32_WIDTH](half, chunk)
 
 
 def rope_cpu[dtype: DType, R: Runner](

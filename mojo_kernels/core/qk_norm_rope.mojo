@@ -1,0 +1,165 @@
+# Qwen3's attention inputs in one op, from the fused projection's output qkv[T, (Hq + 2 Hk) * D]:
+#   q[T, Hq, D] = rope(head_rms_norm(q part, q_norm))                          the op's output
+#   k = rope(head_rms_norm(k part, k_norm)), v                                written into the paged caches
+# at slot_mapping[t] (a negative slot is skipped), as three slices, two head_rms_norm, rope and store_kv would do,
+# rounded to dtype between the steps as they are. One op instead of seven: on a CPU each op of a graph costs its
+# own dispatch and its own pass over the data.
+from extensibility import register, InputTensor, OutputTensor
+from extensibility import _MutableInputTensor as MutableInputTensor
+from max.gpu.host import DeviceContext
+from max.gpu import thread_idx, block_idx
+from std.algorithm import vectorize
+from std.math import cos, sin, rsqrt
+
+from ..utils.parallel import ChunkTask, MojoThreads, Runner
+from ..utils.types import addr, ptr, load_f32, narrow, Addr, F32, F32_WIDTH, Ptr, GPU_BLOCK, SERIAL_ELEMENTS, check_same
+from .normalization import rms_norm_row
+from .rope import rope_token, _reduced_angle
+
+
+struct _QkTokens[dtype: DType](ChunkTask):
+    var q: Addr[Self.dtype]
+    var k_cache: Addr[Self.dtype]
+    var v_cache: Addr[Self.dtype]
+    var qkv: Addr[Self.dtype]
+    var q_norm: Addr[Self.dtype]
+    var k_norm: Addr[Self.dtype]
+    var pos: Addr[DType.int32]
+    var inv_freq: Addr[F32]
+    var slots: Addr[DType.int32]
+    var eps: Float32
+    var scale: Float32
+    var q_heads: Int
+    var k_heads: Int
+    var head_dim: Int
+
+    def __init__(out self, q: Ptr[Self.dtype], k_cache: Ptr[Self.dtype], v_cache: Ptr[Self.dtype], qkv: Ptr[Self.dtype],
+                 q_norm: Ptr[Self.dtype], k_norm: Ptr[Self.dtype], pos: Ptr[DType.int32], inv_freq: Ptr[F32],
+                 slots: Ptr[DType.int32], eps: Float32, scale: Float32, q_heads: Int, k_heads: Int, head_dim: Int):
+        self.q, self.k_cache, self.v_cache, self.qkv = addr(q), addr(k_cache), addr(v_cache), addr(qkv)
+        self.q_norm, self.k_norm, self.pos, self.inv_freq, self.slots = addr(q_norm), addr(k_norm), addr(pos), addr(inv_freq), addr(slots)
+        self.eps, self.scale, self.q_heads, self.k_heads, self.head_dim = eps, scale, q_heads, k_heads, head_dim
+
+    def run(self, t: Int):
+        var q, k_cache, v_cache, qkv = ptr(self.q), ptr(self.k_cache), ptr(self.v_cache), ptr(self.qkv)
+        var hq, hk, d = self.q_heads, self.k_heads, self.head_dim
+        var src = t * (hq + 2 * hk) * d
+        var q_base = t * hq * d
+        for h in range(hq):
+            rms_norm_row[Self.dtype](q, q_base + h * d, qkv, src + h * d, ptr(self.q_norm), d, self.eps)
+        var slot = Int(self.slots.unsafe_load(t))
+        var kv_base = max(slot, 0) * hk * d
+        var stored_k_heads = hk if slot >= 0 else 0
+        for h in range(stored_k_heads):
+            rms_norm_row[Self.dtype](k_cache, kv_base + h * d, qkv, src + (hq + h) * d, ptr(self.k_norm), d, self.eps)
+        rope_token[Self.dtype](q, k_cache, q, k_cache, q_base, kv_base, self.pos.unsafe_load(t).cast[F32](),
+                               ptr(self.inv_freq), self.scale, hq, stored_k_heads, d)
+        if slot < 0:
+            return
+        var v_src = src + (hq + hk) * d
+
+        def copy[width: Int](i: Int) {var v_cache, var qkv, var kv_base, var v_src}:
+            v_cache.unsafe_store(kv_base + i, qkv.unsafe_load[width=width](v_src + i))
+
+        vectorize[F32_WIDTH](hk * d, copy)
+
+
+def qk_norm_rope_store_cpu[dtype: DType, R: Runner](
+    runner: R, q: Ptr[dtype], k_cache: Ptr[dtype], v_cache: Ptr[dtype], qkv: Ptr[dtype], q_norm: Ptr[dtype],
+    k_norm: Ptr[dtype], pos: Ptr[DType.int32], inv_freq: Ptr[F32], slots: Ptr[DType.int32], eps: Float32, scale: Float32,
+    tokens: Int, q_heads: Int, k_heads: Int, head_dim: Int,
+):
+    var task = _QkTokens[dtype](q, k_cache, v_cache, qkv, q_norm, k_norm, pos, inv_freq, slots, eps, scale, q_heads,
+                                k_heads, head_dim)
+    runner.run(task, tokens, tokens * (q_heads + 2 * k_heads) * head_dim <= SERIAL_ELEMENTS)
+
+
+def _qk_norm_rope_store_gpu[dtype: DType](
+    q: Ptr[dtype], k_cache: Ptr[dtype], v_cache: Ptr[dtype], qkv: Ptr[dtype], q_norm: Ptr[dtype], k_norm: Ptr[dtype],
+    pos: Ptr[DType.int32], inv_freq: Ptr[F32], slots: Ptr[DType.int32], eps: Ptr[F32], scale: Ptr[F32],
+    q_heads: Int32, k_heads: Int32, head_dim: Int32,
+):
+    """A block per token, a thread per q / k head (its norm, then its rotation) and per element of v."""
+    var t = Int(block_idx.x)
+    var hq, hk, d = Int(q_heads), Int(k_heads), Int(head_dim)
+    var half = d // 2
+    var src = t * (hq + 2 * hk) * d
+    var slot = Int(slots.unsafe_load(t))
+    var p = pos.unsafe_load(t).cast[F32]()
+    var sc = scale.unsafe_load(0)
+    for h in range(Int(thread_idx.x), hq + hk, GPU_BLOCK):
+        var is_q = h < hq
+        if not is_q and slot < 0:
+            continue
+        var x = src + h * d
+        var w = q_norm if is_q else k_norm
+        var dst = q if is_q else k_cache
+        var y = (t * hq + h) * d if is_q else (slot * hk + h - hq) * d
+        var squares = Float32(0)
+        for i in range(d):
+            var v = qkv.unsafe_load(x + i).cast[F32]()
+            squares += v * v
+        var inv = rsqrt(squares / Float32(d) + eps.unsafe_load(0))
+        for i in range(half):  # each value rounded to dtype after the norm, as head_rms_norm stores it
+            var x1 = (qkv.unsafe_load(x + i).cast[F32]() * inv * w.unsafe_load(i).cast[F32]()).cast[dtype]().cast[F32]()
+            var x2 = (qkv.unsafe_load(x + i + half).cast[F32]() * inv * w.unsafe_load(i + half).cast[F32]()).cast[dtype]().cast[F32]()
+            var angle = _reduced_angle(inv_freq.unsafe_load(i) * p)
+            var c, s = cos(angle) * sc, sin(angle) * sc
+            dst.unsafe_store(y + i, (x1 * c - x2 * s).cast[dtype]())
+            dst.unsafe_store(y + i + half, (x2 * c + x1 * s).cast[dtype]())
+    if slot >= 0:
+        for i in range(Int(thread_idx.x), hk * d, GPU_BLOCK):
+            v_cache.unsafe_store(slot * hk * d + i, qkv.unsafe_load(src + (hq + hk) * d + i))
+
+
+def check_qk_norm_rope_store(tokens: Int, qkv_cols: Int, q_tokens: Int, q_heads: Int, head_dim: Int, k_heads: Int,
+                             cache_head_dim: Int, q_norm_size: Int, k_norm_size: Int, num_positions: Int,
+                             inv_freq_size: Int, num_slots: Int) raises:
+    comptime what = "qk_norm_rope_store"
+    check_same[what](q_tokens, tokens, "q tokens", "qkv tokens")
+    check_same[what](cache_head_dim, head_dim, "cache head_dim", "q head_dim")
+    check_same[what](qkv_cols, (q_heads + 2 * k_heads) * head_dim, "qkv columns", "(q heads + 2 * cache heads) * head_dim")
+    check_same[what](q_norm_size, head_dim, "q_norm size", "head_dim")
+    check_same[what](k_norm_size, head_dim, "k_norm size", "head_dim")
+    check_same[what](num_positions, tokens, "positions", "tokens")
+    check_same[what](inv_freq_size * 2, head_dim, "2 * inv_freq size", "head_dim")
+    check_same[what](num_slots, tokens, "slot_mapping size", "tokens")
+
+
+@register("mili_qk_norm_rope_store")
+struct QkNormRopeStore:
+    @staticmethod
+    def execute[dtype: DType, //, target: StaticString](
+        q: OutputTensor[dtype=dtype, rank=3, ...],
+        k_cache: MutableInputTensor[dtype=dtype, rank=4, ...],
+        v_cache: MutableInputTensor[dtype=dtype, rank=4, ...],
+        qkv: InputTensor[dtype=dtype, rank=2, ...],
+        q_norm: InputTensor[dtype=dtype, rank=1, ...],
+        k_norm: InputTensor[dtype=dtype, rank=1, ...],
+        eps: InputTensor[dtype=DType.float32, rank=1, ...],
+        positions: InputTensor[dtype=DType.int32, rank=1, ...],
+        inv_freq: InputTensor[dtype=DType.float32, rank=1, ...],
+        scale: InputTensor[dtype=DType.float32, rank=1, ...],
+        slot_mapping: InputTensor[dtype=DType.int32, rank=1, ...],
+        ctx: DeviceContext,
+    ) raises:
+        var tokens, q_heads, head_dim, k_heads = qkv.dim_size[0](), q.dim_size[1](), q.dim_size[2](), k_cache.dim_size[2]()
+        check_qk_norm_rope_store(tokens, qkv.dim_size[1](), q.dim_size[0](), q_heads, head_dim, k_heads,
+                                 k_cache.dim_size[3](), q_norm.dim_size[0](), k_norm.dim_size[0](),
+                                 positions.dim_size[0](), inv_freq.dim_size[0](), slot_mapping.dim_size[0]())
+        if tokens == 0:
+            return
+        comptime if target == "cpu":
+            qk_norm_rope_store_cpu[dtype](
+                MojoThreads(ctx), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), qkv.unsafe_ptr(),
+                q_norm.unsafe_ptr(), k_norm.unsafe_ptr(), positions.unsafe_ptr(), inv_freq.unsafe_ptr(),
+                slot_mapping.unsafe_ptr(), eps.unsafe_ptr().unsafe_load(0), scale.unsafe_ptr().unsafe_load(0), tokens,
+                q_heads, k_heads, head_dim,
+            )
+        else:
+            ctx.enqueue_function[_qk_norm_rope_store_gpu[dtype]](
+                q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), qkv.unsafe_ptr(), q_norm.unsafe_ptr(),
+                k_norm.unsafe_ptr(), positions.unsafe_ptr(), inv_freq.unsafe_ptr(), slot_mapping.unsafe_ptr(),
+                eps.unsafe_ptr(), scale.unsafe_ptr(), Int32(q_heads), Int32(k_heads), Int32(head_dim),
+                grid_dim=tokens, block_dim=GPU_BLOCK,
+            )
