@@ -251,15 +251,22 @@ def relu(x: torch.Tensor) -> torch.Tensor:
 # ---- KV cache -----------------------------------------------------------------------------------------------
 
 _CACHE = B(SAME, "P", "S", "Hk", "D")
+
+
+def _check_cache_writes(op: str, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """The kernels write the caches in place at these slots: they must be contiguous and hold every slot."""
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError(f"{op} writes the caches in place: they must be contiguous")
+    capacity = k_cache.shape[0] * k_cache.shape[1]
+    if slot_mapping.numel() and int(slot_mapping.max()) >= capacity:
+        raise IndexError(f"{op}: slot {int(slot_mapping.max())} is outside the cache ({capacity} slots)")
+
+
 _STORE_KV = CompiledOp(graph.store_kv, [], [T(SAME, "T", "Hk", "D"), T(SAME, "T", "Hk", "D"), _CACHE, _CACHE, T(I32, "T")])
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("store_kv writes the caches in place: they must be contiguous")
-    capacity = k_cache.shape[0] * k_cache.shape[1]
-    if slot_mapping.numel() and int(slot_mapping.max()) >= capacity:
-        raise IndexError(f"store_kv: slot {int(slot_mapping.max())} is outside the cache ({capacity} slots)")
+    _check_cache_writes("store_kv", k_cache, v_cache, slot_mapping)
     _STORE_KV(_c(k.to(k_cache.dtype)), _c(v.to(v_cache.dtype)), k_cache, v_cache, _i32(slot_mapping))
 
 
@@ -273,15 +280,11 @@ _QK_NORM_ROPE_STORE = CompiledOp(
 def qk_norm_rope_store(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float, positions: torch.Tensor,
                        inv_freq: torch.Tensor, scale: float, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        slot_mapping: torch.Tensor) -> torch.Tensor:
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("qk_norm_rope_store writes the caches in place: they must be contiguous")
+    _check_cache_writes("qk_norm_rope_store", k_cache, v_cache, slot_mapping)
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     if qkv.dim() != 2 or qkv.shape[1] % head_dim or qkv.shape[1] // head_dim <= 2 * kv_heads:
         raise ValueError(f"qk_norm_rope_store: qkv must be [tokens, (q heads + 2 * {kv_heads}) * {head_dim}] for these "
                          f"caches, got {tuple(qkv.shape)}")
-    capacity = k_cache.shape[0] * k_cache.shape[1]
-    if slot_mapping.numel() and int(slot_mapping.max()) >= capacity:
-        raise IndexError(f"qk_norm_rope_store: slot {int(slot_mapping.max())} is outside the cache ({capacity} slots)")
     q = qkv.new_empty((qkv.shape[0], qkv.shape[1] // head_dim - 2 * kv_heads, head_dim))
     _QK_NORM_ROPE_STORE(q, _c(qkv), _c(q_norm), _c(k_norm), _scalar(eps, qkv), _i32(positions),
                         _c(inv_freq.float().to(qkv.device)), _scalar(scale, qkv), k_cache, v_cache, _i32(slot_mapping))
