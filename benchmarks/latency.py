@@ -6,7 +6,10 @@ The definition, shared with benchmarks/peers/run.py (which times llama.cpp and t
 - decode: greedy, 128 new tokens per sequence, 32-token prompts, batch 1 and 8 (8 different prompts);
   tok/s = batch * (128 - 1) / (seconds from the moment every sequence has its first token until the last token),
   so the prompts' processing is left out;
-- prompts: random token ids in [1000, 100000) from a fixed seed; the median of 3 runs after one warm-up run.
+- prompts: random token ids in [1000, 100000) from a fixed seed; the median of 3 runs after one warm-up run;
+- the systems (here each weight format) are loaded together and their runs interleaved: each timed run of a
+  figure goes round all of them in turn, so a drift of the machine's speed (a shared VM's memory bandwidth moves
+  by 10-15% over minutes) lands on all of them alike instead of on whichever ran during it.
 The engine runs float32 activations with the weights in --weight-dtypes, prefix caching off (every run
 computes its prompt). Prints a table and writes JSON under benchmarks/results/."""
 
@@ -17,12 +20,17 @@ import os
 import random
 import statistics
 import time
+import traceback
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from common import model_path, print_table, write_json
 
 from python_layer import InferenceEngine, SamplingParams
 
+SETTLE_S = 1.0
+"""Pause before each run: the previous system's threads keep spinning for a while after its run (MAX's runtime
+threads used both cores for ~0.3 s after a MILI step, measured), which would slow the next system down."""
 # bits per weight of the linear layers (int8 and fp8: plus a float32 scale per row and 128 columns)
 MILI_BITS = {"float32": 32, "bfloat16": 16, "int8": 8.25, "fp8": 8.25}
 
@@ -67,25 +75,54 @@ def decode_tok_s(batch: int, new_tokens: int, seconds: float) -> float:
     return batch * (new_tokens - 1) / seconds
 
 
-def median_of(runs: int, once: Callable[[], float]) -> tuple[float, list[float]]:
-    """One warm-up call, then `runs` timed calls: (median, all)."""
-    once()
-    samples = [once() for _ in range(runs)]
-    return statistics.median(samples), samples
-
-
-def figures(args: argparse.Namespace, prefill: Callable[[list[int]], float],
-            decode: Callable[[list[list[int]]], float]) -> dict:
-    """prefill_s and decode_b{b}_tok_s (medians) of a system given its two timed runs: prefill(prompt) -> seconds
+@dataclass
+class Subject:
+    """A system under test, loaded: its row of the table so far and its two timed runs. prefill(prompt) -> seconds
     to the first token; decode(prompts) -> seconds from every sequence's first token to the last token."""
-    row: dict = {}
-    row["prefill_s"], row["prefill_runs"] = median_of(args.runs, lambda: prefill(prefill_prompt(args)))
+
+    row: dict
+    prefill: Callable[[list[int]], float]
+    decode: Callable[[list[list[int]]], float]
+    close: Callable[[], None] = lambda: None
+
+    @property
+    def name(self) -> str:
+        return f"{self.row['system']} {self.row['format']}"
+
+
+def measure(args: argparse.Namespace, subjects: list[Subject]) -> list[str]:
+    """Fills in every subject's prefill_s and decode_b{b}_tok_s (medians of args.runs after a warm-up run), the
+    runs of each figure interleaved across the subjects. A subject that raises is reported, dropped from the
+    remaining runs and its name returned; the others go on."""
     prompts = decode_prompts(args)
-    for b in batch_sizes(args):
-        seconds, runs = median_of(args.runs, lambda b=b: decode(prompts[:b]))
-        row[f"decode_b{b}_tok_s"] = decode_tok_s(b, args.new_tokens, seconds)
-        row[f"decode_b{b}_runs_s"] = runs
-    return row
+    figures: list[tuple[str, Callable[[Subject], float]]] = [("prefill", lambda s: s.prefill(prefill_prompt(args)))]
+    figures += [(f"decode_b{b}", lambda s, b=b: s.decode(prompts[:b])) for b in batch_sizes(args)]
+    failed: list[str] = []
+    live = list(subjects)
+    for figure, once in figures:
+        samples: dict[int, list[float]] = {id(s): [] for s in live}
+        for run in range(args.runs + 1):  # run 0: the warm-up
+            for s in list(live):
+                time.sleep(SETTLE_S)
+                try:
+                    seconds = once(s)
+                except Exception:  # one system failing must not lose the others' figures
+                    traceback.print_exc()
+                    failed.append(s.name)
+                    live.remove(s)
+                    continue
+                if run > 0:
+                    samples[id(s)].append(seconds)
+        for s in live:
+            runs = samples[id(s)]
+            if figure == "prefill":
+                s.row["prefill_s"], s.row["prefill_runs"] = statistics.median(runs), runs
+            else:
+                b = int(figure[len("decode_b"):])
+                s.row[f"{figure}_tok_s"] = decode_tok_s(b, args.new_tokens, statistics.median(runs))
+                s.row[f"{figure}_runs_s"] = runs
+        print(f"{figure}: " + ", ".join(f"{s.name} {statistics.median(samples[id(s)]):.4g} s" for s in live), flush=True)
+    return failed
 
 
 # ---- MILI ---------------------------------------------------------------------------------------------------
@@ -110,12 +147,12 @@ def _run_requests(engine: InferenceEngine, prompts: Sequence[list[int]], max_tok
     return started, max(first.values()), now
 
 
-def measure_mili(path: str, weight_dtype: str, args: argparse.Namespace) -> dict:
-    """MILI on the CPU (float32 activations, weights in weight_dtype): load_s, prefill_s, decode_b{b}_tok_s."""
+def open_mili(path: str, weight_dtype: str, args: argparse.Namespace) -> Subject:
+    """MILI on the CPU: float32 activations, weights in weight_dtype, a KV pool just big enough for the runs."""
     started = time.perf_counter()
     engine = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", weight_dtype=weight_dtype,
                                              enable_prefix_caching=False, max_num_seqs=max(8, *batch_sizes(args)),
-                                             max_num_batched_tokens=max(2048, args.prefill_len))
+                                             max_num_batched_tokens=max(2048, args.prefill_len), kv_cache_memory_gb=0.5)
     load_s = time.perf_counter() - started
 
     def prefill(prompt: list[int]) -> float:
@@ -126,9 +163,21 @@ def measure_mili(path: str, weight_dtype: str, args: argparse.Namespace) -> dict
         _, first, last = _run_requests(engine, prompts, args.new_tokens)
         return last - first
 
-    row = dict(system="mili", format=weight_dtype, bits=MILI_BITS.get(weight_dtype, ""), load_s=load_s)
-    row.update(figures(args, prefill, decode))
-    return row
+    return Subject(dict(system="mili", format=weight_dtype, bits=MILI_BITS.get(weight_dtype, ""), load_s=load_s),
+                   prefill, decode)
+
+
+def open_all(openers: list[tuple[str, Callable[[], Subject]]]) -> tuple[list[Subject], list[str]]:
+    """Loads each system in turn: (the loaded ones, the names of those that failed to load)."""
+    subjects, failed = [], []
+    for name, opener in openers:
+        print(f"loading {name} ...", flush=True)
+        try:
+            subjects.append(opener())
+        except Exception:
+            traceback.print_exc()
+            failed.append(name)
+    return subjects, failed
 
 
 COLUMNS = ["system", "format", "bits", "load_s", "prefill_s"]
@@ -146,14 +195,14 @@ def main(argv: list[str] | None = None) -> int:
 
     path = model_path(args.model)
     load = check_idle()
-    rows = []
-    for weight_dtype in args.weight_dtypes.split(","):
-        rows.append(measure_mili(path, weight_dtype, args))
-        print(", ".join(f"{k} {v:.4g}" for k, v in rows[-1].items() if k in columns(args) and isinstance(v, float)),
-              f"({weight_dtype})", flush=True)
+    subjects, failed = open_all([(f"mili {w}", lambda w=w: open_mili(path, w, args)) for w in args.weight_dtypes.split(",")])
+    failed += measure(args, subjects)
+    rows = [s.row for s in subjects if s.name not in failed]
     print_table(rows, columns(args))
-    write_json("latency", dict(vars(args), model=path, load_average=load), rows)
-    return 0
+    if failed:
+        print(f"\nfailed: {', '.join(failed)}")
+    write_json("latency", dict(vars(args), model=path, load_average=load, failed=failed), rows)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

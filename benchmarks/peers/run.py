@@ -1,11 +1,13 @@
 """MILI beside its peers on the CPU, one run, one benchmark definition (benchmarks/latency.py's: prefill of one
 512-token prompt; greedy decode of 128 tokens from 32-token prompts at batch 1 and 8; medians of 3 runs after a
 warm-up; 2 threads everywhere):
-- MILI in each weight format (float32 activations; latency.measure_mili);
+- MILI in each weight format (float32 activations; latency.open_mili);
 - llama.cpp (llama-cpp-python built from source for this CPU by setup.sh) on GGUFs written by llama.cpp's own
   convert_hf_to_gguf.py from the same checkpoint: f32, bf16, q8_0; timed through its low-level API
   (llama_decode on one llama_batch per step: the batch's prompts together, then one token per sequence);
 - transformers in bfloat16 (one forward for the prompts, then a greedy loop on its KV cache).
+Every system is loaded first, then each timed run goes round all of them in turn (latency.measure), so the
+ratios compare runs taken minutes, not half an hour, apart.
 
   bash benchmarks/peers/setup.sh          # once: build llama-cpp-python, convert the checkpoint
   mili bench peers [--systems mili,llama,transformers] [--mili-weight-dtypes float32,bfloat16,int8,fp8]
@@ -17,10 +19,8 @@ each; above 1 means MILI is faster) and writes JSON under benchmarks/results/. N
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Callable
 
@@ -103,7 +103,7 @@ class LlamaCpp:
         return started, first, time.perf_counter()
 
 
-def measure_llama(gguf: Path, args: argparse.Namespace) -> dict:
+def open_llama(gguf: Path, args: argparse.Namespace) -> latency.Subject:
     started = time.perf_counter()
     per_seq = max(args.prefill_len + 1, args.prompt_len + args.new_tokens)
     n_seq = max(latency.batch_sizes(args))
@@ -118,17 +118,13 @@ def measure_llama(gguf: Path, args: argparse.Namespace) -> dict:
         _, first, last = llama.run(prompts, args.new_tokens)
         return last - first
 
-    try:
-        row = dict(system="llama.cpp", format=gguf.stem, bits=round(llama.bits, 2), load_s=load_s)
-        row.update(latency.figures(args, prefill, decode))
-    finally:
-        llama.close()
-    return row
+    row = dict(system="llama.cpp", format=gguf.stem, bits=round(llama.bits, 2), load_s=load_s)
+    return latency.Subject(row, prefill, decode, llama.close)
 
 
 # ---- transformers -------------------------------------------------------------------------------------------
 
-def measure_transformers(path: str, args: argparse.Namespace) -> dict:
+def open_transformers(path: str, args: argparse.Namespace) -> latency.Subject:
     from transformers import AutoModelForCausalLM
 
     started = time.perf_counter()
@@ -156,9 +152,7 @@ def measure_transformers(path: str, args: argparse.Namespace) -> dict:
         _, first, last = run(prompts, args.new_tokens)
         return last - first
 
-    row = dict(system="transformers", format="bfloat16", bits=16, load_s=load_s)
-    row.update(latency.figures(args, prefill, decode))
-    return row
+    return latency.Subject(dict(system="transformers", format="bfloat16", bits=16, load_s=load_s), prefill, decode)
 
 
 # ---- the table ----------------------------------------------------------------------------------------------
@@ -207,32 +201,26 @@ def main(argv: list[str] | None = None) -> int:
     gguf_dir = Path(args.gguf_dir) if args.gguf_dir else PEERS / "gguf" / Path(path).name
     systems = args.systems.split(",")
     load = latency.check_idle()
-    jobs: list[tuple[str, Callable[[], dict]]] = []
+    openers: list[tuple[str, Callable[[], latency.Subject]]] = []
     if "mili" in systems:
-        jobs += [(f"mili {w}", lambda w=w: latency.measure_mili(path, w, args)) for w in args.mili_weight_dtypes.split(",")]
+        openers += [(f"mili {w}", lambda w=w: latency.open_mili(path, w, args)) for w in args.mili_weight_dtypes.split(",")]
     if "llama" in systems:
         import_llama_cpp()
         for t in args.llama_types.split(","):
             if not (gguf_dir / f"{t}.gguf").is_file():
                 raise SystemExit(f"{gguf_dir / f'{t}.gguf'} is missing: convert the checkpoint with\n"
                                  f"  bash {HERE / 'setup.sh'} {path}")
-        jobs += [(f"llama.cpp {t}", lambda t=t: measure_llama(gguf_dir / f"{t}.gguf", args)) for t in args.llama_types.split(",")]
+        openers += [(f"llama.cpp {t}", lambda t=t: open_llama(gguf_dir / f"{t}.gguf", args)) for t in args.llama_types.split(",")]
     if "transformers" in systems:
-        jobs.append(("transformers bfloat16", lambda: measure_transformers(path, args)))
+        openers.append(("transformers bfloat16", lambda: open_transformers(path, args)))
 
-    rows, failed = [], []
-    for name, job in jobs:
-        print(f"{name} ...", flush=True)
-        try:
-            rows.append(job())
-        except Exception:  # one system failing must not lose the others' figures
-            traceback.print_exc()
-            failed.append(name)
-            continue
-        finally:
-            gc.collect()
-        print("  " + ", ".join(f"{k} {rows[-1][k]:.4g}" for k in latency.columns(args)[3:]), flush=True)
-
+    subjects, failed = latency.open_all(openers)
+    try:
+        failed += latency.measure(args, subjects)
+    finally:
+        for s in subjects:
+            s.close()
+    rows = [s.row for s in subjects if s.name not in failed]
     print()
     print_table(rows, latency.columns(args))
     ratios = ratio_rows(rows, args)
