@@ -46,9 +46,40 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def serve_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mili serve")
+    _add_serve_arguments(parser)
+    return parser
+
+
+def _explicit_flags(serve_argv: List[str]) -> set:
+    """The options given on the command line (they win over a config file)."""
+    parser = serve_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(serve_argv)))
+
+
 def _serve(args: argparse.Namespace) -> int:
+    import json
+
+    from .server import config_file
     from .server.launcher import serve
 
+    if args.config:
+        config_file.apply(args, serve_parser(), args.explicit, args.config)
+    args.model = args.model or None  # --model "": the built-in model (a container's default /model overridden)
+    config_file.check_options(args)
+    # the file's model config: checked against the checkpoint's, or the shape of random weights to serve
+    model_config = config_file.model_config_for(args, args.config) if args.config else None
+    args.random_model = model_config if model_config is not None and not args.model else None
+    if args.print_config:
+        print(json.dumps(config_file.merged(args, serve_parser()), indent=2))
+        return 0
+    if args.replicas > 1:
+        from .server.replicas import serve_replicas
+
+        return serve_replicas(args, args.serve_argv)
     return serve(args)
 
 
@@ -59,6 +90,9 @@ def _add_weight_dtype(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help="options from a JSON or YAML file (python_layer/server/config_file.py); flags given here win")
+    parser.add_argument("--print-config", action="store_true", help="print the merged configuration and exit")
     parser.add_argument("--model", default=None, help="checkpoint directory or Hugging Face id (default: the built-in random-weight model)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
@@ -72,8 +106,9 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queue-len", type=int, default=256,
                         help="requests waiting beyond the running batch; more are answered 503")
     parser.add_argument("--max-model-len", type=int, default=None, help="context length (default: what the KV pool and model allow)")
+    parser.add_argument("--page-size", type=int, default=16, help="tokens per KV cache page (a power of two up to 256)")
     kv = parser.add_mutually_exclusive_group()
-    kv.add_argument("--kv-pages", type=int, default=None, help="KV cache pages of 16 tokens")
+    kv.add_argument("--kv-pages", type=int, default=None, help="KV cache pages of --page-size tokens")
     kv.add_argument("--kv-cache-memory-gb", type=float, default=2.0, help="KV cache size in GiB (the default sizing)")
     kv.add_argument("--kv-memory-fraction", type=float, default=None,
                     help="KV cache size as a fraction of the memory free after the weights loaded")
@@ -82,6 +117,8 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="seconds in-flight requests get to finish after SIGINT/SIGTERM before they are aborted")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="N workers (ports PORT+1..PORT+N) behind SGLang's router on --host/--port (pip install -e '.[replicas]')")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,7 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        args.serve_argv = argv[argv.index("serve") + 1:]
+        args.explicit = _explicit_flags(args.serve_argv)
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as e:

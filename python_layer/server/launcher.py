@@ -22,6 +22,7 @@ from ..inference.metrics import EngineMetrics
 from ..inference.sampling_params import SamplingParams
 from ..model.loader import load_model
 from .app import build_app
+from .config_file import ensure_random_model, random_model_dir
 from .state import ServerConfig
 
 
@@ -50,18 +51,24 @@ def _phase(name: str, interval: float = 10.0) -> Iterator[None]:
         print(f"{end}{status} in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
 
 
-def served_name(model: Optional[str]) -> str:
-    return Path(model).name if model else "mili-builtin"
+def served_name(args: argparse.Namespace) -> str:
+    if args.model:
+        return Path(args.model).name
+    return random_model_dir(args.random_model).name if args.random_model else "mili-builtin"
 
 
 def make_loader(args: argparse.Namespace) -> Callable[[EngineMetrics], AsyncEngine]:
     def load(metrics: EngineMetrics) -> AsyncEngine:
-        model = load_model(args.model, device=args.device, dtype=args.dtype, backend=args.backend, on_phase=_phase,
+        path = args.model
+        if args.random_model is not None:  # a config file's model config, without a checkpoint
+            with _phase("generating random weights of the config file's model shape"):
+                path = ensure_random_model(args.random_model)
+        model = load_model(path, device=args.device, dtype=args.dtype, backend=args.backend, on_phase=_phase,
                            weight_dtype=args.weight_dtype)
         with _phase("allocating the KV cache and warming up"):
             engine = InferenceEngine(model, num_kv_pages=args.kv_pages, kv_cache_memory_gb=_kv_memory_gb(args),
-                                     max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                                     max_num_batched_tokens=args.max_num_batched_tokens)
+                                     page_size=args.page_size, max_model_len=args.max_model_len,
+                                     max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
             engine.generate([[0, 1]], SamplingParams(max_tokens=2, ignore_eos=True))
         print(f"[mili] serving {args.served_model_name} on http://{args.host}:{args.port} "
               f"(max_model_len {engine.max_model_len}, {engine.kv_cache.num_pages} KV pages, "
@@ -72,10 +79,9 @@ def make_loader(args: argparse.Namespace) -> Callable[[EngineMetrics], AsyncEngi
 
 
 def _kv_memory_gb(args: argparse.Namespace) -> float:
+    """What sizes the KV pool when --kv-pages does not (config_file.check_options checked the values)."""
     if args.kv_memory_fraction is None:
         return args.kv_cache_memory_gb
-    if not 0 < args.kv_memory_fraction <= 0.95:
-        raise ValueError(f"--kv-memory-fraction must be in (0, 0.95], got {args.kv_memory_fraction}")
     if args.device.startswith("cuda"):
         import torch
 
@@ -106,9 +112,10 @@ class _Server(uvicorn.Server):
 
 def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args.served_model_name = args.served_model_name or served_name(args.model)
+    args.served_model_name = args.served_model_name or served_name(args)
     api_key = args.api_key or os.environ.get("MILI_API_KEY")
-    config = ServerConfig(model_name=args.served_model_name, api_key=api_key, max_queue_len=args.max_queue_len)
+    config = ServerConfig(model_name=args.served_model_name, api_key=api_key, max_queue_len=args.max_queue_len,
+                          sampling_defaults=getattr(args, "sampling_defaults", {}))
     server: Optional[_Server] = None
 
     def on_load_failure() -> None:

@@ -14,6 +14,7 @@ from ..inference.request import RequestOutput, new_request_id
 from ..inference.sampler import TokenLogprobs
 from ..tokenizer.chat_template import ReasoningStream
 from ..tokenizer.qwen_tokenizer import QwenTokenizer
+from ..tokenizer.tool_calls import ToolCallStream, split_tool_calls
 from .errors import ApiError
 from .protocol import ChatCompletionRequest, CompletionRequest, _OpenAIRequest
 from .sse import SSE_DONE, sse_error, sse_event
@@ -54,25 +55,35 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     state = _state(request)
     state.check_model(body.model)
     state.require_engine()
+    forced = body.forced_tool_call  # a required call is begun for the model, without thinking first
     try:
-        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
         prompt = await asyncio.to_thread(state.formatter.encode_chat, [m.template_dict() for m in body.messages],
-                                         enable_thinking=body.enable_thinking, tools=tools)
+                                         enable_thinking=body.enable_thinking and forced is None,
+                                         tools=body.offered_tools, answer_start=forced or "")
     except (jinja2.TemplateError, TypeError) as e:  # the template rejects the conversation (order of roles, ...)
         raise ApiError(400, f"messages cannot be rendered with the chat template: {e}", param="messages") from None
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     call = _Call(state, request, body, [await state.token_ids(prompt)], "chatcmpl", logprobs,
                  max_tokens=body.max_completion_tokens or body.max_tokens)
     if body.stream:
-        return StreamingResponse(call.chat_chunks(), media_type="text/event-stream")
+        return StreamingResponse(call.chat_chunks(bool(body.offered_tools), forced), media_type="text/event-stream")
     finals = await call.finals()
     choices = []
     for i, out in enumerate(finals):
         reasoning, content = ReasoningStream().feed(out.text, final=True)  # as the streamed split, in one piece
-        choices.append({"index": i, "message": {"role": "assistant", "content": content, "reasoning_content": reasoning or None},
-                        "finish_reason": out.finish_reason,
+        message = {"role": "assistant", "content": content, "reasoning_content": reasoning or None}
+        calls = []
+        if body.offered_tools:
+            message["content"], calls = split_tool_calls((forced or "") + content)
+            if calls:
+                message["tool_calls"] = [c.to_openai() for c in calls]
+        choices.append({"index": i, "message": message, "finish_reason": _finish_reason(out.finish_reason, bool(calls)),
                         "logprobs": call.chat_logprobs(out.logprobs) if body.logprobs else None})
     return call.envelope("chat.completion", choices, usage=call.usage(finals))
+
+
+def _finish_reason(reason: Optional[str], made_calls: bool) -> Optional[str]:
+    return "tool_calls" if made_calls and reason == "stop" else reason
 
 
 class _Call:
@@ -85,7 +96,7 @@ class _Call:
         self.body, self.prompts = body, prompts
         self.id, self.created = new_request_id(kind), int(time.time())
         self.model = state.config.model_name
-        defaults = engine.model.config.generation_defaults
+        defaults = {**engine.model.config.generation_defaults, **state.config.sampling_defaults}
         ids, params = [], []
         for prompt in prompts:
             limit = max_tokens or body.max_tokens or engine.max_model_len - len(prompt)
@@ -158,23 +169,40 @@ class _Call:
 
         return self._streamed(chunks(), "text_completion")
 
-    def chat_chunks(self) -> AsyncIterator[str]:
+    def chat_chunks(self, parse_tools: bool, forced: Optional[str]) -> AsyncIterator[str]:
+        """Deltas of reasoning, content and (parse_tools) tool calls: each call's id and name, then its
+        arguments; `forced`: the start of the answer that the prompt already holds."""
         async def chunks() -> AsyncIterator[dict]:
             n = len(self.stream.requests)
             started, reasoning = [False] * n, [ReasoningStream() for _ in range(n)]
+            tool_streams, calls = [ToolCallStream() for _ in range(n)], [0] * n
+            if forced:
+                for tool_stream in tool_streams:
+                    tool_stream.feed(forced)
             async for delta in self.deltas:
                 i = self.stream.index[delta.request_id]
                 if not started[i]:
                     started[i] = True
                     yield self._chat_chunk(i, {"role": "assistant", "content": ""}, None, None)
                 new_reasoning, new_content = reasoning[i].feed(delta.text, final=delta.finished)
+                new_calls = []
+                if parse_tools:
+                    new_content, new_calls = tool_streams[i].feed(new_content, final=delta.finished)
                 lp = self.chat_logprobs(delta.logprobs or []) if self.body.logprobs else None
                 for key, value in (("reasoning_content", new_reasoning), ("content", new_content)):
                     if value:
                         yield self._chat_chunk(i, {key: value}, lp, None)
                         lp = None
+                for tool_call in new_calls:
+                    head = {"index": calls[i], "id": tool_call.id, "type": "function",
+                            "function": {"name": tool_call.name, "arguments": ""}}
+                    yield self._chat_chunk(i, {"tool_calls": [head]}, lp, None)
+                    lp = None
+                    yield self._chat_chunk(i, {"tool_calls": [{"index": calls[i], "function": {"arguments": tool_call.arguments}}]},
+                                           None, None)
+                    calls[i] += 1
                 if delta.finished:
-                    yield self._chat_chunk(i, {}, lp, delta.finish_reason)
+                    yield self._chat_chunk(i, {}, lp, _finish_reason(delta.finish_reason, calls[i] > 0))
 
         return self._streamed(chunks(), "chat.completion.chunk")
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import re
 from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
@@ -55,18 +57,26 @@ class _Body(_Request):
         return value
 
 
+GENERATE_DEFAULTS = {"temperature": 1.0, "top_p": 0.95, "top_k": 50}
+
+
 class GenerateRequest(_Body):
     """POST /generate (defaults of the design documents)."""
 
     prompt: str = Field(min_length=1)
     max_tokens: int = Field(50, ge=1)
-    temperature: float = _bounded("temperature", 1.0)
-    top_p: float = _bounded("top_p", 0.95)
-    top_k: int = Field(50, ge=-1, lt=2**31)
+    temperature: Optional[float] = _bounded("temperature", None)
+    top_p: Optional[float] = _bounded("top_p", None)
+    top_k: Optional[int] = Field(None, ge=-1, lt=2**31)
     stream: bool = False
+    ignore_eos: bool = False  # as on the OpenAI routes (vLLM's extension): benchmarks and tests of output lengths
 
-    def sampling_params(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, max_tokens=self.max_tokens)
+    def sampling_params(self, server_defaults: Dict[str, Any]) -> SamplingParams:
+        """Fields left out: the server's defaults (a config file's `sampling`), else the design documents'."""
+        defaults = {**GENERATE_DEFAULTS, **server_defaults}
+        pick = lambda name: getattr(self, name) if getattr(self, name) is not None else defaults[name]
+        return SamplingParams(temperature=pick("temperature"), top_p=pick("top_p"), top_k=pick("top_k"),
+                              max_tokens=self.max_tokens, ignore_eos=self.ignore_eos)
 
 
 class StreamOptions(_Request):
@@ -172,6 +182,15 @@ class Tool(_Request):
     function: FunctionDefinition
 
 
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Optional[Union[str, List[TextPart]]] = None
@@ -200,6 +219,7 @@ class ChatCompletionRequest(_OpenAIRequest):
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=20)
     tools: Optional[List[Tool]] = None
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
     chat_template_kwargs: Optional[Dict[str, Any]] = None
 
     @model_validator(mode="after")
@@ -207,6 +227,31 @@ class ChatCompletionRequest(_OpenAIRequest):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
         return self
+
+    @model_validator(mode="after")
+    def _check_tool_choice(self) -> "ChatCompletionRequest":
+        names = [t.function.name for t in self.tools or []]
+        if self.tool_choice not in (None, "none", "auto") and not names:
+            raise ValueError("tool_choice 'required' or a named function needs tools")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            raise ValueError(f"tool_choice names function {self.tool_choice.function.name!r}, which is not among "
+                             f"the tools {names}")
+        return self
+
+    @property
+    def offered_tools(self) -> Optional[List[dict]]:
+        """The tools the chat template shows the model: none with tool_choice 'none', only the named one."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        named = self.tool_choice.function.name if isinstance(self.tool_choice, NamedToolChoice) else None
+        return [t.model_dump(exclude_none=True) for t in self.tools if named in (None, t.function.name)]
+
+    @property
+    def forced_tool_call(self) -> Optional[str]:
+        """The start of the answer when a tool call is required: the opening tag, and the named function."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return f'<tool_call>\n{{"name": {json.dumps(self.tool_choice.function.name)}, "arguments": '
+        return "<tool_call>\n" if self.tool_choice == "required" else None
 
     @property
     def enable_thinking(self) -> bool:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
-from typing import AsyncIterator, Callable, List, Optional, Sequence, Union
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence, Union
 
 from fastapi import Request
 
@@ -29,6 +29,8 @@ class ServerConfig:
     body_timeout_seconds: float = 30.0  # a body not received in full by then answers 408
     max_queue_len: int = 256
     disconnect_poll_seconds: float = 0.25
+    sampling_defaults: Dict[str, Any] = field(default_factory=dict)
+    """temperature / top_p / top_k of requests that leave them out (a config file's `sampling`)."""
 
 
 class ServerState:

@@ -74,10 +74,12 @@ class MessageFormatter:
         add_generation_prompt: bool = True,
         enable_thinking: bool = True,
         tools: Optional[List[dict]] = None,
+        answer_start: str = "",
     ) -> List[int]:
-        """The prompt token ids (what transformers' apply_chat_template(tokenize=True) gives)."""
+        """The prompt token ids (what transformers' apply_chat_template(tokenize=True) gives), followed by
+        answer_start: text the answer is made to begin with."""
         text = self.render_chat(messages, add_generation_prompt, enable_thinking, tools)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.tokenizer.encode(text + answer_start, add_special_tokens=False)
 
 
 def _with_reasoning_alias(message: dict) -> dict:

@@ -65,6 +65,25 @@ def test_generate_matches_offline_engine(server: LiveServer, offline: InferenceE
     assert pieces[-1]["finish_reason"] == "length" and all(e["finish_reason"] is None for e in pieces[:-1])
 
 
+def test_server_sampling_defaults_fill_what_requests_leave_out(server: LiveServer, client: openai.OpenAI,
+                                                              offline: InferenceEngine) -> None:
+    """A config file's `sampling` (ServerConfig.sampling_defaults): with temperature 0 there, requests that give
+    none are greedy on both APIs; a request's own value still wins."""
+    server.state.config.sampling_defaults = {"temperature": 0.0}
+    try:
+        greedy = _greedy(offline, "Hello, world!", 6)
+        out = server.client.post("/generate", json={"prompt": "Hello, world!", "max_tokens": 6, "ignore_eos": True}).json()
+        assert out["tokens"] == greedy
+        completion = client.completions.create(model=MODEL_NAME, prompt="Hello, world!", max_tokens=6,
+                                               extra_body={"ignore_eos": True})
+        assert completion.choices[0].text == offline.tokenizer.decode(greedy)
+        sampled = [client.completions.create(model=MODEL_NAME, prompt="Hello, world!", max_tokens=6, temperature=2.0,
+                                             seed=s, extra_body={"ignore_eos": True}).choices[0].text for s in range(4)]
+        assert any(text != completion.choices[0].text for text in sampled)
+    finally:
+        server.state.config.sampling_defaults = {}
+
+
 def test_status_while_processing(server: LiveServer) -> None:
     body = {"prompt": "count", "max_tokens": 400, "temperature": 0, "stream": True, "ignore_eos": True}
     with server.client.stream("POST", "/generate", json=body) as response:
