@@ -87,6 +87,14 @@ def read(path: str) -> Dict[str, Any]:
     return data
 
 
+def _add(flags: Dict[str, tuple[Any, str]], dest: str, value: Any, where: str) -> None:
+    """A flag's value from the file; null leaves the flag at its default (as --print-config writes unset ones)."""
+    if dest in flags:
+        raise ValueError(f"{where} sets what {flags[dest][1]} sets already")
+    if value is not None:
+        flags[dest] = (value, where)
+
+
 def apply(args: argparse.Namespace, parser: argparse.ArgumentParser, explicit: Iterable[str], path: str) -> None:
     """Sets the file's options on args (the flags not given on the command line), args.sampling_defaults and
     args.model_config; raises ValueError naming the key and the file."""
@@ -104,7 +112,7 @@ def apply(args: argparse.Namespace, parser: argparse.ArgumentParser, explicit: I
                 dest = SECTIONS[key].get(sub)
                 if dest is None:
                     raise ValueError(f"unknown key '{key}.{sub}' in {path}: {key} takes {sorted(SECTIONS[key])}")
-                flags[dest] = (sub_value, f"'{key}.{sub}' in {path}")
+                _add(flags, dest, sub_value, f"'{key}.{sub}' in {path}")
         elif key == "sampling":
             if not isinstance(value, dict):
                 raise ValueError(f"{where} must be a mapping of {sorted(SAMPLING_KEYS)}")
@@ -120,9 +128,7 @@ def apply(args: argparse.Namespace, parser: argparse.ArgumentParser, explicit: I
                 raise ValueError(f"unknown key '{key}' in {path}: it takes the inference config's sections "
                                  f"{sorted(SECTIONS) + ['sampling']}, the model config's keys and mili serve's flags "
                                  "by name (see mili serve --help)")
-            if dest in flags:
-                raise ValueError(f"{where} sets what {flags[dest][1]} sets already")
-            flags[dest] = (value, where)
+            _add(flags, dest, value, where)
     given_sizing = [d for d in KV_SIZING if d in flags]
     if len(given_sizing) > 1:
         raise ValueError(f"{' and '.join(flags[d][1] for d in given_sizing)} both size the KV cache: keep one")

@@ -61,7 +61,7 @@ def test_command_line_flags_win_over_the_file(tmp_path: Path, capsys: pytest.Cap
 def test_a_file_is_the_same_as_its_flags(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """--print-config's output is itself a config file that gives the same configuration."""
     first = printed(capsys, "--config", write(tmp_path, DESIGN_DOC_INFERENCE), "--port", "9003")
-    again = printed(capsys, "--config", write(tmp_path, {k: v for k, v in first.items() if v is not None}, "again.json"))
+    again = printed(capsys, "--config", write(tmp_path, first, "again.json"))
     assert again == first
 
 
@@ -84,6 +84,7 @@ def test_a_file_is_the_same_as_its_flags(tmp_path: Path, capsys: pytest.CaptureF
     ({"hidden_size": "big"}, "'hidden_size'"),
     ({"inference": {"device": "tpu"}}, "'inference.device'"),
     ({"kv_memory_fraction": 0.99}, "'kv_memory_fraction'"),
+    ({"max_num_seqs": 4, "inference": {"max_batch_size": 8}}, "sets what 'max_num_seqs'"),
 ])
 def test_a_bad_key_is_named_with_the_file(tmp_path: Path, capsys: pytest.CaptureFixture, data: dict, named: str) -> None:
     path = write(tmp_path, data)
