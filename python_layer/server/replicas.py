@@ -35,7 +35,11 @@ def _healthy(url: str) -> bool:
 def router_command(args: argparse.Namespace) -> List[str]:
     return [sys.executable, "-m", "sglang_router.launch_router", "--host", args.host, "--port", str(args.port),
             "--policy", ROUTER_POLICY, "--worker-urls", *worker_urls(args),
-            "--health-check-interval-secs", "2", "--health-failure-threshold", "2"]
+            "--health-check-interval-secs", "2", "--health-failure-threshold", "2",
+            # a worker that dies: its circuit opens after 3 failed requests, and each request's retries (re-routed
+            # while they last, ~7 s) outlast that and the health checks, so none that had not started is lost
+            "--cb-failure-threshold", "3", "--retry-max-retries", "8", "--retry-initial-backoff-ms", "100",
+            "--retry-max-backoff-ms", "2000"]
 
 
 def serve_replicas(args: argparse.Namespace, serve_argv: List[str]) -> int:
