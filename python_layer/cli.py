@@ -66,15 +66,16 @@ def _serve(args: argparse.Namespace) -> int:
     from .server import config_file
     from .server.launcher import serve
 
+    parser = serve_parser()
     if args.config:
-        config_file.apply(args, serve_parser(), args.explicit, args.config)
+        config_file.apply(args, parser, args.explicit, args.config)
     args.model = args.model or None  # --model "": the built-in model (a container's default /model overridden)
     config_file.check_options(args)
     # the file's model config: checked against the checkpoint's, or the shape of random weights to serve
     model_config = config_file.model_config_for(args, args.config) if args.config else None
     args.random_model = model_config if model_config is not None and not args.model else None
     if args.print_config:
-        print(json.dumps(config_file.merged(args, serve_parser()), indent=2))
+        print(json.dumps(config_file.merged(args, parser), indent=2))
         return 0
     if args.replicas > 1:
         from .server.replicas import serve_replicas

@@ -56,24 +56,25 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     state.check_model(body.model)
     state.require_engine()
     forced = body.forced_tool_call  # a required call is begun for the model, without thinking first
+    tools = body.offered_tools
     try:
         prompt = await asyncio.to_thread(state.formatter.encode_chat, [m.template_dict() for m in body.messages],
                                          enable_thinking=body.enable_thinking and forced is None,
-                                         tools=body.offered_tools, answer_start=forced or "")
+                                         tools=tools, answer_start=forced or "")
     except (jinja2.TemplateError, TypeError) as e:  # the template rejects the conversation (order of roles, ...)
         raise ApiError(400, f"messages cannot be rendered with the chat template: {e}", param="messages") from None
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     call = _Call(state, request, body, [await state.token_ids(prompt)], "chatcmpl", logprobs,
                  max_tokens=body.max_completion_tokens or body.max_tokens)
     if body.stream:
-        return StreamingResponse(call.chat_chunks(bool(body.offered_tools), forced), media_type="text/event-stream")
+        return StreamingResponse(call.chat_chunks(bool(tools), forced), media_type="text/event-stream")
     finals = await call.finals()
     choices = []
     for i, out in enumerate(finals):
         reasoning, content = ReasoningStream().feed(out.text, final=True)  # as the streamed split, in one piece
         message = {"role": "assistant", "content": content, "reasoning_content": reasoning or None}
         calls = []
-        if body.offered_tools:
+        if tools:
             message["content"], calls = split_tool_calls((forced or "") + content)
             if calls:
                 message["tool_calls"] = [c.to_openai() for c in calls]
@@ -175,7 +176,7 @@ class _Call:
         async def chunks() -> AsyncIterator[dict]:
             n = len(self.stream.requests)
             started, reasoning = [False] * n, [ReasoningStream() for _ in range(n)]
-            tool_streams, calls = [ToolCallStream() for _ in range(n)], [0] * n
+            tool_streams = [ToolCallStream() for _ in range(n)]
             if forced:
                 for tool_stream in tool_streams:
                     tool_stream.feed(forced)
@@ -193,16 +194,15 @@ class _Call:
                     if value:
                         yield self._chat_chunk(i, {key: value}, lp, None)
                         lp = None
-                for tool_call in new_calls:
-                    head = {"index": calls[i], "id": tool_call.id, "type": "function",
+                for k, tool_call in enumerate(new_calls, start=tool_streams[i].calls - len(new_calls)):
+                    head = {"index": k, "id": tool_call.id, "type": "function",
                             "function": {"name": tool_call.name, "arguments": ""}}
                     yield self._chat_chunk(i, {"tool_calls": [head]}, lp, None)
                     lp = None
-                    yield self._chat_chunk(i, {"tool_calls": [{"index": calls[i], "function": {"arguments": tool_call.arguments}}]},
+                    yield self._chat_chunk(i, {"tool_calls": [{"index": k, "function": {"arguments": tool_call.arguments}}]},
                                            None, None)
-                    calls[i] += 1
                 if delta.finished:
-                    yield self._chat_chunk(i, {}, lp, _finish_reason(delta.finish_reason, calls[i] > 0))
+                    yield self._chat_chunk(i, {}, lp, _finish_reason(delta.finish_reason, tool_streams[i].calls > 0))
 
         return self._streamed(chunks(), "chat.completion.chunk")
 

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from ..inference.sampling_params import BOUNDS, SamplingParams
+from ..tokenizer.tool_calls import TOOL_CALL_START
 
 # JSON can carry "\ud800" alone; json.loads joins valid pairs, so any surrogate left in a str is unpaired
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -250,8 +251,8 @@ class ChatCompletionRequest(_OpenAIRequest):
     def forced_tool_call(self) -> Optional[str]:
         """The start of the answer when a tool call is required: the opening tag, and the named function."""
         if isinstance(self.tool_choice, NamedToolChoice):
-            return f'<tool_call>\n{{"name": {json.dumps(self.tool_choice.function.name)}, "arguments": '
-        return "<tool_call>\n" if self.tool_choice == "required" else None
+            return f'{TOOL_CALL_START}\n{{"name": {json.dumps(self.tool_choice.function.name)}, "arguments": '
+        return f"{TOOL_CALL_START}\n" if self.tool_choice == "required" else None
 
     @property
     def enable_thinking(self) -> bool:

@@ -20,8 +20,12 @@ from typing import List
 ROUTER_POLICY = "cache_aware"
 
 
+def worker_ports(args: argparse.Namespace) -> List[int]:
+    return [args.port + 1 + i for i in range(args.replicas)]
+
+
 def worker_urls(args: argparse.Namespace) -> List[str]:
-    return [f"http://127.0.0.1:{args.port + 1 + i}" for i in range(args.replicas)]
+    return [f"http://127.0.0.1:{port}" for port in worker_ports(args)]
 
 
 def _healthy(url: str) -> bool:
@@ -50,7 +54,7 @@ def serve_replicas(args: argparse.Namespace, serve_argv: List[str]) -> int:
     urls = worker_urls(args)
     # the same options; the last --replicas / --host / --port win (over a config file's too)
     base = [sys.executable, "-m", "python_layer.cli", "serve", *serve_argv, "--replicas", "1", "--host", "127.0.0.1"]
-    workers = [subprocess.Popen([*base, "--port", url.rsplit(":", 1)[1]]) for url in urls]
+    workers = [subprocess.Popen([*base, "--port", str(port)]) for port in worker_ports(args)]
     router = None
     stopping = False
 

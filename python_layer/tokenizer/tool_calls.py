@@ -57,7 +57,7 @@ class ToolCallStream:
         self._held = ""  # text not handed out yet: a partial tag or an open call
         self._space = ""  # whitespace not handed out yet: it may only separate two calls
         self._in_call = False
-        self.calls = 0
+        self.calls = 0  # handed out so far
 
     def feed(self, text: str, final: bool = False) -> Tuple[str, List[ToolCall]]:
         held, out, calls = self._held + text, self._space, []
