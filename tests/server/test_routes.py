@@ -98,7 +98,8 @@ def test_status_while_processing(server: LiveServer) -> None:
 def test_status_reports_the_clamped_output_limit(server: LiveServer) -> None:
     body = {"prompt": "count", "max_tokens": 10**21, "temperature": 0, "stream": True, "ignore_eos": True}
     with server.client.stream("POST", "/generate", json=body) as response:
-        first = json.loads(next(line for line in response.iter_lines() if line.startswith("data: "))[6:])
+        lines = response.iter_lines()  # kept referenced: a dropped iterator closes the connection (an abort)
+        first = json.loads(next(line for line in lines if line.startswith("data: "))[6:])
         status = server.client.get(f"/status/{first['request_id']}").json()
         assert status["tokens_generated"] + status["tokens_remaining"] == 512 - 1  # max_model_len - prompt tokens
     server.wait_idle()
