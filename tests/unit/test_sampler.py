@@ -44,6 +44,31 @@ def test_seed_makes_sampling_reproducible() -> None:
     assert _draws(LOGITS, params, n=50, seed=7).tolist() != _draws(LOGITS, params, n=50, seed=8).tolist()
 
 
+def _seeded_run(logits: torch.Tensor, params: list[SamplingParams], n: int = 200) -> list[int]:
+    """Row 0's tokens over n steps, drawn from its own seeded generator, beside whatever rows 1.. are."""
+    generators = [torch.Generator().manual_seed(3)] + [None] * (len(params) - 1)
+    return [BatchSampler()(logits, params, generators).token_ids[0] for _ in range(n)]
+
+
+def test_top_k_rows_draw_among_candidates_as_the_full_vocabulary_would() -> None:
+    # a batch whose sampled rows all have a top_k draws among the max(top_k) best of each row; a row without
+    # top_k sends the whole batch down the full-vocabulary path: a seeded row draws the same tokens either way
+    logits = torch.randn(1, 300, generator=torch.Generator().manual_seed(0)) * 2
+    row = SamplingParams(temperature=0.9, top_k=6, top_p=0.9, min_p=0.05)
+    alone = _seeded_run(logits, [row])
+    beside_full_vocabulary = _seeded_run(logits.repeat(2, 1), [row, SamplingParams(temperature=1.0)])
+    assert alone == beside_full_vocabulary and len(set(alone)) > 1
+    assert set(alone) <= set(logits[0].topk(6).indices.tolist())
+
+
+@pytest.mark.parametrize("top_k", [4, 1000])  # 1000: above the vocabulary, every token stays
+def test_candidate_draws_follow_the_truncated_softmax(top_k: int) -> None:
+    draws = _draws(LOGITS, SamplingParams(temperature=0.8, top_k=top_k), n=4000)
+    freq = torch.bincount(draws, minlength=8).float() / len(draws)
+    kept = (LOGITS / 0.8).masked_fill(torch.arange(8) >= top_k, float("-inf"))  # LOGITS is sorted descending
+    torch.testing.assert_close(freq, kept.softmax(-1), atol=0.03, rtol=0)
+
+
 @pytest.mark.parametrize("kwargs, field", [
     ({"temperature": -0.1}, "temperature"),
     ({"temperature": float("nan")}, "temperature"),
