@@ -33,7 +33,8 @@ def _bench(args: argparse.Namespace) -> int:
     import runpy
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / ("peers/run.py" if args.what == "peers" else f"{args.what}.py")
+    benchmarks = Path(__file__).resolve().parents[1] / "benchmarks"
+    script = benchmarks / args.what / "run.py" if args.what in ("peers", "serving") else benchmarks / f"{args.what}.py"
     if not script.is_file():
         print(f"mili bench: {script} not found: the benchmarks ship with the source checkout", file=sys.stderr)
         return 2
@@ -148,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_serve)
 
     bench = sub.add_parser("bench", help="run a benchmark of benchmarks/; extra arguments go to it")
-    bench.add_argument("what", nargs="?", default="kernels", choices=["kernels", "throughput", "shared_prefix", "host_overhead", "latency", "peers"])
+    bench.add_argument("what", nargs="?", default="kernels", choices=["kernels", "throughput", "shared_prefix", "host_overhead", "latency", "peers", "serving"])
     bench.add_argument("args", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_bench)
     return parser

@@ -1,0 +1,145 @@
+"""`mili bench serving`: a concurrency sweep of OpenAI-compatible servers with guidellm, cross-checked by a
+light asyncio client, MILI beside llama.cpp's server in the same run.
+
+For each system in turn: start its server, warm it up, run guidellm's sweep (closed-loop streams at each
+concurrency, `--requests` streamed /v1/completions each, synthetic prompts of `--prompt-tokens`, exactly
+`--output-tokens` out, the same sampling for every server), then the light client's sweep of the same shape,
+and stop it. The CPU that guidellm, the light client and the server took during each point is recorded: on
+2 cores the load generator competes with the server. Writes benchmarks/results/serving-<time>.json and two
+PNGs beside it (throughput against latency, TTFT percentiles)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import List
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import guidellm_sweep  # noqa: E402
+import light_client  # noqa: E402
+import plots  # noqa: E402
+from common import print_table, write_json  # noqa: E402
+from cpu_meter import CpuMeter  # noqa: E402
+from servers import PEERS, Server, start_llama, start_mili  # noqa: E402
+
+from python_layer.model.random_checkpoint import builtin_model_path  # noqa: E402
+
+# Qwen3's recommended sampling, sent explicitly so both servers sample alike (llama-cpp-python's own defaults
+# add min_p 0.05 and a repeat penalty of 1.1; each server ignores the other's field name)
+SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "repeat_penalty": 1.0,
+            "repetition_penalty": 1.0}
+COLUMNS = ["system", "client", "concurrency", "requests", "errors", "output_tok_s", "ttft_ms_p50", "ttft_ms_p90",
+           "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "e2e_s_p50", "e2e_s_p99", "client_cpu", "server_cpu"]
+
+
+def _prompts(tokenizer_dir: str, count: int, tokens: int) -> List[str]:
+    """Texts of `tokens` tokens each (random words of the tokenizer's vocabulary, decoded), all different."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    rng = random.Random(0)
+    words = [w for w in tokenizer.get_vocab() if w.isascii() and w.isalpha() and len(w) > 2][:20000]
+    prompts = []
+    for _ in range(count):
+        ids = tokenizer.encode(" ".join(rng.choice(words) for _ in range(tokens)), add_special_tokens=False)
+        prompts.append(tokenizer.decode(ids[:tokens]))
+    return prompts
+
+
+def _light_sweep(server: Server, args: argparse.Namespace, prompts: List[str]) -> List[dict]:
+    rows = []
+    for c in args.concurrencies:
+        pids = {"server": server.process.pid} if server.process else {}
+        with CpuMeter(pids) as meter:
+            start = time.time()
+            timings, wall, cpu = light_client.run_concurrency(server.url, server.model, prompts[: args.requests],
+                                                              args.output_tokens, c, SAMPLING)
+            end = time.time()
+        row = dict(light_client.summarize(timings, wall), concurrency=c, client_cpu=cpu / wall)
+        row["server_cpu"] = meter.share("server", start, end) if pids else None
+        rows.append(row)
+    return rows
+
+
+def _sweep(server: Server, args: argparse.Namespace, prompts: List[str], work: Path) -> List[dict]:
+    light_client.run_concurrency(server.url, server.model, prompts[:2], 8, 2, SAMPLING)  # warm-up
+    spec = guidellm_sweep.scenario(server.url, server.model, args.model, args.concurrencies, args.requests,
+                                   args.prompt_tokens, args.output_tokens, SAMPLING, work / "guidellm.json")
+    rows = [dict(r, client="guidellm", client_cpu=r.pop("generator_cpu"))
+            for r in guidellm_sweep.run(spec, work, server.process.pid if server.process else None)]
+    if not args.no_light_client:
+        rows += [dict(r, client="light") for r in _light_sweep(server, args, prompts)]
+    return [dict(r, system=server.name) for r in rows]
+
+
+def _servers(args: argparse.Namespace, log_dir: Path):
+    if args.url:
+        yield Server(args.url, args.served_model, args.url.rstrip("/"))
+        return
+    for system in args.systems:
+        if system == "mili":
+            yield start_mili(args.model, args.mili_weight_dtype, log_dir)
+        else:
+            yield start_llama(PEERS / "gguf" / Path(args.model).name / f"{args.llama_gguf}.gguf", args.threads, log_dir)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="checkpoint directory (default: the built-in model)")
+    parser.add_argument("--systems", default="mili,llama", help="comma-separated: mili, llama")
+    parser.add_argument("--url", default=None, help="drive this running server instead of starting any")
+    parser.add_argument("--served-model", default="mili", help="with --url: the model name it serves")
+    parser.add_argument("--concurrencies", default="1,2,4,8,16")
+    parser.add_argument("--requests", type=int, default=32, help="requests per concurrency")
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--output-tokens", type=int, default=128)
+    parser.add_argument("--mili-weight-dtype", default="bfloat16")
+    parser.add_argument("--llama-gguf", default="bf16", help="f32, bf16 or q8_0 (benchmarks/peers/setup.sh writes them)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--no-light-client", action="store_true", help="guidellm only, no cross-check")
+    args = parser.parse_args(argv)
+    args.model = str(Path(args.model or builtin_model_path()).resolve())
+    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = set(args.systems) - {"mili", "llama"}
+    if unknown:
+        parser.error(f"--systems: unknown {sorted(unknown)}; choose from mili, llama")
+    args.concurrencies = [int(c) for c in args.concurrencies.split(",")]
+    load = os.getloadavg()[0]
+    if load > 1:
+        print(f"warning: load average {load:.1f}: the figures need an otherwise idle machine", file=sys.stderr)
+    prompts = _prompts(args.model, max(args.requests, 2), args.prompt_tokens)
+    rows: List[dict] = []
+    with tempfile.TemporaryDirectory(prefix="mili-serving-") as tmp:
+        for server in _servers(args, Path(tmp)):
+            try:
+                print(f"sweeping {server.name} at {server.url}", flush=True)
+                rows += _sweep(server, args, prompts, Path(tmp) / server.model)
+            finally:
+                server.stop()
+    print_table(rows, COLUMNS)
+    generator = subprocess.run([str(guidellm_sweep.GUIDELLM), "--version"], capture_output=True, text=True).stdout.strip()
+    meta = dict(benchmark="serving", generator=generator, generator_env=guidellm_sweep.GENERATOR_ENV,
+                model=args.model, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
+                requests=args.requests, sampling=SAMPLING, load_average=load, mili_weight_dtype=args.mili_weight_dtype,
+                llama_gguf=args.llama_gguf, threads=args.threads)
+    out = write_json("serving", meta, rows)
+    title = (f"{Path(args.model).name}: {args.prompt_tokens} tokens in, {args.output_tokens} out, "
+             f"{args.requests} requests per point (guidellm)")
+    chosen = [r for r in rows if r["client"] == "guidellm"]
+    for path in (plots.throughput_latency(chosen, title, out.with_name(out.stem + "-throughput-latency.png")),
+                 plots.ttft_percentiles(chosen, title, out.with_name(out.stem + "-ttft.png"))):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

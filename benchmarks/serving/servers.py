@@ -1,0 +1,83 @@
+"""The servers `mili bench serving` starts: MILI's `mili serve` and llama-cpp-python's OpenAI server, each a
+process of its own on a free loopback port, stopped (SIGTERM, then SIGKILL) when the sweep is done."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional
+
+import httpx
+
+PEERS = Path(__file__).resolve().parents[1] / "peers" / ".peers"
+
+
+@dataclass
+class Server:
+    name: str  # the table's row label, e.g. "MILI bfloat16"
+    model: str  # the model name the server answers to
+    url: str
+    process: Optional[subprocess.Popen] = None  # None: a server started by someone else (--url)
+    log: Optional[Path] = None
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_mili(checkpoint: str, weight_dtype: str, log_dir: Path) -> Server:
+    port = free_port()
+    cmd = [sys.executable, "-m", "python_layer.cli", "serve", "--model", checkpoint, "--port", str(port),
+           "--weight-dtype", weight_dtype, "--served-model-name", "mili", "--log-level", "warning"]
+    return _start(f"MILI {weight_dtype}", "mili", port, cmd, dict(os.environ), log_dir / "mili.log")
+
+
+def start_llama(gguf: Path, threads: int, log_dir: Path) -> Server:
+    """llama-cpp-python's server on a GGUF written by benchmarks/peers/setup.sh. It runs one request at a time
+    (a lock around the model); interrupt_requests is off, else a queued request cuts the running stream short."""
+    if not gguf.is_file():
+        raise SystemExit(f"{gguf} not found: run `bash benchmarks/serving/setup.sh CHECKPOINT` first")
+    port = free_port()
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", "llama",
+           "--host", "127.0.0.1", "--port", str(port), "--n_threads", str(threads), "--n_threads_batch", str(threads),
+           "--n_ctx", "8192", "--use_mmap", "False", "--interrupt_requests", "False"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PEERS / "site"), os.environ.get("PYTHONPATH", "")]))
+    return _start(f"llama.cpp {gguf.stem}", "llama", port, cmd, env, log_dir / "llama.log")
+
+
+def _start(name: str, model: str, port: int, cmd: List[str], env: dict, log: Path) -> Server:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    root = Path(__file__).resolve().parents[2]
+    with open(log, "w") as out:
+        process = subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT)
+    server = Server(name, model, f"http://127.0.0.1:{port}", process, log)
+    deadline = time.monotonic() + 600  # a first MILI start compiles the graph (minutes)
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"{name} exited with code {process.returncode} before serving; see {log}")
+        try:
+            if httpx.get(f"{server.url}/v1/models", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    server.stop()
+    raise SystemExit(f"{name} did not answer on {server.url} within 600 s; see {log}")

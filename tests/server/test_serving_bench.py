@@ -1,0 +1,86 @@
+"""`mili bench serving`'s own parts on the live tiny server: the light client's timings, the CPU meter, the
+report rows and the plots (guidellm and llama.cpp's server are benchmark-only installs, not run here)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.server.live_server import MODEL_NAME, LiveServer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "serving"))
+
+import cpu_meter  # noqa: E402
+import guidellm_sweep  # noqa: E402
+import light_client  # noqa: E402
+import plots  # noqa: E402
+
+SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+
+
+def test_the_light_client_times_every_streamed_token(server: LiveServer) -> None:
+    prompts = [f"prompt {i} " * 5 for i in range(6)]
+    timings, wall, cpu = light_client.run_concurrency(server.url, MODEL_NAME, prompts, 12, 3, SAMPLING)
+    assert len(timings) == 6 and not [t.error for t in timings if t.error]
+    for t in timings:
+        # usage counts the tokens; a token whose text is not complete yet (a split UTF-8 sequence) has no chunk
+        assert t.output_tokens == 12 and 6 <= len(t.chunk_times) <= 12 and len(t.itls) == len(t.chunk_times) - 1
+        assert 0 < t.ttft <= t.e2e <= wall and all(i >= 0 for i in t.itls)
+    assert 0 < cpu < wall * 2
+    row = light_client.summarize(timings, wall)
+    assert row["requests"] == 6 and row["errors"] == 0
+    assert row["output_tok_s"] == pytest.approx(72 / wall)
+    assert row["ttft_ms_p50"] <= row["ttft_ms_p90"] <= row["ttft_ms_p99"]
+    assert row["itl_ms_p50"] <= row["itl_ms_p99"] and row["e2e_s_p50"] <= row["e2e_s_p99"]
+
+
+def test_the_light_client_reports_a_refused_request(server: LiveServer) -> None:
+    timings, _, _ = light_client.run_concurrency(server.url, "no-such-model", ["hi"], 4, 1, SAMPLING)
+    assert timings[0].error.startswith("HTTP 404")
+    assert light_client.summarize(timings, 1.0)["errors"] == 1
+
+
+def test_the_cpu_meter_tells_a_busy_process_from_an_idle_one() -> None:
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.5)  # past the interpreters' start
+        with cpu_meter.CpuMeter({"busy": busy.pid, "idle": idle.pid}, interval=0.1) as meter:
+            start = time.time()
+            time.sleep(1.5)
+            end = time.time()
+        assert 0.6 < meter.share("busy", start, end) < 1.2
+        assert meter.share("idle", start, end) < 0.1
+    finally:
+        busy.kill(), idle.kill(), busy.wait(), idle.wait()
+
+
+def _report(streams: int, start: float, duration: float, ttft: list) -> dict:
+    """One benchmark of guidellm 0.8.1's JSON report, with the fields rows_from_report reads."""
+    def dist(values: list) -> dict:
+        return {"successful": {"percentiles": dict(zip(guidellm_sweep.PERCENTILES, values)), "total_sum": sum(values)}}
+    return {"config": {"strategy": {"streams": streams}}, "duration": duration, "start_time": start,
+            "end_time": start + duration,
+            "metrics": {"request_totals": {"successful": 30, "errored": 1, "incomplete": 1},
+                        "output_token_count": {"successful": {"total_sum": 3840.0}},
+                        "time_to_first_token_ms": dist(ttft), "inter_token_latency_ms": dist([20.0, 25.0, 40.0]),
+                        "request_latency": dist([2.5, 2.8, 3.0])}}
+
+
+def test_guidellm_rows_and_the_plots(tmp_path: Path) -> None:
+    report = {"benchmarks": [_report(1, 1000.0, 60.0, [30.0, 35.0, 50.0]), _report(4, 1060.0, 20.0, [90.0, 150.0, 200.0])]}
+    rows = guidellm_sweep.rows_from_report(report)
+    assert [r["concurrency"] for r in rows] == [1, 4] and [r["output_tok_s"] for r in rows] == [64.0, 192.0]
+    assert rows[1]["ttft_ms_p90"] == 150.0 and rows[0]["e2e_s_p99"] == 3.0 and rows[0]["errors"] == 2
+    assert (rows[1]["_start"], rows[1]["_end"]) == (1060.0, 1080.0)
+    spec = guidellm_sweep.scenario("http://x", "m", "/tok", [1, 4], 32, 128, 64, SAMPLING, tmp_path / "o.json")
+    assert spec["benchmarks"] == [{"profile.streams": 1}, {"profile.streams": 4}]
+    assert spec["spec"]["backend"]["extras"] == {"body": SAMPLING}
+    labelled = [dict(r, system=s) for s in ("MILI", "peer") for r in rows]
+    for draw in (plots.throughput_latency, plots.ttft_percentiles):
+        out = draw(labelled, "test", tmp_path / f"{draw.__name__}.png")
+        assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
