@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -137,6 +138,21 @@ def _logprobs(
     return out
 
 
+@contextmanager
+def _one_cpu_thread(device: torch.device) -> Iterator[None]:
+    """Sampling on a CPU runs on one torch thread: torch's OpenMP workers spin-wait after a parallel region and
+    take the cores from the MAX kernels of the next step (built-in model, batch 8: 14.6 -> 10.2 ms per step)."""
+    if device.type != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 class BatchSampler:
     """Samples one token per row of a batch, each row with its own parameters, generator and history."""
 
@@ -149,9 +165,10 @@ class BatchSampler:
     ) -> SamplerOutput:
         """histories: each row's tokens so far, needed by rows with penalties.
         Logprobs are of the raw logits (before penalties, temperature and truncation)."""
-        logits = logits.float()
-        tokens = self._sample(apply_penalties(logits, params, histories), params, generators)
-        return SamplerOutput(tokens.tolist(), _logprobs(logits, params, tokens))
+        with _one_cpu_thread(logits.device):
+            logits = logits.float()
+            tokens = self._sample(apply_penalties(logits, params, histories), params, generators)
+            return SamplerOutput(tokens.tolist(), _logprobs(logits, params, tokens))
 
     @staticmethod
     def _sample(
@@ -165,7 +182,7 @@ class BatchSampler:
         if not rows:
             return tokens
         sub = [params[i] for i in rows]
-        x = logits[rows]
+        x = logits if len(rows) == len(params) else logits[rows]  # every filter below makes a new tensor
         top_k = torch.tensor([p.top_k for p in sub], device=x.device)
         candidates = None
         if all(0 < p.top_k <= MAX_TOP_K_CANDIDATES for p in sub):
