@@ -1,11 +1,11 @@
 """`mili bench serving`: a concurrency sweep of OpenAI-compatible servers with guidellm, cross-checked by a
 light asyncio client, MILI beside llama.cpp's server in the same run.
 
-For each system in turn: start its server, warm it up, run guidellm's sweep (closed-loop streams at each
-concurrency, `--requests` streamed /v1/completions each, synthetic prompts of `--prompt-tokens`, exactly
-`--output-tokens` out, the same sampling for every server), then the light client's sweep of the same shape,
-and stop it. The CPU that guidellm, the light client and the server took during each point is recorded: on
-2 cores the load generator competes with the server. Writes benchmarks/results/serving-<time>.json and two
+Starts every system's server, then at each concurrency runs each server in turn with guidellm (closed-loop
+streams, `--requests` streamed /v1/completions, synthetic prompts of `--prompt-tokens`, exactly `--output-tokens`
+out, the same sampling for every server) and then with the light client (the same shape), and stops them. The
+CPU that guidellm, the light client and the server took during each point is recorded: on 2 cores the load
+generator competes with the server. Writes benchmarks/results/serving-<time>.json and two
 PNGs beside it (throughput against latency, TTFT percentiles)."""
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from python_layer.model.random_checkpoint import builtin_model_path  # noqa: E40
 # add min_p 0.05 and a repeat penalty of 1.1; each server ignores the other's field name)
 SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "repeat_penalty": 1.0,
             "repetition_penalty": 1.0}
+SETTLE_S = 1.0  # MAX's worker threads spin for ~0.3 s after a step
 COLUMNS = ["system", "client", "concurrency", "requests", "errors", "output_tok_s", "ttft_ms_p50", "ttft_ms_p90",
            "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "e2e_s_p50", "e2e_s_p99", "client_cpu", "server_cpu"]
 
@@ -55,30 +56,43 @@ def _prompts(tokenizer_dir: str, count: int, tokens: int) -> List[str]:
     return prompts
 
 
-def _light_sweep(server: Server, args: argparse.Namespace, prompts: List[str]) -> List[dict]:
+def _light_point(server: Server, args: argparse.Namespace, prompts: List[str], concurrency: int) -> dict:
+    pids = {"server": server.process.pid} if server.process else {}
+    with CpuMeter(pids) as meter:
+        start = time.time()
+        timings, wall, cpu = light_client.run_concurrency(server.url, server.model, prompts[: args.requests],
+                                                          args.output_tokens, concurrency, SAMPLING)
+        end = time.time()
+    return dict(light_client.summarize(timings, wall), concurrency=concurrency, client_cpu=cpu / wall,
+                server_cpu=meter.share("server", start, end) if pids else None)
+
+
+def _guidellm_point(server: Server, args: argparse.Namespace, concurrency: int, work: Path) -> dict:
+    spec = guidellm_sweep.scenario(server.url, server.model, args.model, [concurrency], args.requests,
+                                   args.prompt_tokens, args.output_tokens, SAMPLING, work / "guidellm.json")
+    (row,) = guidellm_sweep.run(spec, work, server.process.pid if server.process else None)
+    return dict(row, client_cpu=row.pop("generator_cpu"))
+
+
+def _sweep(servers: List[Server], args: argparse.Namespace, prompts: List[str], work: Path) -> List[dict]:
+    """Every point of every server in turn (concurrency, then server, then client), after a pause for the
+    last run's threads to go idle: this VM's speed drifts over minutes, and running them in turn keeps the
+    drift out of the comparisons."""
+    for server in servers:
+        light_client.run_concurrency(server.url, server.model, prompts[:2], 8, 2, SAMPLING)  # warm-up
     rows = []
     for c in args.concurrencies:
-        pids = {"server": server.process.pid} if server.process else {}
-        with CpuMeter(pids) as meter:
-            start = time.time()
-            timings, wall, cpu = light_client.run_concurrency(server.url, server.model, prompts[: args.requests],
-                                                              args.output_tokens, c, SAMPLING)
-            end = time.time()
-        row = dict(light_client.summarize(timings, wall), concurrency=c, client_cpu=cpu / wall)
-        row["server_cpu"] = meter.share("server", start, end) if pids else None
-        rows.append(row)
+        for server in servers:
+            clients = ["guidellm"] + ([] if args.no_light_client else ["light"])
+            for client in clients:
+                time.sleep(SETTLE_S)
+                print(f"{server.name}: {client} at concurrency {c}", flush=True)
+                if client == "guidellm":
+                    row = _guidellm_point(server, args, c, work / server.model / str(c))
+                else:
+                    row = _light_point(server, args, prompts, c)
+                rows.append(dict(row, system=server.name, client=client))
     return rows
-
-
-def _sweep(server: Server, args: argparse.Namespace, prompts: List[str], work: Path) -> List[dict]:
-    light_client.run_concurrency(server.url, server.model, prompts[:2], 8, 2, SAMPLING)  # warm-up
-    spec = guidellm_sweep.scenario(server.url, server.model, args.model, args.concurrencies, args.requests,
-                                   args.prompt_tokens, args.output_tokens, SAMPLING, work / "guidellm.json")
-    rows = [dict(r, client="guidellm", client_cpu=r.pop("generator_cpu"))
-            for r in guidellm_sweep.run(spec, work, server.process.pid if server.process else None)]
-    if not args.no_light_client:
-        rows += [dict(r, client="light") for r in _light_sweep(server, args, prompts)]
-    return [dict(r, system=server.name) for r in rows]
 
 
 def _servers(args: argparse.Namespace, log_dir: Path):
@@ -117,14 +131,16 @@ def main(argv=None) -> int:
     if load > 1:
         print(f"warning: load average {load:.1f}: the figures need an otherwise idle machine", file=sys.stderr)
     prompts = _prompts(args.model, max(args.requests, 2), args.prompt_tokens)
-    rows: List[dict] = []
+    servers: List[Server] = []
     with tempfile.TemporaryDirectory(prefix="mili-serving-") as tmp:
-        for server in _servers(args, Path(tmp)):
-            try:
-                print(f"sweeping {server.name} at {server.url}", flush=True)
-                rows += _sweep(server, args, prompts, Path(tmp) / server.model)
-            finally:
+        try:
+            for server in _servers(args, Path(tmp)):
+                servers.append(server)
+            rows = _sweep(servers, args, prompts, Path(tmp))
+        finally:
+            for server in servers:
                 server.stop()
+    rows.sort(key=lambda r: (r["system"], r["client"], r["concurrency"]))
     print_table(rows, COLUMNS)
     generator = subprocess.run([str(guidellm_sweep.GUIDELLM), "--version"], capture_output=True, text=True).stdout.strip()
     meta = dict(benchmark="serving", generator=generator, generator_env=guidellm_sweep.GENERATOR_ENV,
