@@ -213,3 +213,16 @@ def test_logprobs_are_of_the_raw_logits() -> None:
     assert [t for t, _ in first.top] == expected[0].topk(5).indices.tolist()
     torch.testing.assert_close(torch.tensor([v for _, v in first.top]), expected[0].topk(5).values)
     assert all(a[1] >= b[1] for a, b in zip(first.top, first.top[1:]))
+
+
+def test_cpu_sampling_runs_on_one_torch_thread_and_restores_the_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = []
+    real_topk = torch.Tensor.topk
+    monkeypatch.setattr(torch.Tensor, "topk", lambda self, *a, **k: seen.append(torch.get_num_threads()) or real_topk(self, *a, **k))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        BatchSampler()(torch.randn(2, 40), [SamplingParams(top_k=5)] * 2, [None, None])
+        assert seen == [1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
