@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import List
+
+from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -42,10 +45,6 @@ COLUMNS = ["system", "client", "concurrency", "requests", "errors", "output_tok_
 
 def _prompts(tokenizer_dir: str, count: int, tokens: int) -> List[str]:
     """Texts of `tokens` tokens each (random words of the tokenizer's vocabulary, decoded), all different."""
-    import random
-
-    from transformers import AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     rng = random.Random(0)
     words = [w for w in tokenizer.get_vocab() if w.isascii() and w.isalpha() and len(w) > 2][:20000]
