@@ -1,4 +1,5 @@
-"""One guidellm run: a concurrency sweep against one OpenAI-compatible server, read back from guidellm's JSON.
+"""One guidellm run against one OpenAI-compatible server (one or more concurrencies; `mili bench serving` runs
+one per point, so that the servers take turns), read back from guidellm's JSON.
 
 guidellm lives in its own venv (benchmarks/serving/setup.sh): it pins versions of its own. It runs with one
 worker process (GUIDELLM__MAX_WORKER_PROCESSES=1): its default of up to 10 processes, each polling its queues,

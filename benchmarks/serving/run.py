@@ -30,6 +30,7 @@ import light_client  # noqa: E402
 import plots  # noqa: E402
 from common import print_table, write_json  # noqa: E402
 from cpu_meter import CpuMeter  # noqa: E402
+from latency import SETTLE_S  # noqa: E402  (the pause mili bench latency takes before each run, for the same reason)
 from servers import PEERS, Server, start_llama, start_mili  # noqa: E402
 
 from python_layer.model.random_checkpoint import builtin_model_path  # noqa: E402
@@ -38,7 +39,6 @@ from python_layer.model.random_checkpoint import builtin_model_path  # noqa: E40
 # add min_p 0.05 and a repeat penalty of 1.1; each server ignores the other's field name)
 SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "repeat_penalty": 1.0,
             "repetition_penalty": 1.0}
-SETTLE_S = 1.0  # MAX's worker threads spin for ~0.3 s after a step
 COLUMNS = ["system", "client", "concurrency", "requests", "errors", "output_tok_s", "ttft_ms_p50", "ttft_ms_p90",
            "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "e2e_s_p50", "e2e_s_p99", "client_cpu", "server_cpu"]
 
