@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from . import graph, library  # library sets MODULAR_CACHE_DIR before max is imported
-from .reference import rope_inv_freq
+from .reference import TILED_DTYPES, rope_inv_freq
 
 from max.driver import Buffer  # noqa: E402
 from max.dtype import DType  # noqa: E402
@@ -326,9 +326,21 @@ def _block_k_on(block_k: int, device: torch.device) -> torch.Tensor:
     return torch.tensor([block_k], dtype=torch.int32, device=device)
 
 
+_LINEAR_TILED = {w: CompiledOp(graph.linear_tiled, [T(SAME, "M", "N")], [T(SAME, "M", "K"), T(torch_dtype_to_max(w), "NT", "KT", "R", "C")],
+                               variant="_" + str(w).split(".")[-1])
+                 for w in TILED_DTYPES}
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, scales: Optional[torch.Tensor] = None, block_k: int = 0) -> torch.Tensor:
     """x [M, K] @ dequantize(weight)[N, K]^T (reference.linear): float32 / bfloat16 weights as they are,
-    float8_e4m3fn / int8 weights with scales [N, ceil(K / block_k)]."""
+    float8_e4m3fn / int8 weights with scales [N, ceil(K / block_k)]; a 4-d float32 / bfloat16 weight is tiled
+    (reference.tile_weight), on a CPU only."""
+    if weight.dim() == 4:
+        if weight.dtype not in TILED_DTYPES or not x.is_cpu:
+            raise ValueError(f"linear: tiled weights are float32 / bfloat16 on a CPU, got {weight.dtype} on {x.device}")
+        y = x.new_empty((x.shape[0], weight.shape[0] * weight.shape[2]))
+        _LINEAR_TILED[weight.dtype](y, _c(x), _c(weight))
+        return y
     if weight.dtype not in WEIGHT_DTYPES:
         raise ValueError(f"linear: weights must be one of {', '.join(map(str, WEIGHT_DTYPES))}, got {weight.dtype}")
     if weight.dtype in SCALED_DTYPES:

@@ -238,6 +238,45 @@ def effective_x(x: torch.Tensor, weight: torch.Tensor, block_k: int = 0) -> torc
     return (q * (largest / 127)).view(m, -1)[:, :k]
 
 
+TILE_ROWS = 4
+"""Weight rows per tile of the CPU linear kernel's tiled layout (mojo_kernels/core/linear.mojo: NR)."""
+TILE_BYTES = 64
+"""Bytes of a row per step of the tiled layout (linear.mojo: TILE_BYTES)."""
+TILED_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def tile_columns(dtype: torch.dtype) -> int:
+    return TILE_BYTES // dtype.itemsize
+
+
+def can_tile(weight: torch.Tensor) -> bool:
+    """Whether tile_weight takes this weight: float32 / bfloat16, N a multiple of TILE_ROWS and K of
+    tile_columns (every Qwen3 projection)."""
+    return (weight.dim() == 2 and weight.dtype in TILED_DTYPES and weight.shape[0] % TILE_ROWS == 0
+            and weight.shape[1] % tile_columns(weight.dtype) == 0)
+
+
+def tile_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A weight [N, K] in the CPU linear kernel's tiled layout [N / R, K / C, R, C] (R = TILE_ROWS rows, C =
+    tile_columns columns): each R rows as C-column blocks of each row in turn, the order the decode kernel
+    reads them in."""
+    if not can_tile(weight):
+        raise ValueError(f"tile_weight: needs a float32 / bfloat16 [N, K] weight with N a multiple of {TILE_ROWS} and K "
+                         f"of {TILE_BYTES} bytes, got {weight.dtype} {tuple(weight.shape)}")
+    n, k = weight.shape
+    c = tile_columns(weight.dtype)
+    return weight.reshape(n // TILE_ROWS, TILE_ROWS, k // c, c).transpose(1, 2).contiguous()
+
+
+def untile_weight(tiles: torch.Tensor) -> torch.Tensor:
+    """tile_weight's [N, K] weight back from its tiles."""
+    n_tiles, k_tiles, rows, cols = tiles.shape
+    return tiles.transpose(1, 2).reshape(n_tiles * rows, k_tiles * cols)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, scales: Optional[torch.Tensor] = None, block_k: int = 0) -> torch.Tensor:
-    """effective_x(x) [M, K] @ dequantize(weight)[N, K]^T in float32, in x's dtype."""
+    """effective_x(x) [M, K] @ dequantize(weight)[N, K]^T in float32, in x's dtype; a 4-d weight is tiled
+    (tile_weight)."""
+    if weight.dim() == 4:
+        weight = untile_weight(weight)
     return torch.matmul(effective_x(x, weight, block_k), dequantize(weight, scales, block_k).t()).to(x.dtype)

@@ -34,6 +34,8 @@ ATTENTION_BATCHES = [
 # N past the decode tile (4 rows) and the prefill panel (2 vector widths)
 LINEAR_SHAPES = [(1, 37, 5), (1, 1000, 130), (7, 200, 133), (8, 2048, 64), (9, 128, 33), (64, 300, 70), (130, 1024, 96)]
 WEIGHT_DTYPES = [torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.int8]
+TILED_LINEAR_SHAPES = [(1, 64, 4), (1, 1024, 132), (7, 96, 36), (8, 2048, 64), (9, 128, 8), (64, 320, 68), (130, 1024, 96)]
+"""(M, K, N) with N a multiple of 4 and K of 32: decode and panel paths, serial and parallel, partial panels."""
 ATTENTION_HEADS = [(8, 8, 64), (16, 8, 128), (16, 2, 128), (4, 2, 44)]  # GQA ratios 1, 2, 8; 44: vector tails
 
 
@@ -167,6 +169,17 @@ def run_linear(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     assert_matches(ours, theirs, dtype, atol=atol)
 
 
+def run_linear_tiled(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
+    (m, k, n), weight_dtype = case
+    x = torch.randn(m, k, device=device).to(dtype)
+    weight = torch.randn(n, k, device=device).to(weight_dtype)
+    tiles = ref.tile_weight(weight)
+    assert torch.equal(ref.untile_weight(tiles), weight)
+    ours, theirs = ops.linear(x, tiles), ref.linear(x, weight)
+    atol = (1e-5 if dtype == torch.float32 else 1e-2) * theirs.float().abs().max().item()
+    assert_matches(ours, theirs, dtype, atol=atol)
+
+
 def kernel_cases() -> list:
     """(runner, case) pairs for every op and path, as pytest params. Each runner and dtype is an xdist group, so
     that `pytest -n N --dist loadgroup` compiles each op's graph in one worker only."""
@@ -186,5 +199,7 @@ def kernel_cases() -> list:
                   for b in ATTENTION_BATCHES for h in ATTENTION_HEADS]
         cases += [pytest.param(run_linear, dtype, (s, w), id=f"linear-{d}-{str(w).split('.')[-1]}-{s}")
                   for w in WEIGHT_DTYPES for s in LINEAR_SHAPES]
+        cases += [pytest.param(run_linear_tiled, dtype, (s, w), id=f"linear_tiled-{d}-{str(w).split('.')[-1]}-{s}")
+                  for w in ref.TILED_DTYPES for s in TILED_LINEAR_SHAPES]
     group = lambda runner, dtype: pytest.mark.xdist_group(f"{runner.__name__}-{dtype}")
     return [pytest.param(*p.values, id=p.id, marks=group(*p.values[:2])) for p in cases]

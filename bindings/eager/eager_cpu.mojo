@@ -17,7 +17,7 @@ from mojo_kernels.core.activations import (
     check_silu_and_mul, elementwise_cpu, silu_and_mul_cpu, SILU, GELU, RELU
 )
 from mojo_kernels.core.attention import check_attention, attention_cpu
-from mojo_kernels.core.linear import check_linear, linear_cpu
+from mojo_kernels.core.linear import check_linear, check_linear_tiled, linear_cpu, linear_tiled_cpu
 from mojo_kernels.core.normalization import check_norm, norm_rows_cpu
 from mojo_kernels.core.qk_norm_rope import check_qk_norm_rope_store, qk_norm_rope_store_cpu
 from mojo_kernels.core.rope import check_rope, rope_cpu
@@ -224,6 +224,14 @@ def linear[a_type: DType, w_type: DType](mut args: Args) raises:
     linear_cpu[a_type, w_type](runner, y.ptr(), x.ptr(), w.ptr(), scales.ptr(), x.dims[0], w.dims[0], x.dims[1], Int(block_k))
 
 
+def linear_tiled[a_type: DType, w_type: DType](mut args: Args) raises:
+    var runner = OpenMP(args.int())
+    var y, x, w = args.tensor[a_type, 2](), args.tensor[a_type, 2](), args.tensor[w_type, 4]()
+    args.done("linear_tiled")
+    check_linear_tiled[w_type](x.dims[0], x.dims[1], w.dims[0], w.dims[1], w.dims[2], w.dims[3], y.dims[0], y.dims[1])
+    linear_tiled_cpu[a_type, w_type](runner, y.ptr(), x.ptr(), w.ptr(), x.dims[0], y.dims[1], x.dims[1])
+
+
 def _add_ops(mut m: PythonModuleBuilder) raises:
     # names must be static strings: one line per op and dtype
     m.def_py_c_function(_fastcall[rms_norm[DType.float32]], "rms_norm_float32")
@@ -256,6 +264,10 @@ def _add_ops(mut m: PythonModuleBuilder) raises:
     m.def_py_c_function(_fastcall[linear[DType.bfloat16, DType.bfloat16]], "linear_bfloat16_bfloat16")
     m.def_py_c_function(_fastcall[linear[DType.bfloat16, DType.uint8]], "linear_bfloat16_uint8")
     m.def_py_c_function(_fastcall[linear[DType.bfloat16, DType.int8]], "linear_bfloat16_int8")
+    m.def_py_c_function(_fastcall[linear_tiled[DType.float32, DType.float32]], "linear_tiled_float32_float32")
+    m.def_py_c_function(_fastcall[linear_tiled[DType.float32, DType.bfloat16]], "linear_tiled_float32_bfloat16")
+    m.def_py_c_function(_fastcall[linear_tiled[DType.bfloat16, DType.float32]], "linear_tiled_bfloat16_float32")
+    m.def_py_c_function(_fastcall[linear_tiled[DType.bfloat16, DType.bfloat16]], "linear_tiled_bfloat16_bfloat16")
 
 
 @export

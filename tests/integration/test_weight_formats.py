@@ -49,6 +49,9 @@ def test_bfloat16_weights_drift_no_more_than_transformers_bfloat16(tiny_checkpoi
     hf_bf16 = Qwen3ForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.bfloat16, attn_implementation="eager").eval()
     engine = InferenceEngine.from_pretrained(tiny_checkpoint, dtype="float32", weight_dtype="bfloat16")
     assert engine.model.layers[0].qkv_proj.dtype == torch.bfloat16 and engine.model.embed_tokens.dtype == torch.float32
+    # in the decode kernel's tiled layout (reference.tile_weight), every projection and the LM head
+    assert all(w.dim() == 4 for layer in engine.model.layers for w in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj,
+                                                                         layer.down_proj)) and engine.model.lm_head.dim() == 4
     prompt = _prompts(engine.model.config.vocab_size)[2]
     exact = _hf_logits(_hf(tiny_checkpoint), prompt)
     ours = _rel_err(_Batch(engine.model, 1).forward([prompt], all_logits=True), exact)

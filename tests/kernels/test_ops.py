@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 
+from bindings import reference as ref
 from tests.attention_cases import attention_case
 from tests.kernel_cases import kernel_cases, run_attention
 
@@ -131,6 +132,12 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
         ops.linear(torch.randn(2, 200), int8)
     with pytest.raises(ValueError, match="weights must be one of"):
         ops.linear(torch.randn(2, 200), torch.ones(8, 200, dtype=torch.float16))
+    with pytest.raises(ValueError, match="float32 weights must be tiled \\[N / 4, K / 16, 4, 16\\], got tiles of \\[4, 8\\]|dimension"):
+        ops.linear(torch.randn(2, 32), torch.ones(2, 4, 4, 8))
+    with pytest.raises(ValueError, match="tiled weights are float32 / bfloat16 on a CPU"):
+        ops.linear(torch.randn(2, 128), torch.ones(2, 2, 4, 64, dtype=torch.int8))
+    with pytest.raises(ValueError, match="N a multiple of 4 and K of 64 bytes, got torch.bfloat16 \\(6, 64\\)"):
+        ref.tile_weight(torch.ones(6, 64, dtype=torch.bfloat16))
 
 
 def test_gpu_compile_check_passes() -> None:
