@@ -26,7 +26,7 @@
 #     bfloat16 weights are packed in pairs instead ([K / 2, PANEL] pairs) for vdpbf16ps: twice the FMAs' work.
 # Tiled weights (mili_linear_tiled, CPU only): w as [N / NR, K / tile_k, NR, tile_k], tile_k = TILE_BYTES of a row:
 #   each NR rows of a decode tile lie in memory in the order the tile reads them, so a worker streams one
-#   sequential run of memory instead of NR rows at once (bfloat16 decode ~1.15x faster on the AVX2 VM: its
+#   sequential run of memory instead of NR rows at once (bfloat16 batch-1 decode ~1.1x faster on the AVX2 VM: its
 #   prefetchers keep fewer streams going than the tile has rows). bindings/reference.tile_weight makes them.
 # GPU: a thread per output element (the model graph dequantizes to bfloat16 and uses MAX's matmul there).
 from extensibility import register, InputTensor, OutputTensor
