@@ -159,25 +159,26 @@ def linear_weight(n: int, k: int, weight_dtype: torch.dtype, device: str, block_
     return weight, torch.rand(n, -(-k // block_k), device=device) * 0.01 + 1e-3, block_k
 
 
-def run_linear(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
-    (m, k, n), weight_dtype = case
-    x = torch.randn(m, k, device=device).to(dtype)
-    weight, scales, block_k = linear_weight(n, k, weight_dtype, device)
-    ours, theirs = ops.linear(x, weight, scales, block_k), ref.linear(x, weight, scales, block_k)
+def _assert_linear_matches(ours: torch.Tensor, theirs: torch.Tensor, dtype: torch.dtype) -> None:
     # float32 sums of K products in another order: relative to the output's size, not each element's
     atol = (1e-5 if dtype == torch.float32 else 1e-2) * theirs.float().abs().max().item()
     assert_matches(ours, theirs, dtype, atol=atol)
 
 
+def run_linear(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
+    (m, k, n), weight_dtype = case
+    x = torch.randn(m, k, device=device).to(dtype)
+    weight, scales, block_k = linear_weight(n, k, weight_dtype, device)
+    _assert_linear_matches(ops.linear(x, weight, scales, block_k), ref.linear(x, weight, scales, block_k), dtype)
+
+
 def run_linear_tiled(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     (m, k, n), weight_dtype = case
     x = torch.randn(m, k, device=device).to(dtype)
-    weight = torch.randn(n, k, device=device).to(weight_dtype)
+    weight = linear_weight(n, k, weight_dtype, device)[0]
     tiles = ref.tile_weight(weight)
     assert torch.equal(ref.untile_weight(tiles), weight)
-    ours, theirs = ops.linear(x, tiles), ref.linear(x, weight)
-    atol = (1e-5 if dtype == torch.float32 else 1e-2) * theirs.float().abs().max().item()
-    assert_matches(ours, theirs, dtype, atol=atol)
+    _assert_linear_matches(ops.linear(x, tiles), ref.linear(x, weight), dtype)
 
 
 def kernel_cases() -> list:

@@ -750,8 +750,8 @@ def check_linear_tiled[w_type: DType](m: Int, k: Int, tiles_n: Int, tiles_k: Int
 
 def linear_tiled_cpu[a_type: DType, w_type: DType, R: Runner](runner: R, y: Ptr[a_type], x: Ptr[a_type], w: Ptr[w_type],
                                                                m: Int, n: Int, k: Int):
-    var no_scales = List[Float32](length=1, fill=1)
-    linear_cpu[a_type, w_type, tiled=True](runner, y, x, w, _data(no_scales), m, n, k, 0)
+    var no_scale = Float32(1)  # dense weights read no scales
+    linear_cpu[a_type, w_type, tiled=True](runner, y, x, w, Pointer(to=no_scale).unsafe_origin_cast[MutAnyOrigin](), m, n, k, 0)
 
 
 @register("mili_linear_tiled")
