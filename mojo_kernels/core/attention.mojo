@@ -402,20 +402,24 @@ def _merge_splits[dtype: DType](
 ):
     """output[dst + x] for x in x_begin ..< x_end by x_step, from the partial softmax states of one row's splits
     of the keys (CPU and GPU): split s keeps its unnormalized accumulator at partial[first + s * stride + acc_at:],
-    its running max at partial[first + s * stride + m_at] and its sum at partial[first + s * stride + l_at]."""
+    its running max at partial[first + s * stride + m_at] and its sum at partial[first + s * stride + l_at]. Split
+    0's accumulator is overwritten (x_begin ..< x_end by x_step only: each GPU thread merges its own elements)."""
     var m = Float32.MIN
     for s in range(splits):
         m = max(m, partial.unsafe_load(first + s * stride + m_at))
+    # one exp per split, not per element: the splits' accumulators are summed into split 0's (scratch)
     var total = Float32(0)
     for s in range(splits):
         var at = first + s * stride
-        total += partial.unsafe_load(at + l_at) * exp(partial.unsafe_load(at + m_at) - m)
+        var weight = exp(partial.unsafe_load(at + m_at) - m)
+        total += partial.unsafe_load(at + l_at) * weight
+        for x in range(x_begin, x_end, x_step):
+            var scaled = partial.unsafe_load(at + acc_at + x) * weight
+            if s > 0:
+                scaled += partial.unsafe_load(first + acc_at + x)
+            partial.unsafe_store(first + acc_at + x, scaled)
     for x in range(x_begin, x_end, x_step):
-        var acc = Float32(0)
-        for s in range(splits):
-            var at = first + s * stride
-            acc += partial.unsafe_load(at + acc_at + x) * exp(partial.unsafe_load(at + m_at) - m)
-        output.unsafe_store(dst + x, (acc / total).cast[dtype]())
+        output.unsafe_store(dst + x, (partial.unsafe_load(first + acc_at + x) / total).cast[dtype]())
 
 
 def attention_cpu[dtype: DType](
@@ -461,7 +465,7 @@ def attention_cpu[dtype: DType](
         # per row: scaled q [D], accumulator [D], running max, running sum, last visible key, scores [KEY_BLOCK];
         # then the key block staged in float32: K transposed per head [Hkv, D, KEY_BLOCK], V per head [Hkv, KEY_BLOCK, D]
         var kv_heads = row_len // head_dim
-        var stage_len = kv_heads * head_dim * KEY_BLOCK
+        var stage_len = kv_heads * head_dim * KEY_BLOCK if max_tile * group >= STAGE_MIN_ROWS else 0  # decode: none
         var buffers = List[Float32](length=rows * (2 * head_dim + 3 + KEY_BLOCK) + 2 * stage_len, fill=0)
         var buf = buffers.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
         var per_head = max_tile * group  # rows per KV head in the largest tile
