@@ -16,7 +16,8 @@ from std.utils.index import IndexList
 from mojo_kernels.core.activations import (
     check_silu_and_mul, elementwise_cpu, silu_and_mul_cpu, SILU, GELU, RELU
 )
-from mojo_kernels.core.attention import check_attention, attention_cpu
+from mojo_kernels.core.attention.common import check_attention
+from mojo_kernels.core.attention.cpu import attention_cpu
 from mojo_kernels.core.linear import check_linear, check_linear_tiled, linear_cpu, linear_tiled_cpu
 from mojo_kernels.core.normalization import check_norm, norm_rows_cpu
 from mojo_kernels.core.qk_norm_rope import check_qk_norm_rope_store, qk_norm_rope_store_cpu

@@ -1,71 +1,39 @@
-# Paged causal attention over a ragged batch (GQA when Hq is a multiple of Hkv).
-#   q[T, Hq, D]; K/V caches [pages, page_size, Hkv, D]; page_table[B, max_pages]; context_lens[B];
-#   query_start[B + 1]. Sequence b owns queries query_start[b]..query_start[b+1]; its context_lens[b] keys
-#   (new ones included, already stored) sit in its pages. Query i of a sequence of q_len queries is at
-#   position context_len - q_len + i and sees keys 0..that position. Prefill, extension of a cached
-#   prefix and decode (q_len 1) are the same computation: an online softmax over the visible keys,
-#   accumulated in float32.
-# CPU: a work item is a tile of up to QUERY_TILE queries of one sequence with all their heads, over one
-#      split of the keys (decode splits long contexts over the workers and merges the partial softmax states).
-#      All KV heads of a token are adjacent in the cache, so an item streams through memory. Tiles with many
-#      rows per KV head stage each key block (transposed, float32) and score it without horizontal sums, four
-#      rows of a KV head at a time (each staged key / value vector loaded feeds four FMAs); the others (decode)
-#      read the cache directly, KEY_GROUP keys at a time (the next group prefetched): the rows of a KV head (up
-#      to four) score several keys at once, and accumulate the group's values in registers.
-# GPU: one block per (query token, query head, split of its keys); keys in chunks of GPU_BLOCK, one key per
-#      thread for the scores, then one head dimension per thread for the weighted sum of values. Few blocks
-#      over long contexts (decode of a small batch) split the keys (gpu_splits); a second kernel merges the
-#      splits' partial softmax states.
-from extensibility import register, InputTensor, OutputTensor
-from extensibility import _MutableInputTensor as MutableInputTensor
-from max.gpu.host import DeviceContext
-from max.gpu import thread_idx, block_idx
-from max.gpu.sync import barrier
-from max.gpu.primitives import block
+# Paged attention on a CPU (the layout and the computation: common.mojo).
+# A work item is a tile of up to QUERY_TILE queries of one sequence with all their heads, over one
+# split of the keys (decode splits long contexts over the workers and merges the partial softmax states).
+# All KV heads of a token are adjacent in the cache, so an item streams through memory. Tiles with many
+# rows per KV head stage each key block (transposed, float32) and score it without horizontal sums, four
+# rows of a KV head at a time (each staged key / value vector loaded feeds four FMAs); the others (decode)
+# read the cache directly, KEY_GROUP keys at a time (the next group prefetched): the rows of a KV head (up
+# to four) score several keys at once, and accumulate the group's values in registers.
 from max.algorithm import parallelize
 from std.math import ceildiv, exp, iota
-from std.memory import stack_allocation
 from std.collections import Array
 from std.sys import num_logical_cores, size_of
 from std.sys.intrinsics import prefetch, PrefetchOptions
 from std.utils.index import IndexList
 
-from ..utils.types import load_f32, narrow, F32, F32_WIDTH, Ptr, GPU_BLOCK, check_same
-from ..utils.parallel import CpuContext
-
-comptime MAX_HEAD_DIM = 2 * GPU_BLOCK
-"""The GPU kernel keeps q in shared memory and two head dimensions per thread."""
-comptime GPU_BUSY_BLOCKS = 1024
-"""GPU: (token, head) blocks that keep the GPU busy without splitting the keys (an H100 has 132 SMs)."""
-comptime GPU_SPLIT_KEYS = 512
-"""GPU: the fewest keys per split."""
-comptime GPU_MAX_SPLITS = 32
-
+from ...utils.types import load_f32, narrow, F32, F32_WIDTH, Ptr
+from ...utils.parallel import CpuContext
+from .common import merge_splits
 
 comptime KEY_BLOCK = 32
-"""CPU: keys scored together before one softmax rescale."""
+"""Keys scored together before one softmax rescale."""
 comptime QUERY_TILE = 32
-"""CPU: queries of one sequence that share each loaded key and value row."""
+"""Queries of one sequence that share each loaded key and value row."""
 comptime STAGE_MIN_ROWS = 8
-"""CPU: (query, head) rows per KV head from which a tile stages its key blocks (transposed, float32)."""
+"""Rows (query x head) per KV head from which a tile stages its key blocks (transposed, float32)."""
 comptime KEY_GROUP = 8
-"""CPU, keys read straight from the cache: keys processed together, all KV heads (adjacent in memory)."""
+"""Keys read straight from the cache: keys processed together, all KV heads (adjacent in memory)."""
 comptime VALUE_WIDTH = 2 * F32_WIDTH
-"""CPU: head dimensions of a row accumulated per pass over a staged value block (two registers)."""
+"""Head dimensions of a row accumulated per pass over a staged value block (two registers)."""
 comptime MASKED = Float32(-1.0e30)
-
-
-@always_inline
-def _token_offset(page_table: Ptr[DType.int32], table_row: Int, j: Int, page_size: Int, row_len: Int) -> Int:
-    """Element offset in the cache of token j's K (or V) row, all heads; table_row = sequence * max_pages."""
-    var page = Int(page_table.unsafe_load(table_row + j // page_size))
-    return (page * page_size + j % page_size) * row_len
 
 
 @always_inline
 def _block_offsets(page_table: Ptr[DType.int32], table_row: Int, j0: Int, n_keys: Int, page_size: Int,
                    row_len: Int) -> Array[Int, KEY_BLOCK]:
-    """_token_offset of keys j0 .. j0 + n_keys - 1 (one division per block, not two per key)."""
+    """token_offset of keys j0 .. j0 + n_keys - 1 (one division per block, not two per key)."""
     var offsets = Array[Int, KEY_BLOCK](fill=0)
     var page, slot = j0 // page_size, j0 % page_size
     for jj in range(n_keys):
@@ -395,33 +363,6 @@ def _four_rows_block(buf: Ptr[F32], r0: Int, r1: Int, r2: Int, r3: Int, j0: Int,
         buf.unsafe_store(acc_off + r3 * head_dim + x, c3)
 
 
-@always_inline
-def _merge_splits[dtype: DType](
-    output: Ptr[dtype], dst: Int, partial: Ptr[F32], first: Int, stride: Int, acc_at: Int, m_at: Int, l_at: Int,
-    splits: Int, x_begin: Int, x_end: Int, x_step: Int,
-):
-    """output[dst + x] for x in x_begin ..< x_end by x_step, from the partial softmax states of one row's splits
-    of the keys (CPU and GPU): split s keeps its unnormalized accumulator at partial[first + s * stride + acc_at:],
-    its running max at partial[first + s * stride + m_at] and its sum at partial[first + s * stride + l_at]. Split
-    0's accumulator is overwritten (x_begin ..< x_end by x_step only: each GPU thread merges its own elements)."""
-    var m = Float32.MIN
-    for s in range(splits):
-        m = max(m, partial.unsafe_load(first + s * stride + m_at))
-    # one exp per split, not per element: the splits' accumulators are summed into split 0's (scratch)
-    var total = Float32(0)
-    for s in range(splits):
-        var at = first + s * stride
-        var weight = exp(partial.unsafe_load(at + m_at) - m)
-        total += partial.unsafe_load(at + l_at) * weight
-        for x in range(x_begin, x_end, x_step):
-            var scaled = partial.unsafe_load(at + acc_at + x) * weight
-            if s > 0:
-                scaled += partial.unsafe_load(first + acc_at + x)
-            partial.unsafe_store(first + acc_at + x, scaled)
-    for x in range(x_begin, x_end, x_step):
-        output.unsafe_store(dst + x, (partial.unsafe_load(first + acc_at + x) / total).cast[dtype]())
-
-
 def attention_cpu[dtype: DType](
     output: Ptr[dtype], q: Ptr[dtype], k_cache: Ptr[dtype], v_cache: Ptr[dtype], page_table: Ptr[DType.int32],
     context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale: Float32,
@@ -581,162 +522,7 @@ def attention_cpu[dtype: DType](
             var n_queries = min(QUERY_TILE, Int(query_start.unsafe_load(b + 1)) - q_begin - first)
             for r in range(n_queries * q_heads):
                 var dst = ((q_begin + first + r // q_heads) * q_heads + r % q_heads) * head_dim
-                _merge_splits(output, dst, part_ptr, tile * splits * state_len, state_len, r * head_dim,
+                merge_splits(output, dst, part_ptr, tile * splits * state_len, state_len, r * head_dim,
                               rows * head_dim + r, rows * head_dim + rows + r, splits, 0, head_dim, 1)
     _ = tiles^
     _ = partial^
-
-
-def _attention_gpu[dtype: DType](
-    output: Ptr[dtype], partial: Ptr[F32], q: Ptr[dtype], k_cache: Ptr[dtype], v_cache: Ptr[dtype],
-    page_table: Ptr[DType.int32], context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale_ptr: Ptr[F32],
-    batch: Int32, max_pages: Int32, q_heads: Int32, kv_heads: Int32, head_dim: Int32, page_size: Int32, splits: Int32,
-):
-    """Block (t, h, split): query token t, query head h, split `split` of the keys t sees. With one split it
-    writes the output; with more, its unnormalized accumulator, running max and sum go to
-    partial[((t * Hq + h) * splits + split) * (D + 2):] for _merge_splits_gpu."""
-    var t = Int(block_idx.x)
-    var h = Int(block_idx.y)
-    var split = Int(block_idx.z)
-    var tid = Int(thread_idx.x)
-    var hq, hk, d, ps, n_splits = Int(q_heads), Int(kv_heads), Int(head_dim), Int(page_size), Int(splits)
-    var lo = 0
-    var hi = Int(batch) - 1
-    while lo < hi:  # the sequence of token t: the last b with query_start[b] <= t
-        var mid = (lo + hi + 1) // 2
-        if Int(query_start.unsafe_load(mid)) <= t:
-            lo = mid
-        else:
-            hi = mid - 1
-    var b = lo
-    var q_begin = Int(query_start.unsafe_load(b))
-    var q_len = Int(query_start.unsafe_load(b + 1)) - q_begin
-    var n_visible = Int(context_lens.unsafe_load(b)) - q_len + (t - q_begin) + 1
-    var per_split = ceildiv(ceildiv(n_visible, n_splits), GPU_BLOCK) * GPU_BLOCK
-    var k_begin = min(split * per_split, n_visible)  # split 0 is never empty: a query sees itself
-    var k_end = min(k_begin + per_split, n_visible)
-    var g = h // (hq // hk)
-    var scale = scale_ptr.unsafe_load(0)
-    var q_sh = stack_allocation[MAX_HEAD_DIM, F32, address_space=AddressSpace.SHARED]()
-    var p_sh = stack_allocation[GPU_BLOCK, F32, address_space=AddressSpace.SHARED]()
-    for x in range(tid, d, GPU_BLOCK):
-        q_sh.unsafe_store(x, q.unsafe_load((t * hq + h) * d + x).cast[F32]() * scale)
-    barrier()
-    var m = Float32.MIN
-    var l = Float32(0)
-    var acc0 = Float32(0)
-    var acc1 = Float32(0)
-    for start in range(k_begin, k_end, GPU_BLOCK):
-        var j = start + tid
-        var s = Float32.MIN
-        if j < k_end:
-            var row = _token_offset(page_table, b * Int(max_pages), j, ps, hk * d) + g * d
-            s = 0
-            for x in range(d):
-                s += q_sh.unsafe_load(x) * k_cache.unsafe_load(row + x).cast[F32]()
-        var m_new = max(m, block.max[block_size=GPU_BLOCK, broadcast=True](s))
-        var p = exp(s - m_new) if j < k_end else Float32(0)
-        p_sh.unsafe_store(tid, p)
-        var keep = exp(m - m_new)
-        l = l * keep + block.sum[block_size=GPU_BLOCK, broadcast=True](p)
-        m = m_new
-        barrier()
-        acc0 *= keep
-        acc1 *= keep
-        for jj in range(min(GPU_BLOCK, k_end - start)):
-            var key = start + jj
-            var row = _token_offset(page_table, b * Int(max_pages), key, ps, hk * d) + g * d
-            var pj = p_sh.unsafe_load(jj)
-            if tid < d:
-                acc0 += pj * v_cache.unsafe_load(row + tid).cast[F32]()
-            if tid + GPU_BLOCK < d:
-                acc1 += pj * v_cache.unsafe_load(row + tid + GPU_BLOCK).cast[F32]()
-        barrier()
-    if n_splits == 1:
-        var dst = (t * hq + h) * d
-        if tid < d:
-            output.unsafe_store(dst + tid, (acc0 / l).cast[dtype]())
-        if tid + GPU_BLOCK < d:
-            output.unsafe_store(dst + tid + GPU_BLOCK, (acc1 / l).cast[dtype]())
-    else:
-        var at = ((t * hq + h) * n_splits + split) * (d + 2)
-        if tid < d:
-            partial.unsafe_store(at + tid, acc0)
-        if tid + GPU_BLOCK < d:
-            partial.unsafe_store(at + tid + GPU_BLOCK, acc1)
-        if tid == 0:
-            partial.unsafe_store(at + d, m)
-            partial.unsafe_store(at + d + 1, l)
-
-
-def _merge_splits_gpu[dtype: DType](output: Ptr[dtype], partial: Ptr[F32], q_heads: Int32, head_dim: Int32, splits: Int32):
-    """Block (t, h): the output of query token t, head h from its splits' partial softmax states."""
-    var row = Int(block_idx.x) * Int(q_heads) + Int(block_idx.y)
-    var d, n_splits = Int(head_dim), Int(splits)
-    _merge_splits(output, row * d, partial, row * n_splits * (d + 2), d + 2, 0, d, d + 1, n_splits,
-                  Int(thread_idx.x), d, GPU_BLOCK)
-
-
-def gpu_splits(tokens: Int, q_heads: Int, max_keys: Int) -> Int:
-    """Splits of the keys per (token, head) on GPU: long contexts with few (token, head) blocks (decode of a
-    small batch) would leave most of the GPU idle. max_keys bounds every context (pages per sequence x page
-    size): the contexts themselves are on the GPU."""
-    if tokens * q_heads >= GPU_BUSY_BLOCKS:
-        return 1
-    return max(1, min(GPU_MAX_SPLITS, max_keys // GPU_SPLIT_KEYS, GPU_BUSY_BLOCKS // (tokens * q_heads)))
-
-
-def check_attention(batch: Int, q_heads: Int, head_dim: Int, kv_heads: Int, cache_head_dim: Int, k_cache_size: Int,
-                    v_cache_size: Int, page_table_rows: Int, query_start_size: Int) raises:
-    check_same["paged_attention"](cache_head_dim, head_dim, "cache head_dim", "q head_dim")
-    check_same["paged_attention"](v_cache_size, k_cache_size, "v_cache size", "k_cache size")
-    check_same["paged_attention"](query_start_size, batch + 1, "query_start size", "sequences + 1")
-    check_same["paged_attention"](page_table_rows, batch, "page_table rows", "sequences")
-    check_same["paged_attention"](q_heads % kv_heads, 0, "q heads % kv heads", "zero")
-
-
-@register("mili_paged_attention")
-struct PagedAttention:
-    @staticmethod
-    def execute[dtype: DType, //, target: StaticString](
-        output: OutputTensor[dtype=dtype, rank=3, ...],
-        k_cache: MutableInputTensor[dtype=dtype, rank=4, ...],  # read only; mutable so graphs pass the caches by reference
-        v_cache: MutableInputTensor[dtype=dtype, rank=4, ...],
-        q: InputTensor[dtype=dtype, rank=3, ...],
-        page_table: InputTensor[dtype=DType.int32, rank=2, ...],
-        context_lens: InputTensor[dtype=DType.int32, rank=1, ...],
-        query_start: InputTensor[dtype=DType.int32, rank=1, ...],
-        scale: InputTensor[dtype=DType.float32, rank=1, ...],
-        ctx: DeviceContext,
-    ) raises:
-        var tokens = q.dim_size[0]()
-        var q_heads = q.dim_size[1]()
-        var head_dim = q.dim_size[2]()
-        var kv_heads = k_cache.dim_size[2]()
-        var batch = context_lens.dim_size[0]()
-        check_attention(batch, q_heads, head_dim, kv_heads, k_cache.dim_size[3](), k_cache.size(), v_cache.size(),
-                        page_table.dim_size[0](), query_start.dim_size[0]())
-        if tokens == 0:
-            return
-        comptime if target == "cpu":
-            attention_cpu[dtype](output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(),
-                                  page_table.unsafe_ptr(), context_lens.unsafe_ptr(), query_start.unsafe_ptr(),
-                                  scale.unsafe_ptr().unsafe_load(0), batch, page_table.dim_size[1](), q_heads,
-                                  kv_heads, head_dim, k_cache.dim_size[1](), rebind[CpuContext](ctx))
-        else:
-            if head_dim > MAX_HEAD_DIM:
-                raise Error("paged_attention: head_dim ", head_dim, " exceeds the GPU kernel's ", MAX_HEAD_DIM)
-            var splits = gpu_splits(tokens, q_heads, page_table.dim_size[1]() * k_cache.dim_size[1]())
-            var partial = ctx.enqueue_create_buffer[DType.float32](tokens * q_heads * splits * (head_dim + 2) if splits > 1 else 1)
-            ctx.enqueue_function[_attention_gpu[dtype]](
-                output.unsafe_ptr(), partial.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(),
-                page_table.unsafe_ptr(), context_lens.unsafe_ptr(), query_start.unsafe_ptr(), scale.unsafe_ptr(),
-                Int32(batch), Int32(page_table.dim_size[1]()), Int32(q_heads), Int32(kv_heads), Int32(head_dim),
-                Int32(k_cache.dim_size[1]()), Int32(splits), grid_dim=(tokens, q_heads, splits), block_dim=GPU_BLOCK,
-            )
-            if splits > 1:
-                ctx.enqueue_function[_merge_splits_gpu[dtype]](
-                    output.unsafe_ptr(), partial.unsafe_ptr(), Int32(q_heads), Int32(head_dim), Int32(splits),
-                    grid_dim=(tokens, q_heads), block_dim=GPU_BLOCK,
-                )
-            _ = partial^  # freed in stream order, after the kernels that use it

@@ -1,0 +1,144 @@
+# Paged attention on a GPU (the layout and the computation: common.mojo).
+# One block per (query token, query head, split of its keys); keys in chunks of GPU_BLOCK, one key per
+# thread for the scores, then one head dimension per thread for the weighted sum of values. Few blocks
+# over long contexts (decode of a small batch) split the keys (gpu_splits); a second kernel merges the
+# splits' partial softmax states.
+from max.gpu.host import DeviceContext
+from max.gpu import thread_idx, block_idx
+from max.gpu.sync import barrier
+from max.gpu.primitives import block
+from std.math import ceildiv, exp
+from std.memory import stack_allocation
+
+from ...utils.types import F32, Ptr, GPU_BLOCK
+from .common import merge_splits, token_offset
+
+comptime MAX_HEAD_DIM = 2 * GPU_BLOCK
+"""The GPU kernel keeps q in shared memory and two head dimensions per thread."""
+comptime GPU_BUSY_BLOCKS = 1024
+"""Blocks (token x head) that keep the GPU busy without splitting the keys (an H100 has 132 SMs)."""
+comptime GPU_SPLIT_KEYS = 512
+"""The fewest keys per split."""
+comptime GPU_MAX_SPLITS = 32
+
+
+def _attention_gpu[dtype: DType](
+    output: Ptr[dtype], partial: Ptr[F32], q: Ptr[dtype], k_cache: Ptr[dtype], v_cache: Ptr[dtype],
+    page_table: Ptr[DType.int32], context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale_ptr: Ptr[F32],
+    batch: Int32, max_pages: Int32, q_heads: Int32, kv_heads: Int32, head_dim: Int32, page_size: Int32, splits: Int32,
+):
+    """Block (t, h, split): query token t, query head h, split `split` of the keys t sees. With one split it
+    writes the output; with more, its unnormalized accumulator, running max and sum go to
+    partial[((t * Hq + h) * splits + split) * (D + 2):] for _merge_splits_gpu."""
+    var t = Int(block_idx.x)
+    var h = Int(block_idx.y)
+    var split = Int(block_idx.z)
+    var tid = Int(thread_idx.x)
+    var hq, hk, d, ps, n_splits = Int(q_heads), Int(kv_heads), Int(head_dim), Int(page_size), Int(splits)
+    var lo = 0
+    var hi = Int(batch) - 1
+    while lo < hi:  # the sequence of token t: the last b with query_start[b] <= t
+        var mid = (lo + hi + 1) // 2
+        if Int(query_start.unsafe_load(mid)) <= t:
+            lo = mid
+        else:
+            hi = mid - 1
+    var b = lo
+    var q_begin = Int(query_start.unsafe_load(b))
+    var q_len = Int(query_start.unsafe_load(b + 1)) - q_begin
+    var n_visible = Int(context_lens.unsafe_load(b)) - q_len + (t - q_begin) + 1
+    var per_split = ceildiv(ceildiv(n_visible, n_splits), GPU_BLOCK) * GPU_BLOCK
+    var k_begin = min(split * per_split, n_visible)  # split 0 is never empty: a query sees itself
+    var k_end = min(k_begin + per_split, n_visible)
+    var g = h // (hq // hk)
+    var scale = scale_ptr.unsafe_load(0)
+    var q_sh = stack_allocation[MAX_HEAD_DIM, F32, address_space=AddressSpace.SHARED]()
+    var p_sh = stack_allocation[GPU_BLOCK, F32, address_space=AddressSpace.SHARED]()
+    for x in range(tid, d, GPU_BLOCK):
+        q_sh.unsafe_store(x, q.unsafe_load((t * hq + h) * d + x).cast[F32]() * scale)
+    barrier()
+    var m = Float32.MIN
+    var l = Float32(0)
+    var acc0 = Float32(0)
+    var acc1 = Float32(0)
+    for start in range(k_begin, k_end, GPU_BLOCK):
+        var j = start + tid
+        var s = Float32.MIN
+        if j < k_end:
+            var row = token_offset(page_table, b * Int(max_pages), j, ps, hk * d) + g * d
+            s = 0
+            for x in range(d):
+                s += q_sh.unsafe_load(x) * k_cache.unsafe_load(row + x).cast[F32]()
+        var m_new = max(m, block.max[block_size=GPU_BLOCK, broadcast=True](s))
+        var p = exp(s - m_new) if j < k_end else Float32(0)
+        p_sh.unsafe_store(tid, p)
+        var keep = exp(m - m_new)
+        l = l * keep + block.sum[block_size=GPU_BLOCK, broadcast=True](p)
+        m = m_new
+        barrier()
+        acc0 *= keep
+        acc1 *= keep
+        for jj in range(min(GPU_BLOCK, k_end - start)):
+            var key = start + jj
+            var row = token_offset(page_table, b * Int(max_pages), key, ps, hk * d) + g * d
+            var pj = p_sh.unsafe_load(jj)
+            if tid < d:
+                acc0 += pj * v_cache.unsafe_load(row + tid).cast[F32]()
+            if tid + GPU_BLOCK < d:
+                acc1 += pj * v_cache.unsafe_load(row + tid + GPU_BLOCK).cast[F32]()
+        barrier()
+    if n_splits == 1:
+        var dst = (t * hq + h) * d
+        if tid < d:
+            output.unsafe_store(dst + tid, (acc0 / l).cast[dtype]())
+        if tid + GPU_BLOCK < d:
+            output.unsafe_store(dst + tid + GPU_BLOCK, (acc1 / l).cast[dtype]())
+    else:
+        var at = ((t * hq + h) * n_splits + split) * (d + 2)
+        if tid < d:
+            partial.unsafe_store(at + tid, acc0)
+        if tid + GPU_BLOCK < d:
+            partial.unsafe_store(at + tid + GPU_BLOCK, acc1)
+        if tid == 0:
+            partial.unsafe_store(at + d, m)
+            partial.unsafe_store(at + d + 1, l)
+
+
+def _merge_splits_gpu[dtype: DType](output: Ptr[dtype], partial: Ptr[F32], q_heads: Int32, head_dim: Int32, splits: Int32):
+    """Block (t, h): the output of query token t, head h from its splits' partial softmax states."""
+    var row = Int(block_idx.x) * Int(q_heads) + Int(block_idx.y)
+    var d, n_splits = Int(head_dim), Int(splits)
+    merge_splits(output, row * d, partial, row * n_splits * (d + 2), d + 2, 0, d, d + 1, n_splits,
+                  Int(thread_idx.x), d, GPU_BLOCK)
+
+
+def gpu_splits(tokens: Int, q_heads: Int, max_keys: Int) -> Int:
+    """Splits of the keys per (token, head) on GPU: long contexts with few (token, head) blocks (decode of a
+    small batch) would leave most of the GPU idle. max_keys bounds every context (pages per sequence x page
+    size): the contexts themselves are on the GPU."""
+    if tokens * q_heads >= GPU_BUSY_BLOCKS:
+        return 1
+    return max(1, min(GPU_MAX_SPLITS, max_keys // GPU_SPLIT_KEYS, GPU_BUSY_BLOCKS // (tokens * q_heads)))
+
+
+def attention_gpu[dtype: DType](
+    ctx: DeviceContext, output: Ptr[dtype], q: Ptr[dtype], k_cache: Ptr[dtype], v_cache: Ptr[dtype],
+    page_table: Ptr[DType.int32], context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale: Ptr[F32],
+    tokens: Int, batch: Int, max_pages: Int, q_heads: Int, kv_heads: Int, head_dim: Int, page_size: Int,
+) raises:
+    """Enqueues the attention kernel on ctx's stream, then the merge when the keys are split."""
+    if head_dim > MAX_HEAD_DIM:
+        raise Error("paged_attention: head_dim ", head_dim, " exceeds the GPU kernel's ", MAX_HEAD_DIM)
+    var splits = gpu_splits(tokens, q_heads, max_pages * page_size)
+    var partial = ctx.enqueue_create_buffer[DType.float32](tokens * q_heads * splits * (head_dim + 2) if splits > 1 else 1)
+    ctx.enqueue_function[_attention_gpu[dtype]](
+        output, partial.unsafe_ptr(), q, k_cache, v_cache, page_table, context_lens, query_start, scale, Int32(batch),
+        Int32(max_pages), Int32(q_heads), Int32(kv_heads), Int32(head_dim), Int32(page_size), Int32(splits),
+        grid_dim=(tokens, q_heads, splits), block_dim=GPU_BLOCK,
+    )
+    if splits > 1:
+        ctx.enqueue_function[_merge_splits_gpu[dtype]](
+            output, partial.unsafe_ptr(), Int32(q_heads), Int32(head_dim), Int32(splits),
+            grid_dim=(tokens, q_heads), block_dim=GPU_BLOCK,
+        )
+    _ = partial^  # freed in stream order, after the kernels that use it

@@ -1,0 +1,46 @@
+# The `mili_paged_attention` op: checks the shapes, then runs the CPU kernel (cpu.mojo) or enqueues the GPU
+# kernels (gpu.mojo). The layout and the computation: common.mojo.
+from extensibility import register, InputTensor, OutputTensor
+from extensibility import _MutableInputTensor as MutableInputTensor
+from max.gpu.host import DeviceContext
+
+from ...utils.parallel import CpuContext
+from .common import check_attention
+from .cpu import attention_cpu
+from .gpu import attention_gpu
+
+
+@register("mili_paged_attention")
+struct PagedAttention:
+    @staticmethod
+    def execute[dtype: DType, //, target: StaticString](
+        output: OutputTensor[dtype=dtype, rank=3, ...],
+        k_cache: MutableInputTensor[dtype=dtype, rank=4, ...],  # read only; mutable so graphs pass the caches by reference
+        v_cache: MutableInputTensor[dtype=dtype, rank=4, ...],
+        q: InputTensor[dtype=dtype, rank=3, ...],
+        page_table: InputTensor[dtype=DType.int32, rank=2, ...],
+        context_lens: InputTensor[dtype=DType.int32, rank=1, ...],
+        query_start: InputTensor[dtype=DType.int32, rank=1, ...],
+        scale: InputTensor[dtype=DType.float32, rank=1, ...],
+        ctx: DeviceContext,
+    ) raises:
+        var tokens = q.dim_size[0]()
+        var q_heads = q.dim_size[1]()
+        var head_dim = q.dim_size[2]()
+        var kv_heads = k_cache.dim_size[2]()
+        var batch = context_lens.dim_size[0]()
+        var max_pages = page_table.dim_size[1]()
+        var page_size = k_cache.dim_size[1]()
+        check_attention(batch, q_heads, head_dim, kv_heads, k_cache.dim_size[3](), k_cache.size(), v_cache.size(),
+                        page_table.dim_size[0](), query_start.dim_size[0]())
+        if tokens == 0:
+            return
+        comptime if target == "cpu":
+            attention_cpu[dtype](output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(),
+                                  page_table.unsafe_ptr(), context_lens.unsafe_ptr(), query_start.unsafe_ptr(),
+                                  scale.unsafe_ptr().unsafe_load(0), batch, max_pages, q_heads, kv_heads, head_dim,
+                                  page_size, rebind[CpuContext](ctx))
+        else:
+            attention_gpu[dtype](ctx, output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(),
+                                 page_table.unsafe_ptr(), context_lens.unsafe_ptr(), query_start.unsafe_ptr(),
+                                 scale.unsafe_ptr(), tokens, batch, max_pages, q_heads, kv_heads, head_dim, page_size)
