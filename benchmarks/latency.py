@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-len", type=int, default=32, help="prompt length of the decode runs")
     parser.add_argument("--prefill-len", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="MILI's KV cache (auto: float32, the activations' dtype)")
 
 
 def check_idle() -> float:
@@ -148,9 +150,11 @@ def _run_requests(engine: InferenceEngine, prompts: Sequence[list[int]], max_tok
 
 
 def open_mili(path: str, weight_dtype: str, args: argparse.Namespace) -> Subject:
-    """MILI on the CPU: float32 activations, weights in weight_dtype, a KV pool just big enough for the runs."""
+    """MILI on the CPU: float32 activations, weights in weight_dtype, the KV cache in args.kv_cache_dtype, a KV pool
+    just big enough for the runs."""
     started = time.perf_counter()
     engine = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", weight_dtype=weight_dtype,
+                                             kv_cache_dtype=args.kv_cache_dtype,
                                              enable_prefix_caching=False, max_num_seqs=max(8, *batch_sizes(args)),
                                              max_num_batched_tokens=max(2048, args.prefill_len), kv_cache_memory_gb=0.5)
     load_s = time.perf_counter() - started

@@ -250,7 +250,28 @@ def relu(x: torch.Tensor) -> torch.Tensor:
 
 # ---- KV cache -----------------------------------------------------------------------------------------------
 
-_CACHE = B(SAME, "P", "S", "Hk", "D")
+KV_DTYPES = (SAME, DType.bfloat16)
+"""The caches' dtype: the activations' own, or bfloat16 under float32 activations (half the bytes attention reads)."""
+
+
+def _cache(kv) -> tuple:
+    return B(kv, "P", "S", "Hk", "D")
+
+
+def _kv_variant(kv) -> str:
+    return "" if kv is SAME else "_kv_" + str(kv).split(".")[-1]
+
+
+def _with_caches(ops: dict, like: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> "CompiledOp":
+    """The op's twin for caches of this dtype under activations like `like`."""
+    if k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"the K and V caches must have one dtype, got {k_cache.dtype} and {v_cache.dtype}")
+    if k_cache.dtype == like.dtype:
+        return ops[SAME]
+    if like.dtype == torch.float32 and k_cache.dtype == torch.bfloat16:
+        return ops[DType.bfloat16]
+    raise ValueError(f"{k_cache.dtype} caches under {like.dtype} activations are not supported: the caches hold the "
+                     "activations' dtype, or bfloat16 under float32")
 
 
 def _check_cache_writes(op: str, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -262,7 +283,8 @@ def _check_cache_writes(op: str, k_cache: torch.Tensor, v_cache: torch.Tensor, s
         raise IndexError(f"{op}: slot {int(slot_mapping.max())} is outside the cache ({capacity} slots)")
 
 
-_STORE_KV = CompiledOp(graph.store_kv, [], [T(SAME, "T", "Hk", "D"), T(SAME, "T", "Hk", "D"), _CACHE, _CACHE, T(I32, "T")])
+_STORE_KV = CompiledOp(graph.store_kv, [], [T(SAME, "T", "Hk", "D"), T(SAME, "T", "Hk", "D"), _cache(SAME), _cache(SAME),
+                                             T(I32, "T")])
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -270,11 +292,11 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     _STORE_KV(_c(k.to(k_cache.dtype)), _c(v.to(v_cache.dtype)), k_cache, v_cache, _i32(slot_mapping))
 
 
-_QK_NORM_ROPE_STORE = CompiledOp(
+_QK_NORM_ROPE_STORE = {kv: CompiledOp(
     graph.qk_norm_rope_store, [T(SAME, "T", "Hq", "D")],
-    [T(SAME, "T", "QKV"), T(SAME, "D"), T(SAME, "D"), T(F32, 1), T(I32, "T"), T(F32, "half_D"), T(F32, 1), _CACHE, _CACHE,
-     T(I32, "T")],
-)
+    [T(SAME, "T", "QKV"), T(SAME, "D"), T(SAME, "D"), T(F32, 1), T(I32, "T"), T(F32, "half_D"), T(F32, 1), _cache(kv),
+     _cache(kv), T(I32, "T")], variant=_kv_variant(kv),
+) for kv in KV_DTYPES}
 
 
 def qk_norm_rope_store(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float, positions: torch.Tensor,
@@ -286,17 +308,19 @@ def qk_norm_rope_store(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Te
         raise ValueError(f"qk_norm_rope_store: qkv must be [tokens, (q heads + 2 * {kv_heads}) * {head_dim}] for these "
                          f"caches, got {tuple(qkv.shape)}")
     q = qkv.new_empty((qkv.shape[0], qkv.shape[1] // head_dim - 2 * kv_heads, head_dim))
-    _QK_NORM_ROPE_STORE(q, _c(qkv), _c(q_norm), _c(k_norm), _scalar(eps, qkv), _i32(positions),
-                        _c(inv_freq.float().to(qkv.device)), _scalar(scale, qkv), k_cache, v_cache, _i32(slot_mapping))
+    op = _with_caches(_QK_NORM_ROPE_STORE, qkv, k_cache, v_cache)
+    op(q, _c(qkv), _c(q_norm), _c(k_norm), _scalar(eps, qkv), _i32(positions), _c(inv_freq.float().to(qkv.device)),
+       _scalar(scale, qkv), k_cache, v_cache, _i32(slot_mapping))
     return q
 
 
 # ---- attention ----------------------------------------------------------------------------------------------
 
-_PAGED_ATTENTION = CompiledOp(
+_PAGED_ATTENTION = {kv: CompiledOp(
     graph.paged_attention, [T(SAME, "T", "Hq", "D")],
-    [T(SAME, "T", "Hq", "D"), _CACHE, _CACHE, T(I32, "B", "max_pages"), T(I32, "B"), T(I32, "B_plus_1"), T(F32, 1)],
-)
+    [T(SAME, "T", "Hq", "D"), _cache(kv), _cache(kv), T(I32, "B", "max_pages"), T(I32, "B"), T(I32, "B_plus_1"), T(F32, 1)],
+    variant=_kv_variant(kv),
+) for kv in KV_DTYPES}
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
@@ -304,8 +328,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("paged_attention reads the caches in place: they must be contiguous")
-    _PAGED_ATTENTION(out, _c(q), k_cache, v_cache, _i32(page_table), _i32(context_lens), _i32(query_start),
-                     _scalar(scale, q))
+    _with_caches(_PAGED_ATTENTION, q, k_cache, v_cache)(out, _c(q), k_cache, v_cache, _i32(page_table), _i32(context_lens),
+                                                        _i32(query_start), _scalar(scale, q))
     return out
 
 

@@ -13,7 +13,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     engine = InferenceEngine.from_pretrained(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
-                                               weight_dtype=args.weight_dtype)
+                                               weight_dtype=args.weight_dtype, kv_cache_dtype=args.kv_cache_dtype)
     load_s = time.perf_counter() - t0
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.seed, ignore_eos=args.ignore_eos)
@@ -85,10 +85,13 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(args)
 
 
-def _add_weight_dtype(parser: argparse.ArgumentParser) -> None:
+def _add_format_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weight-dtype", default="auto", metavar="{auto,float32,bfloat16,fp8,int8}",
                         help="the linear layers' weights on a CPU (auto: an FP8 checkpoint's FP8, else --dtype); "
                         "on a GPU they are dequantized to --dtype")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="the KV cache (auto: --dtype); a CPU may keep bfloat16 K/V under float32 activations: "
+                        "attention reads half the bytes")
 
 
 def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,7 +105,7 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                         help="auto: bfloat16 on a GPU, float32 on the CPU")
     parser.add_argument("--backend", default="mojo", choices=["mojo", "reference"])
-    _add_weight_dtype(parser)
+    _add_format_options(parser)
     parser.add_argument("--max-num-seqs", type=int, default=64, help="requests in the running batch at most")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens computed per step at most")
     parser.add_argument("--max-queue-len", type=int, default=256,
@@ -141,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="auto: bfloat16 on a GPU, float32 on the CPU")
     gen.add_argument("--backend", default="mojo", choices=["mojo", "reference"],
                      help="mojo: one compiled MAX graph on the Mojo kernels; reference: PyTorch op by op")
-    _add_weight_dtype(gen)
+    _add_format_options(gen)
     gen.set_defaults(func=_generate)
 
     serve = sub.add_parser("serve", help="start the HTTP server (design-document routes and an OpenAI-compatible API)")

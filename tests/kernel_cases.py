@@ -37,6 +37,8 @@ WEIGHT_DTYPES = [torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.int8]
 TILED_LINEAR_SHAPES = [(1, 64, 4), (1, 1024, 132), (7, 96, 36), (8, 2048, 64), (9, 128, 8), (64, 320, 68), (130, 1024, 96)]
 """(M, K, N) with N a multiple of 4 and K of 32: decode and panel paths, serial and parallel, partial panels."""
 ATTENTION_HEADS = [(8, 8, 64), (16, 8, 128), (16, 2, 128), (4, 2, 44)]  # GQA ratios 1, 2, 8; 44: vector tails
+KV_DTYPES = {torch.float32: [torch.float32, torch.bfloat16], torch.bfloat16: [torch.bfloat16]}
+"""The caches' dtypes under each activation dtype (ops.KV_DTYPES)."""
 
 
 def tolerance(dtype: torch.dtype) -> dict:
@@ -120,9 +122,9 @@ def run_store_kv(ops, device: str, dtype: torch.dtype, tokens: int) -> None:
 
 
 def run_qk_norm_rope_store(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
-    tokens, q_heads, kv_heads, head_dim, scaling = case
+    tokens, q_heads, kv_heads, head_dim, scaling, kv_dtype = case
     pages, page_size = tokens // 16 + 3, 16
-    caches = [torch.randn(pages, page_size, kv_heads, head_dim, device=device).to(dtype) for _ in range(2)]
+    caches = [torch.randn(pages, page_size, kv_heads, head_dim, device=device).to(kv_dtype) for _ in range(2)]
     qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * head_dim, device=device).to(dtype)
     q_norm, k_norm = (torch.rand(head_dim, device=device) + 0.5).to(dtype), (torch.rand(head_dim, device=device) + 0.5).to(dtype)
     positions = torch.randint(0, 4096, (tokens,), dtype=torch.int32, device=device)
@@ -132,14 +134,16 @@ def run_qk_norm_rope_store(ops, device: str, dtype: torch.dtype, case: tuple) ->
     ours = [c.clone() for c in caches]
     q = ops.qk_norm_rope_store(qkv, q_norm, k_norm, 1e-6, positions, inv_freq, scale, *ours, slots)
     expected = ref.qk_norm_rope_store(qkv, q_norm, k_norm, 1e-6, positions, inv_freq, scale, *caches, slots)
-    assert_matches((q, *ours), (expected, *caches), dtype)
+    assert_matches(q, expected, dtype)
+    assert_matches(tuple(ours), tuple(caches), kv_dtype)  # k, v rounded to the caches' dtype
 
 
 def run_attention(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
-    (context_lens, query_lens), heads = case
+    (context_lens, query_lens), heads, kv_dtype = case
     q_heads, kv_heads, head_dim = heads
-    q, kc, vc, table, lens, starts, expected = attention_case(context_lens, query_lens, q_heads, kv_heads, head_dim, dtype)
-    args = [t.to(device) for t in (q, kc, vc, table, lens, starts)]
+    # q drawn in the caches' dtype too: the reference is exact for it
+    q, kc, vc, table, lens, starts, expected = attention_case(context_lens, query_lens, q_heads, kv_heads, head_dim, kv_dtype)
+    args = [t.to(device) for t in (q.to(dtype), kc, vc, table, lens, starts)]
     ours = ops.paged_attention(*args, head_dim**-0.5)
     assert ours.dtype == dtype and ours.shape == q.shape
     torch.testing.assert_close(ours.float().cpu(), expected, **tolerance(dtype))
@@ -194,10 +198,12 @@ def kernel_cases() -> list:
         cases += [pytest.param(run_elementwise, dtype, n, id=f"elementwise-{d}-{n}") for n in ELEMENTWISE_SIZES]
         cases.append(pytest.param(run_special_values, dtype, None, id=f"special_values-{d}"))
         cases += [pytest.param(run_store_kv, dtype, n, id=f"store_kv-{d}-{n}") for n in (1, 2000)]
-        cases += [pytest.param(run_qk_norm_rope_store, dtype, c, id=f"qk_norm_rope_store-{d}-{c[:4]}-{'yarn' if c[4] else 'plain'}")
-                  for c in QK_CASES]
-        cases += [pytest.param(run_attention, dtype, (b, h), id=f"attention-{d}-{b[0]}x{b[1]}-{h}")
-                  for b in ATTENTION_BATCHES for h in ATTENTION_HEADS]
+        for kv in KV_DTYPES[dtype]:
+            kv_id = "" if kv == dtype else "-kv_" + str(kv).split(".")[-1]
+            cases += [pytest.param(run_qk_norm_rope_store, dtype, (*c, kv),
+                                   id=f"qk_norm_rope_store-{d}{kv_id}-{c[:4]}-{'yarn' if c[4] else 'plain'}") for c in QK_CASES]
+            cases += [pytest.param(run_attention, dtype, (b, h, kv), id=f"attention-{d}{kv_id}-{b[0]}x{b[1]}-{h}")
+                      for b in ATTENTION_BATCHES for h in ATTENTION_HEADS]
         cases += [pytest.param(run_linear, dtype, (s, w), id=f"linear-{d}-{str(w).split('.')[-1]}-{s}")
                   for w in WEIGHT_DTYPES for s in LINEAR_SHAPES]
         cases += [pytest.param(run_linear_tiled, dtype, (s, w), id=f"linear_tiled-{d}-{str(w).split('.')[-1]}-{s}")

@@ -178,13 +178,13 @@ def store_kv[dtype: DType](mut args: Args) raises:
     var row = k.dims[1] * k.dims[2]
     check_store_kv(k.dims[0], row, k_cache.dims[2] * k_cache.dims[3], k.size(), v.size(), slots.dims[0])
     if k.dims[0] > 0:
-        store_kv_cpu[dtype](runner, k_cache.ptr(), v_cache.ptr(), k.ptr(), v.ptr(), slots.ptr(), k.dims[0], row)
+        store_kv_cpu[dtype, dtype](runner, k_cache.ptr(), v_cache.ptr(), k.ptr(), v.ptr(), slots.ptr(), k.dims[0], row)
 
 
-def paged_attention[dtype: DType](mut args: Args) raises:
+def paged_attention[dtype: DType, cache_type: DType](mut args: Args) raises:
     _ = args.int()  # OpenMP entry points: attention keeps Mojo's threads (few long work items, a worker per core)
     var output, q = args.tensor[dtype, 3](), args.tensor[dtype, 3]()
-    var k_cache, v_cache = args.tensor[dtype, 4](), args.tensor[dtype, 4]()
+    var k_cache, v_cache = args.tensor[cache_type, 4](), args.tensor[cache_type, 4]()
     var page_table, context_lens, query_start = args.tensor[I32, 2](), args.tensor[I32, 1](), args.tensor[I32, 1]()
     var scale = _scalar(args)
     args.done("paged_attention")
@@ -192,24 +192,24 @@ def paged_attention[dtype: DType](mut args: Args) raises:
     check_attention(batch, q.dims[1], q.dims[2], k_cache.dims[2], k_cache.dims[3], k_cache.size(), v_cache.size(),
                     page_table.dims[0], query_start.dims[0])
     if q.dims[0] > 0:
-        attention_cpu[dtype](output.ptr(), q.ptr(), k_cache.ptr(), v_cache.ptr(), page_table.ptr(), context_lens.ptr(),
+        attention_cpu[dtype, cache_type](output.ptr(), q.ptr(), k_cache.ptr(), v_cache.ptr(), page_table.ptr(), context_lens.ptr(),
                              query_start.ptr(), scale, batch, page_table.dims[1], q.dims[1], k_cache.dims[2], q.dims[2],
                              k_cache.dims[1])
 
 
-def qk_norm_rope_store[dtype: DType](mut args: Args) raises:
+def qk_norm_rope_store[dtype: DType, cache_type: DType](mut args: Args) raises:
     var runner = OpenMP(args.int())
     var q, qkv = args.tensor[dtype, 3](), args.tensor[dtype, 2]()
     var q_norm, k_norm = args.tensor[dtype, 1](), args.tensor[dtype, 1]()
     var eps = _scalar(args)
     var positions, inv_freq = args.tensor[I32, 1](), args.tensor[F32, 1]()
     var scale = _scalar(args)
-    var k_cache, v_cache, slots = args.tensor[dtype, 4](), args.tensor[dtype, 4](), args.tensor[I32, 1]()
+    var k_cache, v_cache, slots = args.tensor[cache_type, 4](), args.tensor[cache_type, 4](), args.tensor[I32, 1]()
     args.done("qk_norm_rope_store")
     check_qk_norm_rope_store(qkv.dims[0], qkv.dims[1], q.dims[0], q.dims[1], q.dims[2], k_cache.dims[2], k_cache.dims[3],
                              q_norm.dims[0], k_norm.dims[0], positions.dims[0], inv_freq.dims[0], slots.dims[0])
     if qkv.dims[0] > 0:
-        qk_norm_rope_store_cpu[dtype](runner, q.ptr(), k_cache.ptr(), v_cache.ptr(), qkv.ptr(), q_norm.ptr(), k_norm.ptr(),
+        qk_norm_rope_store_cpu[dtype, cache_type](runner, q.ptr(), k_cache.ptr(), v_cache.ptr(), qkv.ptr(), q_norm.ptr(), k_norm.ptr(),
                                       positions.ptr(), inv_freq.ptr(), slots.ptr(), eps, scale, qkv.dims[0], q.dims[1],
                                       k_cache.dims[2], q.dims[2])
 
@@ -253,10 +253,12 @@ def _add_ops(mut m: PythonModuleBuilder) raises:
     m.def_py_c_function(_fastcall[elementwise[DType.bfloat16, RELU]], "relu_bfloat16")
     m.def_py_c_function(_fastcall[store_kv[DType.float32]], "store_kv_float32")
     m.def_py_c_function(_fastcall[store_kv[DType.bfloat16]], "store_kv_bfloat16")
-    m.def_py_c_function(_fastcall[qk_norm_rope_store[DType.float32]], "qk_norm_rope_store_float32")
-    m.def_py_c_function(_fastcall[qk_norm_rope_store[DType.bfloat16]], "qk_norm_rope_store_bfloat16")
-    m.def_py_c_function(_fastcall[paged_attention[DType.float32]], "paged_attention_float32")
-    m.def_py_c_function(_fastcall[paged_attention[DType.bfloat16]], "paged_attention_bfloat16")
+    m.def_py_c_function(_fastcall[qk_norm_rope_store[DType.float32, DType.float32]], "qk_norm_rope_store_float32")
+    m.def_py_c_function(_fastcall[qk_norm_rope_store[DType.bfloat16, DType.bfloat16]], "qk_norm_rope_store_bfloat16")
+    m.def_py_c_function(_fastcall[qk_norm_rope_store[DType.float32, DType.bfloat16]], "qk_norm_rope_store_float32_kv_bfloat16")
+    m.def_py_c_function(_fastcall[paged_attention[DType.float32, DType.float32]], "paged_attention_float32")
+    m.def_py_c_function(_fastcall[paged_attention[DType.bfloat16, DType.bfloat16]], "paged_attention_bfloat16")
+    m.def_py_c_function(_fastcall[paged_attention[DType.float32, DType.bfloat16]], "paged_attention_float32_kv_bfloat16")
     m.def_py_c_function(_fastcall[linear[DType.float32, DType.float32]], "linear_float32_float32")
     m.def_py_c_function(_fastcall[linear[DType.float32, DType.bfloat16]], "linear_float32_bfloat16")
     m.def_py_c_function(_fastcall[linear[DType.float32, DType.uint8]], "linear_float32_uint8")

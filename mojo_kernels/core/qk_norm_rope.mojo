@@ -2,25 +2,25 @@
 #   q[T, Hq, D] = rope(head_rms_norm(q part, q_norm))                          the op's output
 #   k = rope(head_rms_norm(k part, k_norm)), v                                written into the paged caches
 # at slot_mapping[t] (a negative slot is skipped), as three slices, two head_rms_norm, rope and store_kv would do,
-# rounded to dtype between the steps as they are. One op instead of seven: on a CPU each op of a graph costs its
+# rounded to dtype between the steps as they are; k and v are rounded to the caches' dtype (bfloat16 under float32
+# activations, say) when they are stored. One op instead of seven: on a CPU each op of a graph costs its
 # own dispatch and its own pass over the data.
 from extensibility import register, InputTensor, OutputTensor
 from extensibility import _MutableInputTensor as MutableInputTensor
 from max.gpu.host import DeviceContext
 from max.gpu import thread_idx, block_idx
-from std.algorithm import vectorize
 from std.math import cos, sin, rsqrt
 
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
-from ..utils.types import addr, ptr, load_f32, narrow, Addr, F32, F32_WIDTH, Ptr, GPU_BLOCK, SERIAL_ELEMENTS, check_same
+from ..utils.types import addr, ptr, convert_row, Addr, F32, Ptr, GPU_BLOCK, SERIAL_ELEMENTS, check_same
 from .normalization import rms_norm_row
 from .rope import rope_token, _reduced_angle
 
 
-struct _QkTokens[dtype: DType](ChunkTask):
+struct _QkTokens[dtype: DType, cache_type: DType](ChunkTask):
     var q: Addr[Self.dtype]
-    var k_cache: Addr[Self.dtype]
-    var v_cache: Addr[Self.dtype]
+    var k_cache: Addr[Self.cache_type]
+    var v_cache: Addr[Self.cache_type]
     var qkv: Addr[Self.dtype]
     var q_norm: Addr[Self.dtype]
     var k_norm: Addr[Self.dtype]
@@ -33,49 +33,52 @@ struct _QkTokens[dtype: DType](ChunkTask):
     var k_heads: Int
     var head_dim: Int
 
-    def __init__(out self, q: Ptr[Self.dtype], k_cache: Ptr[Self.dtype], v_cache: Ptr[Self.dtype], qkv: Ptr[Self.dtype],
-                 q_norm: Ptr[Self.dtype], k_norm: Ptr[Self.dtype], pos: Ptr[DType.int32], inv_freq: Ptr[F32],
-                 slots: Ptr[DType.int32], eps: Float32, scale: Float32, q_heads: Int, k_heads: Int, head_dim: Int):
+    def __init__(out self, q: Ptr[Self.dtype], k_cache: Ptr[Self.cache_type], v_cache: Ptr[Self.cache_type],
+                 qkv: Ptr[Self.dtype], q_norm: Ptr[Self.dtype], k_norm: Ptr[Self.dtype], pos: Ptr[DType.int32],
+                 inv_freq: Ptr[F32], slots: Ptr[DType.int32], eps: Float32, scale: Float32, q_heads: Int, k_heads: Int,
+                 head_dim: Int):
         self.q, self.k_cache, self.v_cache, self.qkv = addr(q), addr(k_cache), addr(v_cache), addr(qkv)
         self.q_norm, self.k_norm, self.pos, self.inv_freq, self.slots = addr(q_norm), addr(k_norm), addr(pos), addr(inv_freq), addr(slots)
         self.eps, self.scale, self.q_heads, self.k_heads, self.head_dim = eps, scale, q_heads, k_heads, head_dim
 
     def run(self, t: Int):
-        var q, k_cache, v_cache, qkv = ptr(self.q), ptr(self.k_cache), ptr(self.v_cache), ptr(self.qkv)
+        var q, qkv = ptr(self.q), ptr(self.qkv)
         var hq, hk, d = self.q_heads, self.k_heads, self.head_dim
         var src = t * (hq + 2 * hk) * d
         var q_base = t * hq * d
         for h in range(hq):
             rms_norm_row[Self.dtype](q, q_base + h * d, qkv, src + h * d, ptr(self.q_norm), d, self.eps)
         var slot = Int(self.slots.unsafe_load(t))
-        var kv_base = max(slot, 0) * hk * d
         var stored_k_heads = hk if slot >= 0 else 0
+        # k is normed and rotated in dtype, in the cache itself when it holds dtype, else in a row of its own first
+        var k_row = List[Scalar[Self.dtype]](length=stored_k_heads * d if Self.cache_type != Self.dtype else 0, fill=0)
+        var k, k_base = k_row.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](), 0
+        comptime if Self.cache_type == Self.dtype:
+            k, k_base = ptr(self.k_cache).unsafe_bitcast[Scalar[Self.dtype]](), max(slot, 0) * hk * d
         for h in range(stored_k_heads):
-            rms_norm_row[Self.dtype](k_cache, kv_base + h * d, qkv, src + (hq + h) * d, ptr(self.k_norm), d, self.eps)
-        rope_token[Self.dtype](q, k_cache, q, k_cache, q_base, kv_base, self.pos.unsafe_load(t).cast[F32](),
-                               ptr(self.inv_freq), self.scale, hq, stored_k_heads, d)
+            rms_norm_row[Self.dtype](k, k_base + h * d, qkv, src + (hq + h) * d, ptr(self.k_norm), d, self.eps)
+        rope_token[Self.dtype](q, k, q, k, q_base, k_base, self.pos.unsafe_load(t).cast[F32](), ptr(self.inv_freq),
+                               self.scale, hq, stored_k_heads, d)
         if slot < 0:
             return
-        var v_src = src + (hq + hk) * d
-
-        def copy[width: Int](i: Int) {var v_cache, var qkv, var kv_base, var v_src}:
-            v_cache.unsafe_store(kv_base + i, qkv.unsafe_load[width=width](v_src + i))
-
-        vectorize[F32_WIDTH](hk * d, copy)
+        comptime if Self.cache_type != Self.dtype:
+            convert_row(ptr(self.k_cache), slot * hk * d, k, 0, hk * d)
+        convert_row(ptr(self.v_cache), slot * hk * d, qkv, src + (hq + hk) * d, hk * d)
+        _ = k_row^
 
 
-def qk_norm_rope_store_cpu[dtype: DType, R: Runner](
-    runner: R, q: Ptr[dtype], k_cache: Ptr[dtype], v_cache: Ptr[dtype], qkv: Ptr[dtype], q_norm: Ptr[dtype],
+def qk_norm_rope_store_cpu[dtype: DType, cache_type: DType, R: Runner](
+    runner: R, q: Ptr[dtype], k_cache: Ptr[cache_type], v_cache: Ptr[cache_type], qkv: Ptr[dtype], q_norm: Ptr[dtype],
     k_norm: Ptr[dtype], pos: Ptr[DType.int32], inv_freq: Ptr[F32], slots: Ptr[DType.int32], eps: Float32, scale: Float32,
     tokens: Int, q_heads: Int, k_heads: Int, head_dim: Int,
 ):
-    var task = _QkTokens[dtype](q, k_cache, v_cache, qkv, q_norm, k_norm, pos, inv_freq, slots, eps, scale, q_heads,
-                                k_heads, head_dim)
+    var task = _QkTokens[dtype, cache_type](q, k_cache, v_cache, qkv, q_norm, k_norm, pos, inv_freq, slots, eps, scale,
+                                            q_heads, k_heads, head_dim)
     runner.run(task, tokens, tokens * (q_heads + 2 * k_heads) * head_dim <= SERIAL_ELEMENTS)
 
 
-def _qk_norm_rope_store_gpu[dtype: DType](
-    q: Ptr[dtype], k_cache: Ptr[dtype], v_cache: Ptr[dtype], qkv: Ptr[dtype], q_norm: Ptr[dtype], k_norm: Ptr[dtype],
+def _qk_norm_rope_store_gpu[dtype: DType, cache_type: DType](
+    q: Ptr[dtype], k_cache: Ptr[cache_type], v_cache: Ptr[cache_type], qkv: Ptr[dtype], q_norm: Ptr[dtype], k_norm: Ptr[dtype],
     pos: Ptr[DType.int32], inv_freq: Ptr[F32], slots: Ptr[DType.int32], eps: Ptr[F32], scale: Ptr[F32],
     q_heads: Int32, k_heads: Int32, head_dim: Int32,
 ):
@@ -93,7 +96,6 @@ def _qk_norm_rope_store_gpu[dtype: DType](
             continue
         var x = src + h * d
         var w = q_norm if is_q else k_norm
-        var dst = q if is_q else k_cache
         var y = (t * hq + h) * d if is_q else (slot * hk + h - hq) * d
         var squares = Float32(0)
         for i in range(d):
@@ -105,11 +107,16 @@ def _qk_norm_rope_store_gpu[dtype: DType](
             var x2 = (qkv.unsafe_load(x + i + half).cast[F32]() * inv * w.unsafe_load(i + half).cast[F32]()).cast[dtype]().cast[F32]()
             var angle = _reduced_angle(inv_freq.unsafe_load(i) * p)
             var c, s = cos(angle) * sc, sin(angle) * sc
-            dst.unsafe_store(y + i, (x1 * c - x2 * s).cast[dtype]())
-            dst.unsafe_store(y + i + half, (x2 * c + x1 * s).cast[dtype]())
+            var y1, y2 = (x1 * c - x2 * s).cast[dtype](), (x2 * c + x1 * s).cast[dtype]()
+            if is_q:
+                q.unsafe_store(y + i, y1)
+                q.unsafe_store(y + i + half, y2)
+            else:
+                k_cache.unsafe_store(y + i, y1.cast[cache_type]())
+                k_cache.unsafe_store(y + i + half, y2.cast[cache_type]())
     if slot >= 0:
         for i in range(Int(thread_idx.x), hk * d, GPU_BLOCK):
-            v_cache.unsafe_store(slot * hk * d + i, qkv.unsafe_load(src + (hq + hk) * d + i))
+            v_cache.unsafe_store(slot * hk * d + i, qkv.unsafe_load(src + (hq + hk) * d + i).cast[cache_type]())
 
 
 def check_qk_norm_rope_store(tokens: Int, qkv_cols: Int, q_tokens: Int, q_heads: Int, head_dim: Int, k_heads: Int,
@@ -129,10 +136,10 @@ def check_qk_norm_rope_store(tokens: Int, qkv_cols: Int, q_tokens: Int, q_heads:
 @register("mili_qk_norm_rope_store")
 struct QkNormRopeStore:
     @staticmethod
-    def execute[dtype: DType, //, target: StaticString](
+    def execute[dtype: DType, cache_type: DType, //, target: StaticString](
         q: OutputTensor[dtype=dtype, rank=3, ...],
-        k_cache: MutableInputTensor[dtype=dtype, rank=4, ...],
-        v_cache: MutableInputTensor[dtype=dtype, rank=4, ...],
+        k_cache: MutableInputTensor[dtype=cache_type, rank=4, ...],
+        v_cache: MutableInputTensor[dtype=cache_type, rank=4, ...],
         qkv: InputTensor[dtype=dtype, rank=2, ...],
         q_norm: InputTensor[dtype=dtype, rank=1, ...],
         k_norm: InputTensor[dtype=dtype, rank=1, ...],
@@ -150,14 +157,14 @@ struct QkNormRopeStore:
         if tokens == 0:
             return
         comptime if target == "cpu":
-            qk_norm_rope_store_cpu[dtype](
+            qk_norm_rope_store_cpu[dtype, cache_type](
                 MojoThreads(ctx), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), qkv.unsafe_ptr(),
                 q_norm.unsafe_ptr(), k_norm.unsafe_ptr(), positions.unsafe_ptr(), inv_freq.unsafe_ptr(),
                 slot_mapping.unsafe_ptr(), eps.unsafe_ptr().unsafe_load(0), scale.unsafe_ptr().unsafe_load(0), tokens,
                 q_heads, k_heads, head_dim,
             )
         else:
-            ctx.enqueue_function[_qk_norm_rope_store_gpu[dtype]](
+            ctx.enqueue_function[_qk_norm_rope_store_gpu[dtype, cache_type]](
                 q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), qkv.unsafe_ptr(), q_norm.unsafe_ptr(),
                 k_norm.unsafe_ptr(), positions.unsafe_ptr(), inv_freq.unsafe_ptr(), slot_mapping.unsafe_ptr(),
                 eps.unsafe_ptr(), scale.unsafe_ptr(), Int32(q_heads), Int32(k_heads), Int32(head_dim),

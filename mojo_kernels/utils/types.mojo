@@ -58,3 +58,16 @@ def narrow[dtype: DType, width: Int](v: SIMD[F32, width]) -> SIMD[dtype, width]:
         return rebind[SIMD[dtype, width]](bitcast[DType.bfloat16, width](v.ne(v).select(quiet_nan, rounded)))
     else:
         return v.cast[dtype]()
+
+
+@always_inline
+def convert_row[src_type: DType, dst_type: DType](dst: Ptr[dst_type], dst_at: Int, src: Ptr[src_type], src_at: Int, n: Int):
+    """dst[dst_at : dst_at + n] = src[src_at : src_at + n] in dst's dtype (rounded to nearest even): a row into a KV
+    cache that may hold another dtype than the activations."""
+    var i = 0
+    while i + F32_WIDTH <= n:
+        dst.unsafe_store(dst_at + i, narrow[dst_type, F32_WIDTH](load_f32[src_type, F32_WIDTH](src, src_at + i)))
+        i += F32_WIDTH
+    while i < n:
+        dst.unsafe_store(dst_at + i, narrow[dst_type, 1](load_f32[src_type, 1](src, src_at + i)))
+        i += 1

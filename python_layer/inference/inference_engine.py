@@ -46,7 +46,7 @@ class InferenceEngine:
         config = model.config
         self.tokenizer = tokenizer or tokenizer_for_checkpoint(model.model_path)
         if num_kv_pages is None:
-            bytes_per_page = 2 * config.num_hidden_layers * page_size * config.num_key_value_heads * config.head_dim * model.dtype.itemsize
+            bytes_per_page = 2 * config.num_hidden_layers * page_size * config.num_key_value_heads * config.head_dim * model.kv_cache_dtype.itemsize
             num_kv_pages = max(1, min(4096, int(kv_cache_memory_gb * 2**30 // bytes_per_page)))
         self.kv_cache = model.new_kv_cache(num_kv_pages, page_size)
         limit = min(config.max_position_embeddings, num_kv_pages * page_size)
@@ -74,11 +74,13 @@ class InferenceEngine:
         dtype: str | torch.dtype = "auto",
         backend: str = DEFAULT_BACKEND,
         weight_dtype: str = "auto",
+        kv_cache_dtype: str = "auto",
         **engine_args,
     ) -> "InferenceEngine":
-        """`load_model(model_path, device, dtype, backend, weight_dtype=...)` (None: the built-in random-weight
-        model) in an engine."""
-        model = load_model(model_path, device=device, dtype=dtype, backend=backend, weight_dtype=weight_dtype)
+        """`load_model(model_path, device, dtype, backend, weight_dtype=..., kv_cache_dtype=...)` (None: the built-in
+        random-weight model) in an engine."""
+        model = load_model(model_path, device=device, dtype=dtype, backend=backend, weight_dtype=weight_dtype,
+                           kv_cache_dtype=kv_cache_dtype)
         return cls(model, **engine_args)
 
     @property

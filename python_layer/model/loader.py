@@ -12,7 +12,7 @@ import torch
 from .config import Qwen3Config
 from .hub import resolve_model_dir
 from .quantization import parse_weight_dtype
-from .qwen3_model import DEFAULT_BACKEND, Qwen3Model, check_backend
+from .qwen3_model import DEFAULT_BACKEND, Qwen3Model, check_backend, resolve_kv_cache_dtype
 from .weight_loader import WeightLoader, parse_dtype
 
 # on_phase(description) returns a context manager around that phase (the server shows progress with it)
@@ -26,11 +26,12 @@ def load_model(
     backend: str = DEFAULT_BACKEND,
     on_phase: Optional[PhaseReporter] = None,
     weight_dtype: str = "auto",
+    kv_cache_dtype: str = "auto",
 ) -> Qwen3Model:
     """A checkpoint directory or Hugging Face Hub id (None: MILI's built-in random-weight model) as a model
     ready to run. dtype (activations, KV cache) "auto" is float32 on a CPU, bfloat16 on a GPU. weight_dtype
     (the linear layers' weights on a CPU: float32, bfloat16, fp8, int8) "auto" is an FP8 checkpoint's FP8,
-    else dtype."""
+    else dtype. kv_cache_dtype "auto" is dtype; a CPU may keep a bfloat16 cache under float32 activations."""
     phase = on_phase or (lambda _: contextlib.nullcontext())
     check_backend(backend)
     parse_weight_dtype(weight_dtype)
@@ -43,9 +44,11 @@ def load_model(
             model_dir = resolve_model_dir(path)
         config = Qwen3Config.from_pretrained(model_dir)
         torch_dtype = parse_dtype(dtype, device)
+        resolve_kv_cache_dtype(kv_cache_dtype, torch_dtype, torch.device(device))  # a bad value fails before the weights load
     with phase(f"loading weights of {model_dir} ({torch_dtype} on {device})"):
         weights = WeightLoader(model_dir, config, device=device, dtype=torch_dtype)
         weights.load_from_safetensors()
     with phase("building the model graph (compiled once, then read from the compile cache)"
                if backend == "mojo" else "building the reference model"):
-        return Qwen3Model(config, weights, device=device, backend=backend, weight_dtype=weight_dtype)
+        return Qwen3Model(config, weights, device=device, backend=backend, weight_dtype=weight_dtype,
+                          kv_cache_dtype=kv_cache_dtype)

@@ -58,14 +58,17 @@ def _block_k(model: "Qwen3Model") -> int:
 
 
 def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: torch.dtype, device_key: str,
-                block_k: int = 0) -> Graph:
-    c, dev, dt = config, library.device_ref(device_key), torch_dtype_to_max(dtype)
+                block_k: int = 0, kv_cache_dtype: Optional[torch.dtype] = None) -> Graph:
+    c, dev = config, library.device_ref(device_key)
+    kv_dtype = kv_cache_dtype or dtype
     i32 = lambda *dims: TensorType(DType.int32, list(dims), dev)
-    cache = BufferType(dt, ["pages", "page_size", c.num_key_value_heads, c.head_dim], dev)
+    cache = BufferType(torch_dtype_to_max(kv_dtype), ["pages", "page_size", c.num_key_value_heads, c.head_dim], dev)
     inputs = [i32("T"), i32("T"), i32("B_plus_1"), i32("B"), i32("B", "max_pages"), i32("T"), i32("L")]
     inputs += [cache] * (2 * c.num_hidden_layers)
     weight_dtype = str(weights["lm_head"].dtype).split(".")[-1]
     name = f"mili_qwen3_{c.num_hidden_layers}x{c.hidden_size}_{str(dtype).split('.')[-1]}_w{weight_dtype}"
+    if kv_dtype != dtype:
+        name += "_kv" + str(kv_dtype).split(".")[-1]
     with Graph(name, input_types=inputs, kernel_library=library.kernel_library()) as g:
         # on a GPU the weights are already there (torch tensors): without _has_alias MAX expects them on the host
         # and copies them over when it loads the graph
@@ -129,7 +132,7 @@ class CompiledQwen3:
         started = time.perf_counter()
         # MAX 26.7 enters its MLIR context for the main thread only; the server loads models on a worker thread
         with ensure_default_mlir_context():
-            graph = build_graph(model.config, weights, model.dtype, self.device_key, _block_k(model))
+            graph = build_graph(model.config, weights, model.dtype, self.device_key, _block_k(model), model.kv_cache_dtype)
             self.model = library.session(self.device_key).load(graph, weights_registry=weights)
         self.load_seconds = time.perf_counter() - started
         self._cache_buffers: tuple[Optional["PagedKVCache"], List[Buffer]] = (None, [])

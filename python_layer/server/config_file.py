@@ -27,7 +27,7 @@ from ..model.config import Qwen3Config
 
 SECTIONS: Dict[str, Dict[str, str]] = {
     "inference": {"device": "device", "dtype": "dtype", "max_batch_size": "max_num_seqs", "weight_dtype": "weight_dtype"},
-    "kv_cache": {"page_size": "page_size", "num_pages": "kv_pages"},
+    "kv_cache": {"page_size": "page_size", "num_pages": "kv_pages", "dtype": "kv_cache_dtype"},
 }
 """The inference config's keys and the flags (argparse dests) they set."""
 SAMPLING_KEYS = {"temperature": float, "top_p": float, "top_k": int}

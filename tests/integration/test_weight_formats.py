@@ -1,6 +1,7 @@
 """The model on low-precision weights, end to end on the compiled graph: an FP8 checkpoint in Qwen's layout
 against a float32 run of its own dequantized weights, bfloat16 weights against transformers' bfloat16 drift,
-int8 weights (and int8 activations) against the reference backend."""
+int8 weights (and int8 activations) against the reference backend; a bfloat16 KV cache under float32 activations
+against both."""
 
 from __future__ import annotations
 
@@ -68,3 +69,22 @@ def test_int8_weights_match_the_reference_backend_and_stay_near_float32(tiny_che
     # int8 weights (a step is 1/254 of the block's largest |weight|) times int8 activations, as llama.cpp's q8_0:
     # 5.3% here, 3.4% with float32 activations, transformers' bfloat16 2.2%
     assert _rel_err(_Batch(engines["mojo"].model, 1).forward([prompts[2]], all_logits=True), exact) < 8e-2
+
+
+def test_bfloat16_kv_cache_matches_the_reference_backend_and_drifts_less_than_transformers_bfloat16(
+    tiny_checkpoint: Path,
+) -> None:
+    from transformers import Qwen3ForCausalLM
+
+    engines = {b: InferenceEngine.from_pretrained(tiny_checkpoint, dtype="float32", kv_cache_dtype="bfloat16", backend=b)
+               for b in ("mojo", "reference")}
+    cache = engines["mojo"].kv_cache
+    assert all(c.dtype == torch.bfloat16 for c in cache.k_caches + cache.v_caches)
+    prompts = _prompts(engines["mojo"].model.config.vocab_size, seed=2)  # prefill, then decode over the cache
+    assert _greedy(engines["mojo"], prompts) == _greedy(engines["reference"], prompts)
+    logits = [_Batch(e.model, len(prompts)).forward(prompts, all_logits=True) for e in engines.values()]
+    assert _rel_err(logits[0], logits[1]) < 1e-3  # K / V rounded alike (2e-5 here): float32 sums in another order
+    exact = _hf_logits(_hf(tiny_checkpoint), prompts[2])
+    ours = _rel_err(_Batch(engines["mojo"].model, 1).forward([prompts[2]], all_logits=True), exact)
+    hf_bf16 = Qwen3ForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.bfloat16, attn_implementation="eager").eval()
+    assert ours < _rel_err(_hf_logits(hf_bf16, prompts[2]), exact), ours

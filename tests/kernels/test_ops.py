@@ -85,7 +85,7 @@ def test_eager_calls_check_their_arguments() -> None:
 def test_eager_cpu_calls_compile_nothing() -> None:
     before = ops.CompiledOp.compiled.cache_info().currsize
     ops.head_rms_norm(torch.randn(2, 4, 64, dtype=torch.bfloat16), torch.ones(64, dtype=torch.bfloat16), 1e-6)
-    run_attention(ops, "cpu", torch.float32, (([20, 3], [20, 1]), (4, 2, 64)))
+    run_attention(ops, "cpu", torch.float32, (([20, 3], [20, 1]), (4, 2, 64), torch.float32))
     assert ops.CompiledOp.compiled.cache_info().currsize == before
 
 
@@ -94,12 +94,12 @@ def test_new_sizes_do_not_recompile(monkeypatch) -> None:
     monkeypatch.setattr(ops, "EAGER_CPU", False)
     x = torch.randn(3, 64)
     ops.rms_norm(x, torch.ones(64), 1e-6)
-    run_attention(ops, "cpu", torch.float32, (([20], [20]), (4, 2, 64)))
+    run_attention(ops, "cpu", torch.float32, (([20], [20]), (4, 2, 64), torch.float32))
     before = ops.CompiledOp.compiled.cache_info().currsize
     start = time.perf_counter()
     for tokens in (1, 17, 555):
         ops.rms_norm(torch.randn(tokens, 96), torch.ones(96), 1e-6)
-    run_attention(ops, "cpu", torch.float32, (([300, 5, 70], [1, 5, 70]), (4, 2, 64)))
+    run_attention(ops, "cpu", torch.float32, (([300, 5, 70], [1, 5, 70]), (4, 2, 64), torch.float32))
     assert ops.CompiledOp.compiled.cache_info().currsize == before
     assert time.perf_counter() - start < 5, "a call with new sizes took compile time"
 
@@ -112,6 +112,11 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
         kc = torch.zeros(2, 16, 1, 16)
         ops.paged_attention(torch.randn(3, 2, 16), kc, kc, torch.zeros(1, 2, dtype=torch.int32),
                             torch.tensor([2], dtype=torch.int32), torch.tensor([0, 3], dtype=torch.int32), 0.25)
+    kc16, table, lens, starts = torch.zeros(1, 16, 1, 16), torch.zeros(1, 1, dtype=torch.int32), *(torch.tensor(v, dtype=torch.int32) for v in ([1], [0, 1]))
+    with pytest.raises(ValueError, match="torch.float32 caches under torch.bfloat16 activations are not supported"):
+        ops.paged_attention(torch.randn(1, 2, 16, dtype=torch.bfloat16), kc16, kc16, table, lens, starts, 0.25)
+    with pytest.raises(ValueError, match="K and V caches must have one dtype"):
+        ops.paged_attention(torch.randn(1, 2, 16), kc16, kc16.bfloat16(), table, lens, starts, 0.25)
     with pytest.raises(ValueError, match="head_rms_norm: needs \\(3-d torch.float32"):
         ops.head_rms_norm(torch.randn(2, 64), torch.ones(64), 1e-6)  # [T, heads, D] expected
     with pytest.raises(ValueError, match="got \\(2-d torch.float32 on cpu, 2-d torch.float64"):

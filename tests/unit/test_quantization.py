@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from python_layer.model.config import Qwen3Config
-from python_layer.model.qwen3_model import resolve_weight_dtype
+from python_layer.model.qwen3_model import resolve_kv_cache_dtype, resolve_weight_dtype
 from python_layer.model.quantization import (QuantizedWeight, cat_rows, convert, parse_weight_dtype, quantize,
                                              quantize_fp8_blocks, write_fp8_checkpoint)
 from python_layer.model.random_checkpoint import build_random_checkpoint
@@ -79,6 +79,19 @@ def test_weight_dtype_names_and_resolution() -> None:
     assert resolve_weight_dtype("auto", Qwen3Config(), torch.float32, cpu) == "float32"
     assert resolve_weight_dtype("int8", Qwen3Config(), torch.float32, cpu) == "int8"
     assert resolve_weight_dtype("fp8", fp8, torch.bfloat16, gpu) == "bfloat16"  # dequantized on a GPU
+
+
+def test_kv_cache_dtype_resolution() -> None:
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert resolve_kv_cache_dtype("auto", torch.float32, cpu) == torch.float32
+    assert resolve_kv_cache_dtype("auto", torch.bfloat16, gpu) == torch.bfloat16
+    assert resolve_kv_cache_dtype("bfloat16", torch.float32, cpu) == torch.bfloat16
+    with pytest.raises(ValueError, match="'fp8' is not one of auto, float32, bfloat16"):
+        resolve_kv_cache_dtype("fp8", torch.float32, cpu)
+    with pytest.raises(ValueError, match="a float32 KV cache under bfloat16 activations on cpu is not supported"):
+        resolve_kv_cache_dtype("float32", torch.bfloat16, cpu)
+    with pytest.raises(ValueError, match="bfloat16 KV cache under float32 activations on cuda"):
+        resolve_kv_cache_dtype("bfloat16", torch.float32, gpu)
 
 
 def test_fp8_checkpoint_loads_with_its_block_scales(fp8_checkpoint: Path) -> None:

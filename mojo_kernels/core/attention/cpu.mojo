@@ -363,8 +363,8 @@ def _four_rows_block(buf: Ptr[F32], r0: Int, r1: Int, r2: Int, r3: Int, j0: Int,
         buf.unsafe_store(acc_off + r3 * head_dim + x, c3)
 
 
-def attention_cpu[dtype: DType](
-    output: Ptr[dtype], q: Ptr[dtype], k_cache: Ptr[dtype], v_cache: Ptr[dtype], page_table: Ptr[DType.int32],
+def attention_cpu[dtype: DType, cache_type: DType](
+    output: Ptr[dtype], q: Ptr[dtype], k_cache: Ptr[cache_type], v_cache: Ptr[cache_type], page_table: Ptr[DType.int32],
     context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale: Float32,
     batch: Int, max_pages: Int, q_heads: Int, kv_heads: Int, head_dim: Int, page_size: Int,
     ctx: Optional[CpuContext] = None,
@@ -451,8 +451,8 @@ def attention_cpu[dtype: DType](
                         if jj < n_keys:
                             var base = offsets[jj]
                             for g in range(kv_heads):
-                                _copy_column[dtype](buf, kt_off + g * head_dim * KEY_BLOCK + jj, KEY_BLOCK, k_cache, base + g * head_dim, head_dim)
-                                _copy_row[dtype](buf, vb_off + (g * KEY_BLOCK + jj) * head_dim, v_cache, base + g * head_dim, head_dim)
+                                _copy_column[cache_type](buf, kt_off + g * head_dim * KEY_BLOCK + jj, KEY_BLOCK, k_cache, base + g * head_dim, head_dim)
+                                _copy_row[cache_type](buf, vb_off + (g * KEY_BLOCK + jj) * head_dim, v_cache, base + g * head_dim, head_dim)
                         else:
                             for g in range(kv_heads):
                                 for x in range(head_dim):
@@ -487,7 +487,7 @@ def attention_cpu[dtype: DType](
                     var next_keys = max(0, min(KEY_BLOCK, k_end - j0 - KEY_BLOCK))
                     var offsets = next_offsets^
                     next_offsets = _block_offsets(page_table, b * max_pages, j0 + KEY_BLOCK, next_keys, page_size, row_len)
-                    _direct_block[dtype, True](buf, kv_rows, per_head, group_rows, kv_heads, k_cache, offsets, j0, n_keys,
+                    _direct_block[cache_type, True](buf, kv_rows, per_head, group_rows, kv_heads, k_cache, offsets, j0, n_keys,
                                                s_off, acc_off, last_off, head_dim, v_cache, offsets, n_keys)
                     for r in range(n_rows):
                         if Float32(j0) <= buf.unsafe_load(last_off + r):
@@ -496,7 +496,7 @@ def attention_cpu[dtype: DType](
                         else:  # no visible key in this block: weights 0
                             for jj in range(n_keys):
                                 buf.unsafe_store(s_off + r * KEY_BLOCK + jj, 0)
-                    _direct_block[dtype, False](buf, kv_rows, per_head, group_rows, kv_heads, v_cache, offsets, j0, n_keys,
+                    _direct_block[cache_type, False](buf, kv_rows, per_head, group_rows, kv_heads, v_cache, offsets, j0, n_keys,
                                                 s_off, acc_off, last_off, head_dim, k_cache, next_offsets, next_keys)
             if splits == 1:
                 for r in range(n_rows):

@@ -22,8 +22,8 @@ comptime GPU_SPLIT_KEYS = 512
 comptime GPU_MAX_SPLITS = 32
 
 
-def _attention_gpu[dtype: DType](
-    output: Ptr[dtype], partial: Ptr[F32], q: Ptr[dtype], k_cache: Ptr[dtype], v_cache: Ptr[dtype],
+def _attention_gpu[dtype: DType, cache_type: DType](
+    output: Ptr[dtype], partial: Ptr[F32], q: Ptr[dtype], k_cache: Ptr[cache_type], v_cache: Ptr[cache_type],
     page_table: Ptr[DType.int32], context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale_ptr: Ptr[F32],
     batch: Int32, max_pages: Int32, q_heads: Int32, kv_heads: Int32, head_dim: Int32, page_size: Int32, splits: Int32,
 ):
@@ -121,8 +121,8 @@ def gpu_splits(tokens: Int, q_heads: Int, max_keys: Int) -> Int:
     return max(1, min(GPU_MAX_SPLITS, max_keys // GPU_SPLIT_KEYS, GPU_BUSY_BLOCKS // (tokens * q_heads)))
 
 
-def attention_gpu[dtype: DType](
-    ctx: DeviceContext, output: Ptr[dtype], q: Ptr[dtype], k_cache: Ptr[dtype], v_cache: Ptr[dtype],
+def attention_gpu[dtype: DType, cache_type: DType](
+    ctx: DeviceContext, output: Ptr[dtype], q: Ptr[dtype], k_cache: Ptr[cache_type], v_cache: Ptr[cache_type],
     page_table: Ptr[DType.int32], context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale: Ptr[F32],
     tokens: Int, batch: Int, max_pages: Int, q_heads: Int, kv_heads: Int, head_dim: Int, page_size: Int,
 ) raises:
@@ -131,7 +131,7 @@ def attention_gpu[dtype: DType](
         raise Error("paged_attention: head_dim ", head_dim, " exceeds the GPU kernel's ", MAX_HEAD_DIM)
     var splits = gpu_splits(tokens, q_heads, max_pages * page_size)
     var partial = ctx.enqueue_create_buffer[DType.float32](tokens * q_heads * splits * (head_dim + 2) if splits > 1 else 1)
-    ctx.enqueue_function[_attention_gpu[dtype]](
+    ctx.enqueue_function[_attention_gpu[dtype, cache_type]](
         output, partial.unsafe_ptr(), q, k_cache, v_cache, page_table, context_lens, query_start, scale, Int32(batch),
         Int32(max_pages), Int32(q_heads), Int32(kv_heads), Int32(head_dim), Int32(page_size), Int32(splits),
         grid_dim=(tokens, q_heads, splits), block_dim=GPU_BLOCK,

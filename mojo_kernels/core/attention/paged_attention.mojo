@@ -1,5 +1,5 @@
 # The `mili_paged_attention` op: checks the shapes, then runs the CPU kernel (cpu.mojo) or enqueues the GPU
-# kernels (gpu.mojo). The layout and the computation: common.mojo.
+# kernels (gpu.mojo). The caches may hold another dtype than q and the output (bfloat16 under float32). The layout and the computation: common.mojo.
 from extensibility import register, InputTensor, OutputTensor
 from extensibility import _MutableInputTensor as MutableInputTensor
 from max.gpu.host import DeviceContext
@@ -13,10 +13,10 @@ from .gpu import attention_gpu
 @register("mili_paged_attention")
 struct PagedAttention:
     @staticmethod
-    def execute[dtype: DType, //, target: StaticString](
+    def execute[dtype: DType, cache_type: DType, //, target: StaticString](
         output: OutputTensor[dtype=dtype, rank=3, ...],
-        k_cache: MutableInputTensor[dtype=dtype, rank=4, ...],  # read only; mutable so graphs pass the caches by reference
-        v_cache: MutableInputTensor[dtype=dtype, rank=4, ...],
+        k_cache: MutableInputTensor[dtype=cache_type, rank=4, ...],  # read only; mutable so graphs pass the caches by reference
+        v_cache: MutableInputTensor[dtype=cache_type, rank=4, ...],
         q: InputTensor[dtype=dtype, rank=3, ...],
         page_table: InputTensor[dtype=DType.int32, rank=2, ...],
         context_lens: InputTensor[dtype=DType.int32, rank=1, ...],
@@ -36,11 +36,11 @@ struct PagedAttention:
         if tokens == 0:
             return
         comptime if target == "cpu":
-            attention_cpu[dtype](output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(),
+            attention_cpu[dtype, cache_type](output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(),
                                   page_table.unsafe_ptr(), context_lens.unsafe_ptr(), query_start.unsafe_ptr(),
                                   scale.unsafe_ptr().unsafe_load(0), batch, max_pages, q_heads, kv_heads, head_dim,
                                   page_size, rebind[CpuContext](ctx))
         else:
-            attention_gpu[dtype](ctx, output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(),
+            attention_gpu[dtype, cache_type](ctx, output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(),
                                  page_table.unsafe_ptr(), context_lens.unsafe_ptr(), query_start.unsafe_ptr(),
                                  scale.unsafe_ptr(), tokens, batch, max_pages, q_heads, kv_heads, head_dim, page_size)
