@@ -42,6 +42,9 @@ def test_the_inference_config_sets_the_serve_options(tmp_path: Path, capsys: pyt
     assert (merged["device"], merged["dtype"], merged["max_num_seqs"]) == ("cpu", "float32", 8)
     assert (merged["page_size"], merged["kv_pages"], merged["port"], merged["max_queue_len"]) == (32, 100, 9001, 7)
     assert merged["sampling"] == {"temperature": 0.7, "top_p": 0.8, "top_k": 20}
+    assert merged["kv_cache_dtype"] == "auto"
+    kv = printed(capsys, "--config", write(tmp_path, {"kv_cache": {"dtype": "bfloat16"}}, "kv.json"))
+    assert kv["kv_cache_dtype"] == "bfloat16"
 
 
 def test_yaml_files_read_the_same(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -76,6 +79,7 @@ def test_a_file_is_the_same_as_its_flags(tmp_path: Path, capsys: pytest.CaptureF
     ({"kv_cache": {"page_size": 24}}, "'kv_cache.page_size'"),
     ({"kv_cache": {"page_size": 0}}, "'kv_cache.page_size'"),
     ({"kv_cache": {"num_pages": -1}}, "'kv_cache.num_pages'"),
+    ({"kv_cache": {"dtype": "fp8"}}, "'kv_cache.dtype'"),
     ({"inference": {"max_batch_size": 0}}, "'inference.max_batch_size'"),
     ({"sampling": {"top_p": 0}}, "top_p"),
     ({"sampling": {"temperature": -1}}, "temperature"),
