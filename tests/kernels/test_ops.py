@@ -112,7 +112,8 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
         kc = torch.zeros(2, 16, 1, 16)
         ops.paged_attention(torch.randn(3, 2, 16), kc, kc, torch.zeros(1, 2, dtype=torch.int32),
                             torch.tensor([2], dtype=torch.int32), torch.tensor([0, 3], dtype=torch.int32), 0.25)
-    kc16, table, lens, starts = torch.zeros(1, 16, 1, 16), torch.zeros(1, 1, dtype=torch.int32), *(torch.tensor(v, dtype=torch.int32) for v in ([1], [0, 1]))
+    kc16, table = torch.zeros(1, 16, 1, 16), torch.zeros(1, 1, dtype=torch.int32)
+    lens, starts = torch.tensor([1], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32)
     with pytest.raises(ValueError, match="torch.float32 caches under torch.bfloat16 activations are not supported"):
         ops.paged_attention(torch.randn(1, 2, 16, dtype=torch.bfloat16), kc16, kc16, table, lens, starts, 0.25)
     with pytest.raises(ValueError, match="K and V caches must have one dtype"):

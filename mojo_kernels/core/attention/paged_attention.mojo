@@ -1,5 +1,6 @@
 # The `mili_paged_attention` op: checks the shapes, then runs the CPU kernel (cpu.mojo) or enqueues the GPU
-# kernels (gpu.mojo). The caches may hold another dtype than q and the output (bfloat16 under float32). The layout and the computation: common.mojo.
+# kernels (gpu.mojo). The caches may hold another dtype than q and the output (bfloat16 under float32). The
+# layout and the computation: common.mojo.
 from extensibility import register, InputTensor, OutputTensor
 from extensibility import _MutableInputTensor as MutableInputTensor
 from max.gpu.host import DeviceContext
@@ -36,11 +37,14 @@ struct PagedAttention:
         if tokens == 0:
             return
         comptime if target == "cpu":
-            attention_cpu[dtype, cache_type](output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(),
-                                  page_table.unsafe_ptr(), context_lens.unsafe_ptr(), query_start.unsafe_ptr(),
-                                  scale.unsafe_ptr().unsafe_load(0), batch, max_pages, q_heads, kv_heads, head_dim,
-                                  page_size, rebind[CpuContext](ctx))
+            attention_cpu[dtype, cache_type](
+                output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), page_table.unsafe_ptr(),
+                context_lens.unsafe_ptr(), query_start.unsafe_ptr(), scale.unsafe_ptr().unsafe_load(0), batch, max_pages,
+                q_heads, kv_heads, head_dim, page_size, rebind[CpuContext](ctx),
+            )
         else:
-            attention_gpu[dtype, cache_type](ctx, output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(),
-                                 page_table.unsafe_ptr(), context_lens.unsafe_ptr(), query_start.unsafe_ptr(),
-                                 scale.unsafe_ptr(), tokens, batch, max_pages, q_heads, kv_heads, head_dim, page_size)
+            attention_gpu[dtype, cache_type](
+                ctx, output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), page_table.unsafe_ptr(),
+                context_lens.unsafe_ptr(), query_start.unsafe_ptr(), scale.unsafe_ptr(), tokens, batch, max_pages, q_heads,
+                kv_heads, head_dim, page_size,
+            )
