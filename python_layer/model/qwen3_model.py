@@ -10,10 +10,11 @@ import torch
 
 from bindings.reference import can_tile, tile_weight
 
+from ..memory.huge_pages import on_huge_pages
 from ..memory.kv_cache_manager import PagedKVCache
 from .attention_metadata import AttentionMetadata
 from .config import Qwen3Config
-from .quantization import LinearWeight, cat_rows, convert, parse_weight_dtype
+from .quantization import LinearWeight, QuantizedWeight, cat_rows, convert, parse_weight_dtype
 from .qwen3_graph import CompiledQwen3  # imports MAX here, on the importing (main) thread: MAX enters its MLIR context there
 from .reference_forward import ReferenceQwen3
 from .weight_loader import WeightLoader
@@ -106,12 +107,16 @@ class Qwen3Model:
 
     def _linear(self, loader: WeightLoader, *names: str, weight_dtype: Optional[str] = None) -> LinearWeight:
         weight = convert(cat_rows([loader.get_linear(n) for n in names]), weight_dtype or self.weight_dtype, self.dtype)
+        if self.backend != "mojo" or self.device.type != "cpu":
+            return weight
         # bfloat16 on a CPU: in the order the Mojo decode kernel reads it (bindings/reference.tile_weight; batch-1
         # decode ~1.1x faster). float32 stays [N, K]: its kernel streams as fast without, and slower with.
-        if (self.backend == "mojo" and self.device.type == "cpu" and isinstance(weight, torch.Tensor)
-                and weight.dtype == torch.bfloat16 and can_tile(weight)):
-            return tile_weight(weight)
-        return weight
+        if isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16 and can_tile(weight):
+            weight = tile_weight(weight)
+        # the decode kernels stream the weights fastest from huge pages (memory/huge_pages.py)
+        if isinstance(weight, QuantizedWeight):
+            return weight._replace(weight=on_huge_pages(weight.weight))
+        return on_huge_pages(weight)
 
     def _layer_weights(self, loader: WeightLoader, i: int) -> DecoderLayerWeights:
         w = loader.get_weight
