@@ -68,9 +68,10 @@ comptime I8_ROWS = 2
 """Rows of x per int8 decode tile with VNNI: an int32 block sum and a float32 total per pair, 2 x NR x 2 vectors."""
 comptime TILE_BYTES = 64
 """Bytes of each weight row per step of a tiled weight's stream: a cache line."""
-comptime PREFETCH_BYTES = 16384
-"""How far ahead the dot-product decode tiles prefetch each weight row: the hardware prefetchers alone left the
-bfloat16 / int8 LM head at half the memory bandwidth."""
+comptime PREFETCH_BYTES = 4096
+"""How far ahead the decode tiles prefetch each weight row: the hardware prefetchers alone left the bfloat16 / int8
+LM head at half the memory bandwidth. With the weights on huge pages, 4 KiB ahead streamed the model's linears in
+0.96x (bfloat16) / 0.94x (float32) the time of 16 KiB, int8 the same (benchmarks/RESULTS.md)."""
 
 
 @always_inline
