@@ -262,16 +262,19 @@ def _kv_variant(kv) -> str:
     return "" if kv is SAME else "_kv_" + str(kv).split(".")[-1]
 
 
+def kv_cache_supported(activations: torch.dtype, cache: torch.dtype) -> bool:
+    """Whether the kernels take caches of `cache` under `activations` (KV_DTYPES)."""
+    return cache == activations or (activations == torch.float32 and cache == torch.bfloat16)
+
+
 def _with_caches(ops: dict, like: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> "CompiledOp":
     """The op's twin for caches of this dtype under activations like `like`."""
     if k_cache.dtype != v_cache.dtype:
         raise ValueError(f"the K and V caches must have one dtype, got {k_cache.dtype} and {v_cache.dtype}")
-    if k_cache.dtype == like.dtype:
-        return ops[SAME]
-    if like.dtype == torch.float32 and k_cache.dtype == torch.bfloat16:
-        return ops[DType.bfloat16]
-    raise ValueError(f"{k_cache.dtype} caches under {like.dtype} activations are not supported: the caches hold the "
-                     "activations' dtype, or bfloat16 under float32")
+    if not kv_cache_supported(like.dtype, k_cache.dtype):
+        raise ValueError(f"{k_cache.dtype} caches under {like.dtype} activations are not supported: the caches hold the "
+                         "activations' dtype, or bfloat16 under float32")
+    return ops[SAME if k_cache.dtype == like.dtype else DType.bfloat16]
 
 
 def _check_cache_writes(op: str, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -283,13 +286,17 @@ def _check_cache_writes(op: str, k_cache: torch.Tensor, v_cache: torch.Tensor, s
         raise IndexError(f"{op}: slot {int(slot_mapping.max())} is outside the cache ({capacity} slots)")
 
 
-_STORE_KV = CompiledOp(graph.store_kv, [], [T(SAME, "T", "Hk", "D"), T(SAME, "T", "Hk", "D"), _cache(SAME), _cache(SAME),
-                                             T(I32, "T")])
+_STORE_KV = {kv: CompiledOp(
+    graph.store_kv, [], [T(SAME, "T", "Hk", "D"), T(SAME, "T", "Hk", "D"), _cache(kv), _cache(kv), T(I32, "T")],
+    variant=_kv_variant(kv),
+) for kv in KV_DTYPES}
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     _check_cache_writes("store_kv", k_cache, v_cache, slot_mapping)
-    _STORE_KV(_c(k.to(k_cache.dtype)), _c(v.to(v_cache.dtype)), k_cache, v_cache, _i32(slot_mapping))
+    if k.dtype != v.dtype:
+        raise ValueError(f"store_kv: k and v must have one dtype, got {k.dtype} and {v.dtype}")
+    _with_caches(_STORE_KV, k, k_cache, v_cache)(_c(k), _c(v), k_cache, v_cache, _i32(slot_mapping))
 
 
 _QK_NORM_ROPE_STORE = {kv: CompiledOp(

@@ -108,9 +108,10 @@ def run_special_values(ops, device: str, dtype: torch.dtype, _: object) -> None:
     assert same.all(), f"relu differs from torch at {x[~same][:8].tolist()}: {ours[~same][:8].tolist()} vs {theirs[~same][:8].tolist()}"
 
 
-def run_store_kv(ops, device: str, dtype: torch.dtype, tokens: int) -> None:
+def run_store_kv(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
+    tokens, kv_dtype = case
     pages, page_size, kv_heads, head_dim = tokens // 16 + 3, 16, 8, 128
-    caches = [torch.randn(pages, page_size, kv_heads, head_dim, device=device).to(dtype) for _ in range(2)]
+    caches = [torch.randn(pages, page_size, kv_heads, head_dim, device=device).to(kv_dtype) for _ in range(2)]
     k = torch.randn(tokens, kv_heads, head_dim, device=device).to(dtype)
     v = torch.randn(tokens, kv_heads, head_dim, device=device).to(dtype)
     slots = torch.randperm(pages * page_size, device=device)[:tokens].to(torch.int32)
@@ -197,9 +198,9 @@ def kernel_cases() -> list:
         cases += [pytest.param(run_activations, dtype, s, id=f"silu_and_mul-{d}-{s}") for s in ACT_SHAPES]
         cases += [pytest.param(run_elementwise, dtype, n, id=f"elementwise-{d}-{n}") for n in ELEMENTWISE_SIZES]
         cases.append(pytest.param(run_special_values, dtype, None, id=f"special_values-{d}"))
-        cases += [pytest.param(run_store_kv, dtype, n, id=f"store_kv-{d}-{n}") for n in (1, 2000)]
         for kv in KV_DTYPES[dtype]:
             kv_id = "" if kv == dtype else "-kv_" + str(kv).split(".")[-1]
+            cases += [pytest.param(run_store_kv, dtype, (n, kv), id=f"store_kv-{d}{kv_id}-{n}") for n in (1, 2000)]
             cases += [pytest.param(run_qk_norm_rope_store, dtype, (*c, kv),
                                    id=f"qk_norm_rope_store-{d}{kv_id}-{c[:4]}-{'yarn' if c[4] else 'plain'}") for c in QK_CASES]
             cases += [pytest.param(run_attention, dtype, (b, h, kv), id=f"attention-{d}{kv_id}-{b[0]}x{b[1]}-{h}")

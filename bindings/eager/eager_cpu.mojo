@@ -169,16 +169,16 @@ def elementwise[dtype: DType, kind: Int](mut args: Args) raises:
     elementwise_cpu[dtype, kind](runner, y.ptr(), x.ptr(), x.size())
 
 
-def store_kv[dtype: DType](mut args: Args) raises:
+def store_kv[dtype: DType, cache_type: DType](mut args: Args) raises:
     var runner = OpenMP(args.int())
     var k, v = args.tensor[dtype, 3](), args.tensor[dtype, 3]()
-    var k_cache, v_cache = args.tensor[dtype, 4](), args.tensor[dtype, 4]()
+    var k_cache, v_cache = args.tensor[cache_type, 4](), args.tensor[cache_type, 4]()
     var slots = args.tensor[I32, 1]()
     args.done("store_kv")
     var row = k.dims[1] * k.dims[2]
     check_store_kv(k.dims[0], row, k_cache.dims[2] * k_cache.dims[3], k.size(), v.size(), slots.dims[0])
     if k.dims[0] > 0:
-        store_kv_cpu[dtype, dtype](runner, k_cache.ptr(), v_cache.ptr(), k.ptr(), v.ptr(), slots.ptr(), k.dims[0], row)
+        store_kv_cpu[dtype, cache_type](runner, k_cache.ptr(), v_cache.ptr(), k.ptr(), v.ptr(), slots.ptr(), k.dims[0], row)
 
 
 def paged_attention[dtype: DType, cache_type: DType](mut args: Args) raises:
@@ -251,8 +251,9 @@ def _add_ops(mut m: PythonModuleBuilder) raises:
     m.def_py_c_function(_fastcall[elementwise[DType.bfloat16, GELU]], "gelu_bfloat16")
     m.def_py_c_function(_fastcall[elementwise[DType.float32, RELU]], "relu_float32")
     m.def_py_c_function(_fastcall[elementwise[DType.bfloat16, RELU]], "relu_bfloat16")
-    m.def_py_c_function(_fastcall[store_kv[DType.float32]], "store_kv_float32")
-    m.def_py_c_function(_fastcall[store_kv[DType.bfloat16]], "store_kv_bfloat16")
+    m.def_py_c_function(_fastcall[store_kv[DType.float32, DType.float32]], "store_kv_float32")
+    m.def_py_c_function(_fastcall[store_kv[DType.bfloat16, DType.bfloat16]], "store_kv_bfloat16")
+    m.def_py_c_function(_fastcall[store_kv[DType.float32, DType.bfloat16]], "store_kv_float32_kv_bfloat16")
     m.def_py_c_function(_fastcall[qk_norm_rope_store[DType.float32, DType.float32]], "qk_norm_rope_store_float32")
     m.def_py_c_function(_fastcall[qk_norm_rope_store[DType.bfloat16, DType.bfloat16]], "qk_norm_rope_store_bfloat16")
     m.def_py_c_function(_fastcall[qk_norm_rope_store[DType.float32, DType.bfloat16]], "qk_norm_rope_store_float32_kv_bfloat16")

@@ -8,6 +8,7 @@ from typing import Optional, Protocol
 
 import torch
 
+from bindings.ops import kv_cache_supported
 from bindings.reference import can_tile, tile_weight
 
 from ..memory.huge_pages import on_huge_pages
@@ -53,7 +54,7 @@ def resolve_kv_cache_dtype(kv_cache_dtype: str, dtype: torch.dtype, device: torc
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} is not one of auto, {', '.join(KV_CACHE_DTYPES)}")
     cache = KV_CACHE_DTYPES[kv_cache_dtype]
-    if cache != dtype and not (device.type == "cpu" and dtype == torch.float32 and cache == torch.bfloat16):
+    if cache != dtype and not (device.type == "cpu" and kv_cache_supported(dtype, cache)):
         raise ValueError(f"a {kv_cache_dtype} KV cache under {str(dtype).split('.')[-1]} activations on {device.type} is "
                          "not supported: the cache holds the activations' dtype, or bfloat16 under float32 on a CPU")
     return cache

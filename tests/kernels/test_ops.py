@@ -127,6 +127,12 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
     with pytest.raises(IndexError, match="outside the cache"):
         ops.store_kv(torch.randn(1, 1, 8), torch.randn(1, 1, 8), torch.zeros(1, 16, 1, 8), torch.zeros(1, 16, 1, 8),
                      torch.tensor([16], dtype=torch.int32))
+    with pytest.raises(ValueError, match="torch.float32 caches under torch.bfloat16 activations are not supported"):
+        ops.store_kv(torch.randn(1, 1, 8, dtype=torch.bfloat16), torch.randn(1, 1, 8, dtype=torch.bfloat16),
+                     torch.zeros(1, 16, 1, 8), torch.zeros(1, 16, 1, 8), torch.tensor([0], dtype=torch.int32))
+    with pytest.raises(ValueError, match="k and v must have one dtype"):
+        ops.store_kv(torch.randn(1, 1, 8), torch.randn(1, 1, 8, dtype=torch.bfloat16), torch.zeros(1, 16, 1, 8),
+                     torch.zeros(1, 16, 1, 8), torch.tensor([0], dtype=torch.int32))
     with pytest.raises(ValueError, match="even"):
         ops.silu_and_mul(torch.randn(2, 5))
     with pytest.raises(ValueError, match="weight's in_features \\(40\\) must equal x's last dimension \\(32\\)|dimension 'K'"):
