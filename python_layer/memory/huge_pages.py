@@ -1,6 +1,6 @@
 """CPU tensors on transparent huge pages (2 MiB). A batch-1 decode step streams every weight byte once; with 4
-KiB pages that is a TLB miss every 4 KiB, each a two-level page walk under a hypervisor. Huge pages made the
-bfloat16 step ~5% faster on the 2-core VM (benchmarks/RESULTS.md)."""
+KiB pages that is a TLB miss every 4 KiB, each a two-level page walk under a hypervisor. Huge pages took the
+batch-1 step to 0.96-0.97x its time on the 2-core VM (benchmarks/RESULTS.md)."""
 
 from __future__ import annotations
 

@@ -116,9 +116,7 @@ def convert(weight: LinearWeight, weight_dtype: str, dense_dtype: torch.dtype) -
 
 
 def cat_rows(parts: Sequence[LinearWeight]) -> LinearWeight:
-    """Weights of several layers stacked along N (q, k, v; gate, up), in the format they share (one: itself)."""
-    if len(parts) == 1:
-        return parts[0]
+    """Weights of several layers stacked along N (q, k, v; gate, up), in the format they share."""
     if isinstance(parts[0], QuantizedWeight):
         if any(p.block_k != parts[0].block_k or p.weight.dtype != parts[0].weight.dtype for p in parts):
             raise ValueError("cannot stack quantized weights of different formats or block sizes")
