@@ -17,10 +17,10 @@
 # (F16C) is exact and, unlike the same trick on float32 bits, makes no float32 subnormals, which cost a CPU
 # microcode assist per instruction (FP8 decode 3x slower on random weights).
 # CPU, by the number of rows M:
-#   decode (M <= DECODE_ROWS): every weight byte crosses the memory bus once, prefetched PREFETCH_BYTES ahead. A
-#     tile of NR weight rows is widened in registers (or fed to the dot-product instructions as it is) for MR rows
-#     of x at a time; for the next MR rows it is read again from L1, not from memory. int8 on AVX2: a tile of one
-#     weight row for every row of x.
+#   decode (M <= DECODE_ROWS): every weight byte crosses the memory bus once, prefetched PREFETCH_BYTES ahead (all
+#     formats but float32). A tile of NR weight rows is widened in registers (or fed to the dot-product
+#     instructions as it is) for MR rows of x at a time; for the next MR rows it is read again from L1, not from
+#     memory. int8 on AVX2: a tile of one weight row for every row of x.
 #   prefill: a panel of PANEL weight rows is widened once into a float32 [K, PANEL] buffer (L2), and a
 #     PANEL_ROWS x PANEL register tile of y is computed from it for every PANEL_ROWS rows of x. With AVX512_BF16,
 #     bfloat16 weights are packed in pairs instead ([K / 2, PANEL] pairs) for vdpbf16ps: twice the FMAs' work.
@@ -71,7 +71,8 @@ comptime TILE_BYTES = 64
 comptime PREFETCH_BYTES = 4096
 """How far ahead the decode tiles prefetch each weight row: the hardware prefetchers alone left the bfloat16 / int8
 LM head at half the memory bandwidth. With the weights on huge pages, 4 KiB ahead streamed the model's linears in
-0.96x (bfloat16) / 0.94x (float32) the time of 16 KiB, int8 the same (benchmarks/RESULTS.md)."""
+0.96x (bfloat16) the time of 16 KiB, int8 the same (benchmarks/RESULTS.md). float32 weights are not prefetched:
+their NR rows of a tile lie next to each other, and the hardware prefetchers alone streamed them in 0.97x the time."""
 
 
 @always_inline
@@ -281,7 +282,7 @@ def _decode_tile[a_type: DType, w_type: DType, tiled: Bool, rows: Int, cols: Int
             comptime for i in range(rows):
                 xv[i] = load_f32[a_type, W](x, (m0 + i) * K + k)
             comptime for j in range(cols):
-                comptime if fetch:
+                comptime if fetch and w_type != DType.float32:
                     wt.prefetch(n_of[j], k)
                 var wv = wt.load[W](n_of[j], k, s[j])
                 comptime for i in range(rows):
