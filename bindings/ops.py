@@ -262,6 +262,10 @@ def _kv_variant(kv) -> str:
     return "" if kv is SAME else "_kv_" + str(kv).split(".")[-1]
 
 
+KV_CACHE_RULE = "the caches hold the activations' dtype, or bfloat16 under float32 activations"
+"""kv_cache_supported in words, for error messages."""
+
+
 def kv_cache_supported(activations: torch.dtype, cache: torch.dtype) -> bool:
     """Whether the kernels take caches of `cache` under `activations` (KV_DTYPES)."""
     return cache == activations or (activations == torch.float32 and cache == torch.bfloat16)
@@ -272,8 +276,7 @@ def _with_caches(ops: dict, like: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     if k_cache.dtype != v_cache.dtype:
         raise ValueError(f"the K and V caches must have one dtype, got {k_cache.dtype} and {v_cache.dtype}")
     if not kv_cache_supported(like.dtype, k_cache.dtype):
-        raise ValueError(f"{k_cache.dtype} caches under {like.dtype} activations are not supported: the caches hold the "
-                         "activations' dtype, or bfloat16 under float32")
+        raise ValueError(f"{k_cache.dtype} caches under {like.dtype} activations are not supported: {KV_CACHE_RULE}")
     return ops[SAME if k_cache.dtype == like.dtype else DType.bfloat16]
 
 

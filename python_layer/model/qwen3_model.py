@@ -8,7 +8,7 @@ from typing import Optional, Protocol
 
 import torch
 
-from bindings.ops import kv_cache_supported
+from bindings.ops import KV_CACHE_RULE, kv_cache_supported
 from bindings.reference import can_tile, tile_weight
 
 from ..memory.huge_pages import on_huge_pages
@@ -56,7 +56,7 @@ def resolve_kv_cache_dtype(kv_cache_dtype: str, dtype: torch.dtype, device: torc
     cache = KV_CACHE_DTYPES[kv_cache_dtype]
     if cache != dtype and not (device.type == "cpu" and kv_cache_supported(dtype, cache)):
         raise ValueError(f"a {kv_cache_dtype} KV cache under {str(dtype).split('.')[-1]} activations on {device.type} is "
-                         "not supported: the cache holds the activations' dtype, or bfloat16 under float32 on a CPU")
+                         f"not supported: {KV_CACHE_RULE}, on a CPU only for the latter")
     return cache
 
 
