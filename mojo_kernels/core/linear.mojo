@@ -144,7 +144,9 @@ struct _Weights[w_type: DType, tiled: Bool](ImplicitlyCopyable):
 
     @always_inline
     def prefetch(self, n: Int, k: Int):
-        """Asks for w[n, k] PREFETCH_BYTES ahead (the rows of the next tiles)."""
+        """Asks for w[n, k] PREFETCH_BYTES ahead (the rows of the next tiles); nothing for float32 weights."""
+        comptime if Self.w_type == DType.float32:
+            return
         var at = ptr(self.w).unsafe_bitcast[UInt8]().unsafe_offset(self.at(n, k) * size_of[Self.w_type]() + PREFETCH_BYTES)
         prefetch[PrefetchOptions().for_read().medium_locality()](at)
 
@@ -282,7 +284,7 @@ def _decode_tile[a_type: DType, w_type: DType, tiled: Bool, rows: Int, cols: Int
             comptime for i in range(rows):
                 xv[i] = load_f32[a_type, W](x, (m0 + i) * K + k)
             comptime for j in range(cols):
-                comptime if fetch and w_type != DType.float32:
+                comptime if fetch:
                     wt.prefetch(n_of[j], k)
                 var wv = wt.load[W](n_of[j], k, s[j])
                 comptime for i in range(rows):
@@ -555,7 +557,8 @@ struct _DecodeTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
     @always_inline
     def _tile[rows: Int, cols: Int, first: Bool](self, m0: Int, n0: Int):
         """`first`: the first rows of x, which read the tile from memory; the next rows read it from L1, where
-        prefetching float32 weights again cost them 1.1-1.25x at eight rows (bfloat16 ones lost 5% without it)."""
+        prefetching widened weights again cost float32 ones 1.1-1.25x at eight rows, when they were still prefetched
+        (bfloat16 ones lost 5% without it)."""
         comptime if Self.w_type == DType.bfloat16:
             _decode_tile_bf16[Self.a_type, Self.w_type, Self.tiled, rows, cols](ptr(self.y), ptr(self.xb), self.wt, m0, n0)
         elif Self.w_type == DType.int8:
