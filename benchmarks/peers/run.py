@@ -14,11 +14,13 @@ ratios compare runs taken minutes, not half an hour, apart.
                    [--llama-types f32,bf16,q8_0] [--runs 3]
 
 Prints one table (and the speed ratios: MILI in each format over llama.cpp with the same bits, and the best of
-each; above 1 means MILI is faster) and writes JSON under benchmarks/results/. Not part of the test suite."""
+each; above 1 means MILI is faster: the ratio of the medians and, as `_paired`, the median of the per-round ratios)
+and writes JSON under benchmarks/results/. Not part of the test suite."""
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -161,20 +163,31 @@ def open_transformers(path: str, args: argparse.Namespace) -> latency.Subject:
 
 # ---- the table ----------------------------------------------------------------------------------------------
 
+def _runs(row: dict, figure: str) -> list[float]:
+    """The seconds of each timed run of a figure ("prefill" or "decode_b{b}"), in round order."""
+    return row["prefill_runs"] if figure == "prefill" else row[f"{figure}_runs_s"]
+
+
 def speed_ratios(name: str, mine: dict, theirs: dict, args: argparse.Namespace) -> dict:
-    """mine's speed over theirs (above 1: mine is faster) for each figure."""
+    """mine's speed over theirs (above 1: mine is faster) for each figure: the ratio of the medians, and the median
+    of the per-round ratios ("paired": the two systems' runs of one round are taken back to back, so a VM that
+    speeds up or slows down between rounds moves both)."""
     row = dict(comparison=name, prefill=theirs["prefill_s"] / mine["prefill_s"])
     for b in latency.batch_sizes(args):
         key = f"decode_b{b}_tok_s"
         row[f"decode_b{b}"] = mine[key] / theirs[key]
+    for figure in ["prefill"] + [f"decode_b{b}" for b in latency.batch_sizes(args)]:
+        rounds = [t / m for m, t in zip(_runs(mine, figure), _runs(theirs, figure))]
+        row[f"{figure}_paired"] = statistics.median(rounds)
     return row
 
 
 def best(rows: list[dict], args: argparse.Namespace) -> dict:
-    """The best figure of each kind over rows (each may come from a different format)."""
-    out = dict(prefill_s=min(r["prefill_s"] for r in rows))
+    """The best figure of each kind over rows (each may come from a different format), as a median and per round."""
+    out = dict(prefill_s=min(r["prefill_s"] for r in rows), prefill_runs=[min(t) for t in zip(*(_runs(r, "prefill") for r in rows))])
     for b in latency.batch_sizes(args):
         out[f"decode_b{b}_tok_s"] = max(r[f"decode_b{b}_tok_s"] for r in rows)
+        out[f"decode_b{b}_runs_s"] = [min(t) for t in zip(*(_runs(r, f"decode_b{b}") for r in rows))]
     return out
 
 
@@ -229,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows, latency.columns(args))
     ratios = ratio_rows(rows, args)
     if ratios:
-        print("\nspeed ratios (above 1: MILI is faster; prefill compares 1 / seconds)")
+        print("\nspeed ratios (above 1: MILI is faster; prefill compares 1 / seconds; _paired: median of the "
+              "per-round ratios)")
         print_table(ratios, list(ratios[0]))
     if failed:
         print(f"\nfailed: {', '.join(failed)}")

@@ -1,0 +1,32 @@
+"""The peers runner's speed ratios: the ratio of the medians, and the median of the per-round ratios."""
+
+from __future__ import annotations
+
+import argparse
+
+from benchmarks.peers.run import ratio_rows
+
+
+def _row(system: str, fmt: str, prefill: list[float], decode_b1: list[float]) -> dict:
+    med = lambda v: sorted(v)[len(v) // 2]
+    return dict(system=system, format=fmt, prefill_s=med(prefill), prefill_runs=prefill,
+                decode_b1_tok_s=127 / med(decode_b1), decode_b1_runs_s=decode_b1)
+
+
+def test_ratios_of_medians_and_of_rounds() -> None:
+    # the VM slows down in round 3 for both systems: the medians come from different rounds, the pairs do not
+    mili_f32 = _row("mili", "float32", [2.0, 1.0, 3.0], [10.0, 10.5, 20.0])
+    mili_bf16 = _row("mili", "bfloat16", [1.5, 1.6, 1.4], [9.0, 6.0, 11.0])
+    llama_f32 = _row("llama.cpp", "f32", [2.2, 1.1, 3.6], [11.0, 10.0, 21.0])
+    llama_bf16 = _row("llama.cpp", "bf16", [3.0, 3.0, 3.0], [30.0, 30.0, 30.0])
+    f32, bf16, best = ratio_rows([mili_f32, mili_bf16, llama_f32, llama_bf16], argparse.Namespace(batches="1"))
+
+    assert f32["comparison"] == "mili float32 / llama.cpp f32"
+    assert abs(f32["prefill"] - 2.2 / 2.0) < 1e-9 and abs(f32["decode_b1"] - 11.0 / 10.5) < 1e-9
+    assert abs(f32["prefill_paired"] - 1.1) < 1e-9  # rounds 1.1, 1.1, 1.2
+    assert abs(f32["decode_b1_paired"] - 1.05) < 1e-9  # rounds 1.1, 0.952, 1.05
+    assert bf16["comparison"] == "mili bfloat16 / llama.cpp bf16" and abs(bf16["decode_b1_paired"] - 30 / 9) < 1e-9
+    # best: each round's fastest format of each system
+    assert best["comparison"] == "mili best / llama.cpp best"
+    assert abs(best["prefill_paired"] - 2.2 / 1.5) < 1e-9  # rounds 2.2 / 1.5, 1.1 / 1.0, 3.0 / 1.4
+    assert abs(best["decode_b1_paired"] - 10.0 / 6.0) < 1e-9  # rounds 11 / 9, 10 / 6, 21 / 11
