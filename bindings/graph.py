@@ -82,16 +82,17 @@ def relu(x: TensorValue) -> TensorValue:
 def linear(x: TensorValue, weight: TensorValue, scales: TensorValue, block_k: Union[int, TensorValue]) -> TensorValue:
     """x [M, K] @ dequantize(weight)[N, K]^T (reference.linear); scales are read for float8_e4m3fn / int8 weights only.
     A 4-d weight is tiled (reference.tile_weight, CPU only)."""
-    if weight.rank == 4:
-        return linear_tiled(x, weight)
     if not isinstance(block_k, TensorValue):
         block_k = ops.constant(np.array([block_k], dtype=np.int32), DType.int32, x.device)
+    if weight.rank == 4:
+        return linear_tiled(x, weight, scales, block_k)
     return _custom("mili_linear", x, [x, weight, scales, block_k], [[x.shape[0], weight.shape[0]]])[0]
 
 
-def linear_tiled(x: TensorValue, tiles: TensorValue) -> TensorValue:
-    """x [M, K] @ reference.untile_weight(tiles)^T: tiles [N / R, K / C, R, C], float32 or bfloat16, on a CPU."""
-    return _custom("mili_linear_tiled", x, [x, tiles], [[x.shape[0], tiles.shape[0] * tiles.shape[2]]])[0]
+def linear_tiled(x: TensorValue, tiles: TensorValue, scales: TensorValue, block_k: TensorValue) -> TensorValue:
+    """x [M, K] @ dequantize(reference.untile_weight(tiles))^T: tiles [N / R, K / C, R, C], float32, bfloat16 or
+    int8 (with scales [N, K / block_k]), on a CPU."""
+    return _custom("mili_linear_tiled", x, [x, tiles, scales, block_k], [[x.shape[0], tiles.shape[0] * tiles.shape[2]]])[0]
 
 
 def store_kv(k: TensorValue, v: TensorValue, k_cache: BufferValue, v_cache: BufferValue, slot_mapping: TensorValue) -> None:

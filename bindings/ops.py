@@ -360,32 +360,35 @@ def _block_k_on(block_k: int, device: torch.device) -> torch.Tensor:
     return torch.tensor([block_k], dtype=torch.int32, device=device)
 
 
-_LINEAR_TILED = {w: CompiledOp(graph.linear_tiled, [T(SAME, "M", "N")], [T(SAME, "M", "K"), T(torch_dtype_to_max(w), "NT", "KT", "R", "C")],
+_LINEAR_TILED = {w: CompiledOp(graph.linear_tiled, [T(SAME, "M", "N")],
+                               [T(SAME, "M", "K"), T(torch_dtype_to_max(w), "NT", "KT", "R", "C"), T(F32, "SN", "KB"), T(I32, 1)],
                                variant="_" + str(w).split(".")[-1])
                  for w in TILED_DTYPES}
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, scales: Optional[torch.Tensor] = None, block_k: int = 0) -> torch.Tensor:
     """x [M, K] @ dequantize(weight)[N, K]^T (reference.linear): float32 / bfloat16 weights as they are,
-    float8_e4m3fn / int8 weights with scales [N, ceil(K / block_k)]; a 4-d float32 / bfloat16 weight is tiled
-    (reference.tile_weight), on a CPU only."""
-    if weight.dim() == 4:
-        if weight.dtype not in TILED_DTYPES or not x.is_cpu:
-            raise ValueError(f"linear: tiled weights are float32 / bfloat16 on a CPU, got {weight.dtype} on {x.device}")
-        y = x.new_empty((x.shape[0], weight.shape[0] * weight.shape[2]))
-        _LINEAR_TILED[weight.dtype](y, _c(x), _c(weight))
-        return y
+    float8_e4m3fn / int8 weights with scales [N, ceil(K / block_k)]; a 4-d float32 / bfloat16 / int8 weight is
+    tiled (reference.tile_weight), on a CPU only."""
+    tiled = weight.dim() == 4
+    if tiled and (weight.dtype not in TILED_DTYPES or not x.is_cpu):
+        raise ValueError(f"linear: tiled weights are float32 / bfloat16 / int8 on a CPU, got {weight.dtype} on {x.device}")
     if weight.dtype not in WEIGHT_DTYPES:
         raise ValueError(f"linear: weights must be one of {', '.join(map(str, WEIGHT_DTYPES))}, got {weight.dtype}")
+    n, k = (weight.shape[0] * weight.shape[2], weight.shape[1] * weight.shape[3]) if tiled else weight.shape
     if weight.dtype in SCALED_DTYPES:
         if scales is None or block_k <= 0:
             raise ValueError(f"linear: {weight.dtype} weights need scales and a positive block_k")
-        want = (weight.shape[0], -(-weight.shape[1] // block_k))
+        want = (n, -(-k // block_k))
         if tuple(scales.shape) != want:
-            raise ValueError(f"linear: scales must be {want} for a {tuple(weight.shape)} weight and block_k {block_k}, "
+            raise ValueError(f"linear: scales must be {want} for a {(n, k)} weight and block_k {block_k}, "
                              f"got {tuple(scales.shape)}")
     else:
         scales = _scalar_on(1.0, x.device).view(1, 1)
+    if tiled:
+        y = x.new_empty((x.shape[0], n))
+        _LINEAR_TILED[weight.dtype](y, _c(x), _c(weight), _c(scales.float()), _block_k_on(int(block_k), x.device))
+        return y
     y = x.new_empty((x.shape[0], weight.shape[0]))
     bits = _BITS.get(weight.dtype, weight.dtype)
     _LINEAR[bits](y, _c(x), _c(weight).view(bits), _c(scales.float()), _block_k_on(int(block_k), x.device))

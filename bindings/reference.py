@@ -242,7 +242,7 @@ TILE_ROWS = 4
 """Weight rows per tile of the CPU linear kernel's tiled layout (mojo_kernels/core/linear.mojo: NR)."""
 TILE_BYTES = 64
 """Bytes of a row per step of the tiled layout (linear.mojo: TILE_BYTES)."""
-TILED_DTYPES = (torch.float32, torch.bfloat16)
+TILED_DTYPES = (torch.float32, torch.bfloat16, torch.int8)
 
 
 def tile_columns(dtype: torch.dtype) -> int:
@@ -250,7 +250,7 @@ def tile_columns(dtype: torch.dtype) -> int:
 
 
 def can_tile(weight: torch.Tensor) -> bool:
-    """Whether tile_weight takes this weight: float32 / bfloat16, N a multiple of TILE_ROWS and K of
+    """Whether tile_weight takes this weight: float32 / bfloat16 / int8, N a multiple of TILE_ROWS and K of
     tile_columns (every Qwen3 projection)."""
     return (weight.dim() == 2 and weight.dtype in TILED_DTYPES and weight.shape[0] % TILE_ROWS == 0
             and weight.shape[1] % tile_columns(weight.dtype) == 0)
@@ -259,9 +259,9 @@ def can_tile(weight: torch.Tensor) -> bool:
 def tile_weight(weight: torch.Tensor) -> torch.Tensor:
     """A weight [N, K] in the CPU linear kernel's tiled layout [N / R, K / C, R, C] (R = TILE_ROWS rows, C =
     tile_columns columns): each R rows as C-column blocks of each row in turn, the order the decode kernel
-    reads them in."""
+    reads them in. An int8 weight's scales stay [N, K / block_k] (block_k a multiple of C)."""
     if not can_tile(weight):
-        raise ValueError(f"tile_weight: needs a float32 / bfloat16 [N, K] weight with N a multiple of {TILE_ROWS} and K "
+        raise ValueError(f"tile_weight: needs a float32 / bfloat16 / int8 [N, K] weight with N a multiple of {TILE_ROWS} and K "
                          f"of {TILE_BYTES} bytes, got {weight.dtype} {tuple(weight.shape)}")
     n, k = weight.shape
     c = tile_columns(weight.dtype)

@@ -34,8 +34,9 @@ ATTENTION_BATCHES = [
 # N past the decode tile (4 rows) and the prefill panel (2 vector widths)
 LINEAR_SHAPES = [(1, 37, 5), (1, 1000, 130), (7, 200, 133), (8, 2048, 64), (9, 128, 33), (64, 300, 70), (130, 1024, 96)]
 WEIGHT_DTYPES = [torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.int8]
-TILED_LINEAR_SHAPES = [(1, 64, 4), (1, 1024, 132), (7, 96, 36), (8, 2048, 64), (9, 128, 8), (64, 320, 68), (130, 1024, 96)]
-"""(M, K, N) with N a multiple of 4 and K of 32: decode and panel paths, serial and parallel, partial panels."""
+TILED_LINEAR_SHAPES = [(1, 64, 4), (1, 1024, 132), (7, 192, 36), (8, 2048, 64), (9, 128, 8), (64, 320, 68), (130, 1024, 96)]
+"""(M, K, N) with N a multiple of 4 and K of 64: decode and panel paths, serial and parallel, partial panels and
+(int8, 128-column blocks) partial last blocks."""
 ATTENTION_HEADS = [(8, 8, 64), (16, 8, 128), (16, 2, 128), (4, 2, 44)]  # GQA ratios 1, 2, 8; 44: vector tails
 KV_DTYPES = {torch.float32: [torch.float32, torch.bfloat16], torch.bfloat16: [torch.bfloat16]}
 """The caches' dtypes under each activation dtype (ops.KV_DTYPES)."""
@@ -180,10 +181,10 @@ def run_linear(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
 def run_linear_tiled(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     (m, k, n), weight_dtype = case
     x = torch.randn(m, k, device=device).to(dtype)
-    weight = linear_weight(n, k, weight_dtype, device)[0]
+    weight, scales, block_k = linear_weight(n, k, weight_dtype, device)
     tiles = ref.tile_weight(weight)
     assert torch.equal(ref.untile_weight(tiles), weight)
-    _assert_linear_matches(ops.linear(x, tiles), ref.linear(x, weight), dtype)
+    _assert_linear_matches(ops.linear(x, tiles, scales, block_k), ref.linear(x, weight, scales, block_k), dtype)
 
 
 def kernel_cases() -> list:

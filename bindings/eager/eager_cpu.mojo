@@ -18,7 +18,7 @@ from mojo_kernels.core.activations import (
 )
 from mojo_kernels.core.attention.common import check_attention
 from mojo_kernels.core.attention.cpu import attention_cpu
-from mojo_kernels.core.linear import check_linear, check_linear_tiled, linear_cpu, linear_tiled_cpu
+from mojo_kernels.core.linear import check_linear, check_linear_tiled, linear_cpu, I8_TILED
 from mojo_kernels.core.normalization import check_norm, norm_rows_cpu
 from mojo_kernels.core.qk_norm_rope import check_qk_norm_rope_store, qk_norm_rope_store_cpu
 from mojo_kernels.core.rope import check_rope, rope_cpu
@@ -228,12 +228,21 @@ def linear[a_type: DType, w_type: DType](mut args: Args) raises:
 def linear_tiled[a_type: DType, w_type: DType](mut args: Args) raises:
     var runner = OpenMP(args.int())
     var y, x, w = args.tensor[a_type, 2](), args.tensor[a_type, 2](), args.tensor[w_type, 4]()
+    var scales = args.tensor[F32, 2]()
+    var block_k = Int(args.tensor[I32, 1]().ptr().unsafe_load(0))
     args.done("linear_tiled")
-    check_linear_tiled[w_type](x.dims[0], x.dims[1], w.dims[0], w.dims[1], w.dims[2], w.dims[3], y.dims[0], y.dims[1])
-    linear_tiled_cpu[a_type, w_type](runner, y.ptr(), x.ptr(), w.ptr(), x.dims[0], y.dims[1], x.dims[1])
+    check_linear_tiled[w_type](x.dims[0], x.dims[1], w.dims[0], w.dims[1], w.dims[2], w.dims[3], y.dims[0], y.dims[1],
+                               scales.dims[0], scales.dims[1], block_k)
+    linear_cpu[a_type, w_type, tiled=True](runner, y.ptr(), x.ptr(), w.ptr(), scales.ptr(), x.dims[0], y.dims[1],
+                                           x.dims[1], block_k)
+
+
+def int8_tiled() raises -> PythonObject:
+    return PythonObject(I8_TILED)
 
 
 def _add_ops(mut m: PythonModuleBuilder) raises:
+    m.def_function[int8_tiled]("int8_tiled", docstring="Whether the linear kernels read int8 weights fastest tiled.")
     # names must be static strings: one line per op and dtype
     m.def_py_c_function(_fastcall[rms_norm[DType.float32]], "rms_norm_float32")
     m.def_py_c_function(_fastcall[rms_norm[DType.bfloat16]], "rms_norm_bfloat16")
@@ -272,6 +281,8 @@ def _add_ops(mut m: PythonModuleBuilder) raises:
     m.def_py_c_function(_fastcall[linear_tiled[DType.float32, DType.bfloat16]], "linear_tiled_float32_bfloat16")
     m.def_py_c_function(_fastcall[linear_tiled[DType.bfloat16, DType.float32]], "linear_tiled_bfloat16_float32")
     m.def_py_c_function(_fastcall[linear_tiled[DType.bfloat16, DType.bfloat16]], "linear_tiled_bfloat16_bfloat16")
+    m.def_py_c_function(_fastcall[linear_tiled[DType.float32, DType.int8]], "linear_tiled_float32_int8")
+    m.def_py_c_function(_fastcall[linear_tiled[DType.bfloat16, DType.int8]], "linear_tiled_bfloat16_int8")
 
 
 @export

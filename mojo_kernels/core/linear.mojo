@@ -24,10 +24,12 @@
 #   prefill: a panel of PANEL weight rows is widened once into a float32 [K, PANEL] buffer (L2), and a
 #     PANEL_ROWS x PANEL register tile of y is computed from it for every PANEL_ROWS rows of x. With AVX512_BF16,
 #     bfloat16 weights are packed in pairs instead ([K / 2, PANEL] pairs) for vdpbf16ps: twice the FMAs' work.
-# Tiled weights (mili_linear_tiled, CPU only): w as [N / NR, K / tile_k, NR, tile_k], tile_k = TILE_BYTES of a row:
-#   each NR rows of a decode tile lie in memory in the order the tile reads them, so a worker streams one
-#   sequential run of memory instead of NR rows at once (bfloat16 batch-1 decode ~1.1x faster on the AVX2 VM: its
-#   prefetchers keep fewer streams going than the tile has rows). bindings/reference.tile_weight makes them.
+# Tiled weights (mili_linear_tiled, CPU only; float32, bfloat16 and int8): w as [N / NR, K / tile_k, NR, tile_k],
+#   tile_k = TILE_BYTES of a row (int8: block_k a multiple of it; the scales stay [N, K / block_k]): each NR rows
+#   of a decode tile lie in memory in the order the tile reads them, so a worker streams one sequential run of
+#   memory instead of NR rows at once (batch-1 decode: bfloat16 ~1.1x faster on the AVX2 VM, whose prefetchers
+#   keep fewer streams going than the tile has rows; bfloat16 and int8 ~1.15x on the Zen 5 VM).
+#   bindings/reference.tile_weight makes them.
 # GPU: a thread per output element (the model graph dequantizes to bfloat16 and uses MAX's matmul there).
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
@@ -59,6 +61,9 @@ comptime FP8_SCALE = Float32(256)
 comptime BF16_DOT = CompilationTarget._has_feature["avx512bf16"]()
 comptime I8_DOT = CompilationTarget._has_feature["avx512vnni"]()
 comptime I8_MADD = CompilationTarget._has_feature["avx2"]()
+comptime I8_TILED = I8_DOT
+"""Whether int8 weights are best tiled on this CPU (the model loader asks, bindings/eager): the VNNI decode tile
+reads NR rows at a time; the AVX2 one reads one row at a time, for which [N, K] is the order it reads."""
 comptime I8_OFFSET = Int32(128) if I8_DOT else Int32(0)
 """What vpdpbusd adds to each weight (see _dot_i8); the other paths multiply the weights as they are."""
 comptime DOT_LANES = F32_WIDTH
@@ -377,10 +382,11 @@ def _decode_tile_bf16[a_type: DType, w_type: DType, tiled: Bool, rows: Int, cols
 
 
 @always_inline
-def _decode_tile_i8[a_type: DType, w_type: DType, tiled: Bool, rows: Int, cols: Int](
+def _decode_tile_i8[a_type: DType, w_type: DType, tiled: Bool, rows: Int, cols: Int, fetch: Bool](
     y: Ptr[a_type], xq: _QuantizedX, wt: _Weights[w_type, tiled], m0: Int, n0: Int,
 ):
-    """y[m0 : m0 + rows, n0 : n0 + cols] from x quantized to int8: exact int32 sums per block, then both scales."""
+    """y[m0 : m0 + rows, n0 : n0 + cols] from x quantized to int8: exact int32 sums per block, then both scales;
+    `fetch`: the tile is read from memory (its first rows of x), not from L1."""
     comptime S = 4 * DOT_LANES
     var K = wt.k
     var w, q = ptr(wt.w).unsafe_bitcast[Int8](), ptr(xq.q)
@@ -397,7 +403,8 @@ def _decode_tile_i8[a_type: DType, w_type: DType, tiled: Bool, rows: Int, cols: 
             comptime for i in range(rows):
                 xv[i] = q.unsafe_load[width=S]((m0 + i) * K + k)
             comptime for j in range(cols):
-                wt.prefetch(n_of[j], k)
+                comptime if fetch:
+                    wt.prefetch(n_of[j], k)
                 var wv = w.unsafe_load[width=S](wt.at(n_of[j], k))
                 comptime for i in range(rows):
                     dots[i * cols + j] = _dot_i8(dots[i * cols + j], wv, xv[i])
@@ -427,14 +434,15 @@ def _pack_panel[w_type: DType, tiled: Bool](panel: Ptr[F32], wt: _Weights[w_type
             for k in range(K):
                 panel.unsafe_store(k * PANEL + c, 0)
             continue
-        comptime if tiled:  # dense: a whole tile at a time, in the order it lies in memory
+        comptime if tiled:  # a whole tile at a time, in the order it lies in memory
             comptime tk = tile_k[w_type]()
             if c % NR != 0:
                 continue
             for k0 in range(0, K, tk):
                 comptime for r in range(NR):
+                    var s = wt.scale(n + r, k0 // wt.block_k)  # block_k is a multiple of tk
                     comptime for part in range(tk // W):
-                        var v = wt.load[W](n + r, k0 + part * W, 1)
+                        var v = wt.load[W](n + r, k0 + part * W, s)
                         comptime for e in range(W):
                             panel.unsafe_store((k0 + part * W + e) * PANEL + c + r, v[e])
             continue
@@ -562,7 +570,7 @@ struct _DecodeTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
         comptime if Self.w_type == DType.bfloat16:
             _decode_tile_bf16[Self.a_type, Self.w_type, Self.tiled, rows, cols](ptr(self.y), ptr(self.xb), self.wt, m0, n0)
         elif Self.w_type == DType.int8:
-            _decode_tile_i8[Self.a_type, Self.w_type, Self.tiled, rows, cols](ptr(self.y), self.xq, self.wt, m0, n0)
+            _decode_tile_i8[Self.a_type, Self.w_type, Self.tiled, rows, cols, first](ptr(self.y), self.xq, self.wt, m0, n0)
         else:
             _decode_tile[Self.a_type, Self.w_type, Self.tiled, rows, cols, first](ptr(self.y), ptr(self.x), self.wt, m0, n0)
 
@@ -616,7 +624,7 @@ struct _PairPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
 def linear_cpu[a_type: DType, w_type: DType, R: Runner, tiled: Bool = False](
     runner: R, y: Ptr[a_type], x: Ptr[a_type], w: Ptr[w_type], scales: Ptr[F32], m: Int, n: Int, k: Int, block_k: Int,
 ):
-    comptime assert not (tiled and is_scaled[w_type]()), "tiled weights are float32 or bfloat16"
+    comptime assert not (tiled and is_fp8[w_type]()), "tiled weights are float32, bfloat16 or int8"
     if m == 0 or n == 0:
         return
     var wt = _Weights[w_type, tiled](w, scales, n, k, block_k)
@@ -746,17 +754,17 @@ struct Linear:
 
 
 def check_linear_tiled[w_type: DType](m: Int, k: Int, tiles_n: Int, tiles_k: Int, rows: Int, cols: Int, y_m: Int,
-                                      y_n: Int) raises:
+                                      y_n: Int, scale_rows: Int, scale_cols: Int, block_k: Int) raises:
+    comptime if is_fp8[w_type]():
+        raise Error("linear_tiled: tiled weights are float32, bfloat16 or int8, not FP8: pass the [N, K] weight")
     if rows != NR or cols != tile_k[w_type]():
         raise Error("linear_tiled: ", w_type, " weights must be tiled [N / ", NR, ", K / ", tile_k[w_type](), ", ", NR, ", ",
                     tile_k[w_type](), "], got tiles of [", rows, ", ", cols, "] (bindings.reference.tile_weight makes them)")
-    _check_shapes[w_type](m, k, tiles_n * rows, tiles_k * cols, y_m, y_n, 0)
-
-
-def linear_tiled_cpu[a_type: DType, w_type: DType, R: Runner](runner: R, y: Ptr[a_type], x: Ptr[a_type], w: Ptr[w_type],
-                                                               m: Int, n: Int, k: Int):
-    var no_scale = Float32(1)  # dense weights read no scales
-    linear_cpu[a_type, w_type, tiled=True](runner, y, x, w, Pointer(to=no_scale).unsafe_origin_cast[MutAnyOrigin](), m, n, k, 0)
+    check_linear[w_type](m, k, tiles_n * rows, tiles_k * cols, y_m, y_n, scale_rows, scale_cols, block_k)
+    comptime if is_scaled[w_type]():
+        if block_k % tile_k[w_type]() != 0:
+            raise Error("linear_tiled: block_k (", block_k, ") must be a multiple of the tiles' ", tile_k[w_type](),
+                        " columns: pass the [N, K] weight")
 
 
 @register("mili_linear_tiled")
@@ -766,13 +774,15 @@ struct LinearTiled:
         y: OutputTensor[dtype=a_type, rank=2, ...],
         x: InputTensor[dtype=a_type, rank=2, ...],
         w: InputTensor[dtype=w_type, rank=4, ...],
+        scales: InputTensor[dtype=DType.float32, rank=2, ...],
+        block_k: InputTensor[dtype=DType.int32, rank=1, ...],
         ctx: DeviceContext,
     ) raises:
-        var m, k = x.dim_size[0](), x.dim_size[1]()
-        check_linear_tiled[w_type](m, k, w.dim_size[0](), w.dim_size[1](), w.dim_size[2](), w.dim_size[3](),
-                                   y.dim_size[0](), y.dim_size[1]())
         comptime if target == "cpu":
-            linear_tiled_cpu[a_type, w_type](MojoThreads(ctx), y.unsafe_ptr(), x.unsafe_ptr(), w.unsafe_ptr(), m,
-                                             y.dim_size[1](), k)
+            var m, k, bk = x.dim_size[0](), x.dim_size[1](), Int(block_k.unsafe_ptr().unsafe_load(0))
+            check_linear_tiled[w_type](m, k, w.dim_size[0](), w.dim_size[1](), w.dim_size[2](), w.dim_size[3](),
+                                       y.dim_size[0](), y.dim_size[1](), scales.dim_size[0](), scales.dim_size[1](), bk)
+            linear_cpu[a_type, w_type, tiled=True](MojoThreads(ctx), y.unsafe_ptr(), x.unsafe_ptr(), w.unsafe_ptr(),
+                                                   scales.unsafe_ptr(), m, y.dim_size[1](), k, bk)
         else:
             raise Error("linear_tiled: tiled weights are a CPU layout: on a GPU, mili_linear takes the [N, K] weight")

@@ -8,8 +8,9 @@ from typing import Optional, Protocol
 
 import torch
 
+from bindings import library
 from bindings.ops import KV_CACHE_RULE, kv_cache_supported
-from bindings.reference import can_tile, tile_weight
+from bindings.reference import can_tile, tile_columns, tile_weight
 
 from ..memory.huge_pages import on_huge_pages
 from ..memory.kv_cache_manager import PagedKVCache
@@ -24,6 +25,11 @@ from .weight_loader import WeightLoader
 # "reference": the same forward op by op in PyTorch (bindings/reference.py), the specification tests compare with.
 BACKENDS = {"mojo": CompiledQwen3, "reference": ReferenceQwen3}
 DEFAULT_BACKEND = "mojo"
+
+
+def _tiles_int8(weight: QuantizedWeight) -> bool:
+    return (weight.weight.dtype == torch.int8 and can_tile(weight.weight)
+            and weight.block_k % tile_columns(torch.int8) == 0 and library.eager_cpu_module().int8_tiled())
 
 
 def check_backend(backend: str) -> str:
@@ -110,10 +116,13 @@ class Qwen3Model:
         weight = convert(cat_rows([loader.get_linear(n) for n in names]), weight_dtype or self.weight_dtype, self.dtype)
         if self.backend != "mojo" or self.device.type != "cpu":
             return weight
-        # bfloat16 on a CPU: in the order the Mojo decode kernel reads it (bindings/reference.tile_weight; batch-1
-        # decode ~1.1x faster). float32 stays [N, K]: its kernel streams as fast without, and slower with.
+        # in the order the Mojo decode kernel reads it (bindings/reference.tile_weight; batch-1 decode ~1.1x faster):
+        # bfloat16, and int8 where the kernel reads several of its rows at a time. float32 stays [N, K]: its
+        # kernel streams as fast without, and slower with.
         if isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16 and can_tile(weight):
             weight = tile_weight(weight)
+        if isinstance(weight, QuantizedWeight) and _tiles_int8(weight):
+            weight = weight._replace(weight=tile_weight(weight.weight))
         # the decode kernels stream the weights fastest from huge pages (memory/huge_pages.py)
         if isinstance(weight, QuantizedWeight):
             return weight._replace(weight=on_huge_pages(weight.weight))

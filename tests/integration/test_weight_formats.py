@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bindings import library
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.quantization import QuantizedWeight, write_fp8_checkpoint
 from python_layer.model.random_checkpoint import build_random_checkpoint
@@ -63,6 +64,11 @@ def test_bfloat16_weights_drift_no_more_than_transformers_bfloat16(tiny_checkpoi
 def test_int8_weights_match_the_reference_backend_and_stay_near_float32(tiny_checkpoint: Path) -> None:
     engines = {b: InferenceEngine.from_pretrained(tiny_checkpoint, dtype="float32", weight_dtype="int8", backend=b)
                for b in ("mojo", "reference")}
+    # tiled (reference.tile_weight) where the CPU's int8 decode tile reads several rows at a time (VNNI)
+    tiled = library.eager_cpu_module().int8_tiled()
+    assert all(w.weight.dim() == (4 if tiled else 2) for layer in engines["mojo"].model.layers
+               for w in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj))
+    assert engines["reference"].model.layers[0].qkv_proj.weight.dim() == 2
     prompts = _prompts(engines["mojo"].model.config.vocab_size, seed=1)
     assert _greedy(engines["mojo"], prompts) == _greedy(engines["reference"], prompts)
     exact = _hf_logits(_hf(tiny_checkpoint), prompts[2])

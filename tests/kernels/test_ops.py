@@ -146,8 +146,13 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
         ops.linear(torch.randn(2, 200), torch.ones(8, 200, dtype=torch.float16))
     with pytest.raises(ValueError, match="float32 weights must be tiled \\[N / 4, K / 16, 4, 16\\], got tiles of \\[4, 8\\]|dimension"):
         ops.linear(torch.randn(2, 32), torch.ones(2, 4, 4, 8))
-    with pytest.raises(ValueError, match="tiled weights are float32 / bfloat16 on a CPU"):
-        ops.linear(torch.randn(2, 128), torch.ones(2, 2, 4, 64, dtype=torch.int8))
+    with pytest.raises(ValueError, match="tiled weights are float32 / bfloat16 / int8 on a CPU"):
+        ops.linear(torch.randn(2, 128), torch.ones(2, 2, 4, 64, dtype=torch.uint8))
+    tiled_int8 = torch.ones(2, 2, 4, 64, dtype=torch.int8)
+    with pytest.raises(ValueError, match="scales must be \\(8, 2\\) for a \\(8, 128\\) weight"):
+        ops.linear(torch.randn(2, 128), tiled_int8, torch.ones(8, 1), 64)
+    with pytest.raises(ValueError, match="block_k \\(96\\) must be a multiple of the tiles' 64 columns"):
+        ops.linear(torch.randn(2, 128), tiled_int8, torch.ones(8, 2), 96)
     with pytest.raises(ValueError, match="N a multiple of 4 and K of 64 bytes, got torch.bfloat16 \\(6, 64\\)"):
         ref.tile_weight(torch.ones(6, 64, dtype=torch.bfloat16))
 
