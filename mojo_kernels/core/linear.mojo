@@ -27,9 +27,9 @@
 # Tiled weights (mili_linear_tiled, CPU only; float32, bfloat16 and int8): w as [N / NR, K / tile_k, NR, tile_k],
 #   tile_k = TILE_BYTES of a row (int8: block_k a multiple of it; the scales stay [N, K / block_k]): each NR rows
 #   of a decode tile lie in memory in the order the tile reads them, so a worker streams one sequential run of
-#   memory instead of NR rows at once (batch-1 decode: bfloat16 ~1.1x faster on the AVX2 VM, whose prefetchers
-#   keep fewer streams going than the tile has rows; bfloat16 and int8 ~1.15x on the Zen 5 VM).
-#   bindings/reference.tile_weight makes them.
+#   memory instead of NR rows at once (the model's linears at batch 1: bfloat16 ~1.1x faster on the AVX2 VM, whose
+#   prefetchers keep fewer streams going than the tile has rows; on the Zen 5 VM bfloat16 1.17x, int8 with VNNI
+#   1.3x, but 0.92x at 8 rows). bindings/reference.tile_weight makes them.
 # GPU: a thread per output element (the model graph dequantizes to bfloat16 and uses MAX's matmul there).
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext

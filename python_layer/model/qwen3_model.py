@@ -116,7 +116,7 @@ class Qwen3Model:
         weight = convert(cat_rows([loader.get_linear(n) for n in names]), weight_dtype or self.weight_dtype, self.dtype)
         if self.backend != "mojo" or self.device.type != "cpu":
             return weight
-        # in the order the Mojo decode kernel reads it (bindings/reference.tile_weight; batch-1 decode ~1.1x faster):
+        # in the order the Mojo decode kernel reads it (bindings/reference.tile_weight; batch-1 decode 1.1-1.3x faster):
         # bfloat16, and int8 where the kernel reads several of its rows at a time. float32 stays [N, K]: its
         # kernel streams as fast without, and slower with.
         if isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16 and can_tile(weight):
