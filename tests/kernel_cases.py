@@ -29,6 +29,7 @@ ATTENTION_BATCHES = [
     ([37, 50, 300, 1], [37, 9, 1, 1]),
     ([3000], [1]),  # one long decode: its keys are split over the CPU workers and merged
     ([70, 20], [3, 2]),  # a few queries each (speculative decoding): 1-6 rows per KV head, read directly, masked
+    ([620], [600]),  # a long prefill after 20 cached tokens: 64-query tiles on up to 2 cores, a partial last one
 ]
 # (M, K, N): decode (M <= 8) and prefill (M > 8) kernels; K past a vector width and a 128-column scale block;
 # N past the decode tile (4 rows) and the prefill panel (2 vector widths)
