@@ -496,6 +496,20 @@ def _pack_pair_panel[w_type: DType, tiled: Bool](panel: Ptr[DType.uint32], wt: _
     """panel[kp * PANEL + c] = the bfloat16 pair w[n0 + c, 2kp : 2kp + 2] (vdpbf16ps's layout); 0 past the last
     row or column."""
     var K = wt.k
+    comptime if tiled:  # each run of a tile's row as one vector of pairs, in the order they lie in memory
+        comptime pairs = tile_k[w_type]() // 2
+        var runs = ptr(wt.w).unsafe_bitcast[UInt32]()
+        var filled = min(PANEL, wt.n - n0)  # a multiple of NR: tiled weights have N a multiple of it
+        for c in range(0, filled, NR):
+            for k0 in range(0, K, tile_k[w_type]()):
+                comptime for r in range(NR):
+                    var v = runs.unsafe_load[width=pairs](wt.at(n0 + c + r, k0) // 2)
+                    comptime for e in range(pairs):
+                        panel.unsafe_store((k0 // 2 + e) * PANEL + c + r, v[e])
+        for kp in range(K // 2):
+            for c in range(filled, PANEL):
+                panel.unsafe_store(kp * PANEL + c, 0)
+        return
     var w = ptr(wt.w).unsafe_bitcast[UInt16]()
     for c in range(PANEL):
         var n = n0 + c
