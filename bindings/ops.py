@@ -385,11 +385,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, scales: Optional[torch.Tensor]
                              f"got {tuple(scales.shape)}")
     else:
         scales = _scalar_on(1.0, x.device).view(1, 1)
-    if tiled:
-        y = x.new_empty((x.shape[0], n))
-        _LINEAR_TILED[weight.dtype](y, _c(x), _c(weight), _c(scales.float()), _block_k_on(int(block_k), x.device))
-        return y
-    y = x.new_empty((x.shape[0], weight.shape[0]))
+    y = x.new_empty((x.shape[0], n))
     bits = _BITS.get(weight.dtype, weight.dtype)
-    _LINEAR[bits](y, _c(x), _c(weight).view(bits), _c(scales.float()), _block_k_on(int(block_k), x.device))
+    (_LINEAR_TILED if tiled else _LINEAR)[bits](y, _c(x), _c(weight).view(bits), _c(scales.float()),
+                                                _block_k_on(int(block_k), x.device))
     return y
