@@ -138,6 +138,14 @@ def _logprobs(
     return out
 
 
+def _argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's index of its largest logit (the first one of ties, or a NaN). On a CPU numpy's vectorized argmax
+    takes ~6 µs for Qwen3's 151,936 logits where torch's takes ~80 µs."""
+    if logits.device.type == "cpu":
+        return torch.from_numpy(logits.numpy().argmax(axis=-1))
+    return logits.argmax(dim=-1)
+
+
 @contextmanager
 def _one_cpu_thread(device: torch.device) -> Iterator[None]:
     """Sampling on a CPU runs on one torch thread: torch's OpenMP workers spin-wait after a parallel region and
@@ -176,7 +184,7 @@ class BatchSampler:
     ) -> torch.Tensor:
         rows = [i for i, p in enumerate(params) if not p.greedy]
         if len(rows) < len(params):
-            tokens = logits.argmax(dim=-1)
+            tokens = _argmax(logits)
         else:
             tokens = torch.empty(len(params), dtype=torch.long, device=logits.device)
         if not rows:

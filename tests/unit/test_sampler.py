@@ -23,6 +23,16 @@ def test_greedy_and_mixed_parameters_in_one_batch() -> None:
     assert tokens[0] == logits[0].argmax() and tokens[1] == logits[1].argmax() and tokens[3] == logits[3].argmax()
 
 
+def test_greedy_is_torch_argmax_on_ties_nan_and_strided_rows() -> None:
+    logits = torch.randn(6, 151936)
+    logits[1, [7, 9000]] = 50.0  # a tie: the first one
+    logits[2, 12345] = float("nan")  # a NaN wins, as in torch.argmax
+    logits[3] = float("-inf")
+    for rows in (logits, logits[::2], logits.t().contiguous().t()):
+        greedy = [SamplingParams(temperature=0.0)] * rows.shape[0]
+        assert BatchSampler()(rows, greedy, [None] * rows.shape[0]).token_ids == rows.argmax(dim=-1).tolist()
+
+
 def test_temperature_sampling_follows_the_softmax() -> None:
     draws = _draws(LOGITS, SamplingParams(temperature=0.7), n=4000)
     freq = torch.bincount(draws, minlength=8).float() / len(draws)
