@@ -33,7 +33,7 @@ ATTENTION_BATCHES = [
 ]
 # (M, K, N): decode (M <= 8) and prefill (M > 8) kernels; K past a vector width and a 128-column scale block;
 # N past the decode tile (4 rows) and the prefill panel (2 vector widths)
-LINEAR_SHAPES = [(1, 37, 5), (1, 1000, 130), (7, 200, 133), (8, 2048, 64), (9, 128, 33), (64, 300, 70), (130, 1024, 96)]
+LINEAR_SHAPES = [(1, 37, 5), (1, 1000, 130), (7, 200, 133), (8, 2048, 64), (9, 128, 33), (64, 301, 70), (130, 1024, 96)]
 WEIGHT_DTYPES = [torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.int8]
 TILED_LINEAR_SHAPES = [(1, 64, 4), (1, 1024, 132), (7, 192, 36), (8, 2048, 64), (9, 128, 8), (64, 320, 68), (130, 1024, 96)]
 """(M, K, N) with N a multiple of 4 and K of 64: decode and panel paths, serial and parallel, partial panels and
@@ -172,10 +172,14 @@ def _assert_linear_matches(ours: torch.Tensor, theirs: torch.Tensor, dtype: torc
     assert_matches(ours, theirs, dtype, atol=atol)
 
 
+INT8_BLOCKS = [30, 36]
+"""int8 block widths other than 128 (prefill with VNNI: quads of columns need a multiple of 4, else float32 panels)."""
+
+
 def run_linear(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
-    (m, k, n), weight_dtype = case
+    (m, k, n), weight_dtype, *block = case
     x = torch.randn(m, k, device=device).to(dtype)
-    weight, scales, block_k = linear_weight(n, k, weight_dtype, device)
+    weight, scales, block_k = linear_weight(n, k, weight_dtype, device, *block)
     _assert_linear_matches(ops.linear(x, weight, scales, block_k), ref.linear(x, weight, scales, block_k), dtype)
 
 
@@ -209,6 +213,8 @@ def kernel_cases() -> list:
                       for b in ATTENTION_BATCHES for h in ATTENTION_HEADS]
         cases += [pytest.param(run_linear, dtype, (s, w), id=f"linear-{d}-{str(w).split('.')[-1]}-{s}")
                   for w in WEIGHT_DTYPES for s in LINEAR_SHAPES]
+        cases += [pytest.param(run_linear, dtype, ((20, 301, 70), torch.int8, b), id=f"linear-{d}-int8-blocks_of_{b}")
+                  for b in INT8_BLOCKS]
         cases += [pytest.param(run_linear_tiled, dtype, (s, w), id=f"linear_tiled-{d}-{str(w).split('.')[-1]}-{s}")
                   for w in ref.TILED_DTYPES for s in TILED_LINEAR_SHAPES]
     group = lambda runner, dtype: pytest.mark.xdist_group(f"{runner.__name__}-{dtype}")

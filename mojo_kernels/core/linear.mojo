@@ -71,6 +71,9 @@ comptime DOT_LANES = F32_WIDTH
 comptime I8_X_MAX = Float32(127)
 comptime I8_ROWS = 2
 """Rows of x per int8 decode tile with VNNI: an int32 block sum and a float32 total per pair, 2 x NR x 2 vectors."""
+comptime QUAD_PANEL_ROWS = 6
+"""Rows of x per int8 quad-panel register tile (VNNI only): 12 int32 block sums, 12 float32 totals, 2 panel vectors
+and a broadcast."""
 comptime TILE_BYTES = 64
 """Bytes of each weight row per step of a tiled weight's stream: a cache line."""
 comptime PREFETCH_BYTES = 4096
@@ -544,6 +547,56 @@ def _pair_panel_tile[a_type: DType, rows: Int](
     _store_panel_rows[a_type, rows, DOT_LANES](y, acc, m0, n0, N)
 
 
+def _pack_quad_panel[w_type: DType, tiled: Bool](panel: Ptr[DType.uint32], panel_scales: Ptr[F32], wt: _Weights[w_type, tiled],
+                                                n0: Int):
+    """panel[kq * PANEL + c] = the int8 quad w[n0 + c, 4kq : 4kq + 4] (vpdpbusd's layout), bytes past the last column
+    -128 (0 once _dot_i8 offsets them: whatever x holds there adds nothing); panel_scales[kb * PANEL + c] = the
+    weight scale of row n0 + c and block kb, 0 past the last row."""
+    var K = wt.k
+    var w = ptr(wt.w).unsafe_bitcast[Int8]()
+    for c in range(PANEL):
+        var n = n0 + c
+        for kb in range(wt.k_blocks):
+            panel_scales.unsafe_store(kb * PANEL + c, wt.scale(n, kb) if n < wt.n else 0)
+        for kq in range(ceildiv(K, 4)):
+            var quad = SIMD[DType.int8, 4](-128)
+            if n < wt.n:
+                comptime for e in range(4):
+                    if 4 * kq + e < K:
+                        quad[e] = w.unsafe_load(wt.at(n, 4 * kq + e))
+            panel.unsafe_store(kq * PANEL + c, bitcast[DType.uint32, 1](quad)[0])
+
+
+@always_inline
+def _quad_panel_tile[a_type: DType, rows: Int](
+    y: Ptr[a_type], xq: _QuantizedX, panel: Ptr[DType.uint32], panel_scales: Ptr[F32], m0: Int, n0: Int, N: Int, K: Int,
+    block_k: Int,
+):
+    """y[m0 : m0 + rows, n0 : n0 + PANEL] from a quad panel: each step a quad of x broadcast against 2 x 16 quads,
+    exact int32 sums per block, then both scales."""
+    comptime assert PANEL == 2 * DOT_LANES, "quad panels are two dot-product accumulators wide"
+    var q = ptr(xq.q).unsafe_bitcast[UInt8]()
+    var acc = Array[SIMD[F32, DOT_LANES], 2 * rows](fill=0)
+    for kb in range(xq.k_blocks):
+        var dots = Array[SIMD[DType.int32, DOT_LANES], 2 * rows](fill=0)
+        for kq in range(kb * block_k // 4, ceildiv(min(K, kb * block_k + block_k), 4)):
+            var b0 = bitcast[DType.int8, 4 * DOT_LANES](panel.unsafe_load[width=DOT_LANES](kq * PANEL))
+            var b1 = bitcast[DType.int8, 4 * DOT_LANES](panel.unsafe_load[width=DOT_LANES](kq * PANEL + DOT_LANES))
+            comptime for i in range(rows):
+                var quad = bitcast[DType.uint32, 1](q.unsafe_load[width=4]((m0 + i) * K + 4 * kq))[0]
+                var a = bitcast[DType.int8, 4 * DOT_LANES](SIMD[DType.uint32, DOT_LANES](quad))
+                dots[2 * i] = _dot_i8(dots[2 * i], b0, a)
+                dots[2 * i + 1] = _dot_i8(dots[2 * i + 1], b1, a)
+        var s0 = panel_scales.unsafe_load[width=DOT_LANES](kb * PANEL)
+        var s1 = panel_scales.unsafe_load[width=DOT_LANES](kb * PANEL + DOT_LANES)
+        comptime for i in range(rows):
+            var sx = xq.scale(m0 + i, kb)
+            var offset = SIMD[DType.int32, DOT_LANES](I8_OFFSET * xq.sum(m0 + i, kb))
+            acc[2 * i] = (dots[2 * i] - offset).cast[F32]().fma(s0 * sx, acc[2 * i])
+            acc[2 * i + 1] = (dots[2 * i + 1] - offset).cast[F32]().fma(s1 * sx, acc[2 * i + 1])
+    _store_panel_rows[a_type, rows, DOT_LANES](y, acc, m0, n0, N)
+
+
 struct _DecodeTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
     """Item: NR weight rows against every row of x, as the weight format reads x (x, xb or xq)."""
 
@@ -635,6 +688,31 @@ struct _PairPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
                     _pair_panel_tile[Self.a_type, r](ptr(self.y), ptr(self.xb), panel, m0, n0, self.wt.n, self.wt.k)
 
 
+struct _QuadPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
+    """Item: a PANEL of int8 weight rows packed in quads, against every row of x quantized to int8."""
+
+    var y: Addr[Self.a_type]
+    var xq: _QuantizedX
+    var wt: _Weights[Self.w_type, Self.tiled]
+    var m: Int
+
+    def __init__(out self, y: Ptr[Self.a_type], xq: _QuantizedX, wt: _Weights[Self.w_type, Self.tiled], m: Int):
+        self.y, self.xq, self.wt, self.m = addr(y), xq, wt, m
+
+    def run(self, item: Int):
+        var buffer = List[UInt32](length=ceildiv(self.wt.k, 4) * PANEL, fill=0)
+        var scale_buffer = List[Float32](length=self.wt.k_blocks * PANEL, fill=0)
+        var panel, panel_scales = _data(buffer), _data(scale_buffer)
+        var n0 = item * PANEL
+        _pack_quad_panel(panel, panel_scales, self.wt, n0)
+        for m0 in range(0, self.m, QUAD_PANEL_ROWS):
+            var rows = min(QUAD_PANEL_ROWS, self.m - m0)
+            comptime for r in range(1, QUAD_PANEL_ROWS + 1):
+                if rows == r:
+                    _quad_panel_tile[Self.a_type, r](ptr(self.y), self.xq, panel, panel_scales, m0, n0, self.wt.n,
+                                                     self.wt.k, self.wt.block_k)
+
+
 def linear_cpu[a_type: DType, w_type: DType, R: Runner, tiled: Bool = False](
     runner: R, y: Ptr[a_type], x: Ptr[a_type], w: Ptr[w_type], scales: Ptr[F32], m: Int, n: Int, k: Int, block_k: Int,
 ):
@@ -644,6 +722,10 @@ def linear_cpu[a_type: DType, w_type: DType, R: Runner, tiled: Bool = False](
     var wt = _Weights[w_type, tiled](w, scales, n, k, block_k)
     var serial = m * n * k <= SERIAL_MACS
     var decode = m <= DECODE_ROWS
+    # int8 prefill with VNNI: quads of x against quads of a panel (which must not straddle a block)
+    var quads = False
+    comptime if w_type == DType.int8 and I8_DOT:
+        quads = wt.block_k % 4 == 0
     # the effective x (see the top): bfloat16 weights read x rounded, int8 weights x quantized
     var rounded = List[BFloat16]()
     var q = List[Int8]()
@@ -652,8 +734,8 @@ def linear_cpu[a_type: DType, w_type: DType, R: Runner, tiled: Bool = False](
     var effective = List[Float32]()
     var xq = _QuantizedX(_data(q), _data(q_scales), _data(q_sums), wt.k_blocks)
     comptime if w_type == DType.int8:
-        if decode:
-            q.resize(m * k, 0)
+        if decode or quads:
+            q.resize(m * k + 4, 0)  # a quad read at the end of the last row may run 3 bytes past it
             q_scales.resize(m * wt.k_blocks, 0)
             q_sums.resize(m * wt.k_blocks, 0)
             xq = _QuantizedX(_data(q), _data(q_scales), _data(q_sums), wt.k_blocks)
@@ -674,6 +756,11 @@ def linear_cpu[a_type: DType, w_type: DType, R: Runner, tiled: Bool = False](
     else:
         comptime if w_type == DType.bfloat16 and BF16_DOT:
             runner.run(_PairPanelTiles[a_type, w_type, tiled](y, xb, wt, m), ceildiv(n, PANEL), serial)
+        elif w_type == DType.int8 and I8_DOT:
+            if quads:
+                runner.run(_QuadPanelTiles[a_type, w_type, tiled](y, xq, wt, m), ceildiv(n, PANEL), serial)
+            else:
+                runner.run(_PanelTiles[a_type, F32, w_type, tiled](y, _data(effective), wt, m), ceildiv(n, PANEL), serial)
         else:
             if len(effective) > 0:
                 var xf = _data(effective)
