@@ -23,7 +23,9 @@
 #     memory. int8 on AVX2: a tile of one weight row for every row of x.
 #   prefill: a panel of PANEL weight rows is widened once into a float32 [K, PANEL] buffer (L2), and a
 #     PANEL_ROWS x PANEL register tile of y is computed from it for every PANEL_ROWS rows of x. With AVX512_BF16,
-#     bfloat16 weights are packed in pairs instead ([K / 2, PANEL] pairs) for vdpbf16ps: twice the FMAs' work.
+#     bfloat16 weights are packed in pairs instead ([K / 2, PANEL] pairs) for vdpbf16ps: twice the FMAs' work. With
+#     AVX512_VNNI, int8 weights in quads ([K / 4, PANEL] quads, with their scales per block) for vpdpbusd against x
+#     quantized per block (block_k a multiple of 4; else the float32 panels).
 # Tiled weights (mili_linear_tiled, CPU only; float32, bfloat16 and int8): w as [N / NR, K / tile_k, NR, tile_k],
 #   tile_k = TILE_BYTES of a row (int8: block_k a multiple of it; the scales stay [N, K / block_k]): each NR rows
 #   of a decode tile lie in memory in the order the tile reads them, so a worker streams one sequential run of
