@@ -553,20 +553,31 @@ def _pack_quad_panel[w_type: DType, tiled: Bool](panel: Ptr[DType.uint32], panel
                                                 n0: Int):
     """panel[kq * PANEL + c] = the int8 quad w[n0 + c, 4kq : 4kq + 4] (vpdpbusd's layout), bytes past the last column
     -128 (0 once _dot_i8 offsets them: whatever x holds there adds nothing); panel_scales[kb * PANEL + c] = the
-    weight scale of row n0 + c and block kb, 0 past the last row."""
+    weight scale of row n0 + c and block kb, 0 past the last row (its quads, left as they are, add nothing). Each
+    64-byte run of a row is loaded as one vector of 16 quads."""
+    comptime RUN = tile_k[w_type]()
     var K = wt.k
     var w = ptr(wt.w).unsafe_bitcast[Int8]()
-    for c in range(PANEL):
+    var filled = min(PANEL, wt.n - n0)
+    for c in range(filled):
         var n = n0 + c
         for kb in range(wt.k_blocks):
-            panel_scales.unsafe_store(kb * PANEL + c, wt.scale(n, kb) if n < wt.n else 0)
-        for kq in range(ceildiv(K, 4)):
+            panel_scales.unsafe_store(kb * PANEL + c, wt.scale(n, kb))
+        var k = 0
+        while k + RUN <= K:  # tiled weights: a run of a tile's row (K is a multiple of RUN)
+            var v = bitcast[DType.uint32, RUN // 4](w.unsafe_load[width=RUN](wt.at(n, k)))
+            comptime for e in range(RUN // 4):
+                panel.unsafe_store((k // 4 + e) * PANEL + c, v[e])
+            k += RUN
+        for kq in range(k // 4, ceildiv(K, 4)):
             var quad = SIMD[DType.int8, 4](-128)
-            if n < wt.n:
-                comptime for e in range(4):
-                    if 4 * kq + e < K:
-                        quad[e] = w.unsafe_load(wt.at(n, 4 * kq + e))
+            comptime for e in range(4):
+                if 4 * kq + e < K:
+                    quad[e] = w.unsafe_load(wt.at(n, 4 * kq + e))
             panel.unsafe_store(kq * PANEL + c, bitcast[DType.uint32, 1](quad)[0])
+    for c in range(filled, PANEL):
+        for kb in range(wt.k_blocks):
+            panel_scales.unsafe_store(kb * PANEL + c, 0)
 
 
 @always_inline
