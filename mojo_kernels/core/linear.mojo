@@ -564,7 +564,7 @@ def _pack_quad_panel[w_type: DType, tiled: Bool](panel: Ptr[DType.uint32], panel
         for kb in range(wt.k_blocks):
             panel_scales.unsafe_store(kb * PANEL + c, wt.scale(n, kb))
         var k = 0
-        while k + RUN <= K:  # tiled weights: a run of a tile's row (K is a multiple of RUN)
+        while k + RUN <= K:  # a 64-byte run of the row (tiled weights have K a multiple of RUN: no tail)
             var v = bitcast[DType.uint32, RUN // 4](w.unsafe_load[width=RUN](wt.at(n, k)))
             comptime for e in range(RUN // 4):
                 panel.unsafe_store((k // 4 + e) * PANEL + c, v[e])
