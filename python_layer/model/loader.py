@@ -9,6 +9,7 @@ from typing import Callable, ContextManager, Optional
 
 import torch
 
+from ..memory.heap import return_free_heap
 from .config import Qwen3Config
 from .hub import resolve_model_dir
 from .quantization import parse_weight_dtype
@@ -45,10 +46,12 @@ def load_model(
         config = Qwen3Config.from_pretrained(model_dir)
         torch_dtype = parse_dtype(dtype, device)
         resolve_kv_cache_dtype(kv_cache_dtype, torch_dtype, torch.device(device))  # a bad value fails before the weights load
-    with phase(f"loading weights of {model_dir} ({torch_dtype} on {device})"):
+    with phase(f"checking the weights of {model_dir}"):
         weights = WeightLoader(model_dir, config, device=device, dtype=torch_dtype)
-        weights.load_from_safetensors()
-    with phase("building the model graph (compiled once, then read from the compile cache)"
-               if backend == "mojo" else "building the reference model"):
-        return Qwen3Model(config, weights, device=device, backend=backend, weight_dtype=weight_dtype,
-                          kv_cache_dtype=kv_cache_dtype)
+        weights.load_from_safetensors()  # each tensor is read when the model converts it, then let go
+    with phase(f"loading the weights ({torch_dtype} on {device}) and building the model graph (compiled once, then "
+               "read from the compile cache)" if backend == "mojo" else f"loading the weights ({torch_dtype} on {device})"):
+        model = Qwen3Model(config, weights, device=device, backend=backend, weight_dtype=weight_dtype,
+                           kv_cache_dtype=kv_cache_dtype)
+    return_free_heap()
+    return model

@@ -103,7 +103,11 @@ class Qwen3Model:
         self.embed_tokens = weight_loader.get_weight("model.embed_tokens.weight")
         self.lm_head = self._linear(weight_loader, "lm_head.weight", weight_dtype=self._lm_head_dtype())
         self.final_norm = weight_loader.get_weight("model.norm.weight")
-        self.layers = [self._layer_weights(weight_loader, i) for i in range(config.num_hidden_layers)]
+        self.layers = []
+        for i in range(config.num_hidden_layers):
+            self.layers.append(self._layer_weights(weight_loader, i))
+            weight_loader.release(f"model.layers.{i}.")  # converted: the checkpoint's copies can go
+        weight_loader.release()
         self.forward_fn: Forward = BACKENDS[backend](self)
 
     def _lm_head_dtype(self) -> str:

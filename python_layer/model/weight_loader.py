@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Dict
+from typing import Any, Dict, Optional
 
 import numpy as np
 import torch
@@ -16,6 +17,8 @@ from .hub import resolve_model_dir
 from .quantization import LinearWeight, QuantizedWeight, from_block_scales, quantize
 SCALE_SUFFIX = "_scale_inv"
 """An FP8 checkpoint's `X.weight_scale_inv` beside each quantized `X.weight`."""
+FP8_STORED = "F8_E4M3"
+"""safetensors' name for float8_e4m3fn."""
 
 
 def expected_weight_shapes(config: Qwen3Config) -> Dict[str, tuple[int, ...]]:
@@ -52,6 +55,42 @@ def expected_weight_shapes(config: Qwen3Config) -> Dict[str, tuple[int, ...]]:
     return shapes
 
 
+class CheckpointTensors(Mapping[str, torch.Tensor]):
+    """A checkpoint's tensors by name, each read from its file and converted the first time it is asked for, then
+    kept until released: a model that releases each layer's tensors once it has converted them holds one layer of
+    the checkpoint at a time beside its own weights (reading the whole checkpoint in `dtype` first made a model's
+    load peak at the checkpoint in float32 plus its converted weights)."""
+
+    def __init__(self, files: Dict[str, Any], dtypes: Dict[str, Optional[torch.dtype]], device: str | torch.device) -> None:
+        self._files, self._dtypes, self._device = files, dtypes, device  # dtype None: as stored (FP8)
+        self._read: Dict[str, torch.Tensor] = {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._read:
+            tensor = self._files[name].get_tensor(name)
+            self._read[name] = tensor.to(device=self._device, dtype=self._dtypes[name] or tensor.dtype)
+        return self._read[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._dtypes
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._dtypes)
+
+    def __len__(self) -> int:
+        return len(self._dtypes)
+
+    @property
+    def cached(self) -> set[str]:
+        """The names read and not released."""
+        return set(self._read)
+
+    def release(self, prefix: str) -> None:
+        """Forgets the tensors read whose names start with prefix (read again if asked for again)."""
+        for name in [n for n in self._read if n.startswith(prefix)]:
+            del self._read[name]
+
+
 class WeightLoader:
     """Reads, checks and converts the tensors of a Qwen3 checkpoint."""
 
@@ -66,53 +105,57 @@ class WeightLoader:
         self.config = config
         self.device = device
         self.dtype = dtype
-        self.weights: Dict[str, torch.Tensor] = {}
+        self.weights: Mapping[str, torch.Tensor] = {}
 
-    def load_from_safetensors(self) -> Dict[str, torch.Tensor]:
-        """Load every tensor of `model_path`, checked against the config and converted to `dtype` on `device`
-        (an FP8 checkpoint's float8_e4m3fn weights and their `weight_scale_inv` stay as they are)."""
+    def load_from_safetensors(self) -> Mapping[str, torch.Tensor]:
+        """Every tensor of `model_path`, its name, shape and dtype checked against the config now, its values read and
+        converted to `dtype` on `device` when first asked for (CheckpointTensors; an FP8 checkpoint's float8_e4m3fn
+        weights and their `weight_scale_inv` stay as they are)."""
         files = self._safetensors_files()
         expected = expected_weight_shapes(self.config)
         block = self.config.fp8_block_size
-        weights: Dict[str, torch.Tensor] = {}
+        handles: Dict[str, Any] = {}
+        dtypes: Dict[str, Optional[torch.dtype]] = {}
         for file in files:
-            with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():
-                    if block and name.endswith(SCALE_SUFFIX) and name[: -len(SCALE_SUFFIX)] in expected:
-                        n, k = expected[name[: -len(SCALE_SUFFIX)]]
-                        shape = (-(-n // block[0]), -(-k // block[1]))
-                        weights[name] = self._checked(f, name, file, shape).to(self.device, torch.float32)
-                        continue
-                    if name not in expected:
-                        if name == "lm_head.weight" and self.config.tie_word_embeddings:
-                            continue  # some tied checkpoints store the copy anyway; the embedding is used
-                        raise ValueError(f"Unexpected tensor {name!r} in {file.name}: not part of a Qwen3 model with this config")
-                    tensor = self._checked(f, name, file, expected[name])
-                    if tensor.dtype == torch.float8_e4m3fn:
-                        if not block:
-                            raise ValueError(f"Tensor {name!r} in {file.name} is float8_e4m3fn, but config.json has no FP8 "
-                                             "quantization_config (quant_method 'fp8', weight_block_size) to scale it")
-                        weights[name] = tensor.to(self.device)
-                    else:
-                        weights[name] = tensor.to(device=self.device, dtype=self.dtype)
-        unscaled = [n for n, t in weights.items() if t.dtype == torch.float8_e4m3fn and n + SCALE_SUFFIX not in weights]
+            f = safe_open(str(file), framework="pt")
+            for name in f.keys():
+                if block and name.endswith(SCALE_SUFFIX) and name[: -len(SCALE_SUFFIX)] in expected:
+                    n, k = expected[name[: -len(SCALE_SUFFIX)]]
+                    self._check_shape(f, name, file, (-(-n // block[0]), -(-k // block[1])))
+                    handles[name], dtypes[name] = f, torch.float32
+                    continue
+                if name not in expected:
+                    if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                        continue  # some tied checkpoints store the copy anyway; the embedding is used
+                    raise ValueError(f"Unexpected tensor {name!r} in {file.name}: not part of a Qwen3 model with this config")
+                self._check_shape(f, name, file, expected[name])
+                fp8 = f.get_slice(name).get_dtype() == FP8_STORED
+                if fp8 and not block:
+                    raise ValueError(f"Tensor {name!r} in {file.name} is float8_e4m3fn, but config.json has no FP8 "
+                                     "quantization_config (quant_method 'fp8', weight_block_size) to scale it")
+                handles[name], dtypes[name] = f, None if fp8 else self.dtype
+        unscaled = [n for n, d in dtypes.items() if d is None and n + SCALE_SUFFIX not in dtypes]
         if unscaled:
             raise ValueError(f"Checkpoint {self.model_path} has FP8 weight(s) without {SCALE_SUFFIX}: {', '.join(unscaled[:3])}")
-        missing = [n for n in expected if n not in weights]
+        missing = [n for n in expected if n not in dtypes]
         if missing:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
             raise ValueError(f"Checkpoint {self.model_path} lacks tensor(s) {', '.join(missing[:3])}{more}")
-        self.weights = weights
-        return weights
+        self.weights = CheckpointTensors(handles, dtypes, self.device)
+        return self.weights
+
+    def release(self, prefix: str = "") -> None:
+        """Forgets the checkpoint's tensors read so far whose names start with prefix (all by default)."""
+        if isinstance(self.weights, CheckpointTensors):
+            self.weights.release(prefix)
 
     @staticmethod
-    def _checked(f, name: str, file: Path, shape: tuple[int, ...]) -> torch.Tensor:
-        tensor = f.get_tensor(name)
-        if tuple(tensor.shape) != shape:
-            raise ValueError(f"Tensor {name!r} in {file.name} has shape {tuple(tensor.shape)}, but the config needs {shape}")
-        return tensor
+    def _check_shape(f, name: str, file: Path, shape: tuple[int, ...]) -> None:
+        stored = tuple(f.get_slice(name).get_shape())
+        if stored != shape:
+            raise ValueError(f"Tensor {name!r} in {file.name} has shape {stored}, but the config needs {shape}")
 
-    def load_from_huggingface(self, model_name: str) -> Dict[str, torch.Tensor]:
+    def load_from_huggingface(self, model_name: str) -> Mapping[str, torch.Tensor]:
         """Load from a Hugging Face Hub id (downloaded, or from the local HF cache when offline)."""
         self.model_path = resolve_model_dir(model_name)
         return self.load_from_safetensors()

@@ -97,3 +97,26 @@ def test_auto_dtype_is_bfloat16_on_gpus_and_float32_on_cpus() -> None:
     assert parse_dtype("bf16") == torch.bfloat16 and parse_dtype(torch.float16, "cuda") == torch.float16
     with pytest.raises(ValueError, match="auto, float32"):
         parse_dtype("int4")
+
+
+def test_tensors_are_read_when_asked_for_and_let_go_when_released(tiny_checkpoint: Path) -> None:
+    loader = _loader(tiny_checkpoint)
+    weights = loader.load_from_safetensors()
+    assert weights.cached == set() and "model.layers.1.mlp.up_proj.weight" in weights  # checked, not read
+    name = "model.layers.1.mlp.up_proj.weight"
+    first = loader.get_weight(name)
+    assert weights.cached == {name} and loader.get_weight(name) is first
+    loader.release("model.layers.0.")
+    assert weights.cached == {name}
+    loader.release("model.layers.1.")
+    assert weights.cached == set() and torch.equal(loader.get_weight(name), first)
+
+
+def test_a_built_model_holds_none_of_the_checkpoints_tensors(tiny_checkpoint: Path) -> None:
+    from python_layer.model.qwen3_model import Qwen3Model
+
+    loader = _loader(tiny_checkpoint)
+    model = Qwen3Model(loader.config, loader, backend="reference")
+    assert loader.weights.cached == set()
+    raw = load_file(str(tiny_checkpoint / "model.safetensors"))
+    assert torch.equal(model.layers[1].down_proj, raw["model.layers.1.mlp.down_proj.weight"].float())
