@@ -497,20 +497,28 @@ def _store_panel_rows[a_type: DType, rows: Int, lanes: Int](
                 y.unsafe_store(out + c, narrow[a_type, 1](SIMD[F32, 1](v)))
 
 
+@always_inline
+def _pack_run[w_type: DType, tiled: Bool](panel: Ptr[DType.uint32], wt: _Weights[w_type, tiled], n: Int, k: Int, c: Int):
+    """The TILE_BYTES of row n from column k on (a tiled weight's run), loaded as one vector of 32-bit words
+    (bfloat16 pairs, int8 quads) into panel column c, from the panel row of column k on."""
+    comptime WORDS = TILE_BYTES // 4
+    var bytes = ptr(wt.w).unsafe_bitcast[UInt8]().unsafe_load[width=TILE_BYTES](wt.at(n, k) * size_of[w_type]())
+    var words = bitcast[DType.uint32, WORDS](bytes)
+    var first = k * size_of[w_type]() // 4
+    comptime for e in range(WORDS):
+        panel.unsafe_store((first + e) * PANEL + c, words[e])
+
+
 def _pack_pair_panel[w_type: DType, tiled: Bool](panel: Ptr[DType.uint32], wt: _Weights[w_type, tiled], n0: Int):
     """panel[kp * PANEL + c] = the bfloat16 pair w[n0 + c, 2kp : 2kp + 2] (vdpbf16ps's layout); 0 past the last
     row or column."""
     var K = wt.k
     comptime if tiled:  # each run of a tile's row as one vector of pairs, in the order they lie in memory
-        comptime pairs = tile_k[w_type]() // 2
-        var runs = ptr(wt.w).unsafe_bitcast[UInt32]()
         var filled = min(PANEL, wt.n - n0)  # a multiple of NR: tiled weights have N a multiple of it
         for c in range(0, filled, NR):
             for k0 in range(0, K, tile_k[w_type]()):
                 comptime for r in range(NR):
-                    var v = runs.unsafe_load[width=pairs](wt.at(n0 + c + r, k0) // 2)
-                    comptime for e in range(pairs):
-                        panel.unsafe_store((k0 // 2 + e) * PANEL + c + r, v[e])
+                    _pack_run(panel, wt, n0 + c + r, k0, c + r)
         for kp in range(K // 2):
             for c in range(filled, PANEL):
                 panel.unsafe_store(kp * PANEL + c, 0)
@@ -564,10 +572,8 @@ def _pack_quad_panel[w_type: DType, tiled: Bool](panel: Ptr[DType.uint32], panel
         for kb in range(wt.k_blocks):
             panel_scales.unsafe_store(kb * PANEL + c, wt.scale(n, kb))
         var k = 0
-        while k + RUN <= K:  # a 64-byte run of the row (tiled weights have K a multiple of RUN: no tail)
-            var v = bitcast[DType.uint32, RUN // 4](w.unsafe_load[width=RUN](wt.at(n, k)))
-            comptime for e in range(RUN // 4):
-                panel.unsafe_store((k // 4 + e) * PANEL + c, v[e])
+        while k + RUN <= K:  # tiled weights have K a multiple of RUN: no tail
+            _pack_run(panel, wt, n, k, c)
             k += RUN
         for kq in range(k // 4, ceildiv(K, 4)):
             var quad = SIMD[DType.int8, 4](-128)
