@@ -400,6 +400,8 @@ def attention_cpu[dtype: DType, cache_type: DType](
     var splits = 1
     if num_tiles < 2 * workers:
         splits = max(1, min(ceildiv(2 * workers, num_tiles), max_context // (4 * KEY_BLOCK)))
+        if splits > workers:  # whole rounds of items: 3 splits over 2 workers would leave one with two thirds
+            splits -= splits % workers
     var num_items = num_tiles * splits
     workers = min(workers, num_items)
     var rows = max_tile * q_heads
