@@ -105,7 +105,7 @@ class WeightLoader:
         self.config = config
         self.device = device
         self.dtype = dtype
-        self.weights: Mapping[str, torch.Tensor] = {}
+        self.weights = CheckpointTensors({}, {}, device)  # none until load_from_safetensors
 
     def load_from_safetensors(self) -> Mapping[str, torch.Tensor]:
         """Every tensor of `model_path`, its name, shape and dtype checked against the config now, its values read and
@@ -146,8 +146,7 @@ class WeightLoader:
 
     def release(self, prefix: str = "") -> None:
         """Forgets the checkpoint's tensors read so far whose names start with prefix (all by default)."""
-        if isinstance(self.weights, CheckpointTensors):
-            self.weights.release(prefix)
+        self.weights.release(prefix)
 
     @staticmethod
     def _check_shape(f, name: str, file: Path, shape: tuple[int, ...]) -> None:
@@ -181,8 +180,9 @@ class WeightLoader:
         largest |value| / 448). Norms and embeddings stay as they are: the dict holds only the projections."""
         if not self.weights:
             raise RuntimeError("No weights loaded: call load_from_safetensors() first")
-        return {name: quantize(self.get_weight(name), "fp8") for name, w in self.weights.items()
-                if w.dim() == 2 and "_proj." in name}
+        # the name first: testing the shape reads the tensor (CheckpointTensors), and only projections are wanted
+        return {name: quantize(self.get_weight(name), "fp8") for name in self.weights
+                if "_proj." in name and self.weights[name].dim() == 2}
 
     def get_linear(self, name: str) -> LinearWeight:
         """A linear layer's weight as the checkpoint has it: dense, or FP8 with its scales (QuantizedWeight)."""

@@ -79,6 +79,7 @@ def test_quantize_to_fp8_is_real_fp8_with_bounded_error(tiny_checkpoint: Path) -
     quantized = loader.quantize_to_fp8()
     projections = [n for n in weights if n.endswith("_proj.weight")]
     assert sorted(quantized) == sorted(projections)
+    assert weights.cached == set(projections)  # the embedding and the norms were not read
     for name, q in quantized.items():
         w = weights[name]
         assert q.weight.dtype == torch.float8_e4m3fn and q.weight.shape == w.shape
