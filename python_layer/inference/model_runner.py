@@ -7,7 +7,7 @@ from typing import List, Tuple
 import torch
 
 from ..memory.kv_cache_manager import PagedKVCache
-from ..model.attention_metadata import SequenceChunk, build_step_inputs
+from ..model.attention_metadata import SequenceChunk, build_step_inputs, int32_tensor
 from ..model.qwen3_model import Qwen3Model
 from .request import InferenceRequest
 
@@ -32,6 +32,6 @@ class ModelRunner:
                 sampling.append(req)
         device = self.model.device
         inputs = build_step_inputs(chunks, self.kv_cache.page_size, device)
-        indices = torch.tensor(logits_indices, dtype=torch.int32, device=device)
+        indices = int32_tensor(logits_indices, device)
         logits = self.model.forward(inputs.input_ids, inputs.positions, inputs.attn, self.kv_cache, indices)
         return logits, sampling

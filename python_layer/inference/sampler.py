@@ -173,6 +173,8 @@ class BatchSampler:
     ) -> SamplerOutput:
         """histories: each row's tokens so far, needed by rows with penalties.
         Logprobs are of the raw logits (before penalties, temperature and truncation)."""
+        if all(p.greedy and p.logprobs is None and not p.has_penalties for p in params):
+            return SamplerOutput(_argmax(logits.float()).tolist(), [None] * len(params))  # the common decode step
         with _one_cpu_thread(logits.device):
             logits = logits.float()
             tokens = self._sample(apply_penalties(logits, params, histories), params, generators)

@@ -155,7 +155,6 @@ class Qwen3Model:
     def new_kv_cache(self, num_pages: int, page_size: int = 16) -> PagedKVCache:
         return PagedKVCache.for_model(self.config, num_pages, page_size, dtype=self.kv_cache_dtype, device=self.device)
 
-    @torch.inference_mode()
     def forward(
         self,
         input_ids: torch.Tensor,

@@ -21,6 +21,7 @@ class ReferenceQwen3:
     def __init__(self, model: "Qwen3Model") -> None:
         self.model = model
 
+    @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
                  kv_cache: "PagedKVCache", logits_indices: torch.Tensor) -> torch.Tensor:
         m, c = self.model, self.model.config
