@@ -6,7 +6,7 @@
 #     (hundreds of µs on a VM), and torch's ops and ours share one pool instead of competing for the cores.
 from max.algorithm import parallelize
 from max.runtime.asyncrt import parallelism_level
-from std.atomic import Atomic
+from std.atomic import Atomic, Ordering
 from max.gpu.host import DeviceContext
 from max.gpu.host.device_context import DeviceContextBase
 from std.sys import CompilationTarget
@@ -37,9 +37,20 @@ def _on_this_thread[T: ChunkTask](task: T, items: Int):
         task.run(i)
 
 
-comptime CHUNKS_PER_WORKER = 8
+comptime STEAL_GRAIN = 4
+"""Items a worker takes from its own range at a time: the granularity of stealing."""
 comptime CpuContext = DeviceContextBase[CompilationTarget()]
 """The type of context `parallelize` takes: a graph op's DeviceContext on the CPU."""
+
+
+@always_inline
+def _range_at(base: Int, w: Int) -> Pointer[Atomic[Int64], MutAnyOrigin]:
+    """Worker w's range of items, front << 32 | back, on a cache line of its own."""
+    return Pointer[Atomic[Int64], MutAnyOrigin](unsafe_from_address=base + 64 * w)
+
+
+def _items_left(state: Int64) -> Int:
+    return Int(state & 0xFFFFFFFF) - Int(state >> 32)
 
 
 struct MojoThreads(Runner):
@@ -53,27 +64,48 @@ struct MojoThreads(Runner):
         self.ctx = rebind[CpuContext](ctx)
 
     def run[T: ChunkTask](self, task: T, items: Int, serial: Bool):
-        """Contiguous chunks handed out in turn, CHUNKS_PER_WORKER per worker: a worker slowed down (by the
-        previous op, or another process) takes fewer, instead of the op waiting for its fixed share."""
+        """Worker w owns the w-th contiguous range of the items and runs it in order, STEAL_GRAIN items per claim:
+        one stream through memory per worker, as in one op over all the bytes. A worker done with its range takes
+        the back half of the range with the most items left, so one slowed down (by the previous op, or another
+        process) ends up with fewer. Chunks handed out in turn made every worker start a new stream per chunk and
+        wait for the last one: the model's decode linears at batch 1 took 1.07x the time (bfloat16)."""
         if serial or items == 1:
             _on_this_thread(task, items)
             return
-        var workers = parallelism_level(self.ctx)
-        var chunks = min(items, workers * CHUNKS_PER_WORKER)
-        var taken = List[Int64](length=1, fill=0)
-        var counter = Int(taken.unsafe_ptr())
+        var workers = min(parallelism_level(self.ctx), items)
+        var ranges = List[Int64](length=8 * workers, fill=0)
+        for w in range(workers):
+            ranges[8 * w] = (Int64(w * items // workers) << 32) | Int64((w + 1) * items // workers)
+        var base = Int(ranges.unsafe_ptr())
 
-        def worker(w: Int) {var task, var counter, var chunks, var items}:
-            var next = Pointer[Atomic[Int64], MutAnyOrigin](unsafe_from_address=counter)
+        def worker(w: Int) {var task, var base, var workers}:
+            var mine = _range_at(base, w)
             while True:
-                var c = Int(next[].fetch_add(1))
-                if c >= chunks:
+                var state = mine[].load[ordering=Ordering.ACQUIRE]()
+                var front = Int(state >> 32)
+                if _items_left(state) > 0:
+                    var take = min(STEAL_GRAIN, _items_left(state))
+                    if mine[].compare_exchange(state, state + (Int64(take) << 32)):
+                        for i in range(front, front + take):
+                            task.run(i)
+                    continue
+                var victim, most = -1, 0
+                for v in range(workers):
+                    var left = _items_left(_range_at(base, v)[].load[ordering=Ordering.ACQUIRE]())
+                    if left > most:
+                        victim, most = v, left
+                if victim < 0:
                     return
-                for i in range(c * items // chunks, (c + 1) * items // chunks):
-                    task.run(i)
+                var theirs = _range_at(base, victim)
+                var seen = theirs[].load[ordering=Ordering.ACQUIRE]()
+                var back = Int(seen & 0xFFFFFFFF)
+                var half = (_items_left(seen) + 1) // 2
+                if half > 0 and theirs[].compare_exchange(seen, seen - Int64(half)):
+                    # nobody steals from an empty range, so this store races with no one
+                    mine[].store[ordering=Ordering.RELEASE]((Int64(back - half) << 32) | Int64(back))
 
         parallelize(worker, workers, workers, self.ctx)
-        _ = taken^
+        _ = ranges^
 
 
 struct OpenMPEntryPoints:
