@@ -68,7 +68,7 @@ struct MojoThreads(Runner):
         one stream through memory per worker, as in one op over all the bytes. A worker done with its range takes
         the back half of the range with the most items left, so one slowed down (by the previous op, or another
         process) ends up with fewer. Chunks handed out in turn made every worker start a new stream per chunk and
-        wait for the last one: the model's decode linears at batch 1 took 1.07x the time (bfloat16)."""
+        wait for the last one: the model's bfloat16 batch-1 forward took 1.07x the time."""
         if serial or items == 1:
             _on_this_thread(task, items)
             return
