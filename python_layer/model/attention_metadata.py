@@ -36,7 +36,7 @@ class StepInputs(NamedTuple):
 
 def int32_tensor(values: Sequence, device: torch.device) -> torch.Tensor:
     """values (numbers, or equal-length lists of them) as an int32 tensor on device. numpy builds it: torch.tensor
-    from a list costs several times more, and a decode step makes eight of these."""
+    from a list costs several times more, and a step makes seven of these."""
     tensor = torch.from_numpy(np.array(values, dtype=np.int32))
     return tensor if device.type == "cpu" else tensor.to(device)
 
