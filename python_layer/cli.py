@@ -13,7 +13,8 @@ def _generate(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     engine = InferenceEngine.from_pretrained(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
-                                               weight_dtype=args.weight_dtype, kv_cache_dtype=args.kv_cache_dtype)
+                                               weight_dtype=args.weight_dtype, kv_cache_dtype=args.kv_cache_dtype,
+                                               device_graphs=args.device_graphs)
     load_s = time.perf_counter() - t0
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.seed, ignore_eos=args.ignore_eos)
@@ -94,6 +95,11 @@ def _add_format_options(parser: argparse.ArgumentParser) -> None:
                         "attention reads half the bytes")
 
 
+def _add_device_graphs_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-device-graphs", dest="device_graphs", action="store_false",
+                        help="on a GPU, run decode steps op by op instead of replaying them as device graphs (for debugging)")
+
+
 def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None, metavar="FILE",
                         help="options from a JSON or YAML file (python_layer/server/config_file.py); flags given here win")
@@ -107,6 +113,7 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="mojo", choices=["mojo", "reference"])
     _add_format_options(parser)
     parser.add_argument("--max-num-seqs", type=int, default=64, help="requests in the running batch at most")
+    _add_device_graphs_option(parser)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens computed per step at most")
     parser.add_argument("--max-queue-len", type=int, default=256,
                         help="requests waiting beyond the running batch; more are answered 503")
@@ -145,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--backend", default="mojo", choices=["mojo", "reference"],
                      help="mojo: one compiled MAX graph on the Mojo kernels; reference: PyTorch op by op")
     _add_format_options(gen)
+    _add_device_graphs_option(gen)
     gen.set_defaults(func=_generate)
 
     serve = sub.add_parser("serve", help="start the HTTP server (design-document routes and an OpenAI-compatible API)")

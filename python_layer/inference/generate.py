@@ -17,8 +17,9 @@ def generate_text(
 ) -> str:
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens)
     tokenizer = tokenizer_for_checkpoint(model.model_path)
-    # the engine's context is min(max_position_embeddings, pages * PAGE_SIZE) and must exceed the prompt
+    # the engine's context is min(max_position_embeddings, pages * PAGE_SIZE) and must exceed the prompt; one
+    # request on a throwaway engine: capturing device graphs would cost more than it saves
     num_tokens = min(len(tokenizer.encode(prompt)) + max_tokens, model.config.max_position_embeddings)
     engine = InferenceEngine(model, tokenizer, num_kv_pages=math.ceil(num_tokens / PAGE_SIZE), page_size=PAGE_SIZE,
-                             enable_prefix_caching=False)
+                             enable_prefix_caching=False, device_graphs=False)
     return engine.generate([prompt], params)[0].text

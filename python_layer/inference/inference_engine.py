@@ -14,6 +14,7 @@ from ..model.loader import load_model
 from ..model.qwen3_model import DEFAULT_BACKEND, Qwen3Model
 from ..tokenizer.detokenizer import IncrementalDetokenizer
 from ..tokenizer.qwen_tokenizer import QwenTokenizer, tokenizer_for_checkpoint
+from ..model.decode_graphs import DecodeGraphs
 from .model_runner import ModelRunner
 from .request import InferenceRequest, RequestDelta, RequestOutput, new_request_id
 from .sampler import BatchSampler, TokenLogprobs
@@ -26,7 +27,8 @@ Prompt = Union[str, List[int]]
 class InferenceEngine:
     """Runs Qwen3 on a paged KV cache with continuous batching (see scheduler.py): each `step` computes one
     ragged batch of decode tokens and prompt chunks, then samples the requests that reached their last token.
-    With prefix caching on, requests reuse the KV pages of earlier requests that share their prefix."""
+    With prefix caching on, requests reuse the KV pages of earlier requests that share their prefix. On a GPU
+    the steps that only decode replay device graphs (model/decode_graphs.py; device_graphs=False turns that off)."""
 
     def __init__(
         self,
@@ -41,6 +43,7 @@ class InferenceEngine:
         enable_prefix_caching: bool = True,
         max_finished_requests: int = 1024,
         debug_checks: bool = False,
+        device_graphs: bool = True,
     ) -> None:
         self.model = model
         config = model.config
@@ -49,18 +52,28 @@ class InferenceEngine:
             bytes_per_page = 2 * config.num_hidden_layers * page_size * config.num_key_value_heads * config.head_dim * model.kv_cache_dtype.itemsize
             num_kv_pages = max(1, min(4096, int(kv_cache_memory_gb * 2**30 // bytes_per_page)))
         self.kv_cache = model.new_kv_cache(num_kv_pages, page_size)
-        limit = min(config.max_position_embeddings, num_kv_pages * page_size)
+        # decode steps replayed as device graphs: a GPU's, the compiled graph's (device_graphs=False: off, for debugging)
+        graphs = device_graphs and model.backend == "mojo" and model.device.type != "cpu"
+        if graphs and num_kv_pages < 2:
+            raise ValueError("device graphs reserve one KV page for padding: give at least 2 pages (or device_graphs=False)")
+        pad_page = self.kv_cache.reserve_page() if graphs else None
+        limit = min(config.max_position_embeddings, self.kv_cache.num_usable_pages * page_size)
         if max_model_len is not None and max_model_len > limit:
             raise ValueError(
                 f"max_model_len {max_model_len} exceeds what this engine can hold: {limit} tokens "
-                f"(max_position_embeddings {config.max_position_embeddings}, KV pool {num_kv_pages} pages of {page_size}); "
+                f"(max_position_embeddings {config.max_position_embeddings}, KV pool {self.kv_cache.num_usable_pages} pages of {page_size}); "
                 "lower max_model_len or give more num_kv_pages / kv_cache_memory_gb"
             )
         self.max_model_len = max_model_len or limit
         self.eos_token_ids = set(config.eos_token_ids) | ({self.tokenizer.eos_token_id} - {None})
         self.prefix_cache = RadixAttentionCache(self.kv_cache) if enable_prefix_caching else None
         self.scheduler = ContinuousBatchScheduler(self.kv_cache, self.prefix_cache, max_num_seqs, max_num_batched_tokens)
-        self.runner = ModelRunner(model, self.kv_cache)
+        decode_graphs = None
+        if graphs:
+            decode_graphs = DecodeGraphs(model.forward_fn, self.kv_cache, max_num_seqs,
+                                         self.kv_cache.pages_for(self.max_model_len), pad_page)
+            decode_graphs.warm_up()
+        self.runner = ModelRunner(model, self.kv_cache, decode_graphs)
         self.sampler = BatchSampler()
         self.debug_checks = debug_checks
         self.finished: "OrderedDict[str, InferenceRequest]" = OrderedDict()  # the latest finished, for /status

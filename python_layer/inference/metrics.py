@@ -53,7 +53,7 @@ class EngineMetrics:
         cached = engine.prefix_cache.num_cached_pages if engine.prefix_cache else 0
         self.prefix_pages.set(cached)
         # pages referenced only by the prefix cache are reusable: they do not count as used
-        self.kv_usage.set(engine.num_request_pages / kv.num_pages)
+        self.kv_usage.set(engine.num_request_pages / kv.num_usable_pages)
         self._add(self.preemptions, "preemptions", scheduler.num_preemptions)
         if engine.prefix_cache is not None:
             self._add(self.prefix_queries, "queries", engine.prefix_cache.queried_tokens)

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
 from ..memory.kv_cache_manager import PagedKVCache
 from ..model.attention_metadata import SequenceChunk, build_step_inputs, int32_tensor
+from ..model.decode_graphs import DecodeGraphs
 from ..model.qwen3_model import Qwen3Model
 from .request import InferenceRequest
 
 
 class ModelRunner:
-    def __init__(self, model: Qwen3Model, kv_cache: PagedKVCache) -> None:
+    def __init__(self, model: Qwen3Model, kv_cache: PagedKVCache, decode_graphs: Optional[DecodeGraphs] = None) -> None:
         self.model = model
         self.kv_cache = kv_cache
+        self.decode_graphs = decode_graphs  # runs the steps that only decode, when given
 
     def run(self, batch: List[Tuple[InferenceRequest, int]]) -> Tuple[torch.Tensor, List[InferenceRequest]]:
         """batch: (request, number of its next uncached tokens to compute); the requests' pages must already
@@ -30,6 +32,8 @@ class ModelRunner:
             if start + n == req.num_tokens:
                 logits_indices.append(offset - 1)
                 sampling.append(req)
+        if self.decode_graphs is not None and offset == len(sampling) == len(batch):  # one last token each: decode
+            return self.decode_graphs(chunks), sampling
         device = self.model.device
         inputs = build_step_inputs(chunks, self.kv_cache.page_size, device)
         indices = int32_tensor(logits_indices, device)

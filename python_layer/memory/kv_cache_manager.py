@@ -32,6 +32,7 @@ class PagedKVCache:
         self.k_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.ref_counts = [0] * num_pages
+        self.reserved_pages: List[int] = []  # taken out of the pool for good (reserve_page)
         self._free: List[int] = list(range(num_pages - 1, -1, -1))  # a stack: pop() gives page 0 first
 
     @classmethod
@@ -59,6 +60,19 @@ class PagedKVCache:
         for p in pages:
             self.ref_counts[p] = 1
         return pages
+
+    def reserve_page(self) -> int:
+        """Take one page out of the pool for good (the padding rows of fixed-shape decode steps write there)."""
+        pages = self.allocate_pages(1)
+        if pages is None:
+            raise RuntimeError("no free KV page left to reserve")
+        self.reserved_pages.append(pages[0])
+        return pages[0]
+
+    @property
+    def num_usable_pages(self) -> int:
+        """Pages that sequences can hold: all but the reserved ones."""
+        return self.num_pages - len(self.reserved_pages)
 
     def add_reference(self, page_ids: List[int]) -> None:
         for p in page_ids:

@@ -41,8 +41,10 @@ def int32_tensor(values: Sequence, device: torch.device) -> torch.Tensor:
     return tensor if device.type == "cpu" else tensor.to(device)
 
 
-def build_step_inputs(chunks: Sequence[SequenceChunk], page_size: int, device: torch.device | str) -> StepInputs:
-    """The forward's inputs for a ragged batch of sequence chunks: the one place that lays them out."""
+def build_step_inputs(chunks: Sequence[SequenceChunk], page_size: int, device: torch.device | str,
+                      page_table_width: int = 0) -> StepInputs:
+    """The forward's inputs for a ragged batch of sequence chunks: the one place that lays them out. The page
+    table is as wide as the longest sequence's pages, or page_table_width when given (fixed-shape inputs)."""
     input_ids: List[int] = []
     positions: List[int] = []
     slots: List[int] = []
@@ -55,6 +57,10 @@ def build_step_inputs(chunks: Sequence[SequenceChunk], page_size: int, device: t
         query_start.append(query_start[-1] + len(token_ids))
         context_lens.append(end)
     max_pages = max(len(pages) for _, _, pages in chunks)
+    if page_table_width:
+        if max_pages > page_table_width:
+            raise ValueError(f"a sequence holds {max_pages} KV pages, more than the page table's {page_table_width}")
+        max_pages = page_table_width
     page_table = [list(pages) + [0] * (max_pages - len(pages)) for _, _, pages in chunks]
     device = torch.device(device)
     i32 = lambda values: int32_tensor(values, device)

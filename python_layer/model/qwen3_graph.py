@@ -7,7 +7,7 @@ when the graph is loaded; the KV caches are buffers the graph updates in place."
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -155,5 +155,17 @@ class CompiledQwen3:
             args = [Buffer.from_numpy(t.contiguous().numpy()) for t in metadata]
         else:
             args = [Buffer.from_dlpack(t.contiguous()) for t in metadata]
-        args += self._kv_buffers(kv_cache)
-        return torch.from_dlpack(self.model.execute(*args)[0])
+        return torch.from_dlpack(self.execute(args, kv_cache))
+
+    def execute(self, inputs: Sequence[Buffer], kv_cache: "PagedKVCache") -> Buffer:
+        """The logits of one step from the graph's seven int32 inputs (in _METADATA's order) as MAX buffers."""
+        return self.model.execute(*inputs, *self._kv_buffers(kv_cache))[0]
+
+    def capture(self, key: int, inputs: Sequence[Buffer], kv_cache: "PagedKVCache") -> Buffer:
+        """Record the step on `inputs` as device graph `key` (GPU only); returns the logits buffer every replay
+        of it writes."""
+        return self.model.capture(key, *inputs, *self._kv_buffers(kv_cache))[0]
+
+    def replay(self, key: int, inputs: Sequence[Buffer], kv_cache: "PagedKVCache") -> None:
+        """Run device graph `key` again: `inputs` must be the buffers it was captured with (refreshed in place)."""
+        self.model.replay(key, *inputs, *self._kv_buffers(kv_cache))

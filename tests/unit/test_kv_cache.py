@@ -18,3 +18,16 @@ def test_allocate_share_free_reference_counts() -> None:
     with pytest.raises(RuntimeError, match="is free"):
         cache.add_reference(a[:1])
 
+
+
+def test_a_reserved_page_never_returns_to_the_pool() -> None:
+    cache = PagedKVCache(num_layers=1, num_pages=3, num_kv_heads=1, head_dim=8)
+    pad = cache.reserve_page()
+    assert cache.reserved_pages == [pad] and cache.num_usable_pages == 2 and cache.num_free_pages == 2
+    pages = cache.allocate_pages(2)
+    assert pad not in pages and cache.allocate_pages(1) is None
+    cache.free_pages(pages)
+    assert sorted(cache.free_page_ids()) == sorted(pages)
+    cache.allocate_pages(2)
+    with pytest.raises(RuntimeError, match="no free KV page left to reserve"):
+        cache.reserve_page()

@@ -1,0 +1,112 @@
+"""Decode steps on fixed-shape inputs, replayed as device graphs on a GPU.
+
+A decode step (one new token for each of B sequences) runs hundreds of kernels; on a GPU at small batches
+their launches cost more than their work. MAX records a whole step as a device graph (`Model.capture`, as
+MAX's own pipelines do in max/pipelines/lib/graph_capture.py) and runs it again with one launch
+(`Model.replay`). A graph replays on the very buffers it was captured with, shapes included, so the step's
+inputs are fixed-shape buffers: B padded up to a bucket (1, 2, 4, ..., max_batch) and the page table as wide
+as the longest sequence allowed. Each step copies its inputs into its bucket's buffers and replays.
+
+A padding row decodes token 0 at position 0 into a KV page reserved for it (PagedKVCache.reserve_page) and
+sees only that: it never reads or writes a sequence's K/V, and its logits are dropped. Replay runs no host
+code, so the ops may derive launch shapes only from shapes (fixed per bucket), never from input values.
+Where a device cannot capture (a CPU), the same buffers are executed instead: the tests check the padding
+and the refresh there against the unpadded step."""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from max.driver import Buffer, batch_inplace_copy
+from max.dtype import DType
+
+from ..memory.kv_cache_manager import PagedKVCache
+from .attention_metadata import SequenceChunk, build_step_inputs
+from .qwen3_graph import CompiledQwen3
+
+
+_instances = itertools.count()  # a model's captured graphs are keyed (instance, bucket): engines may share a model
+
+
+def bucket_sizes(max_batch: int) -> List[int]:
+    """The batch sizes steps are padded to: powers of two below max_batch, then max_batch."""
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+    sizes = [1]
+    while sizes[-1] * 2 < max_batch:
+        sizes.append(sizes[-1] * 2)
+    return sizes if sizes[-1] == max_batch else sizes + [max_batch]
+
+
+class DecodeGraphs:
+    """Decode steps of up to max_batch sequences, each on its batch-size bucket's fixed-shape inputs; on a GPU
+    captured once per bucket (at the bucket's first step) and replayed from then on."""
+
+    def __init__(self, compiled: CompiledQwen3, kv_cache: PagedKVCache, max_batch: int, max_pages: int,
+                 pad_page: int) -> None:
+        """max_pages: the most pages a sequence holds; pad_page: a page of kv_cache reserved for padding rows."""
+        if pad_page not in kv_cache.reserved_pages:
+            raise ValueError(f"KV page {pad_page} is not reserved: padding rows would write over a sequence's K/V")
+        self.compiled, self.kv_cache, self.max_pages, self.pad_page = compiled, kv_cache, max_pages, pad_page
+        self.buckets = bucket_sizes(max_batch)
+        self.replays = compiled.device_key != "cpu"
+        self._device = compiled.model.input_devices[0]
+        self._steps: Dict[int, Tuple[List[Buffer], Optional[Buffer]]] = {}  # bucket -> (its inputs, its captured logits)
+        self._host_arrays: List[torch.Tensor] = []
+        self._key_base = next(_instances) << 32
+        self._captured_keys: List[int] = []
+        # the captures hold device memory on the (maybe shared) model: released when these graphs go
+        weakref.finalize(self, _release, compiled.model, self._captured_keys)
+
+    def bucket(self, batch: int) -> int:
+        for size in self.buckets:
+            if size >= batch:
+                return size
+        raise ValueError(f"a decode step of {batch} sequences exceeds the largest bucket, {self.buckets[-1]}")
+
+    def warm_up(self) -> None:
+        """Capture every bucket now, on padding rows alone, so that no request waits for a capture."""
+        for rows in self.buckets:
+            self._run([], rows)
+
+    def __call__(self, chunks: Sequence[SequenceChunk]) -> torch.Tensor:
+        """Logits [len(chunks), vocab] of one decode step (every chunk one token, at the end of its sequence).
+        On a GPU they alias the bucket's output buffer: read them before the next step."""
+        return self._run(chunks, self.bucket(len(chunks)))
+
+    def _run(self, chunks: Sequence[SequenceChunk], rows: int) -> torch.Tensor:
+        padding = [SequenceChunk([0], 0, [self.pad_page])] * (rows - len(chunks))
+        step = build_step_inputs([*chunks, *padding], self.kv_cache.page_size, "cpu", self.max_pages)
+        attn = step.attn
+        arrays = [step.input_ids, step.positions, attn.query_start, attn.context_lens, attn.page_table,
+                  attn.slot_mapping, torch.arange(rows, dtype=torch.int32)]
+        if rows not in self._steps:
+            self._steps[rows] = ([Buffer.zeros(a.shape, DType.int32, self._device) for a in arrays], None)
+        inputs, logits = self._steps[rows]
+        if not self.replays:
+            for buffer, a in zip(inputs, arrays):  # in place; MAX's copy would run beside a CPU execution, not before
+                buffer.to_numpy()[...] = a.numpy()
+            return torch.from_dlpack(self.compiled.execute(inputs, self.kv_cache))[: len(chunks)]
+        # on the device's stream, so before the replay (as in MAX's graph_capture.py); the host arrays stay alive
+        # until the next step, when the caller has read this step's logits and so waited for its copies
+        self._host_arrays = arrays
+        batch_inplace_copy(inputs, [Buffer.from_numpy(a.numpy()).to(self._device) for a in arrays])
+        if logits is None:
+            try:
+                logits = self.compiled.capture(self._key_base + rows, inputs, self.kv_cache)
+            except Exception as e:
+                raise RuntimeError(f"capturing the decode step of {rows} sequences as a device graph failed: {e}; "
+                                   "run without device graphs (--no-device-graphs, device_graphs=False)") from e
+            self._steps[rows] = (inputs, logits)
+            self._captured_keys.append(self._key_base + rows)
+        self.compiled.replay(self._key_base + rows, inputs, self.kv_cache)  # right after the capture too: it may only record
+        return torch.from_dlpack(logits)[: len(chunks)]
+
+
+def _release(model, keys: List[int]) -> None:
+    for key in keys:  # one at a time: a list of keys names one graph's key on each device
+        model.release_captured_graph(key)

@@ -1,0 +1,68 @@
+"""Decode steps replayed as device graphs on a GPU (model/decode_graphs.py): the same tokens as the steps run
+op by op, whatever the batch, and the captured buckets reused as requests come and go."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
+
+from python_layer import InferenceEngine, SamplingParams  # noqa: E402
+from python_layer.model.loader import load_model  # noqa: E402
+from tests.engine_checks import no_request_holds_pages  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=1)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_checkpoint: Path):
+    return load_model(tiny_checkpoint, device="cuda", dtype="bfloat16")
+
+
+def _prompts(n: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1000) for _ in range(rng.randint(1, 300))] for _ in range(n)]
+
+
+def test_replayed_decode_steps_give_the_tokens_of_steps_run_op_by_op(model) -> None:
+    replayed = InferenceEngine(model, num_kv_pages=256, max_num_seqs=16, debug_checks=True)
+    eager = InferenceEngine(model, num_kv_pages=256, max_num_seqs=16, device_graphs=False)
+    graphs = replayed.runner.decode_graphs
+    assert graphs is not None and graphs.buckets == [1, 2, 4, 8, 16] and eager.runner.decode_graphs is None
+    assert sorted(graphs._steps) == graphs.buckets and all(logits is not None for _, logits in graphs._steps.values())
+    for batch in (1, 3, 8, 13):
+        prompts = _prompts(batch, seed=batch)
+        a, b = replayed.generate(prompts, GREEDY), eager.generate(prompts, GREEDY)
+        assert [o.token_ids for o in a] == [o.token_ids for o in b], batch
+        for x, y in zip(a, b):
+            assert [lp.logprob for lp in x.logprobs] == pytest.approx([lp.logprob for lp in y.logprobs], abs=2e-2)
+    assert no_request_holds_pages(replayed)
+
+
+def test_replay_with_arrivals_and_aborts(model) -> None:
+    outputs = []
+    for device_graphs in (True, False):
+        # the same 39 pages for the requests both ways (device graphs reserve one for padding): the same preemptions
+        engine = InferenceEngine(model, num_kv_pages=40 if device_graphs else 39, max_num_seqs=8, debug_checks=True,
+                                 device_graphs=device_graphs)
+        assert engine.kv_cache.num_usable_pages == 39
+        rng, pending, done = random.Random(5), _prompts(30, seed=6), {}
+        while pending or engine.has_unfinished_requests():
+            for _ in range(rng.randint(0, 3)):
+                if pending:
+                    engine.add_request(pending.pop(), SamplingParams(temperature=0.0, max_tokens=rng.randint(1, 24),
+                                                                     ignore_eos=True), request_id=f"r{len(pending)}")
+            if engine.requests and rng.random() < 0.1:
+                victim = sorted(engine.requests)[0]
+                done[victim] = (engine.abort(victim).finish_reason, engine.get_completed_result(victim).token_ids)
+            for delta in engine.step():
+                if delta.finished:
+                    done[delta.request_id] = (delta.finish_reason, engine.get_completed_result(delta.request_id).token_ids)
+        assert no_request_holds_pages(engine)
+        outputs.append(done)
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 30

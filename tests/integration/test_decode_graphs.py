@@ -1,0 +1,93 @@
+"""Decode steps on DecodeGraphs' fixed-shape inputs (model/decode_graphs.py): batches padded up to a bucket, the
+page table at its full width, the inputs copied into each bucket's buffers. A GPU replays those steps as device
+graphs; a CPU executes the same buffers, and here they must give what the unpadded steps give."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from python_layer import InferenceEngine, SamplingParams
+from python_layer.inference.model_runner import ModelRunner
+from python_layer.model.attention_metadata import SequenceChunk
+from python_layer.model.decode_graphs import DecodeGraphs
+from python_layer.model.loader import load_model
+from python_layer.model.qwen3_model import Qwen3Model
+from tests.engine_checks import no_request_holds_pages
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_checkpoint: Path) -> Qwen3Model:
+    return load_model(tiny_checkpoint, backend="mojo")
+
+
+def _engine(model: Qwen3Model, decode_graphs: bool, **kwargs) -> InferenceEngine:
+    kwargs.setdefault("num_kv_pages", 64)
+    max_len = (kwargs["num_kv_pages"] - 1) * 16  # what is left beside the padding page, with or without it
+    engine = InferenceEngine(model, debug_checks=True, max_model_len=max_len, **kwargs)
+    kv = engine.kv_cache
+    pad_page = kv.reserve_page()  # both ways: the same pages left for the requests, so the same preemptions
+    if decode_graphs:
+        graphs = DecodeGraphs(model.forward_fn, kv, engine.scheduler.max_num_seqs, kv.pages_for(max_len), pad_page)
+        engine.runner = ModelRunner(model, kv, graphs)
+    return engine
+
+
+def _prompts(n: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1000) for _ in range(rng.randint(1, 70))] for _ in range(n)]
+
+
+@pytest.mark.parametrize("batch, bucket", [(1, 1), (3, 4), (6, 8), (8, 8)])
+def test_padded_decode_steps_match_unpadded(model: Qwen3Model, batch: int, bucket: int) -> None:
+    prompts = _prompts(batch, seed=batch)
+    plain = _engine(model, False, max_num_seqs=8).generate(prompts, GREEDY)
+    engine = _engine(model, True, max_num_seqs=8)
+    padded = engine.generate(prompts, GREEDY)
+    assert [o.token_ids for o in padded] == [o.token_ids for o in plain]
+    for a, b in zip(padded, plain):
+        assert [lp.logprob for lp in a.logprobs] == pytest.approx([lp.logprob for lp in b.logprobs], abs=1e-4)
+    # every decode step ran on the padded inputs; the smaller buckets served the batch as requests finished
+    assert max(engine.runner.decode_graphs._steps) == bucket
+    assert no_request_holds_pages(engine) and engine.kv_cache.reserved_pages == [engine.runner.decode_graphs.pad_page]
+
+
+def test_arrivals_aborts_preemption_and_prefix_hits_match_unpadded(model: Qwen3Model) -> None:
+    """Requests come and go between steps, so each bucket's buffers are refreshed with ever different sequences;
+    a 12-page pool preempts, and a shared prefix comes from the prefix cache."""
+    system = _prompts(1, seed=99)[0][:40] * 2
+    outputs = []
+    for decode_graphs in (False, True):
+        engine = _engine(model, decode_graphs, num_kv_pages=12, max_num_seqs=6)
+        rng, pending, done = random.Random(3), [system + p for p in _prompts(24, seed=4)], {}
+        while pending or engine.has_unfinished_requests():
+            for _ in range(rng.randint(0, 3)):
+                if pending:
+                    engine.add_request(pending.pop(), SamplingParams(temperature=0.0, max_tokens=rng.randint(1, 20),
+                                                                     ignore_eos=True), request_id=f"r{len(pending)}")
+            if engine.requests and rng.random() < 0.1:
+                victim = sorted(engine.requests)[0]
+                done[victim] = (engine.abort(victim).finish_reason, engine.get_completed_result(victim).token_ids)
+            for delta in engine.step():
+                if delta.finished:
+                    done[delta.request_id] = (delta.finish_reason, engine.get_completed_result(delta.request_id).token_ids)
+        assert engine.scheduler.num_preemptions > 0 and engine.prefix_cache.hit_tokens > 0
+        assert no_request_holds_pages(engine)
+        outputs.append(done)
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 24
+
+
+def test_decode_graphs_refuse_what_they_cannot_run(model: Qwen3Model) -> None:
+    engine = _engine(model, False, max_num_seqs=2)
+    kv = engine.kv_cache
+    with pytest.raises(ValueError, match="KV page 1 is not reserved"):
+        DecodeGraphs(model.forward_fn, kv, 2, 4, 1)
+    graphs = DecodeGraphs(model.forward_fn, kv, 2, 4, kv.reserved_pages[0])
+    with pytest.raises(ValueError, match="3 sequences exceeds the largest bucket, 2"):
+        graphs([SequenceChunk([1], 0, [1])] * 3)
+    with pytest.raises(ValueError, match="holds 5 KV pages, more than the page table's 4"):
+        graphs([SequenceChunk([1], 70, [1, 2, 3, 4, 5])])
