@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import sys
@@ -27,6 +28,13 @@ def model_path(model: Optional[str]) -> str:
         print(f"building the random-weight Qwen3-0.6B-shaped checkpoint into {path} (first run only)", file=sys.stderr, flush=True)
         build_random_checkpoint(path, seed=0, dtype=torch.bfloat16, **QWEN3_0_6B_SHAPE)
     return str(path)
+
+
+def device_argument(argv: Optional[Sequence[str]]) -> str:
+    """The --device of a benchmark's command line (default cpu): a GPU runs the end-to-end comparison instead."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--device", default="cpu")
+    return parser.parse_known_args(argv)[0].device
 
 
 def print_table(rows: Sequence[dict], columns: Sequence[str]) -> None:

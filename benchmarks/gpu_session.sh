@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Everything MILI checks on a GPU machine, in one run: build, the GPU kernel tests, the model on the GPU against
-# transformers, and the kernel benchmark against PyTorch's own GPU ops. Logs and JSON go to $OUT (default
-# /tmp/mili-gpu). Needs MAX/Mojo importable (on an offline box: ./offline_wheelhouse.sh, see README).
-# Usage: benchmarks/gpu_session.sh [STEP...]   steps: build tests model bench (default: all, in that order)
+# transformers, the kernel benchmark against PyTorch's own GPU ops, and end to end against MAX's own Qwen3 pipeline
+# and transformers (then benchmarks/results/gpu-summary.json). Logs and JSON go to $OUT (default /tmp/mili-gpu).
+# Needs MAX/Mojo importable (on an offline box: ./offline_wheelhouse.sh, see README).
+# Usage: benchmarks/gpu_session.sh [STEP...]   steps: build tests model bench e2e (default: all, in that order)
 #   BENCH_ONLY=attention benchmarks/gpu_session.sh bench   benchmarks only the ops whose name contains that
+#   MAX_PYTHON=/path/to/python (a Python with max[serve]) for MAX's pipeline in e2e; E2E_SYSTEMS to pick systems
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/mili-gpu}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-steps=${*:-build tests model bench}
+steps=${*:-build tests model bench e2e}
 # pytest-xdist, where installed: one op (and dtype) per worker, so each graph compiles once and in parallel
 xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8 --dist loadgroup")
 status=0
@@ -33,6 +35,11 @@ for step in $steps; do
              run "bench-$dtype" 900 python3 benchmarks/kernels.py --device cuda --dtype "$dtype" --only "${BENCH_ONLY:-}"
              cp benchmarks/results/kernels-cuda-"$dtype"-*.json "$out/" 2>/dev/null
            done ;;
+    e2e) systems=${E2E_SYSTEMS:-mili,mili-eager,transformers,max}
+         run latency 1200 python3 benchmarks/latency.py --device cuda --systems "$systems" --max-python "${MAX_PYTHON:-}"
+         run throughput 1800 python3 benchmarks/throughput.py --device cuda --systems "$systems" --max-python "${MAX_PYTHON:-}"
+         run summary 60 python3 benchmarks/gpu_summary.py
+         cp benchmarks/results/latency-cuda*.json benchmarks/results/throughput-cuda*.json benchmarks/results/gpu-summary.json "$out/" 2>/dev/null ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
 done

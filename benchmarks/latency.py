@@ -24,7 +24,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from common import model_path, print_table, write_json
+from common import device_argument, model_path, print_table, write_json
 
 from python_layer import InferenceEngine, SamplingParams
 
@@ -192,6 +192,10 @@ def columns(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if device_argument(argv) != "cpu":  # on a GPU: MILI against MAX's pipeline and transformers
+        from device_e2e import latency_main
+
+        return latency_main(argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     parser.add_argument("--weight-dtypes", default="float32,bfloat16,int8,fp8")

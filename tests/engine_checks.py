@@ -1,6 +1,8 @@
 """Checks shared by the engine tests."""
 
-from python_layer import InferenceEngine
+import random
+
+from python_layer import InferenceEngine, SamplingParams
 
 
 def no_request_holds_pages(engine: InferenceEngine) -> bool:
@@ -8,3 +10,22 @@ def no_request_holds_pages(engine: InferenceEngine) -> bool:
     engine.scheduler.check_page_accounting()
     cached = engine.prefix_cache.num_cached_pages if engine.prefix_cache else 0
     return not engine.requests and engine.kv_cache.num_free_pages + cached == engine.kv_cache.num_usable_pages
+
+
+def serve_arrivals_and_aborts(engine: InferenceEngine, prompts: list, seed: int, max_tokens: int = 20) -> dict:
+    """Greedy requests arrive a few at a time between steps and now and then the oldest is aborted; returns each
+    request's (finish_reason, token ids). The same seed and prompts on engines that schedule alike give the same
+    arrivals and aborts, so their outputs must be equal."""
+    rng, pending, done = random.Random(seed), list(prompts), {}
+    while pending or engine.has_unfinished_requests():
+        for _ in range(rng.randint(0, 3)):
+            if pending:
+                params = SamplingParams(temperature=0.0, max_tokens=rng.randint(1, max_tokens), ignore_eos=True)
+                engine.add_request(pending.pop(), params, request_id=f"r{len(pending)}")
+        if engine.requests and rng.random() < 0.1:
+            victim = sorted(engine.requests)[0]
+            done[victim] = (engine.abort(victim).finish_reason, engine.get_completed_result(victim).token_ids)
+        for delta in engine.step():
+            if delta.finished:
+                done[delta.request_id] = (delta.finish_reason, engine.get_completed_result(delta.request_id).token_ids)
+    return done

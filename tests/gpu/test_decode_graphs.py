@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
 
 from python_layer import InferenceEngine, SamplingParams  # noqa: E402
 from python_layer.model.loader import load_model  # noqa: E402
-from tests.engine_checks import no_request_holds_pages  # noqa: E402
+from tests.engine_checks import no_request_holds_pages, serve_arrivals_and_aborts  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=1)
 
@@ -51,18 +51,7 @@ def test_replay_with_arrivals_and_aborts(model) -> None:
         engine = InferenceEngine(model, num_kv_pages=40 if device_graphs else 39, max_num_seqs=8, debug_checks=True,
                                  device_graphs=device_graphs)
         assert engine.kv_cache.num_usable_pages == 39
-        rng, pending, done = random.Random(5), _prompts(30, seed=6), {}
-        while pending or engine.has_unfinished_requests():
-            for _ in range(rng.randint(0, 3)):
-                if pending:
-                    engine.add_request(pending.pop(), SamplingParams(temperature=0.0, max_tokens=rng.randint(1, 24),
-                                                                     ignore_eos=True), request_id=f"r{len(pending)}")
-            if engine.requests and rng.random() < 0.1:
-                victim = sorted(engine.requests)[0]
-                done[victim] = (engine.abort(victim).finish_reason, engine.get_completed_result(victim).token_ids)
-            for delta in engine.step():
-                if delta.finished:
-                    done[delta.request_id] = (delta.finish_reason, engine.get_completed_result(delta.request_id).token_ids)
+        done = serve_arrivals_and_aborts(engine, _prompts(30, seed=6), seed=5, max_tokens=24)
         assert no_request_holds_pages(engine)
         outputs.append(done)
     assert outputs[0] == outputs[1] and len(outputs[0]) == 30

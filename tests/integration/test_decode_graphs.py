@@ -15,7 +15,7 @@ from python_layer.model.attention_metadata import SequenceChunk
 from python_layer.model.decode_graphs import DecodeGraphs
 from python_layer.model.loader import load_model
 from python_layer.model.qwen3_model import Qwen3Model
-from tests.engine_checks import no_request_holds_pages
+from tests.engine_checks import no_request_holds_pages, serve_arrivals_and_aborts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
 
@@ -63,18 +63,7 @@ def test_arrivals_aborts_preemption_and_prefix_hits_match_unpadded(model: Qwen3M
     outputs = []
     for decode_graphs in (False, True):
         engine = _engine(model, decode_graphs, num_kv_pages=12, max_num_seqs=6)
-        rng, pending, done = random.Random(3), [system + p for p in _prompts(24, seed=4)], {}
-        while pending or engine.has_unfinished_requests():
-            for _ in range(rng.randint(0, 3)):
-                if pending:
-                    engine.add_request(pending.pop(), SamplingParams(temperature=0.0, max_tokens=rng.randint(1, 20),
-                                                                     ignore_eos=True), request_id=f"r{len(pending)}")
-            if engine.requests and rng.random() < 0.1:
-                victim = sorted(engine.requests)[0]
-                done[victim] = (engine.abort(victim).finish_reason, engine.get_completed_result(victim).token_ids)
-            for delta in engine.step():
-                if delta.finished:
-                    done[delta.request_id] = (delta.finish_reason, engine.get_completed_result(delta.request_id).token_ids)
+        done = serve_arrivals_and_aborts(engine, [system + p for p in _prompts(24, seed=4)], seed=3)
         assert engine.scheduler.num_preemptions > 0 and engine.prefix_cache.hit_tokens > 0
         assert no_request_holds_pages(engine)
         outputs.append(done)

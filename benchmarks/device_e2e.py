@@ -1,0 +1,157 @@
+"""End to end on a GPU: MILI against MAX's own Qwen3 pipeline and transformers on the same random-weight checkpoint
+(Qwen3-0.6B's shape, bfloat16), in one run. The systems run one after another: each takes most of the GPU.
+
+  mili bench latency --device cuda [--systems mili,mili-eager,transformers,max] [--contexts 512,4096]
+      batch-1 decode, ms per token at each context: (T(prompt, n + 1) - T(prompt, 1)) / n, T being one generate
+      call's wall time (so the prompt's processing drops out), n = --new-tokens; time to first token of a
+      --ttft-len (2,048) token prompt: T(prompt, 1). Medians of --runs after a warm-up.
+  mili bench throughput --device cuda [--systems ...]
+      nano-vllm's workload: --num-requests (256) random prompts, prompt and output lengths uniform in [100, 1024],
+      ignore_eos, all submitted at once; output tokens per second of one run after a warm-up.
+
+"mili" replays its decode steps as device graphs, "mili-eager" runs them op by op (--no-device-graphs). Both
+also print the bandwidth floor of a decode step: the bytes it reads (every weight once) over the device's
+copy bandwidth measured in the run. Prints a table and writes JSON under benchmarks/results/."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import traceback
+from typing import Callable
+
+import torch
+
+from common import model_path, print_table, write_json
+from e2e_systems import MaxPipeline, Mili, System, Transformers, load_mili, python_with_max_serve
+from kernels import copy_bandwidth
+
+from python_layer.model.config import Qwen3Config
+
+SYSTEMS = ("mili", "mili-eager", "transformers", "max")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--model", default=None, help="checkpoint (default: random weights of Qwen3-0.6B's shape)")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-python", default="", help="a Python with max[serve] for MAX's pipeline (default: this one)")
+    parser.add_argument("--max-num-seqs", type=int, default=256, help="MILI's and MAX's batch at most")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    parser.add_argument("--kv-cache-gb", type=float, default=40.0, help="MILI's KV cache")
+    parser.add_argument("--hf-batch-size", type=int, default=64, help="transformers' generate batch")
+
+
+def decode_bytes(config: Qwen3Config, bytes_per_weight: int = 2) -> int:
+    """What one decode step reads at least: every weight once (the embedding table only for the LM head)."""
+    c = config
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    layer = c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+    layer += 2 * c.hidden_size + 2 * c.head_dim
+    return bytes_per_weight * (c.num_hidden_layers * layer + c.vocab_size * c.hidden_size + c.hidden_size)
+
+
+def open_system(name: str, path: str, args: argparse.Namespace, mili_model: dict) -> System:
+    if name in ("mili", "mili-eager"):
+        if "model" not in mili_model:
+            mili_model["model"] = load_mili(path, args.device)
+        return Mili(mili_model["model"], name == "mili", args.max_num_seqs, args.max_num_batched_tokens, args.kv_cache_gb)
+    if name == "transformers":
+        return Transformers(path, args.device, args.hf_batch_size)
+    if name == "max":
+        devices = "cpu" if args.device == "cpu" else "gpu:" + (args.device.partition(":")[2] or "0")
+        return MaxPipeline(path, python_with_max_serve(args.max_python), devices, args.max_num_seqs, max_length(args))
+    raise ValueError(f"unknown system {name!r}: choose from {', '.join(SYSTEMS)}")
+
+
+def max_length(args: argparse.Namespace) -> int:
+    if hasattr(args, "contexts"):
+        return max(max(contexts(args)) + args.new_tokens + 1, args.ttft_len + 1)
+    return args.prompt_len[1] + args.output_len[1]
+
+
+def contexts(args: argparse.Namespace) -> list[int]:
+    return [int(c) for c in args.contexts.split(",") if c]
+
+
+def median_seconds(system: System, prompts: list[list[int]], max_tokens: list[int], runs: int) -> float:
+    system.generate(prompts, max_tokens)  # warm-up
+    return statistics.median(system.generate(prompts, max_tokens)[0] for _ in range(runs))
+
+
+def latency_row(system: System, args: argparse.Namespace) -> dict:
+    rng = random.Random(args.seed)
+    prompt = lambda n: [rng.randrange(1000, 100000) for _ in range(n)]
+    row: dict = {}
+    for ctx in contexts(args):
+        p = prompt(ctx)
+        first = median_seconds(system, [p], [1], args.runs)
+        whole = median_seconds(system, [p], [args.new_tokens + 1], args.runs)
+        row[f"decode_b1_ctx{ctx}_ms_per_token"] = (whole - first) / args.new_tokens * 1e3
+    row[f"ttft_{args.ttft_len}_ms"] = median_seconds(system, [prompt(args.ttft_len)], [1], args.runs) * 1e3
+    return row
+
+
+def throughput_row(system: System, args: argparse.Namespace) -> dict:
+    rng = random.Random(args.seed)
+    prompts = [[rng.randrange(1000, 100000) for _ in range(rng.randint(*args.prompt_len))] for _ in range(args.num_requests)]
+    max_tokens = [rng.randint(*args.output_len) for _ in range(args.num_requests)]
+    system.generate(prompts[:8], [8] * min(8, len(prompts)))  # warm-up
+    seconds, tokens = system.generate(prompts, max_tokens)
+    return dict(seconds=seconds, output_tokens=tokens, output_tok_s=tokens / seconds,
+                total_tok_s=(tokens + sum(map(len, prompts))) / seconds)
+
+
+def run(kind: str, args: argparse.Namespace, figures: Callable[[System, argparse.Namespace], dict]) -> list[dict]:
+    path = model_path(args.model)
+    config = Qwen3Config.from_pretrained(path)
+    bandwidth = copy_bandwidth(args.device)
+    floor_ms = decode_bytes(config) / bandwidth * 1e3
+    print(f"{kind} on {args.device}; copy bandwidth {bandwidth / 1e9:.0f} GB/s; decode floor {floor_ms:.3f} ms/token",
+          flush=True)
+    rows, mili_model = [], {}
+    for name in args.systems.split(","):
+        system = None
+        try:
+            system = open_system(name, path, args, mili_model)
+            rows.append(dict(system=name, **figures(system, args)))
+        except Exception as e:  # one system failing must not lose the others' figures
+            traceback.print_exc()
+            rows.append(dict(system=name, error=f"{type(e).__name__}: {e}"))
+        finally:
+            if system is not None:
+                system.close()
+            if args.device.startswith("cuda"):
+                torch.cuda.empty_cache()
+        print(rows[-1], flush=True)
+    for row in rows:
+        row["bandwidth_floor_ms"] = floor_ms
+    columns = ["system", *sorted({k for r in rows for k in r} - {"system", "error", "bandwidth_floor_ms"}), "error"]
+    print_table(rows, columns)
+    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
+    write_json(f"{kind}-{args.device.replace(':', '')}",
+               dict(vars(args), model=path, device_name=device, copy_bandwidth_bytes_per_s=bandwidth), rows)
+    return rows
+
+
+def latency_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    parser.add_argument("--contexts", default="512,4096", help="decode contexts (prompt lengths)")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--ttft-len", type=int, default=2048)
+    run("latency", parser.parse_args(argv), latency_row)
+    return 0
+
+
+def throughput_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--prompt-len", type=int, nargs=2, default=(100, 1024), metavar=("MIN", "MAX"))
+    parser.add_argument("--output-len", type=int, nargs=2, default=(100, 1024), metavar=("MIN", "MAX"))
+    run("throughput", parser.parse_args(argv), throughput_row)
+    return 0

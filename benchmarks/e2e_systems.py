@@ -1,0 +1,146 @@
+"""The systems the end-to-end device benchmarks (benchmarks/device_e2e.py) time, behind one call:
+`generate(prompts, max_tokens) -> (seconds, output tokens)`: every prompt (token ids) submitted at once, greedy,
+ignore_eos, each producing exactly its max_tokens; wall-clock seconds until the last token is on the host.
+
+- MILI: its engine in bfloat16, prefix caching off (the runs repeat their prompts), with or without device graphs;
+- transformers: bfloat16, sdpa attention, its own `generate` on left-padded batches of prompts of similar length
+  (each batch runs to its longest output; only the tokens asked for are counted);
+- MAX's own Qwen3 pipeline: benchmarks/peers/max_pipeline.py in a Python that has `max[serve]`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import torch
+
+from python_layer import InferenceEngine, SamplingParams
+from python_layer.model.loader import load_model
+from python_layer.model.qwen3_model import Qwen3Model
+
+MAX_WORKER = Path(__file__).parent / "peers" / "max_pipeline.py"
+
+
+class System(Protocol):
+    name: str
+
+    def generate(self, prompts: Sequence[list[int]], max_tokens: Sequence[int]) -> tuple[float, int]: ...
+
+    def close(self) -> None: ...
+
+
+def _check_counts(name: str, got: Sequence[int], wanted: Sequence[int]) -> None:
+    if list(got) != list(wanted):
+        raise RuntimeError(f"{name} produced {sum(got)} tokens where {sum(wanted)} were asked for")
+
+
+def kv_pages_for(model: Qwen3Model, kv_cache_gb: float, page_size: int = 16) -> int:
+    c = model.config
+    page_bytes = 2 * c.num_hidden_layers * page_size * c.num_key_value_heads * c.head_dim * model.kv_cache_dtype.itemsize
+    return int(kv_cache_gb * 2**30 // page_bytes)
+
+
+class Mili:
+    def __init__(self, model: Qwen3Model, device_graphs: bool, max_num_seqs: int, max_num_batched_tokens: int,
+                 kv_cache_gb: float) -> None:
+        self.name = "mili" if device_graphs or model.device.type == "cpu" else "mili, no device graphs"
+        self.engine = InferenceEngine(model, num_kv_pages=kv_pages_for(model, kv_cache_gb), max_num_seqs=max_num_seqs,
+                                      max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=False,
+                                      device_graphs=device_graphs)
+
+    def generate(self, prompts: Sequence[list[int]], max_tokens: Sequence[int]) -> tuple[float, int]:
+        params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in max_tokens]
+        started = time.perf_counter()
+        outputs = self.engine.generate(list(prompts), params)
+        seconds = time.perf_counter() - started
+        _check_counts(self.name, [len(o.token_ids) for o in outputs], max_tokens)
+        return seconds, sum(max_tokens)
+
+    def close(self) -> None:
+        del self.engine
+
+
+def load_mili(path: str, device: str) -> Qwen3Model:
+    return load_model(path, device=device, dtype="bfloat16")
+
+
+class Transformers:
+    def __init__(self, path: str, device: str, batch_size: int) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.name, self.device, self.batch_size = "transformers", torch.device(device), batch_size
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="sdpa")
+        self.model.to(self.device).eval()
+        self.pad = self.model.config.eos_token_id if isinstance(self.model.config.eos_token_id, int) else 0
+
+    @torch.inference_mode()
+    def generate(self, prompts: Sequence[list[int]], max_tokens: Sequence[int]) -> tuple[float, int]:
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        started = time.perf_counter()
+        for at in range(0, len(order), self.batch_size):
+            batch = order[at : at + self.batch_size]
+            longest, new = max(len(prompts[i]) for i in batch), max(max_tokens[i] for i in batch)
+            ids = torch.full((len(batch), longest), self.pad, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for row, i in enumerate(batch):  # left-padded
+                ids[row, longest - len(prompts[i]) :] = torch.tensor(prompts[i])
+                mask[row, longest - len(prompts[i]) :] = 1
+            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), do_sample=False,
+                                      max_new_tokens=new, min_new_tokens=new, pad_token_id=self.pad)
+            _check_counts(self.name, [out.shape[1] - longest], [new])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - started, sum(max_tokens)
+
+    def close(self) -> None:
+        del self.model
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+class MaxPipeline:
+    """MAX's pipeline in a process of its own (its Python, its package versions), fed one job per line."""
+
+    def __init__(self, path: str, python: str, devices: str, max_batch_size: int, max_length: int) -> None:
+        self.name = "max pipeline"
+        command = [python, str(MAX_WORKER), "--model", path, "--devices", devices, "--max-batch-size", str(max_batch_size),
+                   "--max-length", str(max_length)]
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        if self._reply() != "ready":
+            raise RuntimeError("MAX's pipeline did not come up")
+
+    def _reply(self) -> str:
+        for line in self.process.stdout:
+            if line.startswith("REPLY "):
+                return line[len("REPLY ") :].strip()
+        raise RuntimeError(f"MAX's pipeline worker exited ({self.process.wait()}): see its stderr above")
+
+    def generate(self, prompts: Sequence[list[int]], max_tokens: Sequence[int]) -> tuple[float, int]:
+        self.process.stdin.write(json.dumps(dict(prompts=list(prompts), max_tokens=list(max_tokens))) + "\n")
+        self.process.stdin.flush()
+        reply = json.loads(self._reply())
+        _check_counts(self.name, [reply["output_tokens"]], [sum(max_tokens)])
+        return reply["seconds"], reply["output_tokens"]
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def python_with_max_serve(given: str) -> str:
+    """The Python that runs MAX's pipeline: --max-python, else this one if it can import max.serve."""
+    if given:
+        return given
+    probe = "import max.serve.pipelines.llm, max.serve.pipelines.model_worker"  # what max[serve]'s extras bring
+    found = subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
+    if not found:
+        raise RuntimeError("no Python with max[serve]: make a venv with `pip install 'max[serve]'` and pass --max-python")
+    return sys.executable

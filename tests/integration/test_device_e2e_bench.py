@@ -1,0 +1,70 @@
+"""The end-to-end device benchmark (benchmarks/device_e2e.py, `mili bench latency|throughput --device cuda`) and
+gpu-summary.json, run here on a CPU with the tiny checkpoint: the harness a GPU session runs, checked where CI
+runs. (MAX's own Qwen3 pipeline, its third peer, does not run on a CPU: benchmarks/peers/max_pipeline.py.)"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import common  # noqa: E402
+import device_e2e  # noqa: E402
+import gpu_summary  # noqa: E402
+
+
+@pytest.fixture
+def small(tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    return ["--device", "cpu", "--model", str(tiny_checkpoint), "--runs", "1", "--kv-cache-gb", "0.05",
+            "--max-num-seqs", "8", "--hf-batch-size", "4"]
+
+
+def _rows(results: Path, kind: str) -> dict:
+    (path,) = results.glob(f"{kind}-cpu-*.json")
+    return {row["system"]: row for row in json.loads(path.read_text())["rows"]}
+
+
+def test_latency_figures_of_each_system(small: list[str], tmp_path: Path) -> None:
+    device_e2e.latency_main(small + ["--systems", "mili,transformers", "--contexts", "16,40", "--new-tokens", "8",
+                                     "--ttft-len", "30"])
+    rows = _rows(tmp_path, "latency")
+    assert sorted(rows) == ["mili", "transformers"]
+    for row in rows.values():
+        assert "error" not in row, row
+        assert all(math.isfinite(row[f"decode_b1_ctx{c}_ms_per_token"]) for c in (16, 40))
+        assert row["ttft_30_ms"] > 0 and row["bandwidth_floor_ms"] > 0
+
+
+def test_throughput_runs_the_same_workload_on_each_system(small: list[str], tmp_path: Path) -> None:
+    device_e2e.throughput_main(small + ["--systems", "mili,transformers,nothing", "--num-requests", "12",
+                                        "--prompt-len", "5", "30", "--output-len", "3", "20"])
+    rows = _rows(tmp_path, "throughput")
+    assert rows["mili"]["output_tokens"] == rows["transformers"]["output_tokens"] > 12 * 3
+    assert rows["mili"]["output_tok_s"] > 0 and rows["transformers"]["output_tok_s"] > 0
+    assert rows["nothing"]["error"].startswith("ValueError: unknown system 'nothing'")  # reported; the rest ran
+
+
+def test_gpu_summary_takes_the_latest_runs(tmp_path: Path) -> None:
+    def write(name: str, meta: dict, rows: list) -> None:
+        (tmp_path / name).write_text(json.dumps(dict(meta=meta, rows=rows)))
+
+    attention = lambda op, ratio: dict(op=op, in_graph_ratio=ratio)
+    write("kernels-cuda-bfloat16-20261101-000000.json", {}, [attention("attention prefill ctx=2048 B=1", 9.0)])
+    write("kernels-cuda-bfloat16-20261102-000000.json", {}, [attention("attention prefill ctx=2048 B=1", 0.9),
+                                                             attention("attention decode ctx=4096 B=8", 0.8)])
+    write("latency-cuda-20261102-000000.json", dict(device_name="NVIDIA H100"), [
+        dict(system="mili", decode_b1_ctx512_ms_per_token=0.9, bandwidth_floor_ms=0.4),
+        dict(system="max", decode_b1_ctx512_ms_per_token=1.2), dict(system="transformers", error="RuntimeError: x")])
+    out = gpu_summary.summary(tmp_path, "abc123")
+    assert out["device"] == "NVIDIA H100" and out["commit"] == "abc123"
+    assert out["attention_prefill_2048_ratio_vs_sdpa"] == 0.9 and out["attention_decode_ctx4096_b8_ratio_vs_sdpa"] == 0.8
+    assert out["attention_decode_ctx4096_b64_ratio_vs_sdpa"] is None  # not in the run
+    assert out["decode_b1_ms_per_token"] == 0.9 and out["bandwidth_floor_ms"] == 0.4
+    assert out["max_pipeline_decode_b1_ms_per_token"] == 1.2 and out["transformers_decode_b1_ms_per_token"] is None
+    assert out["throughput_tok_s"] is None and out["max_pipeline_throughput_tok_s"] is None  # no throughput run
