@@ -6,6 +6,8 @@ memory-bound ops, the achieved bytes/s against the machine's copy bandwidth meas
 Writes JSON under benchmarks/results/. On a GPU the peer is PyTorch's own ops instead of bindings/reference.py
 (`torch_gpu_peer`): F.rms_norm, F.silu/gelu/relu in the input dtype, and F.scaled_dot_product_attention over
 the K/V gathered into dense tensors beforehand (paging costs it nothing); rope and store_kv keep the reference.
+The attention rows on a GPU also time MAX's own flash attention kernel (max.nn.kernels.flash_attention_gpu) in a
+graph on the same dense copies: it takes no paged cache of MILI's layout.
 
 Two Mojo times: "call" is one standalone `bindings.ops` call from torch as users make it (on CPU the Mojo
 extension module, about a microsecond of dispatch; on GPU a MAX graph execution); "in-graph" is the op's time inside one graph that applies it REPEAT times in a chain (each
@@ -116,13 +118,49 @@ def _paged(context: int, batch: int, dtype: torch.dtype, device: str):
     return kc, vc, table
 
 
-def _sdpa_peer(q, kc, vc, table, lens, starts, scale) -> Callable[[], torch.Tensor]:
-    """F.scaled_dot_product_attention over dense copies of equal-length sequences' K/V (gathered here, untimed)."""
+def _dense_qkv(q, kc, vc, table, lens) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [B, S, Hq, D], K and V [B, L, Hkv, D]: dense copies of equal-length sequences' paged K/V (untimed)."""
     batch, context, page_size = len(lens), int(lens[0]), kc.shape[1]
-    dense = lambda cache: cache[table[:, : -(-context // page_size)].long()].flatten(1, 2)[:, :context].transpose(1, 2).contiguous()
-    k, v = dense(kc), dense(vc)
-    q4 = q.view(batch, -1, *q.shape[1:]).transpose(1, 2)
+    dense = lambda cache: cache[table[:, : -(-context // page_size)].long()].flatten(1, 2)[:, :context].contiguous()
+    return q.view(batch, -1, *q.shape[1:]), dense(kc), dense(vc)
+
+
+def _sdpa_peer(q, kc, vc, table, lens, starts, scale) -> Callable[[], torch.Tensor]:
+    """F.scaled_dot_product_attention over dense copies of the K/V."""
+    q4, k, v = (t.transpose(1, 2).contiguous() for t in _dense_qkv(q, kc, vc, table, lens))
     return partial(F.scaled_dot_product_attention, q4, k, v, is_causal=q4.shape[2] > 1, scale=scale, enable_gqa=True)
+
+
+def max_flash_graph(q_shape: Sequence[int], kv_shape: Sequence[int], dtype: torch.dtype, device: str, repeat: int):
+    """MAX's own GPU flash attention (max.nn.kernels.flash_attention_gpu) on dense q [B, S, Hq, D] and K/V
+    [B, L, Hkv, D], applied `repeat` times in a chain (each output is the next q), causal when S == L."""
+    from max.experimental.torch import torch_dtype_to_max
+    from max.graph import Graph, TensorType
+    from max.nn.attention import MHAMaskVariant
+    from max.nn.kernels import flash_attention_gpu
+
+    from bindings import library
+
+    dev, dt = library.device_ref(device), torch_dtype_to_max(dtype)
+    mask = MHAMaskVariant.CAUSAL_MASK if q_shape[1] == kv_shape[1] else MHAMaskVariant.NULL_MASK
+    types = [TensorType(dt, list(q_shape), dev), TensorType(dt, list(kv_shape), dev), TensorType(dt, list(kv_shape), dev)]
+    with Graph(f"max_flash_{'x'.join(map(str, q_shape))}_{'x'.join(map(str, kv_shape))}", input_types=types) as g:
+        x, k, v = (value.tensor for value in g.inputs)
+        for _ in range(repeat):
+            x = flash_attention_gpu(x, k, v, mask, HEAD_DIM**-0.5)
+        g.output(x)
+    return g
+
+
+def max_flash_seconds(args: tuple, device: str) -> float:
+    """In-graph time of MAX's flash attention (max_flash_graph) on dense copies of ops.paged_attention's inputs."""
+    from max.driver import Buffer
+    from bindings import library
+
+    q, k, v = _dense_qkv(*args[:5])
+    model = library.session(library.device_key(q.device)).load(max_flash_graph(q.shape, k.shape, q.dtype, device, REPEAT))
+    buffers = [Buffer.from_dlpack(t) for t in (q, k, v)]
+    return median_seconds(lambda: model.execute(*buffers), device) / REPEAT
 
 
 def torch_gpu_peer(name: str, args: tuple) -> Callable[[], object] | None:
@@ -210,10 +248,15 @@ def main(argv: list[str] | None = None) -> int:
         row = dict(op=name, tokens=tokens, torch_us=ref_s * 1e6, mojo_call_us=mojo_s * 1e6, call_ratio=mojo_s / ref_s,
                    mojo_in_graph_us=graph_s and graph_s * 1e6, in_graph_ratio=graph_s and graph_s / ref_s,
                    bytes_per_s=nbytes / kernel_s, fraction_of_copy_bandwidth=nbytes / kernel_s / bandwidth)
+        peer = ""
+        if name.startswith("attention") and args.device.startswith("cuda"):  # MAX's own flash attention beside SDPA
+            row["max_flash_us"] = max_flash_seconds(mojo.args, args.device) * 1e6
+            row["in_graph_ratio_vs_max_flash"] = kernel_s * 1e6 / row["max_flash_us"]
+            peer = f"   MAX flash {row['max_flash_us']:.1f} us, ratio {row['in_graph_ratio_vs_max_flash']:.2f}"
         rows.append(row)
         in_graph = f"{graph_s * 1e6:>10.1f}{graph_s / ref_s:>7.2f}" if graph_s else f"{'-':>10}{'-':>7}"
         print(f"{name:<34}{tokens:>7}{ref_s * 1e6:>11.1f}{mojo_s * 1e6:>10.1f}{mojo_s / ref_s:>7.2f}{in_graph}"
-              f"{row['bytes_per_s'] / 1e9:>7.1f}{row['fraction_of_copy_bandwidth']:>8.2f}", flush=True)
+              f"{row['bytes_per_s'] / 1e9:>7.1f}{row['fraction_of_copy_bandwidth']:>8.2f}{peer}", flush=True)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"kernels-{args.device.replace(':', '')}-{args.dtype}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     meta = dict(device=args.device, dtype=args.dtype, threads=torch.get_num_threads(), machine=platform.processor() or platform.machine(),
