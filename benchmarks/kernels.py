@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bindings import ops  # noqa: E402
+from bindings import graph, ops  # noqa: E402
 from bindings import reference as ref  # noqa: E402
 
 HIDDEN, INTER, Q_HEADS, KV_HEADS, HEAD_DIM, PAGE = 1024, 3072, 16, 8, 128, 16  # Qwen3-0.6B
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"kernels-{args.device.replace(':', '')}-{args.dtype}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     meta = dict(device=args.device, dtype=args.dtype, threads=torch.get_num_threads(), machine=platform.processor() or platform.machine(),
-                copy_bandwidth_bytes_per_s=bandwidth)
+                copy_bandwidth_bytes_per_s=bandwidth, split_kv_decode=graph.SPLIT_KV_DECODE)
     out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     print(f"wrote {out}")
     return 0

@@ -39,7 +39,7 @@ WEIGHT_DTYPES = [torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.int8]
 TILED_LINEAR_SHAPES = [(1, 64, 4), (1, 1024, 132), (7, 192, 36), (8, 2048, 64), (9, 128, 8), (64, 320, 68), (130, 1024, 96)]
 """(M, K, N) with N a multiple of 4 and K of 64: decode and panel paths, serial and parallel, partial panels and
 (int8, 128-column blocks) partial last blocks."""
-ATTENTION_HEADS = [(8, 8, 64), (16, 8, 128), (16, 2, 128), (4, 2, 44)]  # GQA ratios 1, 2, 8; 44: vector tails
+ATTENTION_HEADS = [(8, 8, 64), (16, 8, 128), (8, 2, 128), (16, 2, 128), (4, 2, 44)]  # GQA ratios 1, 2, 4, 8; 44: vector tails
 KV_DTYPES = {torch.float32: [torch.float32, torch.bfloat16], torch.bfloat16: [torch.bfloat16]}
 """The caches' dtypes under each activation dtype (ops.KV_DTYPES)."""
 

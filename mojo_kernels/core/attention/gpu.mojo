@@ -29,7 +29,7 @@ def _attention_gpu[dtype: DType, cache_type: DType](
 ):
     """Block (t, h, split): query token t, query head h, split `split` of the keys t sees. With one split it
     writes the output; with more, its unnormalized accumulator, running max and sum go to
-    partial[((t * Hq + h) * splits + split) * (D + 2):] for _merge_splits_gpu."""
+    partial[((t * Hq + h) * splits + split) * (D + 2):] for merge_splits_gpu."""
     var t = Int(block_idx.x)
     var h = Int(block_idx.y)
     var split = Int(block_idx.z)
@@ -104,8 +104,9 @@ def _attention_gpu[dtype: DType, cache_type: DType](
             partial.unsafe_store(at + d + 1, l)
 
 
-def _merge_splits_gpu[dtype: DType](output: Ptr[dtype], partial: Ptr[F32], q_heads: Int32, head_dim: Int32, splits: Int32):
-    """Block (t, h): the output of query token t, head h from its splits' partial softmax states."""
+def merge_splits_gpu[dtype: DType](output: Ptr[dtype], partial: Ptr[F32], q_heads: Int32, head_dim: Int32, splits: Int32):
+    """Block (t, h) of GPU_BLOCK threads: the output of query token t, head h from its splits' partial softmax
+    states."""
     var row = Int(block_idx.x) * Int(q_heads) + Int(block_idx.y)
     var d, n_splits = Int(head_dim), Int(splits)
     merge_splits(output, row * d, partial, row * n_splits * (d + 2), d + 2, 0, d, d + 1, n_splits,
@@ -137,7 +138,7 @@ def attention_gpu[dtype: DType, cache_type: DType](
         grid_dim=(tokens, q_heads, splits), block_dim=GPU_BLOCK,
     )
     if splits > 1:
-        ctx.enqueue_function[_merge_splits_gpu[dtype]](
+        ctx.enqueue_function[merge_splits_gpu[dtype]](
             output, partial.unsafe_ptr(), Int32(q_heads), Int32(head_dim), Int32(splits),
             grid_dim=(tokens, q_heads), block_dim=GPU_BLOCK,
         )

@@ -1,6 +1,9 @@
 # The `mili_paged_attention` op: checks the shapes, then runs the CPU kernel (cpu.mojo) or enqueues the GPU
 # kernels (gpu.mojo). The caches may hold another dtype than q and the output (bfloat16 under float32). The
 # layout and the computation: common.mojo.
+# `mili_paged_attention_split_kv` is the same op, except that on a GPU a batch of decode tokens (one per sequence)
+# goes to the split-KV decode kernel (gpu_decode.mojo). It is opt-in (MILI_GPU_SPLIT_KV_DECODE=1, bindings/graph.py)
+# until it has passed tests/gpu on a GPU: it is compiled for sm_90 on every build but has not run yet.
 from extensibility import register, InputTensor, OutputTensor
 from extensibility import _MutableInputTensor as MutableInputTensor
 from max.gpu.host import DeviceContext
@@ -9,6 +12,52 @@ from ...utils.parallel import CpuContext
 from .common import check_attention
 from .cpu import attention_cpu
 from .gpu import attention_gpu
+from .gpu_decode import decode_attention_gpu, decode_supported
+
+
+def _paged_attention[dtype: DType, cache_type: DType, //, target: StaticString, split_kv_decode: Bool](
+    output: OutputTensor[dtype=dtype, rank=3, ...],
+    k_cache: MutableInputTensor[dtype=cache_type, rank=4, ...],  # read only; mutable so graphs pass the caches by reference
+    v_cache: MutableInputTensor[dtype=cache_type, rank=4, ...],
+    q: InputTensor[dtype=dtype, rank=3, ...],
+    page_table: InputTensor[dtype=DType.int32, rank=2, ...],
+    context_lens: InputTensor[dtype=DType.int32, rank=1, ...],
+    query_start: InputTensor[dtype=DType.int32, rank=1, ...],
+    scale: InputTensor[dtype=DType.float32, rank=1, ...],
+    ctx: DeviceContext,
+) raises:
+    var tokens = q.dim_size[0]()
+    var q_heads = q.dim_size[1]()
+    var head_dim = q.dim_size[2]()
+    var kv_heads = k_cache.dim_size[2]()
+    var batch = context_lens.dim_size[0]()
+    var max_pages = page_table.dim_size[1]()
+    var page_size = k_cache.dim_size[1]()
+    check_attention(batch, q_heads, head_dim, kv_heads, k_cache.dim_size[3](), k_cache.size(), v_cache.size(),
+                    page_table.dim_size[0](), query_start.dim_size[0]())
+    if tokens == 0:
+        return
+    comptime if target == "cpu":
+        attention_cpu[dtype, cache_type](
+            output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), page_table.unsafe_ptr(),
+            context_lens.unsafe_ptr(), query_start.unsafe_ptr(), scale.unsafe_ptr().unsafe_load(0), batch, max_pages,
+            q_heads, kv_heads, head_dim, page_size, rebind[CpuContext](ctx),
+        )
+        return
+    # every sequence has exactly one query token when there are as many tokens as sequences
+    comptime if split_kv_decode:
+        if tokens == batch and decode_supported[cache_type](head_dim, q_heads // kv_heads):
+            decode_attention_gpu[dtype, cache_type](
+                ctx, output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(),
+                page_table.unsafe_ptr(), context_lens.unsafe_ptr(), query_start.unsafe_ptr(), scale.unsafe_ptr(), batch,
+                max_pages, q_heads, kv_heads, head_dim, page_size,
+            )
+            return
+    attention_gpu[dtype, cache_type](
+        ctx, output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), page_table.unsafe_ptr(),
+        context_lens.unsafe_ptr(), query_start.unsafe_ptr(), scale.unsafe_ptr(), tokens, batch, max_pages, q_heads,
+        kv_heads, head_dim, page_size,
+    )
 
 
 @register("mili_paged_attention")
@@ -16,7 +65,7 @@ struct PagedAttention:
     @staticmethod
     def execute[dtype: DType, cache_type: DType, //, target: StaticString](
         output: OutputTensor[dtype=dtype, rank=3, ...],
-        k_cache: MutableInputTensor[dtype=cache_type, rank=4, ...],  # read only; mutable so graphs pass the caches by reference
+        k_cache: MutableInputTensor[dtype=cache_type, rank=4, ...],
         v_cache: MutableInputTensor[dtype=cache_type, rank=4, ...],
         q: InputTensor[dtype=dtype, rank=3, ...],
         page_table: InputTensor[dtype=DType.int32, rank=2, ...],
@@ -25,26 +74,21 @@ struct PagedAttention:
         scale: InputTensor[dtype=DType.float32, rank=1, ...],
         ctx: DeviceContext,
     ) raises:
-        var tokens = q.dim_size[0]()
-        var q_heads = q.dim_size[1]()
-        var head_dim = q.dim_size[2]()
-        var kv_heads = k_cache.dim_size[2]()
-        var batch = context_lens.dim_size[0]()
-        var max_pages = page_table.dim_size[1]()
-        var page_size = k_cache.dim_size[1]()
-        check_attention(batch, q_heads, head_dim, kv_heads, k_cache.dim_size[3](), k_cache.size(), v_cache.size(),
-                        page_table.dim_size[0](), query_start.dim_size[0]())
-        if tokens == 0:
-            return
-        comptime if target == "cpu":
-            attention_cpu[dtype, cache_type](
-                output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), page_table.unsafe_ptr(),
-                context_lens.unsafe_ptr(), query_start.unsafe_ptr(), scale.unsafe_ptr().unsafe_load(0), batch, max_pages,
-                q_heads, kv_heads, head_dim, page_size, rebind[CpuContext](ctx),
-            )
-        else:
-            attention_gpu[dtype, cache_type](
-                ctx, output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), page_table.unsafe_ptr(),
-                context_lens.unsafe_ptr(), query_start.unsafe_ptr(), scale.unsafe_ptr(), tokens, batch, max_pages, q_heads,
-                kv_heads, head_dim, page_size,
-            )
+        _paged_attention[target, False](output, k_cache, v_cache, q, page_table, context_lens, query_start, scale, ctx)
+
+
+@register("mili_paged_attention_split_kv")
+struct PagedAttentionSplitKV:
+    @staticmethod
+    def execute[dtype: DType, cache_type: DType, //, target: StaticString](
+        output: OutputTensor[dtype=dtype, rank=3, ...],
+        k_cache: MutableInputTensor[dtype=cache_type, rank=4, ...],
+        v_cache: MutableInputTensor[dtype=cache_type, rank=4, ...],
+        q: InputTensor[dtype=dtype, rank=3, ...],
+        page_table: InputTensor[dtype=DType.int32, rank=2, ...],
+        context_lens: InputTensor[dtype=DType.int32, rank=1, ...],
+        query_start: InputTensor[dtype=DType.int32, rank=1, ...],
+        scale: InputTensor[dtype=DType.float32, rank=1, ...],
+        ctx: DeviceContext,
+    ) raises:
+        _paged_attention[target, True](output, k_cache, v_cache, q, page_table, context_lens, query_start, scale, ctx)

@@ -1,0 +1,226 @@
+# Decode attention on a GPU, split-KV ("flash-decoding"): every sequence has one new query token. A block per
+# (sequence, KV head, split of its keys) computes all the query heads that share the KV head from one load of each
+# K and V row. A row is read by a group of `lanes` threads, 16 bytes each (head_dim 128 in bfloat16: 16 lanes, two
+# keys per warp); the group sums its partial dot products with warp shuffles, and every group keeps its own online
+# softmax over the keys it read. The groups' states are merged through shared memory; with several splits, the
+# splits' states go to `partial` for gpu.mojo's merge kernel (same layout as the general kernel's).
+# Opt-in until it has run on a GPU: the op `mili_paged_attention_split_kv` (paged_attention.mojo).
+from max.gpu.host import DeviceContext
+from max.gpu import thread_idx, block_idx, WARP_SIZE
+from max.gpu.primitives import warp
+from max.gpu.sync import barrier
+from std.math import ceildiv, exp
+from std.memory import stack_allocation
+from std.sys import size_of
+
+from ...utils.types import F32, Ptr, GPU_BLOCK, load_f32
+from .common import token_offset
+from .gpu import merge_splits_gpu
+
+comptime DECODE_THREADS = 128
+comptime DECODE_WARPS = DECODE_THREADS // WARP_SIZE
+comptime DECODE_MAX_HEAD_DIM = 256
+comptime DECODE_BUSY_BLOCKS = 1024
+"""Blocks (sequence x KV head x split) that keep an H100 busy (132 SMs, up to 16 blocks of 128 threads each)."""
+comptime DECODE_SPLIT_KEYS = 64
+"""The fewest keys per split."""
+comptime DECODE_MAX_SPLITS = 64
+
+
+def decode_vector[cache_type: DType]() -> Int:
+    """Cache elements per 16-byte load."""
+    return 16 // size_of[cache_type]()
+
+
+def decode_supported[cache_type: DType](head_dim: Int, group: Int) -> Bool:
+    """Whether the split-KV decode kernel takes this shape: a row in 1-32 lanes of 16 bytes (a power of two), and
+    1, 2, 4 or 8 query heads per KV head (their state is kept in registers)."""
+    comptime VEC = decode_vector[cache_type]()
+    var lanes = head_dim // VEC
+    var pow2 = lanes > 0 and (lanes & (lanes - 1)) == 0
+    return head_dim % VEC == 0 and pow2 and lanes <= WARP_SIZE and group in (1, 2, 4, 8)
+
+
+def decode_splits(batch: Int, kv_heads: Int, max_keys: Int) -> Int:
+    """Splits of each sequence's keys: enough blocks to fill the GPU at small batches, none at large ones. max_keys
+    bounds every context (the contexts themselves are on the GPU)."""
+    var blocks = batch * kv_heads
+    if blocks >= DECODE_BUSY_BLOCKS:
+        return 1
+    return max(1, min(DECODE_MAX_SPLITS, max_keys // DECODE_SPLIT_KEYS, ceildiv(DECODE_BUSY_BLOCKS, blocks)))
+
+
+@always_inline
+def _shuffle_xor[width: Int](v: SIMD[F32, width], offset: Int) -> SIMD[F32, width]:
+    """warp.shuffle_xor lane by lane (it takes one float32 at a time)."""
+    var out = SIMD[F32, width](0)
+    comptime for i in range(width):
+        out[i] = warp.shuffle_xor(v[i], UInt32(offset))
+    return out
+
+
+@always_inline
+def _per_head[group: Int, VEC: Int](x: SIMD[F32, group]) -> SIMD[F32, group * VEC]:
+    """Head h's value in lanes h * VEC ..< (h + 1) * VEC: scales the heads' accumulators, kept side by side."""
+    var wide = SIMD[F32, group * VEC](0)
+    comptime for h in range(group):
+        wide = wide.insert[offset = h * VEC](SIMD[F32, VEC](x[h]))
+    return wide
+
+
+@always_inline
+def _combine[group: Int, VEC: Int](
+    mut m: SIMD[F32, group], mut l: SIMD[F32, group], mut acc: SIMD[F32, group * VEC],
+    m_o: SIMD[F32, group], l_o: SIMD[F32, group], acc_o: SIMD[F32, group * VEC],
+):
+    """Merge another softmax state (max, sum, accumulators of every head) into this one."""
+    var m_new = max(m, m_o)
+    var keep = exp(m - m_new)
+    var take = exp(m_o - m_new)
+    l = l * keep + l_o * take
+    acc = acc * _per_head[group, VEC](keep) + acc_o * _per_head[group, VEC](take)
+    m = m_new
+
+
+def _decode_attention_gpu[dtype: DType, cache_type: DType, group: Int](
+    output: Ptr[dtype], partial: Ptr[F32], q: Ptr[dtype], k_cache: Ptr[cache_type], v_cache: Ptr[cache_type],
+    page_table: Ptr[DType.int32], context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale_ptr: Ptr[F32],
+    max_pages: Int32, kv_heads: Int32, head_dim: Int32, page_size: Int32, splits: Int32,
+):
+    """Block (b, g, split): sequence b's one query token, the `group` query heads of KV head g, split `split` of
+    its keys."""
+    comptime VEC = decode_vector[cache_type]()
+    var b = Int(block_idx.x)
+    var g = Int(block_idx.y)
+    var split = Int(block_idx.z)
+    var tid = Int(thread_idx.x)
+    var hk, d, ps, n_splits = Int(kv_heads), Int(head_dim), Int(page_size), Int(splits)
+    var hq = hk * group
+    var lanes = d // VEC  # threads per K/V row
+    var slots = DECODE_THREADS // lanes  # rows read at once by the block
+    var slot = tid // lanes
+    var part = (tid % lanes) * VEC  # this thread's elements of a row: part ..< part + VEC
+    var t = Int(query_start.unsafe_load(b))
+    var n = Int(context_lens.unsafe_load(b))
+    var per_split = ceildiv(ceildiv(n, n_splits), slots) * slots
+    var k_begin = min(split * per_split, n)
+    var k_end = min(k_begin + per_split, n)
+
+    var scale = scale_ptr.unsafe_load(0)
+    # this thread's elements of every query head of the group (head h in lanes h * VEC ..), and their accumulators
+    var qv = SIMD[F32, group * VEC](0)
+    comptime for h in range(group):
+        qv = qv.insert[offset = h * VEC](load_f32[dtype, VEC](q, (t * hq + g * group + h) * d + part) * scale)
+    # a state that saw no key: max MIN_FINITE (not -inf: merging two such states must not give -inf - -inf = nan)
+    var m = SIMD[F32, group](Float32.MIN_FINITE)
+    var l = SIMD[F32, group](0)
+    var acc = SIMD[F32, group * VEC](0)
+    var table_row = b * Int(max_pages)
+    # every thread runs the same iterations (the shuffles need the whole warp); a slot past the end reads the
+    # split's last key again and drops it
+    for base in range(k_begin, k_end, slots):
+        var j = base + slot
+        var at = token_offset(page_table, table_row, min(j, k_end - 1), ps, hk * d) + g * d + part
+        var kv = k_cache.unsafe_load[width=VEC, alignment=16](at).cast[F32]()
+        var vv = v_cache.unsafe_load[width=VEC, alignment=16](at).cast[F32]()
+        var s = SIMD[F32, group](0)
+        comptime for h in range(group):
+            s[h] = (qv.slice[VEC, offset = h * VEC]() * kv).reduce_add()
+        var offset = 1
+        while offset < lanes:  # the row's dot products, summed over its lanes
+            s += _shuffle_xor(s, offset)
+            offset *= 2
+        if j < k_end:
+            var m_new = max(m, s)
+            var p = exp(s - m_new)
+            var keep = exp(m - m_new)
+            l = l * keep + p
+            var vv_all = SIMD[F32, group * VEC](0)
+            comptime for h in range(group):
+                vv_all = vv_all.insert[offset = h * VEC](vv)
+            acc = acc * _per_head[group, VEC](keep) + vv_all * _per_head[group, VEC](p)
+            m = m_new
+
+    # the slots of a warp into its first slot
+    var offset = lanes
+    while offset < WARP_SIZE:
+        _combine[group, VEC](m, l, acc, _shuffle_xor(m, offset), _shuffle_xor(l, offset), _shuffle_xor(acc, offset))
+        offset *= 2
+    # the warps into shared memory: warp w's state of head h at [(w * group + h) * (D + 2):], max and sum last
+    comptime STATE = DECODE_MAX_HEAD_DIM + 2
+    var states = stack_allocation[DECODE_WARPS * group * STATE, F32, address_space=AddressSpace.SHARED]()
+    var w = tid // WARP_SIZE
+    if tid % WARP_SIZE < lanes:
+        comptime for h in range(group):
+            var at = (w * group + h) * STATE
+            states.unsafe_store(at + part, acc.slice[VEC, offset = h * VEC]())
+            if part == 0:
+                states.unsafe_store(at + DECODE_MAX_HEAD_DIM, m[h])
+                states.unsafe_store(at + DECODE_MAX_HEAD_DIM + 1, l[h])
+    barrier()
+    # then each thread merges the warps for some (head, element) pairs
+    for i in range(tid, group * d, DECODE_THREADS):
+        var h = i // d
+        var x = i % d
+        var m_all = Float32.MIN_FINITE
+        comptime for ww in range(DECODE_WARPS):
+            m_all = max(m_all, states.unsafe_load((ww * group + h) * STATE + DECODE_MAX_HEAD_DIM))
+        var l_all = Float32(0)
+        var a_all = Float32(0)
+        comptime for ww in range(DECODE_WARPS):
+            var at = (ww * group + h) * STATE
+            var weight = exp(states.unsafe_load(at + DECODE_MAX_HEAD_DIM) - m_all)
+            l_all += states.unsafe_load(at + DECODE_MAX_HEAD_DIM + 1) * weight
+            a_all += states.unsafe_load(at + x) * weight
+        var row = t * hq + g * group + h
+        if n_splits == 1:
+            output.unsafe_store(row * d + x, (a_all / l_all).cast[dtype]())
+        else:
+            var dst = (row * n_splits + split) * (d + 2)
+            partial.unsafe_store(dst + x, a_all)
+            if x == 0:
+                partial.unsafe_store(dst + d, m_all)
+                partial.unsafe_store(dst + d + 1, l_all)
+
+
+def _enqueue_decode[dtype: DType, cache_type: DType, group: Int](
+    ctx: DeviceContext, output: Ptr[dtype], partial: Ptr[F32], q: Ptr[dtype], k_cache: Ptr[cache_type],
+    v_cache: Ptr[cache_type], page_table: Ptr[DType.int32], context_lens: Ptr[DType.int32],
+    query_start: Ptr[DType.int32], scale: Ptr[F32], batch: Int, max_pages: Int, kv_heads: Int, head_dim: Int,
+    page_size: Int, splits: Int,
+) raises:
+    ctx.enqueue_function[_decode_attention_gpu[dtype, cache_type, group]](
+        output, partial, q, k_cache, v_cache, page_table, context_lens, query_start, scale, Int32(max_pages),
+        Int32(kv_heads), Int32(head_dim), Int32(page_size), Int32(splits),
+        grid_dim=(batch, kv_heads, splits), block_dim=DECODE_THREADS,
+    )
+
+
+def decode_attention_gpu[dtype: DType, cache_type: DType](
+    ctx: DeviceContext, output: Ptr[dtype], q: Ptr[dtype], k_cache: Ptr[cache_type], v_cache: Ptr[cache_type],
+    page_table: Ptr[DType.int32], context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale: Ptr[F32],
+    batch: Int, max_pages: Int, q_heads: Int, kv_heads: Int, head_dim: Int, page_size: Int,
+) raises:
+    """Enqueues the split-KV decode kernel (one query token per sequence; decode_supported shapes), then the
+    merge when the keys are split."""
+    var group = q_heads // kv_heads
+    var splits = decode_splits(batch, kv_heads, max_pages * page_size)
+    var partial = ctx.enqueue_create_buffer[DType.float32](batch * q_heads * splits * (head_dim + 2) if splits > 1 else 1)
+    var p = partial.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
+    if group == 1:
+        _enqueue_decode[dtype, cache_type, 1](ctx, output, p, q, k_cache, v_cache, page_table, context_lens, query_start,
+                                              scale, batch, max_pages, kv_heads, head_dim, page_size, splits)
+    elif group == 2:
+        _enqueue_decode[dtype, cache_type, 2](ctx, output, p, q, k_cache, v_cache, page_table, context_lens, query_start,
+                                              scale, batch, max_pages, kv_heads, head_dim, page_size, splits)
+    elif group == 4:
+        _enqueue_decode[dtype, cache_type, 4](ctx, output, p, q, k_cache, v_cache, page_table, context_lens, query_start,
+                                              scale, batch, max_pages, kv_heads, head_dim, page_size, splits)
+    else:
+        _enqueue_decode[dtype, cache_type, 8](ctx, output, p, q, k_cache, v_cache, page_table, context_lens, query_start,
+                                              scale, batch, max_pages, kv_heads, head_dim, page_size, splits)
+    if splits > 1:
+        ctx.enqueue_function[merge_splits_gpu[dtype]](
+            output, p, Int32(q_heads), Int32(head_dim), Int32(splits), grid_dim=(batch, q_heads), block_dim=GPU_BLOCK,
+        )
+    _ = partial^  # freed in stream order, after the kernels that use it
