@@ -4,8 +4,8 @@
 # and transformers (then benchmarks/results/gpu-summary.json). Logs and JSON go to $OUT (default /tmp/mili-gpu).
 # Needs MAX/Mojo importable (on an offline box: ./offline_wheelhouse.sh, see README).
 # Usage: benchmarks/gpu_session.sh [STEP...]   steps: build tests model bench e2e (default: all, in that order), and
-#   splitkv: the attention kernel tests, the parity and device-graph tests and the attention benchmark again with the
-#   split-KV decode kernel (MILI_GPU_SPLIT_KV_DECODE=1, opt-in until these pass on a GPU)
+#   flash: the attention kernel tests, the parity and device-graph tests and the attention benchmark again with the
+#   split-KV decode and FlashAttention-2 kernels (MILI_GPU_FLASH_ATTENTION=1, opt-in until these pass on a GPU)
 #   BENCH_ONLY=attention benchmarks/gpu_session.sh bench   benchmarks only the ops whose name contains that
 #   MAX_PYTHON=/path/to/python (a Python with max[serve]) for MAX's pipeline in e2e; E2E_SYSTEMS to pick systems
 set -uo pipefail
@@ -37,12 +37,12 @@ for step in $steps; do
              run "bench-$dtype" 900 python3 benchmarks/kernels.py --device cuda --dtype "$dtype" --only "${BENCH_ONLY:-}"
              cp benchmarks/results/kernels-cuda-"$dtype"-*.json "$out/" 2>/dev/null
            done ;;
-    splitkv) export MILI_GPU_SPLIT_KV_DECODE=1
-             run splitkv-tests 900 python3 -m pytest -q -p no:cacheprovider $xdist tests/gpu -k "attention or decode_graphs"
-             run splitkv-model 900 python3 -m pytest -q -p no:cacheprovider $xdist tests/integration/test_parity.py -k cuda
-             run splitkv-bench 900 python3 benchmarks/kernels.py --device cuda --dtype bfloat16 --only attention
+    flash) export MILI_GPU_FLASH_ATTENTION=1
+             run flash-tests 900 python3 -m pytest -q -p no:cacheprovider $xdist tests/gpu -k "attention or decode_graphs"
+             run flash-model 900 python3 -m pytest -q -p no:cacheprovider $xdist tests/integration/test_parity.py -k cuda
+             run flash-bench 900 python3 benchmarks/kernels.py --device cuda --dtype bfloat16 --only attention
              cp benchmarks/results/kernels-cuda-bfloat16-*.json "$out/" 2>/dev/null
-             unset MILI_GPU_SPLIT_KV_DECODE ;;
+             unset MILI_GPU_FLASH_ATTENTION ;;
     e2e) systems=${E2E_SYSTEMS:-mili,mili-eager,transformers,max}
          run latency 1200 python3 benchmarks/latency.py --device cuda --systems "$systems" --max-python "${MAX_PYTHON:-}"
          run throughput 1800 python3 benchmarks/throughput.py --device cuda --systems "$systems" --max-python "${MAX_PYTHON:-}"

@@ -35,7 +35,7 @@ def summary(results: Path, commit: str) -> dict:
     device = next((run["meta"].get("device_name") for run in (latency, throughput) if run), None)
     out = dict(device=device, commit=commit)
     out.update({key: ops.get(op, {}).get("in_graph_ratio") for key, op in ATTENTION.items()})
-    out["attention_split_kv_decode"] = (kernels or {}).get("meta", {}).get("split_kv_decode")
+    out["attention_flash_kernels"] = (kernels or {}).get("meta", {}).get("flash_attention")
     out.update(
         decode_b1_ms_per_token=_figure(latency, "mili", "decode_b1_ctx512_ms_per_token"),
         decode_b1_ctx4096_ms_per_token=_figure(latency, "mili", "decode_b1_ctx4096_ms_per_token"),

@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"kernels-{args.device.replace(':', '')}-{args.dtype}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     meta = dict(device=args.device, dtype=args.dtype, threads=torch.get_num_threads(), machine=platform.processor() or platform.machine(),
-                copy_bandwidth_bytes_per_s=bandwidth, split_kv_decode=graph.SPLIT_KV_DECODE)
+                copy_bandwidth_bytes_per_s=bandwidth, flash_attention=graph.FLASH_ATTENTION)
     out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     print(f"wrote {out}")
     return 0

@@ -17,9 +17,10 @@ from max.dtype import DType  # noqa: E402
 from max.graph import BufferValue, TensorType, TensorValue, ops  # noqa: E402
 
 Scalar = Union[float, TensorValue]
-SPLIT_KV_DECODE = os.environ.get("MILI_GPU_SPLIT_KV_DECODE") == "1"
-"""On a GPU, send decode batches to the split-KV decode kernel (the op mili_paged_attention_split_kv). Opt-in until
-it has passed tests/gpu on a GPU: it is compiled for sm_90 on every build but has not run yet."""
+FLASH_ATTENTION = os.environ.get("MILI_GPU_FLASH_ATTENTION") == "1"
+"""On a GPU, attention takes the split-KV decode kernel and the tensor-core FlashAttention-2 kernel (the op
+mili_paged_attention_flash). Opt-in until they have passed tests/gpu on a GPU: they are compiled for sm_90 on every
+build but have not run yet."""
 
 
 def _f32(value: Scalar, like: TensorValue) -> TensorValue:
@@ -114,15 +115,15 @@ def qk_norm_rope_store(qkv: TensorValue, q_norm: TensorValue, k_norm: TensorValu
 
 def paged_attention(q: TensorValue, k_cache: BufferValue, v_cache: BufferValue, page_table: TensorValue,
                     context_lens: TensorValue, query_start: TensorValue, scale: Scalar,
-                    split_kv_decode: Optional[bool] = None) -> TensorValue:
-    """split_kv_decode (None: SPLIT_KV_DECODE): decode batches on a GPU take the split-KV decode kernel."""
-    split_kv = SPLIT_KV_DECODE if split_kv_decode is None else split_kv_decode
+                    flash: Optional[bool] = None) -> TensorValue:
+    """flash (None: FLASH_ATTENTION): on a GPU, the split-KV decode and FlashAttention-2 kernels."""
+    flash = FLASH_ATTENTION if flash is None else flash
     out_type = TensorType(q.dtype, q.shape, q.device)
     args = [k_cache, v_cache, q, page_table, context_lens, query_start, _f32(scale, q)]
-    name = "mili_paged_attention_split_kv" if split_kv else "mili_paged_attention"
+    name = "mili_paged_attention_flash" if flash else "mili_paged_attention"
     return ops.inplace_custom(name, q.device, args, out_types=[out_type])[0].tensor
 
 
-def paged_attention_split_kv(q: TensorValue, k_cache: BufferValue, v_cache: BufferValue, page_table: TensorValue,
-                             context_lens: TensorValue, query_start: TensorValue, scale: Scalar) -> TensorValue:
-    return paged_attention(q, k_cache, v_cache, page_table, context_lens, query_start, scale, split_kv_decode=True)
+def paged_attention_flash(q: TensorValue, k_cache: BufferValue, v_cache: BufferValue, page_table: TensorValue,
+                          context_lens: TensorValue, query_start: TensorValue, scale: Scalar) -> TensorValue:
+    return paged_attention(q, k_cache, v_cache, page_table, context_lens, query_start, scale, flash=True)

@@ -327,11 +327,11 @@ def qk_norm_rope_store(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Te
 # ---- attention ----------------------------------------------------------------------------------------------
 
 _ATTENTION_ARGS = [T(SAME, "T", "Hq", "D"), T(I32, "B", "max_pages"), T(I32, "B"), T(I32, "B_plus_1"), T(F32, 1)]
-_PAGED_ATTENTION, _PAGED_ATTENTION_SPLIT_KV = ({kv: CompiledOp(
+_PAGED_ATTENTION, _PAGED_ATTENTION_FLASH = ({kv: CompiledOp(
     fn, [T(SAME, "T", "Hq", "D")], [_ATTENTION_ARGS[0], _cache(kv), _cache(kv), *_ATTENTION_ARGS[1:]], variant=_kv_variant(kv),
-) for kv in KV_DTYPES} for fn in (graph.paged_attention, graph.paged_attention_split_kv))
-"""The op as the model graph uses it, and its twin whose GPU decode batches take the split-KV kernel (compiled
-for the GPU check; GPU calls use it under MILI_GPU_SPLIT_KV_DECODE=1, CPU calls never: the CPU kernel is the same)."""
+) for kv in KV_DTYPES} for fn in (graph.paged_attention, graph.paged_attention_flash))
+"""The op as the model graph uses it, and its twin with the GPU flash kernels (compiled for the GPU check; GPU calls
+use it under MILI_GPU_FLASH_ATTENTION=1, CPU calls never: its CPU kernel is the same)."""
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
@@ -339,7 +339,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("paged_attention reads the caches in place: they must be contiguous")
-    twins = _PAGED_ATTENTION_SPLIT_KV if graph.SPLIT_KV_DECODE and not q.is_cpu else _PAGED_ATTENTION
+    twins = _PAGED_ATTENTION_FLASH if graph.FLASH_ATTENTION and not q.is_cpu else _PAGED_ATTENTION
     _with_caches(twins, q, k_cache, v_cache)(out, _c(q), k_cache, v_cache, _i32(page_table), _i32(context_lens),
                                              _i32(query_start), _scalar(scale, q))
     return out

@@ -165,11 +165,11 @@ def test_gpu_compile_check_passes() -> None:
     assert result.stdout.count("ops compiled") == 2
 
 
-def test_split_kv_attention_op_is_the_cpu_kernel_on_a_cpu(monkeypatch) -> None:
-    """The opt-in op mili_paged_attention_split_kv differs on GPUs only (decode batches take the split-KV kernel):
-    a model graph built with it (MILI_GPU_SPLIT_KV_DECODE=1) runs the same CPU kernel."""
+def test_flash_attention_op_is_the_cpu_kernel_on_a_cpu(monkeypatch) -> None:
+    """The opt-in op mili_paged_attention_flash differs on GPUs only (the split-KV decode and FlashAttention-2
+    kernels): a model graph built with it (MILI_GPU_FLASH_ATTENTION=1) runs the same CPU kernel."""
     monkeypatch.setattr(ops, "EAGER_CPU", False)
     q, kc, vc, table, lens, starts, expected = attention_case([300, 40, 7], [1, 1, 7], 16, 8, 128, torch.float32)
     out = torch.empty_like(q)
-    ops._PAGED_ATTENTION_SPLIT_KV[ops.SAME](out, q, kc, vc, table, lens, starts, ops._scalar(128**-0.5, q))
+    ops._PAGED_ATTENTION_FLASH[ops.SAME](out, q, kc, vc, table, lens, starts, ops._scalar(128**-0.5, q))
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)

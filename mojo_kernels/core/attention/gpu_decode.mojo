@@ -4,7 +4,7 @@
 # keys per warp); the group sums its partial dot products with warp shuffles, and every group keeps its own online
 # softmax over the keys it read. The groups' states are merged through shared memory; with several splits, the
 # splits' states go to `partial` for gpu.mojo's merge kernel (same layout as the general kernel's).
-# Opt-in until it has run on a GPU: the op `mili_paged_attention_split_kv` (paged_attention.mojo).
+# Opt-in until it has run on a GPU: the op `mili_paged_attention_flash` (paged_attention.mojo).
 from max.gpu.host import DeviceContext
 from max.gpu import thread_idx, block_idx, WARP_SIZE
 from max.gpu.primitives import warp

@@ -1,21 +1,25 @@
 # The `mili_paged_attention` op: checks the shapes, then runs the CPU kernel (cpu.mojo) or enqueues the GPU
 # kernels (gpu.mojo). The caches may hold another dtype than q and the output (bfloat16 under float32). The
 # layout and the computation: common.mojo.
-# `mili_paged_attention_split_kv` is the same op, except that on a GPU a batch of decode tokens (one per sequence)
-# goes to the split-KV decode kernel (gpu_decode.mojo). It is opt-in (MILI_GPU_SPLIT_KV_DECODE=1, bindings/graph.py)
-# until it has passed tests/gpu on a GPU: it is compiled for sm_90 on every build but has not run yet.
+# `mili_paged_attention_flash` is the same op, except that on a GPU a batch of decode tokens (one per sequence)
+# goes to the split-KV decode kernel (gpu_decode.mojo) and other bfloat16 batches to the tensor-core
+# FlashAttention-2 kernel (gpu_prefill.mojo), where they take the shape. It is opt-in (MILI_GPU_FLASH_ATTENTION=1,
+# bindings/graph.py) until it has passed tests/gpu on a GPU: it is compiled for sm_90 on every build but has not
+# run yet.
 from extensibility import register, InputTensor, OutputTensor
 from extensibility import _MutableInputTensor as MutableInputTensor
 from max.gpu.host import DeviceContext
 
 from ...utils.parallel import CpuContext
+from ...utils.types import Ptr
 from .common import check_attention
 from .cpu import attention_cpu
 from .gpu import attention_gpu
 from .gpu_decode import decode_attention_gpu, decode_supported
+from .gpu_prefill import prefill_attention_gpu, prefill_supported
 
 
-def _paged_attention[dtype: DType, cache_type: DType, //, target: StaticString, split_kv_decode: Bool](
+def _paged_attention[dtype: DType, cache_type: DType, //, target: StaticString, flash: Bool](
     output: OutputTensor[dtype=dtype, rank=3, ...],
     k_cache: MutableInputTensor[dtype=cache_type, rank=4, ...],  # read only; mutable so graphs pass the caches by reference
     v_cache: MutableInputTensor[dtype=cache_type, rank=4, ...],
@@ -44,8 +48,8 @@ def _paged_attention[dtype: DType, cache_type: DType, //, target: StaticString, 
             q_heads, kv_heads, head_dim, page_size, rebind[CpuContext](ctx),
         )
         return
-    # every sequence has exactly one query token when there are as many tokens as sequences
-    comptime if split_kv_decode:
+    comptime if flash:
+        # every sequence has exactly one query token when there are as many tokens as sequences
         if tokens == batch and decode_supported[cache_type](head_dim, q_heads // kv_heads):
             decode_attention_gpu[dtype, cache_type](
                 ctx, output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(),
@@ -53,6 +57,15 @@ def _paged_attention[dtype: DType, cache_type: DType, //, target: StaticString, 
                 max_pages, q_heads, kv_heads, head_dim, page_size,
             )
             return
+        comptime if dtype == DType.bfloat16 and cache_type == DType.bfloat16:
+            if tokens > batch and prefill_supported[dtype, cache_type](head_dim, q_heads // kv_heads):
+                prefill_attention_gpu(
+                    ctx, rebind[Ptr[DType.bfloat16]](output.unsafe_ptr()), rebind[Ptr[DType.bfloat16]](q.unsafe_ptr()),
+                    rebind[Ptr[DType.bfloat16]](k_cache.unsafe_ptr()), rebind[Ptr[DType.bfloat16]](v_cache.unsafe_ptr()),
+                    page_table.unsafe_ptr(), context_lens.unsafe_ptr(), query_start.unsafe_ptr(), scale.unsafe_ptr(),
+                    tokens, batch, max_pages, q_heads, kv_heads, head_dim, page_size,
+                )
+                return
     attention_gpu[dtype, cache_type](
         ctx, output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), page_table.unsafe_ptr(),
         context_lens.unsafe_ptr(), query_start.unsafe_ptr(), scale.unsafe_ptr(), tokens, batch, max_pages, q_heads,
@@ -77,8 +90,8 @@ struct PagedAttention:
         _paged_attention[target, False](output, k_cache, v_cache, q, page_table, context_lens, query_start, scale, ctx)
 
 
-@register("mili_paged_attention_split_kv")
-struct PagedAttentionSplitKV:
+@register("mili_paged_attention_flash")
+struct PagedAttentionFlash:
     @staticmethod
     def execute[dtype: DType, cache_type: DType, //, target: StaticString](
         output: OutputTensor[dtype=dtype, rank=3, ...],

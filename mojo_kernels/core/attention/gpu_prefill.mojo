@@ -1,0 +1,190 @@
+# Prefill / extend attention on a GPU, FlashAttention-2 style, bfloat16 on tensor cores (mma.sync m16n8k16, float32
+# accumulators). A block of 4 warps takes 64 rows of one sequence: row r is query token r // group and query head
+# r % group of one KV head's group, so the query heads that share a KV head share every K/V tile. The block stages
+# tiles of 64 keys of K and V in shared memory, straight from the paged cache; each warp computes S = Q K^T for its
+# 16 rows (Q in registers), the online softmax on S's fragments, and O += P V with P reused from S's registers.
+# Key tiles past the block's last visible position are skipped (causal); the rest are masked per row. The output is
+# normalized once at the end. Fragment layouts: PTX ISA, "mma.m16n8k16" (gid = lane / 4, tig = lane % 4).
+# Opt-in until it has run on a GPU: the op `mili_paged_attention_flash` (paged_attention.mojo).
+from max.gpu.host import DeviceContext
+from max.gpu import thread_idx, block_idx, WARP_SIZE
+from max.gpu.compute.mma import mma
+from max.gpu.primitives import warp
+from max.gpu.sync import barrier
+from std.math import ceildiv, exp
+from std.memory import stack_allocation
+
+from ...utils.types import F32, Ptr
+from .common import token_offset
+
+comptime BF16 = DType.bfloat16
+comptime PREFILL_WARPS = 4
+comptime PREFILL_THREADS = PREFILL_WARPS * WARP_SIZE
+comptime BLOCK_ROWS = 16 * PREFILL_WARPS
+"""Rows (query token x query head of the group) per block: 16 per warp, the m of an mma."""
+comptime BLOCK_KEYS = 64
+"""Keys per K/V tile in shared memory."""
+
+
+def prefill_supported[dtype: DType, cache_type: DType](head_dim: Int, group: Int) -> Bool:
+    return dtype == BF16 and cache_type == BF16 and head_dim in (64, 128) and group in (1, 2, 4, 8)
+
+
+@always_inline
+def _row_reduce_max(x: Float32) -> Float32:
+    """Max over the 4 lanes (tig) that hold one row of an accumulator fragment."""
+    var y = max(x, warp.shuffle_xor(x, UInt32(1)))
+    return max(y, warp.shuffle_xor(y, UInt32(2)))
+
+
+@always_inline
+def _row_reduce_sum(x: Float32) -> Float32:
+    var y = x + warp.shuffle_xor(x, UInt32(1))
+    return y + warp.shuffle_xor(y, UInt32(2))
+
+
+def _prefill_attention_gpu[D: Int, group: Int](
+    output: Ptr[BF16], q: Ptr[BF16], k_cache: Ptr[BF16], v_cache: Ptr[BF16], page_table: Ptr[DType.int32],
+    context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale_ptr: Ptr[F32], max_pages: Int32,
+    kv_heads: Int32, page_size: Int32,
+):
+    """Block (tile, b, g): rows tile * 64 ..< tile * 64 + 64 of sequence b's (query token, head of KV head g)."""
+    comptime KSTEPS = D // 16  # k-steps of S = Q K^T
+    comptime DTILES = D // 8  # n-tiles of O
+    comptime KTILES = BLOCK_KEYS // 8  # n-tiles of S
+    comptime ROW = D + 8  # shared-memory row, padded: the 8 rows an mma reads land in different banks
+    comptime CHUNKS = D // 8  # 16-byte chunks per K/V row
+    var tile = Int(block_idx.x)
+    var b = Int(block_idx.y)
+    var g = Int(block_idx.z)
+    var q_begin = Int(query_start.unsafe_load(b))
+    var q_len = Int(query_start.unsafe_load(b + 1)) - q_begin
+    var first_row = tile * BLOCK_ROWS
+    if first_row >= q_len * group:
+        return
+    var tid = Int(thread_idx.x)
+    var lane = tid % WARP_SIZE
+    var wid = tid // WARP_SIZE
+    var gid = lane // 4
+    var tig = lane % 4
+    var hk, ps = Int(kv_heads), Int(page_size)
+    var hq = hk * group
+    var n_ctx = Int(context_lens.unsafe_load(b))
+    var offset = n_ctx - q_len  # query token i is at position offset + i
+    var scale = scale_ptr.unsafe_load(0)
+
+    # this thread's two rows: gid and gid + 8 of its warp's 16; -1 for rows past the sequence's queries
+    var rows = SIMD[DType.int32, 2](Int32(first_row + wid * 16 + gid), Int32(first_row + wid * 16 + gid + 8))
+    var pos = SIMD[DType.int32, 2](-1)
+    comptime for r in range(2):
+        if Int(rows[r]) < q_len * group:
+            pos[r] = Int32(offset + Int(rows[r]) // group)
+
+    # Q as A fragments, k-step by k-step: a0 a1 (row gid, dims tig*2 ..), a2 a3 (row gid + 8), a4 .. a7 (+8 dims)
+    var qf = SIMD[BF16, 8 * KSTEPS](0)
+    comptime for r in range(2):
+        if pos[r] >= 0:
+            var row = Int(rows[r])
+            var at = ((q_begin + row // group) * hq + g * group + row % group) * D + tig * 2
+            comptime for ks in range(KSTEPS):
+                qf = qf.insert[offset = ks * 8 + r * 2](q.unsafe_load[width=2](at + ks * 16))
+                qf = qf.insert[offset = ks * 8 + 4 + r * 2](q.unsafe_load[width=2](at + ks * 16 + 8))
+
+    var k_sh = stack_allocation[BLOCK_KEYS * ROW, BF16, address_space=AddressSpace.SHARED]()
+    var v_sh = stack_allocation[BLOCK_KEYS * ROW, BF16, address_space=AddressSpace.SHARED]()
+    var o = SIMD[F32, 4 * DTILES](0)
+    var m = SIMD[F32, 2](Float32.MIN_FINITE)  # MIN_FINITE, not -inf: a fully masked tile keeps exp(m - m) = 1
+    var l = SIMD[F32, 2](0)
+    # keys up to the block's last visible position
+    var last_row = min(first_row + BLOCK_ROWS, q_len * group) - 1
+    var key_end = offset + last_row // group + 1
+    for key_start in range(0, key_end, BLOCK_KEYS):
+        barrier()  # every warp is done with the previous tile
+        for c in range(tid, BLOCK_KEYS * CHUNKS, PREFILL_THREADS):
+            var key = c // CHUNKS
+            var x = (c % CHUNKS) * 8
+            var kv_k = SIMD[BF16, 8](0)
+            var kv_v = SIMD[BF16, 8](0)
+            if key_start + key < key_end:
+                var at = token_offset(page_table, b * Int(max_pages), key_start + key, ps, hk * D) + g * D + x
+                kv_k = k_cache.unsafe_load[width=8, alignment=16](at)
+                kv_v = v_cache.unsafe_load[width=8, alignment=16](at)
+            k_sh.unsafe_store[alignment=16](key * ROW + x, kv_k)
+            v_sh.unsafe_store[alignment=16](key * ROW + x, kv_v)
+        barrier()
+
+        # S = Q K^T: n-tile nt holds keys nt * 8 + tig * 2 + {0, 1} of rows gid (s0 s1) and gid + 8 (s2 s3)
+        var s = SIMD[F32, 4 * KTILES](0)
+        comptime for nt in range(KTILES):
+            var acc = SIMD[F32, 4](0)
+            comptime for ks in range(KSTEPS):
+                var at = (nt * 8 + gid) * ROW + ks * 16 + tig * 2
+                var bf = k_sh.unsafe_load[width=2, alignment=4](at).join(k_sh.unsafe_load[width=2, alignment=4](at + 8))
+                var d = SIMD[F32, 4](0)
+                mma(d, qf.slice[8, offset = ks * 8](), bf, acc)
+                acc = d
+            s = s.insert[offset = nt * 4](acc * scale)
+        # causal and context mask, then the online softmax of each of the two rows
+        var row_max = SIMD[F32, 2](Float32.MIN_FINITE)
+        comptime for nt in range(KTILES):
+            comptime for i in range(4):
+                var key = key_start + nt * 8 + tig * 2 + i % 2
+                if key > Int(pos[i // 2]):
+                    s[nt * 4 + i] = -Float32.MAX
+                row_max[i // 2] = max(row_max[i // 2], s[nt * 4 + i])
+        var m_new = SIMD[F32, 2](_row_reduce_max(row_max[0]), _row_reduce_max(row_max[1]))
+        m_new = max(m, m_new)
+        var keep = exp(m - m_new)
+        var row_sum = SIMD[F32, 2](0)
+        comptime for nt in range(KTILES):
+            comptime for i in range(4):
+                var p = exp(s[nt * 4 + i] - m_new[i // 2])
+                s[nt * 4 + i] = p
+                row_sum[i // 2] += p
+        l = l * keep + SIMD[F32, 2](_row_reduce_sum(row_sum[0]), _row_reduce_sum(row_sum[1]))
+        m = m_new
+        comptime for dt in range(DTILES):
+            comptime for i in range(4):
+                o[dt * 4 + i] *= keep[i // 2]
+
+        # O += P V: P's A fragment for keys 16 kk .. is S's n-tiles 2 kk and 2 kk + 1; V's B fragment holds
+        # keys 16 kk + tig * 2 + {0, 1} (b0 b1) and + 8 (b2 b3) of dim dt * 8 + gid
+        comptime for kk in range(BLOCK_KEYS // 16):
+            var pf = s.slice[8, offset = kk * 8]().cast[BF16]()
+            var key0 = (kk * 16 + tig * 2) * ROW
+            comptime for dt in range(DTILES):
+                var col = dt * 8 + gid
+                var vf = SIMD[BF16, 4](v_sh.unsafe_load(key0 + col), v_sh.unsafe_load(key0 + ROW + col),
+                                       v_sh.unsafe_load(key0 + 8 * ROW + col), v_sh.unsafe_load(key0 + 9 * ROW + col))
+                var d = SIMD[F32, 4](0)
+                mma(d, pf, vf, o.slice[4, offset = dt * 4]())
+                o = o.insert[offset = dt * 4](d)
+
+    # O / l, rows gid (o0 o1) and gid + 8 (o2 o3), dims dt * 8 + tig * 2 + {0, 1}
+    comptime for r in range(2):
+        if pos[r] >= 0:
+            var row = Int(rows[r])
+            var at = ((q_begin + row // group) * hq + g * group + row % group) * D + tig * 2
+            comptime for dt in range(DTILES):
+                var pair = o.slice[2, offset = dt * 4 + r * 2]() / l[r]
+                output.unsafe_store(at + dt * 8, pair.cast[BF16]())
+
+
+def prefill_attention_gpu(
+    ctx: DeviceContext, output: Ptr[BF16], q: Ptr[BF16], k_cache: Ptr[BF16], v_cache: Ptr[BF16],
+    page_table: Ptr[DType.int32], context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale: Ptr[F32],
+    tokens: Int, batch: Int, max_pages: Int, q_heads: Int, kv_heads: Int, head_dim: Int, page_size: Int,
+) raises:
+    """Enqueues the tensor-core kernel (prefill_supported shapes). The grid covers the most rows a sequence can
+    have (all the step's tokens); the blocks past a sequence's rows return at once."""
+    var group = q_heads // kv_heads
+    var grid = (ceildiv(tokens * group, BLOCK_ROWS), batch, kv_heads)
+    comptime for i in range(2):
+        comptime d = 64 << i
+        comptime for j in range(4):
+            comptime gr = 1 << j
+            if head_dim == d and group == gr:
+                ctx.enqueue_function[_prefill_attention_gpu[d, gr]](
+                    output, q, k_cache, v_cache, page_table, context_lens, query_start, scale, Int32(max_pages),
+                    Int32(kv_heads), Int32(page_size), grid_dim=grid, block_dim=PREFILL_THREADS,
+                )
