@@ -44,7 +44,7 @@ def bucket_sizes(max_batch: int) -> List[int]:
 
 class DecodeGraphs:
     """Decode steps of up to max_batch sequences, each on its batch-size bucket's fixed-shape inputs; on a GPU
-    captured once per bucket (at the bucket's first step) and replayed from then on."""
+    captured once per bucket (all of them by warm_up, else at the bucket's first step) and replayed from then on."""
 
     def __init__(self, compiled: CompiledQwen3, kv_cache: PagedKVCache, max_batch: int, max_pages: int,
                  pad_page: int) -> None:
