@@ -10,11 +10,11 @@ from typing import Dict, List, Optional, Sequence, Union
 import torch
 
 from ..memory.radix_cache import RadixAttentionCache
+from ..model.decode_graphs import DecodeGraphs
 from ..model.loader import load_model
 from ..model.qwen3_model import DEFAULT_BACKEND, Qwen3Model
 from ..tokenizer.detokenizer import IncrementalDetokenizer
 from ..tokenizer.qwen_tokenizer import QwenTokenizer, tokenizer_for_checkpoint
-from ..model.decode_graphs import DecodeGraphs
 from .model_runner import ModelRunner
 from .request import InferenceRequest, RequestDelta, RequestOutput, new_request_id
 from .sampler import BatchSampler, TokenLogprobs
@@ -52,7 +52,7 @@ class InferenceEngine:
             bytes_per_page = 2 * config.num_hidden_layers * page_size * config.num_key_value_heads * config.head_dim * model.kv_cache_dtype.itemsize
             num_kv_pages = max(1, min(4096, int(kv_cache_memory_gb * 2**30 // bytes_per_page)))
         self.kv_cache = model.new_kv_cache(num_kv_pages, page_size)
-        # decode steps replayed as device graphs: a GPU's, the compiled graph's (device_graphs=False: off, for debugging)
+        # on a GPU the compiled graph replays its decode steps as device graphs (device_graphs=False: off, for debugging)
         graphs = device_graphs and model.backend == "mojo" and model.device.type != "cpu"
         if graphs and num_kv_pages < 2:
             raise ValueError("device graphs reserve one KV page for padding: give at least 2 pages (or device_graphs=False)")
