@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence, Union
 
@@ -72,7 +73,11 @@ class InferenceEngine:
         if graphs:
             decode_graphs = DecodeGraphs(model.forward_fn, self.kv_cache, max_num_seqs,
                                          self.kv_cache.pages_for(self.max_model_len), pad_page)
-            decode_graphs.warm_up()
+            try:
+                decode_graphs.warm_up()
+            except RuntimeError as e:  # serve anyway, as --no-device-graphs would
+                warnings.warn(f"decode steps run op by op, not as device graphs: {e}", RuntimeWarning, stacklevel=2)
+                decode_graphs = None
         self.runner = ModelRunner(model, self.kv_cache, decode_graphs)
         self.sampler = BatchSampler()
         self.debug_checks = debug_checks

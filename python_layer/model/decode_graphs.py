@@ -69,16 +69,24 @@ class DecodeGraphs:
         raise ValueError(f"a decode step of {batch} sequences exceeds the largest bucket, {self.buckets[-1]}")
 
     def warm_up(self) -> None:
-        """Capture every bucket now, on padding rows alone, so that no request waits for a capture."""
+        """Capture every bucket now, on padding rows alone, so that no request waits for a capture, and check each
+        replay against the same step run op by op. RuntimeError when a capture fails or a replay differs."""
         for rows in self.buckets:
-            self._run([], rows)
+            replayed = self._run([], rows)
+            if self.replays:
+                eager = torch.from_dlpack(self.compiled.execute(self._steps[rows][0], self.kv_cache))
+                if not torch.allclose(replayed, eager, rtol=1e-3, atol=1e-3):
+                    worst = float((replayed - eager).abs().max())
+                    raise RuntimeError(f"the device graph of {rows} sequences gives other logits than the same step run "
+                                       f"op by op (by up to {worst:.3g})")
 
     def __call__(self, chunks: Sequence[SequenceChunk]) -> torch.Tensor:
         """Logits [len(chunks), vocab] of one decode step (every chunk one token, at the end of its sequence).
         On a GPU they alias the bucket's output buffer: read them before the next step."""
-        return self._run(chunks, self.bucket(len(chunks)))
+        return self._run(chunks, self.bucket(len(chunks)))[: len(chunks)]
 
     def _run(self, chunks: Sequence[SequenceChunk], rows: int) -> torch.Tensor:
+        """The logits of all `rows` rows: the chunks', then the padding's."""
         padding = [SequenceChunk([0], 0, [self.pad_page])] * (rows - len(chunks))
         step = build_step_inputs([*chunks, *padding], self.kv_cache.page_size, "cpu", self.max_pages)
         attn = step.attn
@@ -90,7 +98,7 @@ class DecodeGraphs:
         if not self.replays:
             for buffer, a in zip(inputs, arrays):  # in place; MAX's copy would run beside a CPU execution, not before
                 buffer.to_numpy()[...] = a.numpy()
-            return torch.from_dlpack(self.compiled.execute(inputs, self.kv_cache))[: len(chunks)]
+            return torch.from_dlpack(self.compiled.execute(inputs, self.kv_cache))
         # on the device's stream, so before the replay (as in MAX's graph_capture.py); the host arrays stay alive
         # until the next step, when the caller has read this step's logits and so waited for its copies
         self._host_arrays = arrays
@@ -99,12 +107,11 @@ class DecodeGraphs:
             try:
                 logits = self.compiled.capture(self._key_base + rows, inputs, self.kv_cache)
             except Exception as e:
-                raise RuntimeError(f"capturing the decode step of {rows} sequences as a device graph failed: {e}; "
-                                   "run without device graphs (--no-device-graphs, device_graphs=False)") from e
+                raise RuntimeError(f"capturing the decode step of {rows} sequences as a device graph failed: {e}") from e
             self._steps[rows] = (inputs, logits)
             self._captured_keys.append(self._key_base + rows)
         self.compiled.replay(self._key_base + rows, inputs, self.kv_cache)  # right after the capture too: it may only record
-        return torch.from_dlpack(logits)[: len(chunks)]
+        return torch.from_dlpack(logits)
 
 
 def _release(model, keys: List[int]) -> None:
