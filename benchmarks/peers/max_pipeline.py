@@ -56,8 +56,8 @@ async def serve(args: argparse.Namespace, replies) -> None:
                 sampling_params_defaults=config.model.sampling_params_defaults)
             request = TextGenerationRequest(request_id=RequestID(), model_name=config.model.model_path, prompt=prompt,
                                             sampling_params=params)
-            chunks = await pipeline.all_tokens(request)
-            return sum(len(chunk.tokens) if getattr(chunk, "tokens", None) is not None else 1 for chunk in chunks)
+            chunks = await pipeline.all_tokens(request, parse_reasoning=False)  # random weights: any token may be <think>
+            return sum(chunk.token_count for chunk in chunks)
 
         print(REPLY + "ready", file=replies, flush=True)
         loop = asyncio.get_running_loop()
