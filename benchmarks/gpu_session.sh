@@ -4,8 +4,9 @@
 # and transformers (then benchmarks/results/gpu-summary.json). Logs and JSON go to $OUT (default /tmp/mili-gpu).
 # Needs MAX/Mojo importable (on an offline box: ./offline_wheelhouse.sh, see README).
 # Usage: benchmarks/gpu_session.sh [STEP...]   steps: build tests model bench e2e (default: all, in that order), and
-#   flash: the attention kernel tests, the parity and device-graph tests and the attention benchmark again with the
-#   split-KV decode and FlashAttention-2 kernels (MILI_GPU_FLASH_ATTENTION=1, opt-in until these pass on a GPU)
+#   flash: the parity and device-graph tests and the attention benchmark again with the split-KV decode and
+#   FlashAttention-2 kernels (MILI_GPU_FLASH_ATTENTION=1, opt-in until they pass on a GPU; `tests` covers their
+#   kernel cases)
 #   BENCH_ONLY=attention benchmarks/gpu_session.sh bench   benchmarks only the ops whose name contains that
 #   MAX_PYTHON=/path/to/python (a Python with max[serve]) for MAX's pipeline in e2e; E2E_SYSTEMS to pick systems
 set -uo pipefail
@@ -38,7 +39,7 @@ for step in $steps; do
              cp benchmarks/results/kernels-cuda-"$dtype"-*.json "$out/" 2>/dev/null
            done ;;
     flash) export MILI_GPU_FLASH_ATTENTION=1
-             run flash-tests 900 python3 -m pytest -q -p no:cacheprovider $xdist tests/gpu -k "attention or decode_graphs"
+             run flash-tests 900 python3 -m pytest -q -p no:cacheprovider $xdist tests/gpu/test_decode_graphs.py
              run flash-model 900 python3 -m pytest -q -p no:cacheprovider $xdist tests/integration/test_parity.py -k cuda
              run flash-bench 900 python3 benchmarks/kernels.py --device cuda --dtype bfloat16 --only attention
              cp benchmarks/results/kernels-cuda-bfloat16-*.json "$out/" 2>/dev/null

@@ -3,16 +3,26 @@
 import pytest
 import torch
 
-from tests.kernel_cases import kernel_cases
+from tests.kernel_cases import kernel_cases, run_attention
 
 if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
 
 ops = pytest.importorskip("bindings.ops", reason="MAX is not installed")
+from bindings import graph  # noqa: E402
 
 
 @pytest.mark.parametrize("runner, dtype, case", kernel_cases())
 def test_op_matches_reference_on_gpu(runner, dtype: torch.dtype, case) -> None:
+    torch.manual_seed(hash(str(case)) % 2**31)
+    runner(ops, "cuda", dtype, case)
+
+
+@pytest.mark.parametrize("runner, dtype, case", [c for c in kernel_cases() if c.values[0] is run_attention])
+def test_flash_attention_kernels_match_reference_on_gpu(monkeypatch, runner, dtype: torch.dtype, case) -> None:
+    """The opt-in op mili_paged_attention_flash (the split-KV decode and FlashAttention-2 kernels, where a case
+    takes them) on every attention case: to be made the default once this passes."""
+    monkeypatch.setattr(graph, "FLASH_ATTENTION", True)
     torch.manual_seed(hash(str(case)) % 2**31)
     runner(ops, "cuda", dtype, case)
 
