@@ -34,10 +34,10 @@ class StepInputs(NamedTuple):
     attn: AttentionMetadata
 
 
-def int32_tensor(values: Sequence, device: torch.device) -> torch.Tensor:
-    """values (numbers, or equal-length lists of them) as an int32 tensor on device. numpy builds it: torch.tensor
-    from a list costs several times more, and a step makes seven of these."""
-    tensor = torch.from_numpy(np.array(values, dtype=np.int32))
+def int32_tensor(values: Sequence | np.ndarray, device: torch.device) -> torch.Tensor:
+    """values (numbers, equal-length lists of them, or an int32 array) as an int32 tensor on device. numpy builds
+    it: torch.tensor from a list costs several times more, and a step makes seven of these."""
+    tensor = torch.from_numpy(np.asarray(values, dtype=np.int32))
     return tensor if device.type == "cpu" else tensor.to(device)
 
 
@@ -61,7 +61,9 @@ def build_step_inputs(chunks: Sequence[SequenceChunk], page_size: int, device: t
         if max_pages > page_table_width:
             raise ValueError(f"a sequence holds {max_pages} KV pages, more than the page table's {page_table_width}")
         max_pages = page_table_width
-    page_table = [list(pages) + [0] * (max_pages - len(pages)) for _, _, pages in chunks]
+    page_table = np.zeros((len(chunks), max_pages), dtype=np.int32)  # filled row by row: wide tables are mostly 0
+    for row, (_, _, pages) in zip(page_table, chunks):
+        row[: len(pages)] = pages
     device = torch.device(device)
     i32 = lambda values: int32_tensor(values, device)
     attn = AttentionMetadata(i32(query_start), i32(context_lens), i32(page_table), i32(slots))
