@@ -8,6 +8,7 @@
 # What the CPU and GPU kernels share: where a token sits in the cache, the merge of the splits' partial softmax
 # states, and the shape checks.
 from std.math import exp
+from std.sys import is_gpu
 
 from ...utils.types import F32, Ptr, check_same
 
@@ -15,8 +16,15 @@ from ...utils.types import F32, Ptr, check_same
 @always_inline
 def token_offset(page_table: Ptr[DType.int32], table_row: Int, j: Int, page_size: Int, row_len: Int) -> Int:
     """Element offset in the cache of token j's K (or V) row, all heads; table_row = sequence * max_pages."""
-    var page = Int(page_table.unsafe_load(table_row + j // page_size))
-    return (page * page_size + j % page_size) * row_len
+    comptime if is_gpu():
+        # in 32 bits: a GPU divides 64-bit integers in a called routine of dozens of instructions
+        var at = UInt32(j)
+        var size = UInt32(page_size)
+        var page = Int(page_table.unsafe_load(table_row + Int(at // size)))
+        return (page * page_size + Int(at % size)) * row_len
+    else:
+        var page = Int(page_table.unsafe_load(table_row + j // page_size))
+        return (page * page_size + j % page_size) * row_len
 
 
 @always_inline

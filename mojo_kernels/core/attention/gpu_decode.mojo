@@ -116,13 +116,23 @@ def _decode_attention_gpu[dtype: DType, cache_type: DType, group: Int](
     var l = SIMD[F32, group](0)
     var acc = SIMD[F32, group * VEC](0)
     var table_row = b * Int(max_pages)
+    var col = g * d + part
     # every thread runs the same iterations (the shuffles need the whole warp); a slot past the end reads the
-    # split's last key again and drops it
+    # split's last key again and drops it. The next row's K and V are loaded before this row's arithmetic, so that
+    # each thread has two rows in flight.
+    var k_next = SIMD[cache_type, VEC](0)
+    var v_next = SIMD[cache_type, VEC](0)
+    if k_begin < k_end:
+        var at = token_offset(page_table, table_row, min(k_begin + slot, k_end - 1), ps, hk * d) + col
+        k_next = k_cache.unsafe_load[width=VEC, alignment=16](at)
+        v_next = v_cache.unsafe_load[width=VEC, alignment=16](at)
     for base in range(k_begin, k_end, slots):
         var j = base + slot
-        var at = token_offset(page_table, table_row, min(j, k_end - 1), ps, hk * d) + g * d + part
-        var kv = k_cache.unsafe_load[width=VEC, alignment=16](at).cast[F32]()
-        var vv = v_cache.unsafe_load[width=VEC, alignment=16](at).cast[F32]()
+        var kv = k_next.cast[F32]()
+        var vv = v_next.cast[F32]()
+        var at = token_offset(page_table, table_row, min(j + slots, k_end - 1), ps, hk * d) + col
+        k_next = k_cache.unsafe_load[width=VEC, alignment=16](at)
+        v_next = v_cache.unsafe_load[width=VEC, alignment=16](at)
         var s = SIMD[F32, group](0)
         comptime for h in range(group):
             s[h] = (qv.slice[VEC, offset = h * VEC]() * kv).reduce_add()

@@ -2,17 +2,19 @@
 # accumulators). A block of 4 warps takes 64 rows of one sequence: row r is query token r // group and query head
 # r % group of one KV head's group, so the query heads that share a KV head share every K/V tile. The block stages
 # tiles of 64 keys of K and V in shared memory, straight from the paged cache; each warp computes S = Q K^T for its
-# 16 rows (Q in registers), the online softmax on S's fragments, and O += P V with P reused from S's registers.
+# 16 rows (Q in registers, K's fragments by ldmatrix), the online softmax on S's fragments, and O += P V with P
+# reused from S's registers (V's fragments by ldmatrix.trans).
 # Key tiles past the block's last visible position are skipped (causal); the rest are masked per row. The output is
 # normalized once at the end. Fragment layouts: PTX ISA, "mma.m16n8k16" (gid = lane / 4, tig = lane % 4).
 # Opt-in until it has run on a GPU: the op `mili_paged_attention_flash` (paged_attention.mojo).
 from max.gpu.host import DeviceContext
-from max.gpu import thread_idx, block_idx, WARP_SIZE
-from max.gpu.compute.mma import mma
+from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, thread_idx, block_idx, WARP_SIZE
+from max.gpu.compute.mma import ld_matrix, mma
 from max.gpu.primitives import warp
 from max.gpu.sync import barrier
 from std.math import ceildiv, exp
 from std.memory import stack_allocation
+from std.utils.static_tuple import StaticTuple
 
 from ...utils.types import F32, Ptr
 from .common import token_offset
@@ -43,6 +45,8 @@ def _row_reduce_sum(x: Float32) -> Float32:
     return y + warp.shuffle_xor(y, UInt32(2))
 
 
+@__llvm_metadata(MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(PREFILL_THREADS)),
+                 `nvvm.minctasm`=SIMDLength(3))
 def _prefill_attention_gpu[D: Int, group: Int](
     output: Ptr[BF16], q: Ptr[BF16], k_cache: Ptr[BF16], v_cache: Ptr[BF16], page_table: Ptr[DType.int32],
     context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale_ptr: Ptr[F32], max_pages: Int32,
@@ -90,8 +94,9 @@ def _prefill_attention_gpu[D: Int, group: Int](
                 qf = qf.insert[offset = ks * 8 + r * 2](q.unsafe_load[width=2](at + ks * 16))
                 qf = qf.insert[offset = ks * 8 + 4 + r * 2](q.unsafe_load[width=2](at + ks * 16 + 8))
 
-    var k_sh = stack_allocation[BLOCK_KEYS * ROW, BF16, address_space=AddressSpace.SHARED]()
-    var v_sh = stack_allocation[BLOCK_KEYS * ROW, BF16, address_space=AddressSpace.SHARED]()
+    # 16-byte aligned: the tile's 16-byte stores and ldmatrix's row addresses
+    var k_sh = stack_allocation[BLOCK_KEYS * ROW, BF16, address_space=AddressSpace.SHARED, alignment=16]()
+    var v_sh = stack_allocation[BLOCK_KEYS * ROW, BF16, address_space=AddressSpace.SHARED, alignment=16]()
     var o = SIMD[F32, 4 * DTILES](0)
     var m = SIMD[F32, 2](Float32.MIN_FINITE)  # MIN_FINITE, not -inf: a fully masked tile keeps exp(m - m) = 1
     var l = SIMD[F32, 2](0)
@@ -113,16 +118,18 @@ def _prefill_attention_gpu[D: Int, group: Int](
             v_sh.unsafe_store[alignment=16](key * ROW + x, kv_v)
         barrier()
 
-        # S = Q K^T: n-tile nt holds keys nt * 8 + tig * 2 + {0, 1} of rows gid (s0 s1) and gid + 8 (s2 s3)
+        # S = Q K^T: n-tile nt holds keys nt * 8 + tig * 2 + {0, 1} of rows gid (s0 s1) and gid + 8 (s2 s3). K's B
+        # fragments of two k-steps come from one ldmatrix.x4: matrix i is keys nt * 8 ..< + 8, dims 8 i ..< 8 i + 8 of
+        # the pair, and lane l gives the address of row l % 8 of matrix l // 8
         var s = SIMD[F32, 4 * KTILES](0)
         comptime for nt in range(KTILES):
             var acc = SIMD[F32, 4](0)
-            comptime for ks in range(KSTEPS):
-                var at = (nt * 8 + gid) * ROW + ks * 16 + tig * 2
-                var bf = k_sh.unsafe_load[width=2, alignment=4](at).join(k_sh.unsafe_load[width=2, alignment=4](at + 8))
-                var d = SIMD[F32, 4](0)
-                mma(d, qf.slice[8, offset = ks * 8](), bf, acc)
-                acc = d
+            comptime for kp in range(KSTEPS // 2):
+                var bf = ld_matrix[8](k_sh.unsafe_offset((nt * 8 + lane % 8) * ROW + kp * 32 + (lane // 8) * 8))
+                comptime for half in range(2):
+                    var d = SIMD[F32, 4](0)
+                    mma(d, qf.slice[8, offset = (kp * 2 + half) * 8](), bf.slice[4, offset = half * 4](), acc)
+                    acc = d
             s = s.insert[offset = nt * 4](acc * scale)
         # causal and context mask, then the online softmax of each of the two rows
         var row_max = SIMD[F32, 2](Float32.MIN_FINITE)
@@ -148,25 +155,27 @@ def _prefill_attention_gpu[D: Int, group: Int](
                 o[dt * 4 + i] *= keep[i // 2]
 
         # O += P V: P's A fragment for keys 16 kk .. is S's n-tiles 2 kk and 2 kk + 1; V's B fragment holds
-        # keys 16 kk + tig * 2 + {0, 1} (b0 b1) and + 8 (b2 b3) of dim dt * 8 + gid
+        # keys 16 kk + tig * 2 + {0, 1} (b0 b1) and + 8 (b2 b3) of dim dt * 8 + gid. Those of two n-tiles come from
+        # one ldmatrix.x4.trans: matrix i is keys 16 kk + 8 (i % 2) ..< + 8, dims 8 (2 dp + i // 2) ..< + 8
         comptime for kk in range(BLOCK_KEYS // 16):
             var pf = s.slice[8, offset = kk * 8]().cast[BF16]()
-            var key0 = (kk * 16 + tig * 2) * ROW
-            comptime for dt in range(DTILES):
-                var col = dt * 8 + gid
-                var vf = SIMD[BF16, 4](v_sh.unsafe_load(key0 + col), v_sh.unsafe_load(key0 + ROW + col),
-                                       v_sh.unsafe_load(key0 + 8 * ROW + col), v_sh.unsafe_load(key0 + 9 * ROW + col))
-                var d = SIMD[F32, 4](0)
-                mma(d, pf, vf, o.slice[4, offset = dt * 4]())
-                o = o.insert[offset = dt * 4](d)
+            var key = kk * 16 + ((lane // 8) % 2) * 8 + lane % 8
+            comptime for dp in range(DTILES // 2):
+                var vf = ld_matrix[8, transpose=True](v_sh.unsafe_offset(key * ROW + (dp * 2 + lane // 16) * 8))
+                comptime for half in range(2):
+                    comptime dt = dp * 2 + half
+                    var d = SIMD[F32, 4](0)
+                    mma(d, pf, vf.slice[4, offset = half * 4](), o.slice[4, offset = dt * 4]())
+                    o = o.insert[offset = dt * 4](d)
 
     # O / l, rows gid (o0 o1) and gid + 8 (o2 o3), dims dt * 8 + tig * 2 + {0, 1}
+    var inv_l = 1 / l
     comptime for r in range(2):
         if pos[r] >= 0:
             var row = Int(rows[r])
             var at = ((q_begin + row // group) * hq + g * group + row % group) * D + tig * 2
             comptime for dt in range(DTILES):
-                var pair = o.slice[2, offset = dt * 4 + r * 2]() / l[r]
+                var pair = o.slice[2, offset = dt * 4 + r * 2]() * inv_l[r]
                 output.unsafe_store(at + dt * 8, pair.cast[BF16]())
 
 
