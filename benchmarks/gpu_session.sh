@@ -1,55 +1,104 @@
 #!/usr/bin/env bash
-# Everything MILI checks on a GPU machine, in one run: build, the GPU kernel tests, the model on the GPU against
-# transformers, the kernel benchmark against PyTorch's own GPU ops, and end to end against MAX's own Qwen3 pipeline
-# and transformers (then benchmarks/results/gpu-summary.json). Logs and JSON go to $OUT (default /tmp/mili-gpu).
-# Needs MAX/Mojo importable (on an offline box: ./offline_wheelhouse.sh, see README).
-# Usage: benchmarks/gpu_session.sh [STEP...]   steps: build tests model bench e2e (default: all, in that order), and
-#   flash: the parity and device-graph tests and the attention benchmark again with the split-KV decode and
-#   FlashAttention-2 kernels (MILI_GPU_FLASH_ATTENTION=1, opt-in until they pass on a GPU; `tests` covers their
-#   kernel cases)
-#   BENCH_ONLY=attention benchmarks/gpu_session.sh bench   benchmarks only the ops whose name contains that
-#   MAX_PYTHON=/path/to/python (a Python with max[serve]) for MAX's pipeline in e2e; E2E_SYSTEMS to pick systems
+# Everything MILI checks on a GPU machine, in one run that fits a lease: unpack the kit, build, the GPU kernel
+# tests, the model on the GPU against transformers, the kernel benchmark against PyTorch's own GPU ops, and end to
+# end against MAX's own Qwen3 pipeline and transformers (then benchmarks/results/gpu-summary.json).
+# Usage: benchmarks/gpu_session.sh [STEP...]   (default: setup build tests flash-bench flash-model flash-graphs e2e)
+#   setup        unpack benchmarks/device_kit.sh's parts (.devkit/pN carried now, or copied to /tmp/kit before)
+#   build        load the kernel package (precompiled here: carry .modular_cache/mili_kernels)
+#   tests        tests/gpu: every kernel case on cuda, the attention cases through the flash kernels too, device graphs
+#   model        the model on cuda against transformers (tests/integration/test_parity.py -k cuda)
+#   bench        the kernel benchmark, bfloat16 and float32 (BENCH_ONLY=attention: only the ops whose name has it)
+#   flash-bench, flash-model  the same with the split-KV decode and FlashAttention-2 prefill kernels
+#                (MILI_GPU_FLASH_ATTENTION=1, opt-in until they pass on a GPU; `tests` covers their kernel cases)
+#   flash-graphs tests/gpu/test_decode_graphs.py with those kernels: replayed decode steps against op-by-op ones
+#   e2e          mili bench latency / throughput --device cuda against transformers and MAX's pipeline (E2E_SYSTEMS
+#                picks systems; MAX_PYTHON a Python with max[serve], by default the kit's peers), then the summary
+# SESSION_SECONDS (default 520): no step starts later than that after the start, and each step's time limit is cut
+# to what is left, so the run ends inside one device call (10 minutes). Logs and JSON go to $GPU_SESSION_LOGS
+# (/tmp/mili-gpu), packed at the end into $OUT/gpu-session.tar.gz, with gpu-summary.json beside it (the device tool
+# returns 8 files at most). The kit unpacks into $KIT_DIR (/tmp/mili-kit), from the parts in $KIT_DIR/parts and
+# those carried in $DEVKIT (.devkit).
+#
+# A 15-minute lease: carry .devkit/p1 in a first call (`mkdir -p /tmp/mili-kit/parts && cp .devkit/p*/*
+# /tmp/mili-kit/parts/`), each further part the same way, and in the last call the last part with
+# .modular_cache/mili_kernels and the work: `MILI_COMMIT=<git rev-parse --short HEAD here> benchmarks/gpu_session.sh`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-/tmp/mili-gpu}
-mkdir -p "$out"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-steps=${*:-build tests model bench e2e}
-# pytest-xdist, where installed: one op (and dtype) per worker, so each graph compiles once and in parallel
+log_dir=${GPU_SESSION_LOGS:-/tmp/mili-gpu}
+kit=${KIT_DIR:-/tmp/mili-kit}
+mkdir -p "$log_dir" "$kit/parts"
+budget=${SESSION_SECONDS:-520}
+export PYTHONUNBUFFERED=1
+export PYTHONPATH=$kit/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+steps=${*:-setup build tests flash-bench flash-model flash-graphs e2e}
+# pytest-xdist (on the image): one op (and dtype) per worker, so each graph compiles once and in parallel
 xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8 --dist loadgroup")
 status=0
-run() {  # run NAME TIMEOUT COMMAND...: log to $out/NAME.log, keep going after a failure
+summary=()
+
+run() {  # run NAME LIMIT COMMAND...: log to $log_dir/NAME.log; skipped when the session's time is spent
   local name=$1 limit=$2; shift 2
-  echo "== $name: $*"
+  local left=$((budget - SECONDS))
+  if [ $left -lt 20 ]; then
+    summary+=("$name: not run (session time spent)"); status=1; return
+  fi
+  [ "$limit" -le $left ] || limit=$left
+  echo "== $name (at most $limit s): $*"
   local start=$SECONDS
-  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  timeout "$limit" "$@" >"$log_dir/$name.log" 2>&1
   local rc=$?
-  tail -n 25 "$out/$name.log"
-  echo "== $name: rc=$rc in $((SECONDS - start)) s"
+  tail -n 15 "$log_dir/$name.log"
+  summary+=("$name: rc=$rc in $((SECONDS - start)) s")
   [ $rc -eq 0 ] || status=1
 }
+
+unpack() {  # the kit's folders (a folder whose parts are not all here fails; it unpacks once they are)
+  set -o pipefail
+  cp "${DEVKIT:-.devkit}"/p*/* "$kit/parts/" 2>/dev/null
+  for folder in site peers; do
+    [ ! -d "$kit/$folder" ] && ls "$kit/parts/$folder".tar.xz.* >/dev/null 2>&1 || continue
+    rm -rf "$kit/unpacking" && mkdir "$kit/unpacking"
+    cat "$kit/parts/$folder".tar.xz.* | xz -d | tar -x -C "$kit/unpacking" || return 1
+    mv "$kit/unpacking/$folder" "$kit/$folder"
+  done
+  if [ -d "$kit/peers" ]; then
+    printf '#!/bin/sh\nPYTHONPATH=%s/peers:%s/site:$PYTHONPATH exec python3 "$@"\n' "$kit" "$kit" >"$kit/max-python"
+    chmod +x "$kit/max-python"
+  fi
+  python3 -c "import max.engine, max.driver; print('MAX', max.driver.accelerator_count(), 'accelerator(s)')"
+}
+
+export kit
+export -f unpack  # for `timeout`, which runs programs, not shell functions
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
 for step in $steps; do
   case $step in
-    build) run build 600 python3 -c "from bindings import library; print(library.package_path())" ;;
-    tests) run tests 900 python3 -m pytest -q -p no:cacheprovider $xdist tests/gpu ;;
-    model) run model 900 python3 -m pytest -q -p no:cacheprovider $xdist tests/integration/test_parity.py -k cuda ;;
+    setup) run setup 120 bash -c unpack ;;
+    build) run build 300 python3 -c "from bindings import library; print(library.package_path())" ;;
+    tests) run tests 300 python3 -m pytest -q -p no:cacheprovider $xdist tests/gpu ;;
+    model) run model 300 python3 -m pytest -q -p no:cacheprovider $xdist tests/integration/test_parity.py -k cuda ;;
+    flash-model) MILI_GPU_FLASH_ATTENTION=1 run flash-model 300 python3 -m pytest -q -p no:cacheprovider $xdist \
+                   tests/integration/test_parity.py -k cuda ;;
+    flash-graphs) MILI_GPU_FLASH_ATTENTION=1 run flash-graphs 300 python3 -m pytest -q -p no:cacheprovider \
+                    tests/gpu/test_decode_graphs.py ;;
     bench) for dtype in bfloat16 float32; do
-             run "bench-$dtype" 900 python3 benchmarks/kernels.py --device cuda --dtype "$dtype" --only "${BENCH_ONLY:-}"
-             cp benchmarks/results/kernels-cuda-"$dtype"-*.json "$out/" 2>/dev/null
+             run "bench-$dtype" 300 python3 benchmarks/kernels.py --device cuda --dtype "$dtype" --only "${BENCH_ONLY:-}"
            done ;;
-    flash) export MILI_GPU_FLASH_ATTENTION=1
-             run flash-tests 900 python3 -m pytest -q -p no:cacheprovider $xdist tests/gpu/test_decode_graphs.py
-             run flash-model 900 python3 -m pytest -q -p no:cacheprovider $xdist tests/integration/test_parity.py -k cuda
-             run flash-bench 900 python3 benchmarks/kernels.py --device cuda --dtype bfloat16 --only attention
-             cp benchmarks/results/kernels-cuda-bfloat16-*.json "$out/" 2>/dev/null
-             unset MILI_GPU_FLASH_ATTENTION ;;
+    flash-bench) MILI_GPU_FLASH_ATTENTION=1 run flash-bench 300 python3 benchmarks/kernels.py --device cuda \
+                   --dtype bfloat16 --only attention ;;
     e2e) systems=${E2E_SYSTEMS:-mili,mili-eager,transformers,max}
-         run latency 1200 python3 benchmarks/latency.py --device cuda --systems "$systems" --max-python "${MAX_PYTHON:-}"
-         run throughput 1800 python3 benchmarks/throughput.py --device cuda --systems "$systems" --max-python "${MAX_PYTHON:-}"
-         run summary 60 python3 benchmarks/gpu_summary.py
-         cp benchmarks/results/latency-cuda*.json benchmarks/results/throughput-cuda*.json benchmarks/results/gpu-summary.json "$out/" 2>/dev/null ;;
-    *) echo "unknown step $step"; status=1 ;;
+         max_python=${MAX_PYTHON:-$([ -x "$kit/max-python" ] && echo "$kit/max-python")}
+         run latency 400 python3 benchmarks/latency.py --device cuda --systems "$systems" --max-python "$max_python"
+         run throughput 600 python3 benchmarks/throughput.py --device cuda --systems "$systems" --max-python "$max_python"
+         run summary 60 python3 benchmarks/gpu_summary.py --commit "${MILI_COMMIT:-}" ;;
+    *) summary+=("$step: unknown step"); status=1 ;;
   esac
 done
+cp benchmarks/results/kernels-cuda-*.json benchmarks/results/latency-cuda*.json benchmarks/results/throughput-cuda*.json \
+  benchmarks/results/gpu-summary.json "$log_dir/" 2>/dev/null
+if [ -n "${OUT:-}" ]; then
+  tar -czf "$OUT/gpu-session.tar.gz" -C "$log_dir" .
+  cp benchmarks/results/gpu-summary.json "$OUT/" 2>/dev/null
+fi
+printf '%s\n' "${summary[@]}"
 exit $status

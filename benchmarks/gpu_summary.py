@@ -54,10 +54,12 @@ def summary(results: Path, commit: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--commit", default="", help="the commit the runs were at (default: git's HEAD; a device "
+                                                     "machine's copy of the tree has no git)")
     args = parser.parse_args(argv)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
-    out = summary(args.results, commit)
+    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                           cwd=Path(__file__).parent).stdout.strip()
+    out = summary(args.results, commit or None)
     path = args.results / "gpu-summary.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out, indent=1))

@@ -68,3 +68,9 @@ def test_gpu_summary_takes_the_latest_runs(tmp_path: Path) -> None:
     assert out["decode_b1_ms_per_token"] == 0.9 and out["bandwidth_floor_ms"] == 0.4
     assert out["max_pipeline_decode_b1_ms_per_token"] == 1.2 and out["transformers_decode_b1_ms_per_token"] is None
     assert out["throughput_tok_s"] is None and out["max_pipeline_throughput_tok_s"] is None  # no throughput run
+
+
+def test_gpu_summary_writes_the_commit_it_is_given(tmp_path: Path) -> None:
+    assert gpu_summary.main(["--results", str(tmp_path), "--commit", "0123abc"]) == 0  # a device's tree has no git
+    written = json.loads((tmp_path / "gpu-summary.json").read_text())
+    assert written["commit"] == "0123abc" and written["decode_b1_ms_per_token"] is None

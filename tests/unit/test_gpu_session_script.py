@@ -1,0 +1,68 @@
+"""benchmarks/gpu_session.sh, the one command a GPU lease runs, checked on a CPU: its time budget, the packing of its
+logs into $OUT, and the unpacking of benchmarks/device_kit.sh's parts (here a small stand-in kit)."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_session.sh"
+
+
+def _session(tmp_path: Path, *steps: str, seconds: int = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, SESSION_SECONDS=str(seconds), OUT=str(tmp_path / "out"), KIT_DIR=str(tmp_path / "kit"),
+               GPU_SESSION_LOGS=str(tmp_path / "logs"), DEVKIT=str(tmp_path / "devkit"))
+    (tmp_path / "out").mkdir(exist_ok=True)
+    return subprocess.run(["bash", str(SCRIPT), *steps], env=env, capture_output=True, text=True, timeout=300)
+
+
+def _write_parts(devkit: Path, folder: str, files: dict[str, str], pieces: int) -> None:
+    """The folder as device_kit.sh writes it: a tar, xz-compressed, split into .devkit/pN/FOLDER.tar.xz.NN."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:xz") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"{folder}/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    blob = raw.getvalue()
+    size = len(blob) // pieces + 1
+    for i in range(pieces):
+        part = devkit / f"p{i + 1}"
+        part.mkdir(parents=True)
+        (part / f"{folder}.tar.xz.{i:02d}").write_bytes(blob[i * size : (i + 1) * size])
+
+
+def test_steps_past_the_time_budget_are_not_started_and_the_logs_come_back(tmp_path: Path) -> None:
+    result = _session(tmp_path, "build", "tests", seconds=0)
+    assert result.returncode == 1
+    assert "build: not run (session time spent)" in result.stdout
+    assert "tests: not run (session time spent)" in result.stdout
+    assert (tmp_path / "out" / "gpu-session.tar.gz").is_file()
+
+
+def test_setup_unpacks_the_kit_and_a_python_for_max_pipeline(tmp_path: Path) -> None:
+    _write_parts(tmp_path / "devkit", "peers", {"kit_marker.py": "WHERE = 'peers'\n"}, pieces=2)
+    result = _session(tmp_path, "setup")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "setup: rc=0" in result.stdout
+    assert (tmp_path / "kit" / "peers" / "kit_marker.py").is_file()
+    probe = subprocess.run([str(tmp_path / "kit" / "max-python"), "-c", "import kit_marker; print(kit_marker.WHERE)"],
+                           capture_output=True, text=True)
+    assert probe.stdout.strip() == "peers", probe.stderr
+    with tarfile.open(tmp_path / "out" / "gpu-session.tar.gz") as tar:
+        assert "./setup.log" in tar.getnames()
+
+
+def test_setup_fails_while_a_part_is_missing_then_unpacks_once_it_came(tmp_path: Path) -> None:
+    devkit = tmp_path / "devkit"
+    _write_parts(devkit, "site", {"site_marker.py": ""}, pieces=2)
+    (devkit / "p2" / "site.tar.xz.01").rename(tmp_path / "late-part")
+    assert _session(tmp_path, "setup").returncode == 1
+    assert not (tmp_path / "kit" / "site").exists()
+    (tmp_path / "late-part").rename(devkit / "p2" / "site.tar.xz.01")  # carried in a later call
+    assert _session(tmp_path, "setup").returncode == 0
+    assert (tmp_path / "kit" / "site" / "site_marker.py").is_file()
