@@ -27,6 +27,7 @@ from common import model_path, print_table, write_json
 from e2e_systems import MaxPipeline, Mili, System, Transformers, load_mili, python_with_max_serve
 from kernels import copy_bandwidth
 
+from bindings import graph
 from python_layer.model.config import Qwen3Config
 
 SYSTEMS = ("mili", "mili-eager", "transformers", "max")
@@ -117,7 +118,7 @@ def run(kind: str, args: argparse.Namespace, figures: Callable[[System, argparse
         system = None
         try:
             system = open_system(name, path, args, mili_model)
-            rows.append(dict(system=name, **figures(system, args)))
+            rows.append(dict(system=name, device_graphs=system.device_graphs, **figures(system, args)))
         except Exception as e:  # one system failing must not lose the others' figures
             traceback.print_exc()
             rows.append(dict(system=name, error=f"{type(e).__name__}: {e}"))
@@ -133,7 +134,8 @@ def run(kind: str, args: argparse.Namespace, figures: Callable[[System, argparse
     print_table(rows, columns)
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
     write_json(f"{kind}-{args.device.replace(':', '')}",
-               dict(vars(args), model=path, device_name=device, copy_bandwidth_bytes_per_s=bandwidth), rows)
+               dict(vars(args), model=path, device_name=device, copy_bandwidth_bytes_per_s=bandwidth,
+                    flash_attention=graph.FLASH_ATTENTION), rows)
     return rows
 
 

@@ -27,6 +27,7 @@ MAX_WORKER = Path(__file__).parent / "peers" / "max_pipeline.py"
 
 class System(Protocol):
     name: str
+    device_graphs: bool  # whether its decode steps replay captured device graphs
 
     def generate(self, prompts: Sequence[list[int]], max_tokens: Sequence[int]) -> tuple[float, int]: ...
 
@@ -51,6 +52,8 @@ class Mili:
         self.engine = InferenceEngine(model, num_kv_pages=kv_pages_for(model, kv_cache_gb), max_num_seqs=max_num_seqs,
                                       max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=False,
                                       device_graphs=device_graphs)
+        graphs = self.engine.runner.decode_graphs
+        self.device_graphs = graphs is not None and graphs.replays
 
     def generate(self, prompts: Sequence[list[int]], max_tokens: Sequence[int]) -> tuple[float, int]:
         params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in max_tokens]
@@ -73,6 +76,7 @@ class Transformers:
         from transformers import AutoModelForCausalLM
 
         self.name, self.device, self.batch_size = "transformers", torch.device(device), batch_size
+        self.device_graphs = False
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="sdpa")
         self.model.to(self.device).eval()
         self.pad = self.model.config.eos_token_id if isinstance(self.model.config.eos_token_id, int) else 0
@@ -103,15 +107,22 @@ class Transformers:
 
 
 class MaxPipeline:
-    """MAX's pipeline in a process of its own (its Python, its package versions), fed one job per line."""
+    """MAX's pipeline in a process of its own (its Python, its package versions), fed one job per line. It starts with
+    device graph capture on; if it does not come up so, without (device_graphs says which ran)."""
 
     def __init__(self, path: str, python: str, devices: str, max_batch_size: int, max_length: int) -> None:
         self.name = "max pipeline"
         command = [python, str(MAX_WORKER), "--model", path, "--devices", devices, "--max-batch-size", str(max_batch_size),
-                   "--max-length", str(max_length)]
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        if self._reply() != "ready":
-            raise RuntimeError("MAX's pipeline did not come up")
+                   "--max-length", str(max_length), "--device-graph-capture"]
+        for capture in ("on", "off"):
+            self.process = subprocess.Popen(command + [capture], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            try:
+                self.device_graphs = json.loads(self._reply())["device_graph_capture"]
+                return
+            except RuntimeError:
+                if capture == "off":
+                    raise
+                print("MAX's pipeline did not come up with device graph capture: again without", file=sys.stderr)
 
     def _reply(self) -> str:
         for line in self.process.stdout:

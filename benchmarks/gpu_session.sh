@@ -11,8 +11,9 @@
 #   flash-bench, flash-model  the same with the split-KV decode and FlashAttention-2 prefill kernels
 #                (MILI_GPU_FLASH_ATTENTION=1, opt-in until they pass on a GPU; `tests` covers their kernel cases)
 #   flash-graphs tests/gpu/test_decode_graphs.py with those kernels: replayed decode steps against op-by-op ones
-#   e2e          mili bench latency / throughput --device cuda against transformers and MAX's pipeline (E2E_SYSTEMS
-#                picks systems; MAX_PYTHON a Python with max[serve], by default the kit's peers), then the summary
+#   e2e          mili bench latency / throughput --device cuda against transformers and MAX's pipeline, MILI with the
+#                flash kernels unless E2E_FLASH=0 (E2E_SYSTEMS picks systems; MAX_PYTHON a Python with max[serve], by
+#                default the kit's peers), then the summary
 # SESSION_SECONDS (default 520): no step starts later than that after the start, and each step's time limit is cut
 # to what is left, so the run ends inside one device call (10 minutes). Logs and JSON go to $GPU_SESSION_LOGS
 # (/tmp/mili-gpu), packed at the end into $OUT/gpu-session.tar.gz, with gpu-summary.json beside it (the device tool
@@ -88,8 +89,10 @@ for step in $steps; do
                    --dtype bfloat16 --only attention ;;
     e2e) systems=${E2E_SYSTEMS:-mili,mili-eager,transformers,max}
          max_python=${MAX_PYTHON:-$([ -x "$kit/max-python" ] && echo "$kit/max-python")}
+         export MILI_GPU_FLASH_ATTENTION=${E2E_FLASH:-1}
          run latency 400 python3 benchmarks/latency.py --device cuda --systems "$systems" --max-python "$max_python"
          run throughput 600 python3 benchmarks/throughput.py --device cuda --systems "$systems" --max-python "$max_python"
+         unset MILI_GPU_FLASH_ATTENTION
          run summary 60 python3 benchmarks/gpu_summary.py --commit "${MILI_COMMIT:-}" ;;
     *) summary+=("$step: unknown step"); status=1 ;;
   esac

@@ -3,8 +3,9 @@ other versions than MILI's), started by benchmarks/e2e_systems.py:
 
     python benchmarks/peers/max_pipeline.py --model CHECKPOINT [--devices gpu] [--max-batch-size 256]
 
-It loads the checkpoint the way `max serve` does (its model worker, continuous batching, device graph capture
-where MAX turns it on), prints `ready` on stdout, then answers one line per request line on stdin:
+It loads the checkpoint the way `max serve` does (its model worker, continuous batching, device graph capture on by
+default: MAX 26.7 does not turn it on for Qwen3 by itself), prints `ready` and whether it captures on stdout, then
+answers one line per request line on stdin:
 {"prompts": [[token ids]...], "max_tokens": [n...]} -> {"seconds": s, "output_tokens": n}: every prompt
 submitted at once, greedy, ignore_eos, seconds until the last one finished. A line of its own starts with
 REPLY; anything else MAX prints goes to stderr."""
@@ -36,6 +37,7 @@ async def serve(args: argparse.Namespace, replies) -> None:
         kwargs["max_length"] = args.max_length
     if args.encoding:
         kwargs["quantization_encoding"] = args.encoding
+    kwargs["device_graph_capture"] = args.device_graph_capture == "on"
     config = PipelineConfig.from_args(PipelineArgs.from_flat_kwargs(**kwargs))
     settings = Settings(offline_inference=True)
     retrieved = PIPELINE_REGISTRY.retrieve_factory(config)
@@ -59,7 +61,8 @@ async def serve(args: argparse.Namespace, replies) -> None:
             chunks = await pipeline.all_tokens(request, parse_reasoning=False)  # random weights: any token may be <think>
             return sum(chunk.token_count for chunk in chunks)
 
-        print(REPLY + "ready", file=replies, flush=True)
+        ready = dict(ready=True, device_graph_capture=bool(config.runtime.device_graph_capture))
+        print(REPLY + json.dumps(ready), file=replies, flush=True)
         loop = asyncio.get_running_loop()
         while line := await loop.run_in_executor(None, sys.stdin.readline):
             job = json.loads(line)
@@ -76,6 +79,7 @@ def main() -> int:
     parser.add_argument("--max-batch-size", type=int, default=256)
     parser.add_argument("--max-length", type=int, default=0, help="the context length (0: the model's)")
     parser.add_argument("--encoding", default="", help="MAX's weight encoding (bfloat16, float32; default: the checkpoint's)")
+    parser.add_argument("--device-graph-capture", choices=("on", "off"), default="on")
     args = parser.parse_args()
     replies = sys.stdout
     sys.stdout = sys.stderr  # MAX's own prints stay out of the replies

@@ -37,6 +37,7 @@ def test_latency_figures_of_each_system(small: list[str], tmp_path: Path) -> Non
     assert sorted(rows) == ["mili", "transformers"]
     for row in rows.values():
         assert "error" not in row, row
+        assert row["device_graphs"] is False  # a CPU runs the fixed-shape steps but cannot replay them
         assert all(math.isfinite(row[f"decode_b1_ctx{c}_ms_per_token"]) for c in (16, 40))
         assert row["ttft_30_ms"] > 0 and row["bandwidth_floor_ms"] > 0
 
@@ -68,6 +69,7 @@ def test_gpu_summary_takes_the_latest_runs(tmp_path: Path) -> None:
     assert out["decode_b1_ms_per_token"] == 0.9 and out["bandwidth_floor_ms"] == 0.4
     assert out["max_pipeline_decode_b1_ms_per_token"] == 1.2 and out["transformers_decode_b1_ms_per_token"] is None
     assert out["throughput_tok_s"] is None and out["max_pipeline_throughput_tok_s"] is None  # no throughput run
+    assert out["max_pipeline_device_graph_capture"] is None and out["e2e_flash_kernels"] is None  # not in the meta
 
 
 def test_gpu_summary_writes_the_commit_it_is_given(tmp_path: Path) -> None:
