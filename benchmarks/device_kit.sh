@@ -6,8 +6,9 @@
 #   another version (transformers 5.12, av, zmq, opentelemetry, ...), for benchmarks/peers/max_pipeline.py.
 # Each folder is xz-compressed and split into .devkit/pN/ (one carry each). The `mojo` CLI and lld are left out
 # (~250 MB; only `mojo precompile` and `mojo build` run them): the kernel package is precompiled here into
-# .modular_cache/mili_kernels, which the work call carries too. After a change to a .mojo file, precompile again
-# here (the last command below) and carry it again.
+# .modular_cache/mili_kernels, which the work call carries too, and so is the one Mojo module MAX builds when
+# imported. After a change to a .mojo file of MILI's, precompile again here (`python -c "from bindings import
+# library; library.package_path()"`) and carry it again. Run it in MILI's venv (it uses that venv's mojo).
 # Usage: benchmarks/device_kit.sh [--peers] [--python 3.12] [--part-size 46m]
 # On the device: benchmarks/gpu_session.sh setup ... unpacks the parts (see its header).
 set -euo pipefail
@@ -53,6 +54,15 @@ pip download --no-deps "${target[@]}" -d "$work/runtime" "${runtime[@]}"
 install "$work/site" "$work"/runtime/*.whl
 # the CLI's binaries (pip puts them in bin/ and modular/bin/)
 rm -f "$work"/site/bin/{mojo,lld} "$work"/site/modular/bin/{mojo,lld}
+# `import max.nn` builds one Mojo module with that CLI (max/_kv_cache_ops; MAX's flash attention row of
+# benchmarks/kernels.py and MAX's pipeline import it): built here instead, for any x86-64-v3 CPU, where MAX's importer
+# looks for it, finding MAX's libraries relative to itself
+ops="$work/site/max/_kv_cache_ops"
+mkdir -p "$ops/__mojocache__"
+hash=$(python3 -c "import sys; from pathlib import Path; from mojo.importer import _calculate_mojo_source_hash as h
+print(h(Path(sys.argv[1])))" "$ops")
+mojo build "$ops/kv_cache_ops.mojo" --emit shared-lib --target-cpu x86-64-v3 -Xlinker -rpath \
+  -Xlinker '$ORIGIN/../../../modular/lib' -o "$ops/__mojocache__/kv_cache_ops.hash-$hash.so" 2>&1 | { grep -v Crashpad || true; }
 folders=(site)
 if [ $peers -eq 1 ]; then
   pip download "${target[@]}" -d "$work/serve" "max[serve]==26.7.0" "${otel[@]}"

@@ -62,11 +62,13 @@ unpack() {  # the kit's folders (a folder whose parts are not all here fails; it
     cat "$kit/parts/$folder".tar.xz.* | xz -d | tar -x -C "$kit/unpacking" || return 1
     mv "$kit/unpacking/$folder" "$kit/$folder"
   done
+  rm -rf "$kit/unpacking"
   if [ -d "$kit/peers" ]; then
     printf '#!/bin/sh\nPYTHONPATH=%s/peers:%s/site:$PYTHONPATH exec python3 "$@"\n' "$kit" "$kit" >"$kit/max-python"
     chmod +x "$kit/max-python"
   fi
-  python3 -c "import max.engine, max.driver; print('MAX', max.driver.accelerator_count(), 'accelerator(s)')"
+  python3 -c "import max.engine, max.driver; print('MAX', max.driver.accelerator_count(), 'accelerator(s)')" || return 1
+  python3 -c "import max.nn" || echo "max.nn does not import: no MAX flash attention row, no MAX pipeline"
 }
 
 export kit
