@@ -45,6 +45,7 @@ def _row_reduce_sum(x: Float32) -> Float32:
     return y + warp.shuffle_xor(y, UInt32(2))
 
 
+# at most 168 registers (172 unbounded), so that 3 blocks fit in an SM's registers
 @__llvm_metadata(MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(PREFILL_THREADS)),
                  `nvvm.minctasm`=SIMDLength(3))
 def _prefill_attention_gpu[D: Int, group: Int](
