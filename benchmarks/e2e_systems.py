@@ -115,7 +115,8 @@ class MaxPipeline:
         command = [python, str(MAX_WORKER), "--model", path, "--devices", devices, "--max-batch-size", str(max_batch_size),
                    "--max-length", str(max_length), "--device-graph-capture"]
         for capture in ("on", "off"):
-            self.process = subprocess.Popen(command + [capture], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            self.process = subprocess.Popen(command + [capture], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                            text=True)
             try:
                 self.device_graphs = json.loads(self._reply())["device_graph_capture"]
                 return

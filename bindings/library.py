@@ -44,9 +44,9 @@ def _mojo() -> str:
     exe = Path(sys.executable).parent / "mojo"
     found = str(exe) if exe.is_file() else shutil.which("mojo")
     if found is None:
-        raise RuntimeError("The `mojo` compiler is not installed: pip install 'mojo==1.2.0' (it comes with MILI's dependencies), "
-                           "or build the kernel package where it is and copy .modular_cache/mili_kernels here "
-                           "(benchmarks/device_kit.sh)")
+        raise RuntimeError("The `mojo` compiler is not installed: pip install 'mojo==1.2.0' (it comes with MILI's "
+                           "dependencies), or build the kernel package where it is and copy .modular_cache/mili_kernels "
+                           "here (benchmarks/device_kit.sh)")
     return found
 
 
