@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Packs what a lent GPU machine (no network, Python 3.12, its own torch and transformers) needs beyond its image
 # to run MILI, in parts that the device tool carries (64 MiB a call, the checkout's ~13 MiB included):
-# - .devkit/site: MAX's runtime (max, max-core, their Mojo libraries), installed into one folder;
-# - with --peers, .devkit/peers: what MAX's own Qwen3 pipeline (max[serve]) needs and the image lacks or has in
+# - the folder site: MAX's runtime (max, max-core, their Mojo libraries), installed for that Python;
+# - with --peers, the folder peers: what MAX's own Qwen3 pipeline (max[serve]) needs and the image lacks or has in
 #   another version (transformers 5.12, av, zmq, opentelemetry, ...), for benchmarks/peers/max_pipeline.py.
 # Each folder is xz-compressed and split into .devkit/pN/ (one carry each). The `mojo` CLI and lld are left out
 # (~250 MB; only `mojo precompile` and `mojo build` run them): the kernel package is precompiled here into
