@@ -3,7 +3,7 @@
 # tests, the model on the GPU against transformers, the kernel benchmark against PyTorch's own GPU ops, and end to
 # end against MAX's own Qwen3 pipeline and transformers (then benchmarks/results/gpu-summary.json).
 # Usage: benchmarks/gpu_session.sh [STEP...]   (default: setup build tests flash-bench flash-model flash-graphs e2e)
-#   setup        unpack benchmarks/device_kit.sh's parts (.devkit/pN carried now, or copied to /tmp/kit before)
+#   setup        unpack benchmarks/device_kit.sh's parts (carried now in .devkit/pN, or before to /tmp/mili-kit/parts)
 #   build        load the kernel package (precompiled here: carry .modular_cache/mili_kernels)
 #   tests        tests/gpu: every kernel case on cuda, the attention cases through the flash kernels too, device graphs
 #   model        the model on cuda against transformers (tests/integration/test_parity.py -k cuda)
@@ -91,10 +91,10 @@ for step in $steps; do
                    --dtype bfloat16 --only attention ;;
     e2e) systems=${E2E_SYSTEMS:-mili,mili-eager,transformers,max}
          max_python=${MAX_PYTHON:-$([ -x "$kit/max-python" ] && echo "$kit/max-python")}
-         export MILI_GPU_FLASH_ATTENTION=${E2E_FLASH:-1}
-         run latency 400 python3 benchmarks/latency.py --device cuda --systems "$systems" --max-python "$max_python"
-         run throughput 600 python3 benchmarks/throughput.py --device cuda --systems "$systems" --max-python "$max_python"
-         unset MILI_GPU_FLASH_ATTENTION
+         MILI_GPU_FLASH_ATTENTION=${E2E_FLASH:-1} run latency 400 python3 benchmarks/latency.py --device cuda \
+           --systems "$systems" --max-python "$max_python"
+         MILI_GPU_FLASH_ATTENTION=${E2E_FLASH:-1} run throughput 600 python3 benchmarks/throughput.py --device cuda \
+           --systems "$systems" --max-python "$max_python"
          run summary 60 python3 benchmarks/gpu_summary.py --commit "${MILI_COMMIT:-}" ;;
     *) summary+=("$step: unknown step"); status=1 ;;
   esac
