@@ -1,18 +1,22 @@
 # Prefill / extend attention on a GPU, FlashAttention-2 style, bfloat16 on tensor cores (mma.sync m16n8k16, float32
 # accumulators). A block of 4 warps takes 64 rows of one sequence: row r is query token r // group and query head
 # r % group of one KV head's group, so the query heads that share a KV head share every K/V tile. The block stages
-# tiles of 64 keys of K and V in shared memory, straight from the paged cache; each warp computes S = Q K^T for its
-# 16 rows (Q in registers, K's fragments by ldmatrix), the online softmax on S's fragments, and O += P V with P
-# reused from S's registers (V's fragments by ldmatrix.trans).
-# Key tiles past the block's last visible position are skipped (causal); the rest are masked per row. The output is
-# normalized once at the end. Fragment layouts: PTX ISA, "mma.m16n8k16" (gid = lane / 4, tig = lane % 4).
+# tiles of 64 keys of K and V in shared memory, straight from the paged cache with cp.async: V's tile loads while
+# the warps compute S = Q K^T and the softmax, the next K tile while they compute O += P V. Each warp computes S
+# for its 16 rows (Q in registers, K's fragments by ldmatrix), the online softmax on S's fragments (in log2 units,
+# the scale folded into one fma per score), and O += P V with P reused from S's registers (V's fragments by
+# ldmatrix.trans).
+# Key tiles past the block's last visible position are skipped (causal); only the tiles on the diagonal are masked
+# per row. The blocks with the most key tiles start first. The output is normalized once at the end. Fragment
+# layouts: PTX ISA, "mma.m16n8k16" (gid = lane / 4, tig = lane % 4).
 # Opt-in until it has run on a GPU: the op `mili_paged_attention_flash` (paged_attention.mojo).
 from max.gpu.host import DeviceContext
-from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, thread_idx, block_idx, WARP_SIZE
+from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, thread_idx, block_idx, grid_dim, WARP_SIZE
 from max.gpu.compute.mma import ld_matrix, mma
+from max.gpu.memory import async_copy, async_copy_commit_group, async_copy_wait_group
 from max.gpu.primitives import warp
 from max.gpu.sync import barrier
-from std.math import ceildiv, exp
+from std.math import ceildiv, exp2
 from std.memory import stack_allocation
 from std.utils.static_tuple import StaticTuple
 
@@ -26,6 +30,9 @@ comptime BLOCK_ROWS = 16 * PREFILL_WARPS
 """Rows (query token x query head of the group) per block: 16 per warp, the m of an mma."""
 comptime BLOCK_KEYS = 64
 """Keys per K/V tile in shared memory."""
+comptime LOG2E: Float32 = 1.4426950408889634
+comptime SharedTile = Pointer[Scalar[BF16], MutUntrackedOrigin, address_space=AddressSpace.SHARED]
+comptime SharedOffsets = Pointer[Scalar[DType.int64], MutUntrackedOrigin, address_space=AddressSpace.SHARED]
 
 
 def prefill_supported[dtype: DType, cache_type: DType](head_dim: Int, group: Int) -> Bool:
@@ -45,7 +52,37 @@ def _row_reduce_sum(x: Float32) -> Float32:
     return y + warp.shuffle_xor(y, UInt32(2))
 
 
-# at most 168 registers (172 unbounded), so that 3 blocks fit in an SM's registers
+@always_inline
+def _find_tile_keys(
+    key_at: SharedOffsets, page_table: Ptr[DType.int32], table_row: Int, key_start: Int, key_end: Int,
+    page_size: Int, row_len: Int, tid: Int,
+):
+    """Where keys key_start ..< key_start + BLOCK_KEYS sit in the cache, one key per thread, for the copies of the
+    tile's K and V rows. Keys from key_end on are key key_end - 1 again: masked out later, but finite (a stale NaN
+    in a tile would turn P's zeros into NaN)."""
+    if tid < BLOCK_KEYS:
+        var key = min(key_start + tid, key_end - 1)
+        key_at.unsafe_store(tid, Int64(token_offset(page_table, table_row, key, page_size, row_len)))
+
+
+@always_inline
+def _stage_tile[D: Int](tile: SharedTile, cache: Ptr[BF16], key_at: SharedOffsets, head_at: Int, tid: Int):
+    """Starts copying a tile's K (or V) rows of one KV head into shared memory, 16 bytes per cp.async, as one commit
+    group; key_at holds the tile's keys (_find_tile_keys, before a barrier)."""
+    comptime CHUNKS = D // 8  # 16-byte chunks per row
+    comptime ROW = D + 8
+    comptime for i in range(BLOCK_KEYS * CHUNKS // PREFILL_THREADS):
+        var c = tid + i * PREFILL_THREADS
+        var key = c // CHUNKS
+        var x = (c % CHUNKS) * 8
+        async_copy[16](
+            cache.unsafe_offset(Int(key_at.unsafe_load(key)) + head_at + x).unsafe_address_space_cast[AddressSpace.GLOBAL](),
+            tile.unsafe_offset(key * ROW + x),
+        )
+    async_copy_commit_group()
+
+
+# at most 168 registers, so that 3 blocks fit in an SM's registers
 @__llvm_metadata(MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(PREFILL_THREADS)),
                  `nvvm.minctasm`=SIMDLength(3))
 def _prefill_attention_gpu[D: Int, group: Int](
@@ -53,13 +90,13 @@ def _prefill_attention_gpu[D: Int, group: Int](
     context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale_ptr: Ptr[F32], max_pages: Int32,
     kv_heads: Int32, page_size: Int32,
 ):
-    """Block (tile, b, g): rows tile * 64 ..< tile * 64 + 64 of sequence b's (query token, head of KV head g)."""
+    """Block (x, b, g): rows tile * 64 ..< tile * 64 + 64 of sequence b's (query token, head of KV head g), tile =
+    grid_dim.x - 1 - x (the tiles of the last rows, which see the most keys, first)."""
     comptime KSTEPS = D // 16  # k-steps of S = Q K^T
     comptime DTILES = D // 8  # n-tiles of O
     comptime KTILES = BLOCK_KEYS // 8  # n-tiles of S
     comptime ROW = D + 8  # shared-memory row, padded: the 8 rows an mma reads land in different banks
-    comptime CHUNKS = D // 8  # 16-byte chunks per K/V row
-    var tile = Int(block_idx.x)
+    var tile = Int(grid_dim.x) - 1 - Int(block_idx.x)
     var b = Int(block_idx.y)
     var g = Int(block_idx.z)
     var q_begin = Int(query_start.unsafe_load(b))
@@ -76,7 +113,8 @@ def _prefill_attention_gpu[D: Int, group: Int](
     var hq = hk * group
     var n_ctx = Int(context_lens.unsafe_load(b))
     var offset = n_ctx - q_len  # query token i is at position offset + i
-    var scale = scale_ptr.unsafe_load(0)
+    # scores stay unscaled: p = 2^(s * scale * log2(e) - m * scale * log2(e)), one fma per score
+    var scale_log2 = scale_ptr.unsafe_load(0) * LOG2E
 
     # this thread's two rows: gid and gid + 8 of its warp's 16; -1 for rows past the sequence's queries
     var rows = SIMD[DType.int32, 2](Int32(first_row + wid * 16 + gid), Int32(first_row + wid * 16 + gid + 8))
@@ -95,29 +133,31 @@ def _prefill_attention_gpu[D: Int, group: Int](
                 qf = qf.insert[offset = ks * 8 + r * 2](q.unsafe_load[width=2](at + ks * 16))
                 qf = qf.insert[offset = ks * 8 + 4 + r * 2](q.unsafe_load[width=2](at + ks * 16 + 8))
 
-    # 16-byte aligned: the tile's 16-byte stores and ldmatrix's row addresses
+    # 16-byte aligned: cp.async's 16-byte copies and ldmatrix's row addresses
     var k_sh = stack_allocation[BLOCK_KEYS * ROW, BF16, address_space=AddressSpace.SHARED, alignment=16]()
     var v_sh = stack_allocation[BLOCK_KEYS * ROW, BF16, address_space=AddressSpace.SHARED, alignment=16]()
     var o = SIMD[F32, 4 * DTILES](0)
-    var m = SIMD[F32, 2](Float32.MIN_FINITE)  # MIN_FINITE, not -inf: a fully masked tile keeps exp(m - m) = 1
+    var m = SIMD[F32, 2](Float32.MIN_FINITE)  # MIN_FINITE, not -inf: a fully masked tile keeps 2^(m - m) = 1
     var l = SIMD[F32, 2](0)
-    # keys up to the block's last visible position
+    # keys up to the block's last visible position; tiles from the first row's position on need the causal mask
     var last_row = min(first_row + BLOCK_ROWS, q_len * group) - 1
     var key_end = offset + last_row // group + 1
+    var first_pos = offset + first_row // group
+    var table_row = b * Int(max_pages)
+    var row_len = hk * D
+    # the cache offsets of two tiles' keys: tile j's in key_at[j % 2], found during tile j - 1
+    var key_at = stack_allocation[2 * BLOCK_KEYS, DType.int64, address_space=AddressSpace.SHARED, alignment=16]()
+    _find_tile_keys(key_at, page_table, table_row, 0, key_end, ps, row_len, tid)
+    barrier()
+    _stage_tile[D](k_sh, k_cache, key_at, g * D, tid)
     for key_start in range(0, key_end, BLOCK_KEYS):
-        barrier()  # every warp is done with the previous tile
-        for c in range(tid, BLOCK_KEYS * CHUNKS, PREFILL_THREADS):
-            var key = c // CHUNKS
-            var x = (c % CHUNKS) * 8
-            var kv_k = SIMD[BF16, 8](0)
-            var kv_v = SIMD[BF16, 8](0)
-            if key_start + key < key_end:
-                var at = token_offset(page_table, b * Int(max_pages), key_start + key, ps, hk * D) + g * D + x
-                kv_k = k_cache.unsafe_load[width=8, alignment=16](at)
-                kv_v = v_cache.unsafe_load[width=8, alignment=16](at)
-            k_sh.unsafe_store[alignment=16](key * ROW + x, kv_k)
-            v_sh.unsafe_store[alignment=16](key * ROW + x, kv_v)
-        barrier()
+        var here = key_at.unsafe_offset(((key_start // BLOCK_KEYS) % 2) * BLOCK_KEYS)
+        var next = key_at.unsafe_offset(BLOCK_KEYS - ((key_start // BLOCK_KEYS) % 2) * BLOCK_KEYS)
+        async_copy_wait_group(0)
+        barrier()  # K's tile is in; every warp is done with the previous V tile and its keys' offsets
+        _stage_tile[D](v_sh, v_cache, here, g * D, tid)
+        if key_start + BLOCK_KEYS < key_end:
+            _find_tile_keys(next, page_table, table_row, key_start + BLOCK_KEYS, key_end, ps, row_len, tid)
 
         # S = Q K^T: n-tile nt holds keys nt * 8 + tig * 2 + {0, 1} of rows gid (s0 s1) and gid + 8 (s2 s3). K's B
         # fragments of two k-steps come from one ldmatrix.x4: matrix i is keys nt * 8 ..< + 8, dims 8 i ..< 8 i + 8 of
@@ -131,22 +171,25 @@ def _prefill_attention_gpu[D: Int, group: Int](
                     var d = SIMD[F32, 4](0)
                     mma(d, qf.slice[8, offset = (kp * 2 + half) * 8](), bf.slice[4, offset = half * 4](), acc)
                     acc = d
-            s = s.insert[offset = nt * 4](acc * scale)
-        # causal and context mask, then the online softmax of each of the two rows
+            s = s.insert[offset = nt * 4](acc)
+        if key_start + BLOCK_KEYS - 1 > first_pos:  # a tile on the diagonal: each row's later keys out
+            comptime for nt in range(KTILES):
+                comptime for i in range(4):
+                    if key_start + nt * 8 + tig * 2 + i % 2 > Int(pos[i // 2]):
+                        s[nt * 4 + i] = -Float32.MAX
+        # the online softmax of each of the two rows
         var row_max = SIMD[F32, 2](Float32.MIN_FINITE)
         comptime for nt in range(KTILES):
             comptime for i in range(4):
-                var key = key_start + nt * 8 + tig * 2 + i % 2
-                if key > Int(pos[i // 2]):
-                    s[nt * 4 + i] = -Float32.MAX
                 row_max[i // 2] = max(row_max[i // 2], s[nt * 4 + i])
         var m_new = SIMD[F32, 2](_row_reduce_max(row_max[0]), _row_reduce_max(row_max[1]))
         m_new = max(m, m_new)
-        var keep = exp(m - m_new)
+        var keep = exp2((m - m_new) * scale_log2)
+        var m_scaled = m_new * scale_log2
         var row_sum = SIMD[F32, 2](0)
         comptime for nt in range(KTILES):
             comptime for i in range(4):
-                var p = exp(s[nt * 4 + i] - m_new[i // 2])
+                var p = exp2(s[nt * 4 + i].fma(scale_log2, -m_scaled[i // 2]))
                 s[nt * 4 + i] = p
                 row_sum[i // 2] += p
         l = l * keep + SIMD[F32, 2](_row_reduce_sum(row_sum[0]), _row_reduce_sum(row_sum[1]))
@@ -155,6 +198,10 @@ def _prefill_attention_gpu[D: Int, group: Int](
             comptime for i in range(4):
                 o[dt * 4 + i] *= keep[i // 2]
 
+        async_copy_wait_group(0)
+        barrier()  # V's tile is in; every warp is done with K's
+        if key_start + BLOCK_KEYS < key_end:
+            _stage_tile[D](k_sh, k_cache, next, g * D, tid)
         # O += P V: P's A fragment for keys 16 kk .. is S's n-tiles 2 kk and 2 kk + 1; V's B fragment holds
         # keys 16 kk + tig * 2 + {0, 1} (b0 b1) and + 8 (b2 b3) of dim dt * 8 + gid. Those of two n-tiles come from
         # one ldmatrix.x4.trans: matrix i is keys 16 kk + 8 (i % 2) ..< + 8, dims 8 (2 dp + i // 2) ..< + 8
