@@ -12,8 +12,9 @@
 #                (MILI_GPU_FLASH_ATTENTION=1, opt-in until they pass on a GPU; `tests` covers their kernel cases)
 #   flash-graphs tests/gpu/test_decode_graphs.py with those kernels: replayed decode steps against op-by-op ones
 #   e2e          mili bench latency / throughput --device cuda against transformers and MAX's pipeline, MILI with the
-#                flash kernels unless E2E_FLASH=0 (E2E_SYSTEMS picks systems; MAX_PYTHON a Python with max[serve], by
-#                default the kit's peers), then the summary
+#                flash kernels unless the tests step of this lease failed one of their cases or E2E_FLASH=0
+#                (E2E_SYSTEMS picks systems; MAX_PYTHON a Python with max[serve], by default the kit's peers), then
+#                the summary
 # SESSION_SECONDS (default 520): no step starts later than that after the start, and each step's time limit is cut
 # to what is left, so the run ends inside one device call (10 minutes). Logs and JSON go to $GPU_SESSION_LOGS
 # (/tmp/mili-gpu), packed at the end into $OUT/gpu-session.tar.gz, with gpu-summary.json beside it (the device tool
@@ -71,6 +72,10 @@ unpack() {  # the kit's folders (a folder whose parts are not all here fails; it
   python3 -c "import max.nn" || echo "max.nn does not import: no MAX flash attention row, no MAX pipeline"
 }
 
+flash_passed() {  # false where this lease's tests step failed a flash kernel case: e2e then times the plain ones
+  ! grep -q "^FAILED tests/gpu/test_gpu_ops.py::test_flash_attention" "$log_dir/tests.log" 2>/dev/null
+}
+
 export kit
 export -f unpack  # for `timeout`, which runs programs, not shell functions
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
@@ -91,9 +96,11 @@ for step in $steps; do
                    --dtype bfloat16 --only attention ;;
     e2e) systems=${E2E_SYSTEMS:-mili,mili-eager,transformers,max}
          max_python=${MAX_PYTHON:-$([ -x "$kit/max-python" ] && echo "$kit/max-python")}
-         MILI_GPU_FLASH_ATTENTION=${E2E_FLASH:-1} run latency 400 python3 benchmarks/latency.py --device cuda \
+         flash=${E2E_FLASH:-$(flash_passed && echo 1 || echo 0)}
+         summary+=("e2e: MILI's attention kernels $([ "$flash" = 1 ] && echo flash || echo plain)")
+         MILI_GPU_FLASH_ATTENTION=$flash run latency 400 python3 benchmarks/latency.py --device cuda \
            --systems "$systems" --max-python "$max_python"
-         MILI_GPU_FLASH_ATTENTION=${E2E_FLASH:-1} run throughput 600 python3 benchmarks/throughput.py --device cuda \
+         MILI_GPU_FLASH_ATTENTION=$flash run throughput 600 python3 benchmarks/throughput.py --device cuda \
            --systems "$systems" --max-python "$max_python"
          run summary 60 python3 benchmarks/gpu_summary.py --commit "${MILI_COMMIT:-}" ;;
     *) summary+=("$step: unknown step"); status=1 ;;

@@ -66,3 +66,13 @@ def test_setup_fails_while_a_part_is_missing_then_unpacks_once_it_came(tmp_path:
     (tmp_path / "late-part").rename(devkit / "p2" / "site.tar.xz.01")  # carried in a later call
     assert _session(tmp_path, "setup").returncode == 0
     assert (tmp_path / "kit" / "site" / "site_marker.py").is_file()
+
+
+def test_end_to_end_times_the_plain_attention_kernels_after_a_flash_kernel_case_failed(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    failed = "FAILED tests/gpu/test_gpu_ops.py::test_flash_attention_kernels_match_reference_on_gpu[run_attention-x]\n"
+    (logs / "tests.log").write_text(failed)
+    assert "e2e: MILI's attention kernels plain" in _session(tmp_path, "e2e", seconds=0).stdout
+    (logs / "tests.log").write_text("FAILED tests/gpu/test_gpu_ops.py::test_op_matches_reference_on_gpu[relu]\n")
+    assert "e2e: MILI's attention kernels flash" in _session(tmp_path, "e2e", seconds=0).stdout
