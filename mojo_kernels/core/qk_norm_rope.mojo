@@ -3,16 +3,18 @@
 #   k = rope(head_rms_norm(k part, k_norm)), v                                written into the paged caches
 # at slot_mapping[t] (a negative slot is skipped), as three slices, two head_rms_norm, rope and store_kv would do,
 # rounded to dtype between the steps as they are; k and v are rounded to the caches' dtype (bfloat16 under float32
-# activations, say) when they are stored. One op instead of seven: on a CPU each op of a graph costs its
-# own dispatch and its own pass over the data.
+# activations, say) when they are stored. One op instead of seven: each op of a graph costs its own dispatch on a
+# CPU and its own kernel launch on a GPU (at one token, a few µs each, more than the work), and its own pass over
+# the data.
 from extensibility import register, InputTensor, OutputTensor
 from extensibility import _MutableInputTensor as MutableInputTensor
 from max.gpu.host import DeviceContext
-from max.gpu import thread_idx, block_idx
-from std.math import cos, sin, rsqrt
+from max.gpu import thread_idx, block_idx, WARP_SIZE
+from max.gpu.primitives import warp
+from std.math import ceildiv, cos, sin, rsqrt
 
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
-from ..utils.types import addr, ptr, convert_row, Addr, F32, Ptr, GPU_BLOCK, SERIAL_ELEMENTS, check_same
+from ..utils.types import addr, ptr, convert_row, Addr, F32, Ptr, SERIAL_ELEMENTS, check_same
 from .normalization import rms_norm_row
 from .rope import rope_token, _reduced_angle
 
@@ -77,46 +79,55 @@ def qk_norm_rope_store_cpu[dtype: DType, cache_type: DType, R: Runner](
     runner.run(task, tokens, tokens * (q_heads + 2 * k_heads) * head_dim <= SERIAL_ELEMENTS)
 
 
+comptime QK_WARPS = 4
+"""Heads per block of the GPU kernel, a warp each."""
+
+
 def _qk_norm_rope_store_gpu[dtype: DType, cache_type: DType](
     q: Ptr[dtype], k_cache: Ptr[cache_type], v_cache: Ptr[cache_type], qkv: Ptr[dtype], q_norm: Ptr[dtype], k_norm: Ptr[dtype],
     pos: Ptr[DType.int32], inv_freq: Ptr[F32], slots: Ptr[DType.int32], eps: Ptr[F32], scale: Ptr[F32],
     q_heads: Int32, k_heads: Int32, head_dim: Int32,
 ):
-    """A block per token, a thread per q / k head (its norm, then its rotation) and per element of v."""
+    """Block (t, y): heads y * QK_WARPS ..< (y + 1) * QK_WARPS of token t's q, k and v heads in turn, a warp each. A
+    q or k head is normed (its sum of squares summed over the warp), then rotated, each lane taking the pairs
+    (i, i + D/2) for i = lane, lane + 32, ...; a v head is copied into the cache."""
     var t = Int(block_idx.x)
+    var h = Int(block_idx.y) * QK_WARPS + Int(thread_idx.x) // WARP_SIZE
+    var lane = Int(thread_idx.x) % WARP_SIZE
     var hq, hk, d = Int(q_heads), Int(k_heads), Int(head_dim)
-    var half = d // 2
-    var src = t * (hq + 2 * hk) * d
     var slot = Int(slots.unsafe_load(t))
+    # whole warps leave: past the last head, or a padding token's k and v (not stored)
+    if h >= hq + 2 * hk or (h >= hq and slot < 0):
+        return
+    var x = (t * (hq + 2 * hk) + h) * d  # head h's row in qkv
+    if h >= hq + hk:
+        var y = (slot * hk + h - hq - hk) * d
+        for i in range(lane, d, WARP_SIZE):
+            v_cache.unsafe_store(y + i, qkv.unsafe_load(x + i).cast[cache_type]())
+        return
+    var squares = Float32(0)
+    for i in range(lane, d, WARP_SIZE):
+        var v = qkv.unsafe_load(x + i).cast[F32]()
+        squares += v * v
+    var inv = rsqrt(warp.sum(squares) / Float32(d) + eps.unsafe_load(0))
+    var is_q = h < hq
+    var w = q_norm if is_q else k_norm
+    var y = (t * hq + h) * d if is_q else (slot * hk + h - hq) * d
     var p = pos.unsafe_load(t).cast[F32]()
     var sc = scale.unsafe_load(0)
-    for h in range(Int(thread_idx.x), hq + hk, GPU_BLOCK):
-        var is_q = h < hq
-        if not is_q and slot < 0:
-            continue
-        var x = src + h * d
-        var w = q_norm if is_q else k_norm
-        var y = (t * hq + h) * d if is_q else (slot * hk + h - hq) * d
-        var squares = Float32(0)
-        for i in range(d):
-            var v = qkv.unsafe_load(x + i).cast[F32]()
-            squares += v * v
-        var inv = rsqrt(squares / Float32(d) + eps.unsafe_load(0))
-        for i in range(half):  # each value rounded to dtype after the norm, as head_rms_norm stores it
-            var x1 = (qkv.unsafe_load(x + i).cast[F32]() * inv * w.unsafe_load(i).cast[F32]()).cast[dtype]().cast[F32]()
-            var x2 = (qkv.unsafe_load(x + i + half).cast[F32]() * inv * w.unsafe_load(i + half).cast[F32]()).cast[dtype]().cast[F32]()
-            var angle = _reduced_angle(inv_freq.unsafe_load(i) * p)
-            var c, s = cos(angle) * sc, sin(angle) * sc
-            var y1, y2 = (x1 * c - x2 * s).cast[dtype](), (x2 * c + x1 * s).cast[dtype]()
-            if is_q:
-                q.unsafe_store(y + i, y1)
-                q.unsafe_store(y + i + half, y2)
-            else:
-                k_cache.unsafe_store(y + i, y1.cast[cache_type]())
-                k_cache.unsafe_store(y + i + half, y2.cast[cache_type]())
-    if slot >= 0:
-        for i in range(Int(thread_idx.x), hk * d, GPU_BLOCK):
-            v_cache.unsafe_store(slot * hk * d + i, qkv.unsafe_load(src + (hq + hk) * d + i).cast[cache_type]())
+    var half = d // 2
+    for i in range(lane, half, WARP_SIZE):  # each value rounded to dtype after the norm, as head_rms_norm stores it
+        var x1 = (qkv.unsafe_load(x + i).cast[F32]() * inv * w.unsafe_load(i).cast[F32]()).cast[dtype]().cast[F32]()
+        var x2 = (qkv.unsafe_load(x + i + half).cast[F32]() * inv * w.unsafe_load(i + half).cast[F32]()).cast[dtype]().cast[F32]()
+        var angle = _reduced_angle(inv_freq.unsafe_load(i) * p)
+        var c, s = cos(angle) * sc, sin(angle) * sc
+        var y1, y2 = (x1 * c - x2 * s).cast[dtype](), (x2 * c + x1 * s).cast[dtype]()
+        if is_q:
+            q.unsafe_store(y + i, y1)
+            q.unsafe_store(y + i + half, y2)
+        else:
+            k_cache.unsafe_store(y + i, y1.cast[cache_type]())
+            k_cache.unsafe_store(y + i + half, y2.cast[cache_type]())
 
 
 def check_qk_norm_rope_store(tokens: Int, qkv_cols: Int, q_tokens: Int, q_heads: Int, head_dim: Int, k_heads: Int,
@@ -168,5 +179,5 @@ struct QkNormRopeStore:
                 q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), qkv.unsafe_ptr(), q_norm.unsafe_ptr(),
                 k_norm.unsafe_ptr(), positions.unsafe_ptr(), inv_freq.unsafe_ptr(), slot_mapping.unsafe_ptr(),
                 eps.unsafe_ptr(), scale.unsafe_ptr(), Int32(q_heads), Int32(k_heads), Int32(head_dim),
-                grid_dim=tokens, block_dim=GPU_BLOCK,
+                grid_dim=(tokens, ceildiv(q_heads + 2 * k_heads, QK_WARPS)), block_dim=QK_WARPS * WARP_SIZE,
             )

@@ -77,7 +77,7 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
         ids, positions, query_start, context_lens, page_table, slots, logits_indices = (v.tensor for v in g.inputs[:7])
         caches = [v.buffer for v in g.inputs[7:]]
         k_caches, v_caches = caches[: c.num_hidden_layers], caches[c.num_hidden_layers :]
-        q_size, kv_size = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        q_size = c.num_attention_heads * c.head_dim
         inv_freq, rope_scale = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling)
         inv_freq = ops.constant(inv_freq.numpy(), DType.float32, dev)
         no_scales = ops.constant(np.ones((1, 1), np.float32), DType.float32, dev)
@@ -98,17 +98,9 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
             else:
                 x, residual = mili.fused_add_rms_norm(hidden, residual, w[p + "input_norm"], c.rms_norm_eps)
             qkv = linear(x, p + "qkv_proj", w.get(p + "qkv_bias"))
-            if device_key == "cpu":  # one op for the seven below (on a CPU each op costs its own dispatch)
-                q = mili.qk_norm_rope_store(qkv, w[p + "q_norm"], w[p + "k_norm"], c.rms_norm_eps, positions, inv_freq,
-                                            rope_scale, k_caches[i], v_caches[i], slots)
-            else:
-                q = ops.reshape(qkv[:, :q_size], [-1, c.num_attention_heads, c.head_dim])
-                k = ops.reshape(qkv[:, q_size : q_size + kv_size], [-1, c.num_key_value_heads, c.head_dim])
-                v = ops.reshape(qkv[:, q_size + kv_size :], [-1, c.num_key_value_heads, c.head_dim])
-                q = mili.head_rms_norm(q, w[p + "q_norm"], c.rms_norm_eps)
-                k = mili.head_rms_norm(k, w[p + "k_norm"], c.rms_norm_eps)
-                q, k = mili.rope_with_table(q, k, positions, inv_freq, rope_scale)
-                mili.store_kv(k, v, k_caches[i], v_caches[i], slots)
+            # q/k slices, head norms, RoPE and the KV store in one op: one dispatch on a CPU, one launch on a GPU
+            q = mili.qk_norm_rope_store(qkv, w[p + "q_norm"], w[p + "k_norm"], c.rms_norm_eps, positions, inv_freq,
+                                        rope_scale, k_caches[i], v_caches[i], slots)
             o = mili.paged_attention(q, k_caches[i], v_caches[i], page_table, context_lens, query_start, c.head_dim**-0.5)
             hidden = linear(ops.reshape(o, [-1, q_size]), p + "o_proj")
             x, residual = mili.fused_add_rms_norm(hidden, residual, w[p + "post_attention_norm"], c.rms_norm_eps)
