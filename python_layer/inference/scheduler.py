@@ -27,10 +27,15 @@ from .request import InferenceRequest, RequestStatus
 class ScheduledBatch:
     items: List[Tuple[InferenceRequest, int]] = field(default_factory=list)  # (request, tokens to compute)
     preempted: List[InferenceRequest] = field(default_factory=list)
+    num_tokens: int = 0  # kept as items change: summing them for every request made a step O(requests^2)
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(n for _, n in self.items)
+    def add(self, request: InferenceRequest, n: int) -> None:
+        self.items.append((request, n))
+        self.num_tokens += n
+
+    def drop(self, request: InferenceRequest) -> None:
+        self.num_tokens -= sum(n for r, n in self.items if r is request)
+        self.items = [(r, n) for r, n in self.items if r is not request]
 
     def __bool__(self) -> bool:
         return bool(self.items)
@@ -97,7 +102,7 @@ class ContinuousBatchScheduler:
                 continue
             n = min(request.num_tokens - request.num_cached_tokens, budget())
             if self._grow_or_preempt(request, n, batch):
-                batch.items.append((request, n))
+                batch.add(request, n)
         for request in list(self.waiting):
             if budget() == 0 or len(self.running) >= self.max_num_seqs or batch.preempted:
                 break
@@ -113,7 +118,7 @@ class ContinuousBatchScheduler:
             if request.num_cached_prompt_tokens is None:  # the first admission's prefix hit is what users see
                 request.num_cached_prompt_tokens = request.num_cached_tokens
             self.running.append(request)
-            batch.items.append((request, n))
+            batch.add(request, n)
         return batch
 
     schedule = get_next_batch
@@ -147,7 +152,7 @@ class ContinuousBatchScheduler:
         request.status = RequestStatus.WAITING
         self.waiting.appendleft(request)
         batch.preempted.append(request)
-        batch.items = [(r, n) for r, n in batch.items if r is not request]
+        batch.drop(request)
         self.num_preemptions += 1
 
     def _match_prefix(self, request: InferenceRequest) -> None:
