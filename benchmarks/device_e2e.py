@@ -59,7 +59,8 @@ def open_system(name: str, path: str, args: argparse.Namespace, mili_model: dict
     if name in ("mili", "mili-eager"):
         if "model" not in mili_model:
             mili_model["model"] = load_mili(path, args.device)
-        return Mili(mili_model["model"], name == "mili", args.max_num_seqs, args.max_num_batched_tokens, args.kv_cache_gb)
+        return Mili(mili_model["model"], name == "mili", args.max_num_seqs, args.max_num_batched_tokens, args.kv_cache_gb,
+                    max_length(args))
     if name == "transformers":
         return Transformers(path, args.device, args.hf_batch_size)
     if name == "max":
