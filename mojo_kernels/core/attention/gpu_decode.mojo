@@ -20,8 +20,9 @@ from .gpu import merge_splits_gpu
 comptime DECODE_THREADS = 128
 comptime DECODE_WARPS = DECODE_THREADS // WARP_SIZE
 comptime DECODE_MAX_HEAD_DIM = 256
-comptime DECODE_BUSY_BLOCKS = 1024
-"""Blocks (sequence x KV head x split) that keep an H100 busy (132 SMs, up to 16 blocks of 128 threads each)."""
+comptime DECODE_BUSY_BLOCKS = 528
+"""Blocks (sequence x KV head x split) an H100 runs at once: 132 SMs x 4 (the kernel's 90 registers a thread leave
+room for 5 blocks of 128 threads). More splits than that would only add a second, partial wave and a merge."""
 comptime DECODE_SPLIT_KEYS = 64
 """The fewest keys per split."""
 comptime DECODE_MAX_SPLITS = 64
@@ -42,12 +43,10 @@ def decode_supported[cache_type: DType](head_dim: Int, group: Int) -> Bool:
 
 
 def decode_splits(batch: Int, kv_heads: Int, max_keys: Int) -> Int:
-    """Splits of each sequence's keys: enough blocks to fill the GPU at small batches, none at large ones. max_keys
-    bounds every context (the contexts themselves are on the GPU)."""
-    var blocks = batch * kv_heads
-    if blocks >= DECODE_BUSY_BLOCKS:
-        return 1
-    return max(1, min(DECODE_MAX_SPLITS, max_keys // DECODE_SPLIT_KEYS, ceildiv(DECODE_BUSY_BLOCKS, blocks)))
+    """Splits of each sequence's keys: enough blocks to fill the GPU at small batches without going past one wave
+    of them, none at large ones (batch 64 of 8 KV heads: 512 blocks, unsplit). max_keys bounds every context (the
+    contexts themselves are on the GPU)."""
+    return max(1, min(DECODE_MAX_SPLITS, max_keys // DECODE_SPLIT_KEYS, DECODE_BUSY_BLOCKS // (batch * kv_heads)))
 
 
 @always_inline
