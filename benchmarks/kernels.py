@@ -5,7 +5,8 @@ the median time of each side and their ratio (Mojo / reference: below 1 means Mo
 memory-bound ops, the achieved bytes/s against the machine's copy bandwidth measured in the same run.
 Writes JSON under benchmarks/results/. On a GPU the peer is PyTorch's own ops instead of bindings/reference.py
 (`torch_gpu_peer`): F.rms_norm, F.silu/gelu/relu in the input dtype, and F.scaled_dot_product_attention over
-the K/V gathered into dense tensors beforehand (paging costs it nothing); rope and store_kv keep the reference.
+the K/V gathered into dense tensors beforehand (paging costs it nothing); rope, store_kv and qk_norm_rope_store
+keep the reference.
 The attention rows on a GPU also time MAX's own flash attention kernel (max.nn.kernels.flash_attention_gpu) in a
 graph on the same dense copies: it takes no paged cache of MILI's layout.
 
@@ -40,7 +41,8 @@ RESULTS = Path(__file__).parent / "results"
 REPEAT = 20
 # in-graph chains: which result of one call becomes which argument of the next (None: not chainable)
 CHAINS = {"rms_norm": {0: 0}, "fused_add_rms_norm": {0: 0, 1: 1}, "head_rms_norm": {0: 0}, "rope": {0: 0, 1: 1},
-          "silu_and_mul": None, "silu": {0: 0}, "gelu": {0: 0}, "relu": {0: 0}, "store_kv": {}, "attention": {0: 0}}
+          "silu_and_mul": None, "silu": {0: 0}, "gelu": {0: 0}, "relu": {0: 0}, "store_kv": {},
+          "qk_norm_rope_store": {}, "attention": {0: 0}}
 
 
 def median_seconds(fn: Callable[[], object], device: str, min_runs: int = 10, budget_s: float = 0.5) -> float:
@@ -213,6 +215,12 @@ def _reference_cases(dtype: torch.dtype, device: str):
         slots = torch.arange(t, dtype=torch.int32, device=device)
         yield ("store_kv", t, partial(ops.store_kv, kh, vh, kc, vc, slots), partial(ref.store_kv, kh, vh, kc, vc, slots),
                4 * kh.numel() * size)
+        # the model's one op for the q/k/v slices, both head norms, RoPE and the KV store (the rows above, fused)
+        qkv = rnd(t, (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM)
+        inv_freq, scale = ref.rope_inv_freq(HEAD_DIM, 1e6)
+        args = (qkv, hw, hw, 1e-6, pos, inv_freq.to(device), scale, kc, vc, slots)
+        yield ("qk_norm_rope_store", t, partial(ops.qk_norm_rope_store, *args), partial(ref.qk_norm_rope_store, *args),
+               (qkv.numel() + qh.numel() + 2 * kh.numel()) * size)
     # prefill of a 64- and a 2048-token prompt (causal), then decode of one token per sequence over long contexts
     # (batch 64 on a GPU only: 1 GB of float32 K/V)
     shapes = [(64, 1, 64), (2048, 1, 2048), (512, 1, 1), (4096, 1, 1), (4096, 8, 1)]
