@@ -7,8 +7,9 @@
 #   build        load the kernel package (precompiled here: carry .modular_cache/mili_kernels)
 #   tests        tests/gpu: every kernel case on cuda, the attention cases through the flash kernels too, device graphs
 #   model        the model on cuda against transformers (tests/integration/test_parity.py -k cuda)
-#   bench        the kernel benchmark, bfloat16 and float32 (BENCH_ONLY=attention: only the ops whose name has it)
-#   flash-bench, flash-model  the same with the split-KV decode and FlashAttention-2 prefill kernels
+#   bench        the kernel benchmark, bfloat16 and float32 (BENCH_ONLY=attention,rope: only the ops whose name has one)
+#   flash-bench, flash-model  the same with the split-KV decode and FlashAttention-2 prefill kernels (flash-bench:
+#                the attention rows and the fused q/k norm + RoPE + KV store op)
 #                (MILI_GPU_FLASH_ATTENTION=1, opt-in until they pass on a GPU; `tests` covers their kernel cases)
 #   flash-graphs tests/gpu/test_decode_graphs.py with those kernels: replayed decode steps against op-by-op ones
 #   e2e          mili bench latency / throughput --device cuda against transformers and MAX's pipeline, MILI with the
@@ -93,7 +94,7 @@ for step in $steps; do
              run "bench-$dtype" 300 python3 benchmarks/kernels.py --device cuda --dtype "$dtype" --only "${BENCH_ONLY:-}"
            done ;;
     flash-bench) MILI_GPU_FLASH_ATTENTION=1 run flash-bench 300 python3 benchmarks/kernels.py --device cuda \
-                   --dtype bfloat16 --only attention ;;
+                   --dtype bfloat16 --only attention,qk_norm_rope_store ;;
     e2e) systems=${E2E_SYSTEMS:-mili,mili-eager,transformers,max}
          max_python=${MAX_PYTHON:-$([ -x "$kit/max-python" ] && echo "$kit/max-python")}
          flash=${E2E_FLASH:-$(flash_passed && echo 1 || echo 0)}

@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--only", default="", help="run only the ops whose name contains this")
+    parser.add_argument("--only", default="", help="run only the ops whose name contains one of these (comma-separated)")
     args = parser.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     bandwidth = copy_bandwidth(args.device)
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'op':<34}{'tokens':>7}{'torch us':>11}{'call us':>10}{'ratio':>7}{'graph us':>10}{'ratio':>7}{'GB/s':>7}{'of copy':>8}")
     rows = []
     for name, tokens, mojo, torch_ref, nbytes in cases(dtype, args.device):
-        if args.only not in name:
+        if not any(part in name for part in args.only.split(",")):
             continue
         ref_s, mojo_s = paired_median_seconds([torch_ref, mojo], args.device)
         graph_s = in_graph_seconds(name, mojo, args.device)
