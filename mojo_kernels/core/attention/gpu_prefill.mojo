@@ -145,17 +145,19 @@ def _prefill_attention_gpu[D: Int, group: Int](
     var first_pos = offset + first_row // group
     var table_row = b * Int(max_pages)
     var row_len = hk * D
+    var head_at = g * D  # KV head g's elements in a cache row
     # the cache offsets of two tiles' keys: tile j's in key_at[j % 2], found during tile j - 1
     var key_at = stack_allocation[2 * BLOCK_KEYS, DType.int64, address_space=AddressSpace.SHARED, alignment=16]()
     _find_tile_keys(key_at, page_table, table_row, 0, key_end, ps, row_len, tid)
     barrier()
-    _stage_tile[D](k_sh, k_cache, key_at, g * D, tid)
+    _stage_tile[D](k_sh, k_cache, key_at, head_at, tid)
     for key_start in range(0, key_end, BLOCK_KEYS):
-        var here = key_at.unsafe_offset(((key_start // BLOCK_KEYS) % 2) * BLOCK_KEYS)
-        var next = key_at.unsafe_offset(BLOCK_KEYS - ((key_start // BLOCK_KEYS) % 2) * BLOCK_KEYS)
+        var here_at = ((key_start // BLOCK_KEYS) % 2) * BLOCK_KEYS
+        var here = key_at.unsafe_offset(here_at)
+        var next = key_at.unsafe_offset(BLOCK_KEYS - here_at)
         async_copy_wait_group(0)
         barrier()  # K's tile is in; every warp is done with the previous V tile and its keys' offsets
-        _stage_tile[D](v_sh, v_cache, here, g * D, tid)
+        _stage_tile[D](v_sh, v_cache, here, head_at, tid)
         if key_start + BLOCK_KEYS < key_end:
             _find_tile_keys(next, page_table, table_row, key_start + BLOCK_KEYS, key_end, ps, row_len, tid)
 
@@ -201,7 +203,7 @@ def _prefill_attention_gpu[D: Int, group: Int](
         async_copy_wait_group(0)
         barrier()  # V's tile is in; every warp is done with K's
         if key_start + BLOCK_KEYS < key_end:
-            _stage_tile[D](k_sh, k_cache, next, g * D, tid)
+            _stage_tile[D](k_sh, k_cache, next, head_at, tid)
         # O += P V: P's A fragment for keys 16 kk .. is S's n-tiles 2 kk and 2 kk + 1; V's B fragment holds
         # keys 16 kk + tig * 2 + {0, 1} (b0 b1) and + 8 (b2 b3) of dim dt * 8 + gid. Those of two n-tiles come from
         # one ldmatrix.x4.trans: matrix i is keys 16 kk + 8 (i % 2) ..< + 8, dims 8 (2 dp + i // 2) ..< + 8
