@@ -14,7 +14,7 @@ def _generate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     engine = InferenceEngine.from_pretrained(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
                                                weight_dtype=args.weight_dtype, kv_cache_dtype=args.kv_cache_dtype,
-                                               device_graphs=args.device_graphs)
+                                               device_graphs=args.device_graphs, overlap=args.overlap)
     load_s = time.perf_counter() - t0
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.seed, ignore_eos=args.ignore_eos)
@@ -98,6 +98,9 @@ def _add_format_options(parser: argparse.ArgumentParser) -> None:
 def _add_device_graphs_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-device-graphs", dest="device_graphs", action="store_false",
                         help="on a GPU, run decode steps op by op instead of replaying them as device graphs (for debugging)")
+    parser.add_argument("--no-overlap", dest="overlap", action="store_false",
+                        help="on a GPU, read each decode step's tokens before giving the device the next step "
+                        "(by default the host's work on a step's tokens runs while the device computes the next)")
 
 
 def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:

@@ -3,6 +3,24 @@
 import random
 
 from python_layer import InferenceEngine, SamplingParams
+from python_layer.inference.model_runner import ModelRunner
+from python_layer.model.decode_graphs import DecodeGraphs
+from python_layer.model.qwen3_model import Qwen3Model
+
+
+def padded_engine(model: Qwen3Model, decode_graphs: bool, **kwargs) -> InferenceEngine:
+    """An engine (debug checks on) whose decode steps run on DecodeGraphs' padded fixed-shape inputs when
+    decode_graphs, on a CPU too (which executes them where a GPU replays them). The padding page is reserved
+    either way, so both leave the requests the same pages and preempt alike."""
+    kwargs.setdefault("num_kv_pages", 64)
+    max_len = (kwargs["num_kv_pages"] - 1) * 16  # what is left beside the padding page, with or without it
+    engine = InferenceEngine(model, debug_checks=True, max_model_len=max_len, **kwargs)
+    kv = engine.kv_cache
+    pad_page = kv.reserve_page()
+    if decode_graphs:
+        graphs = DecodeGraphs(model.forward_fn, kv, engine.scheduler.max_num_seqs, kv.pages_for(max_len), pad_page)
+        engine.runner = ModelRunner(model, kv, graphs)
+    return engine
 
 
 def no_request_holds_pages(engine: InferenceEngine) -> bool:

@@ -6,7 +6,9 @@ import os
 import time
 import warnings
 from collections import OrderedDict
-from typing import Dict, List, Optional, Sequence, Union
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import ContextManager, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -17,12 +19,22 @@ from ..model.qwen3_model import DEFAULT_BACKEND, Qwen3Model
 from ..tokenizer.detokenizer import IncrementalDetokenizer
 from ..tokenizer.qwen_tokenizer import QwenTokenizer, tokenizer_for_checkpoint
 from .model_runner import ModelRunner
-from .request import InferenceRequest, RequestDelta, RequestOutput, new_request_id
-from .sampler import BatchSampler, TokenLogprobs
+from .request import InferenceRequest, RequestDelta, RequestOutput, RequestStatus, new_request_id
+from .sampler import BatchSampler, GreedyTokens, SamplerOutput, TokenLogprobs, plain_greedy
 from .scheduler import ContinuousBatchScheduler
 from .sampling_params import SamplingParams
 
 Prompt = Union[str, List[int]]
+
+
+@dataclass
+class _Launched:
+    """A step given to the device: the requests that sample in it, and their tokens (sampled, or greedy ones
+    still on their way from the device)."""
+
+    requests: List[InferenceRequest]
+    sampled: Optional[SamplerOutput] = None
+    greedy: Optional[GreedyTokens] = None
 
 
 class InferenceEngine:
@@ -45,6 +57,7 @@ class InferenceEngine:
         max_finished_requests: int = 1024,
         debug_checks: bool = False,
         device_graphs: bool = True,
+        overlap: bool = True,
     ) -> None:
         self.model = model
         config = model.config
@@ -81,6 +94,8 @@ class InferenceEngine:
         self.runner = ModelRunner(model, self.kv_cache, decode_graphs)
         self.sampler = BatchSampler()
         self.debug_checks = debug_checks
+        self.overlap = overlap  # with decode graphs: see step()
+        self._in_flight: Optional[_Launched] = None
         self.finished: "OrderedDict[str, InferenceRequest]" = OrderedDict()  # the latest finished, for /status
         self.max_finished_requests = max_finished_requests
 
@@ -163,7 +178,8 @@ class InferenceEngine:
         return self._finish(request, "abort", request.held_text)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        """Whether a request is unfinished or a step's tokens are still to be read."""
+        return self.scheduler.has_unfinished_requests() or self._in_flight is not None
 
     def get_request(self, request_id: str) -> Optional[InferenceRequest]:
         """An unfinished request, or one of the latest `max_finished_requests` finished ones."""
@@ -182,22 +198,79 @@ class InferenceEngine:
 
     def step(self) -> List[RequestDelta]:
         """Run one batch; returns what is new for every request that got a new token (the last delta of a
-        finished one has its finish_reason). A step that only computed prompt chunks returns nothing."""
-        batch = self.scheduler.get_next_batch()
-        if not batch:
-            return []
-        logits, sampling = self.runner.run(batch.items)
-        for request, num_computed in batch.items:
+        finished one has its finish_reason). A step that only computed prompt chunks returns nothing.
+
+        With overlap on (decode graphs), a decode step whose rows are all plain greedy is left running on the
+        device, and the next call gives the device the decode step after it (its input ids are the tokens still
+        on the device) before it reads this one's tokens: the host's work on a step's tokens then runs while the
+        device computes the next step, as in SGLang's and MAX's overlap schedulers. Rows whose request finishes
+        on a token read late (an EOS, a stop string) were computed once for nothing and are dropped."""
+        launched, self._in_flight = self._in_flight, None
+        with self._torch_stream():
+            if launched is None:
+                batch = self.scheduler.get_next_batch()
+                if not batch:
+                    return []
+                launched = self._launch(batch.items)
+                if launched.greedy is not None:
+                    self._in_flight = launched
+                    return []
+            else:
+                self._in_flight = self._launch_following(launched)
+            return self._complete(launched)
+
+    def _launch(self, items: List[Tuple[InferenceRequest, int]]) -> _Launched:
+        """Give the device a scheduled batch. Left unread (greedy set) when overlap can go on from it."""
+        logits, sampling = self.runner.run(items)
+        for request, num_computed in items:
             self.scheduler.update_request(request, num_computed)
-        deltas = []
-        if sampling:
-            sampled = self.sampler(logits, [r.params for r in sampling], [r.generator for r in sampling], sampling)
-            now = time.perf_counter()
-            for request, token, logprobs in zip(sampling, sampled.token_ids, sampled.logprobs):
-                deltas.append(self._append_token(request, token, logprobs, now))
+        if self._overlaps() and len(sampling) == len(items) == sum(n for _, n in items) and \
+                all(plain_greedy(r.params) for r in sampling):
+            return _Launched(sampling, greedy=GreedyTokens(logits))
+        if not sampling:
+            return _Launched([])
+        sampled = self.sampler(logits, [r.params for r in sampling], [r.generator for r in sampling], sampling)
+        return _Launched(sampling, sampled=sampled)
+
+    def _launch_following(self, launched: _Launched) -> Optional[_Launched]:
+        """The decode step after an unread one, for those of its requests that surely go on (None where there
+        are none, where waiting requests could be admitted instead, or where the free pages are short)."""
+        scheduler = self.scheduler
+        if launched.greedy is None or (scheduler.waiting and len(scheduler.running) < scheduler.max_num_seqs):
+            return None
+        rows = [i for i, r in enumerate(launched.requests)
+                if r.status == RequestStatus.RUNNING and r.num_tokens + 1 < r.max_total_tokens]
+        requests = [launched.requests[i] for i in rows]
+        if not requests or not scheduler.grow_from_free_pages(requests, 1):
+            return None
+        input_ids = launched.greedy.on_device
+        if len(rows) < len(input_ids):
+            input_ids = input_ids[torch.tensor(rows, device=input_ids.device)]
+        logits = self.runner.run_following(requests, input_ids)
+        for request in requests:
+            scheduler.update_request(request, 1)
+        return _Launched(requests, greedy=GreedyTokens(logits))
+
+    def _complete(self, launched: _Launched) -> List[RequestDelta]:
+        """Read a launched step's tokens and hand them to their requests (none to those that ended meanwhile)."""
+        if launched.greedy is not None:
+            token_ids, logprobs = launched.greedy.tolist(), [None] * len(launched.requests)
+        else:
+            token_ids, logprobs = (launched.sampled.token_ids, launched.sampled.logprobs) if launched.sampled else ([], [])
+        now = time.perf_counter()
+        deltas = [self._append_token(request, token, lp, now)
+                  for request, token, lp in zip(launched.requests, token_ids, logprobs)
+                  if request.status == RequestStatus.RUNNING]
         if self.debug_checks:
             self.scheduler.check_page_accounting()
         return deltas
+
+    def _overlaps(self) -> bool:
+        return self.overlap and self.runner.decode_graphs is not None
+
+    def _torch_stream(self) -> ContextManager:
+        graphs = self.runner.decode_graphs
+        return graphs.torch_stream() if graphs is not None else nullcontext()
 
     def _append_token(self, request: InferenceRequest, token: int, logprobs: Optional[TokenLogprobs],
                       now: float) -> RequestDelta:
@@ -216,14 +289,16 @@ class InferenceEngine:
         text = request.held_text + request.detokenizer.add(token)
         if reason is not None:
             text += request.detokenizer.flush()
-        stop_at = _find_stop(text, params.stop)
-        if stop_at is not None:
-            text, reason = text[:stop_at], "stop"
+        keep = 0
+        if params.stop:
+            stop_at = _find_stop(text, params.stop)
+            if stop_at is not None:
+                text, reason = text[:stop_at], "stop"
+            # hold back the tail that could still be the start of a stop string
+            keep = min(len(text), max(len(s) for s in params.stop) - 1)
         lp = None if logprobs is None else [logprobs]
         if reason is not None:
             return self._finish(request, reason, text, [token], lp)
-        # hold back the tail that could still be the start of a stop string
-        keep = min(len(text), max((len(s) for s in params.stop), default=1) - 1)
         request.held_text = text[len(text) - keep :]
         return self._delta(request, [token], text[: len(text) - keep], lp)
 
@@ -259,6 +334,8 @@ class InferenceEngine:
             self.submit(request)
         while not all(r.finished for r in requests):
             self.step()
+        while self._in_flight is not None and not self.scheduler.has_unfinished_requests():
+            self.step()  # rows computed for nothing: leave the device idle, not busy behind the caller's back
         return [r.output() for r in requests]
 
 

@@ -39,3 +39,10 @@ class ModelRunner:
         indices = int32_tensor(logits_indices, device)
         logits = self.model.forward(inputs.input_ids, inputs.positions, inputs.attn, self.kv_cache, indices)
         return logits, sampling
+
+    def run_following(self, requests: List[InferenceRequest], input_ids: torch.Tensor) -> torch.Tensor:
+        """Logits [len(requests), vocab] of a decode step whose tokens the step before sampled and has not handed
+        to the host yet: input_ids holds them on the device (int32), and each request's next position is its
+        num_cached_tokens. Only with decode graphs."""
+        chunks = [SequenceChunk((0,), r.num_cached_tokens, r.page_ids) for r in requests]
+        return self.decode_graphs(chunks, input_ids)

@@ -146,6 +146,33 @@ def _argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
+def plain_greedy(params: SamplingParams) -> bool:
+    """Whether a row's token is its logits' argmax and nothing else is asked of it (no logprobs, no penalties)."""
+    return params.greedy and params.logprobs is None and not params.has_penalties
+
+
+class GreedyTokens:
+    """The argmax tokens of a step's logits, kept on the device (the next step can read its input ids there)
+    and copied to the host behind the step's work: `tolist` waits for that copy alone, not for whatever the
+    device was given after it. On a GPU create it on the stream that computed the logits."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.on_device = _argmax(logits).to(torch.int32)
+        self._ready = None
+        if logits.device.type == "cpu":
+            self._host = self.on_device
+        else:
+            self._host = torch.empty(self.on_device.shape, dtype=torch.int32, pin_memory=True)
+            self._host.copy_(self.on_device, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+
+    def tolist(self) -> list[int]:
+        if self._ready is not None:
+            self._ready.synchronize()
+        return self._host.tolist()
+
+
 @contextmanager
 def _one_cpu_thread(device: torch.device) -> Iterator[None]:
     """Sampling on a CPU runs on one torch thread: torch's OpenMP workers spin-wait after a parallel region and
@@ -173,7 +200,7 @@ class BatchSampler:
     ) -> SamplerOutput:
         """histories: each row's tokens so far, needed by rows with penalties.
         Logprobs are of the raw logits (before penalties, temperature and truncation)."""
-        if all(p.greedy and p.logprobs is None and not p.has_penalties for p in params):
+        if all(map(plain_greedy, params)):
             return SamplerOutput(_argmax(logits.float()).tolist(), [None] * len(params))  # the common decode step
         with _one_cpu_thread(logits.device):
             logits = logits.float()

@@ -133,6 +133,17 @@ class ContinuousBatchScheduler:
                 return False
         return True
 
+    def grow_from_free_pages(self, requests: Sequence[InferenceRequest], n: int) -> bool:
+        """Pages for n more tokens of each request, from the free pool alone (no eviction, no preemption); False,
+        with nothing taken, where the pool is short."""
+        needed = [self.kv_cache.pages_for(r.num_cached_tokens + n) - len(r.page_ids) for r in requests]
+        if sum(k for k in needed if k > 0) > self.kv_cache.num_free_pages:
+            return False
+        for request, k in zip(requests, needed):
+            if k > 0:
+                request.page_ids += self.kv_cache.allocate_pages(k)
+        return True
+
     def _grow(self, request: InferenceRequest, n: int) -> bool:
         needed = self.kv_cache.pages_for(request.num_cached_tokens + n) - len(request.page_ids)
         if needed <= 0:

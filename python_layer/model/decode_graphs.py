@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections import deque
+from contextlib import nullcontext
+from typing import ContextManager, Deque, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -56,7 +58,11 @@ class DecodeGraphs:
         self.replays = compiled.device_key != "cpu"
         self._device = compiled.model.input_devices[0]
         self._steps: Dict[int, Tuple[List[Buffer], Optional[Buffer]]] = {}  # bucket -> (its inputs, its captured logits)
-        self._host_arrays: List[torch.Tensor] = []
+        self._host_arrays: Deque[List[torch.Tensor]] = deque(maxlen=3)
+        self._input_ids: Dict[int, torch.Tensor] = {}  # bucket -> its input ids buffer, seen by torch
+        if self.replays:
+            self._stream = torch.cuda.ExternalStream(self._device.default_queue.native_stream_handle,
+                                                     device=kv_cache.k_caches[0].device)
         self._key_base = next(_instances) << 32
         self._captured_keys: List[int] = []
         # the captures hold device memory on the (maybe shared) model: released when these graphs go
@@ -80,12 +86,19 @@ class DecodeGraphs:
                     raise RuntimeError(f"the device graph of {rows} sequences gives other logits than the same step run "
                                        f"op by op (by up to {worst:.3g})")
 
-    def __call__(self, chunks: Sequence[SequenceChunk]) -> torch.Tensor:
+    def __call__(self, chunks: Sequence[SequenceChunk], input_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits [len(chunks), vocab] of one decode step (every chunk one token, at the end of its sequence).
-        On a GPU they alias the bucket's output buffer: read them before the next step."""
-        return self._run(chunks, self.bucket(len(chunks)))[: len(chunks)]
+        input_ids: the chunks' tokens as int32 on the device, where the step before sampled them (the chunks' own
+        token ids are then placeholders). On a GPU the logits alias the bucket's output buffer: read them (on
+        torch_stream) before the next step of the bucket."""
+        return self._run(chunks, self.bucket(len(chunks)), input_ids)[: len(chunks)]
 
-    def _run(self, chunks: Sequence[SequenceChunk], rows: int) -> torch.Tensor:
+    def torch_stream(self) -> ContextManager:
+        """Runs torch's work inside it on the stream MAX replays on: one stream then orders the steps, their input
+        copies and the sampling between them, so a step can be given to the device before the last one is read."""
+        return torch.cuda.stream(self._stream) if self.replays else nullcontext()
+
+    def _run(self, chunks: Sequence[SequenceChunk], rows: int, input_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The logits of all `rows` rows: the chunks', then the padding's."""
         padding = [SequenceChunk([0], 0, [self.pad_page])] * (rows - len(chunks))
         step = build_step_inputs([*chunks, *padding], self.kv_cache.page_size, "cpu", self.max_pages)
@@ -94,15 +107,21 @@ class DecodeGraphs:
                   attn.slot_mapping, torch.arange(rows, dtype=torch.int32)]
         if rows not in self._steps:
             self._steps[rows] = ([Buffer.zeros(a.shape, DType.int32, self._device) for a in arrays], None)
+            if self.replays:
+                self._input_ids[rows] = torch.from_dlpack(self._steps[rows][0][0])
         inputs, logits = self._steps[rows]
         if not self.replays:
             for buffer, a in zip(inputs, arrays):  # in place; MAX's copy would run beside a CPU execution, not before
                 buffer.to_numpy()[...] = a.numpy()
+            if input_ids is not None:
+                inputs[0].to_numpy()[: len(input_ids)] = input_ids.numpy()
             return torch.from_dlpack(self.compiled.execute(inputs, self.kv_cache))
         # on the device's stream, so before the replay (as in MAX's graph_capture.py); the host arrays stay alive
-        # until the next step, when the caller has read this step's logits and so waited for its copies
-        self._host_arrays = arrays
+        # for two more steps: by then the caller has read this step's tokens and so waited for its copies
+        self._host_arrays.append(arrays)
         batch_inplace_copy(inputs, [Buffer.from_numpy(a.numpy()).to(self._device) for a in arrays])
+        if input_ids is not None:  # after that copy on the same stream, before the replay
+            self._input_ids[rows][: len(input_ids)].copy_(input_ids)
         if logits is None:
             try:
                 logits = self.compiled.capture(self._key_base + rows, inputs, self.kv_cache)

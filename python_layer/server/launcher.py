@@ -69,7 +69,7 @@ def make_loader(args: argparse.Namespace) -> Callable[[EngineMetrics], AsyncEngi
             engine = InferenceEngine(model, num_kv_pages=args.kv_pages, kv_cache_memory_gb=_kv_memory_gb(args),
                                      page_size=args.page_size, max_model_len=args.max_model_len,
                                      max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                                     device_graphs=args.device_graphs)
+                                     device_graphs=args.device_graphs, overlap=args.overlap)
             engine.generate([[0, 1]], SamplingParams(max_tokens=2, ignore_eos=True))
         print(f"[mili] serving {args.served_model_name} on http://{args.host}:{args.port} "
               f"(max_model_len {engine.max_model_len}, {engine.kv_cache.num_pages} KV pages, "

@@ -41,6 +41,11 @@ class QwenTokenizer:
         """Number of tokens including added ones (151,669 for Qwen3; the model's embedding is larger)."""
         return self._tokenizer.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def backend(self) -> Tokenizer:
+        """The tokenizers.Tokenizer underneath (for tokenizers' own streaming decoder)."""
+        return self._tokenizer
+
     def token_to_id(self, token: Optional[str]) -> Optional[int]:
         return None if token is None else self._tokenizer.token_to_id(token)
 

@@ -10,12 +10,11 @@ from pathlib import Path
 import pytest
 
 from python_layer import InferenceEngine, SamplingParams
-from python_layer.inference.model_runner import ModelRunner
 from python_layer.model.attention_metadata import SequenceChunk
 from python_layer.model.decode_graphs import DecodeGraphs
 from python_layer.model.loader import load_model
 from python_layer.model.qwen3_model import Qwen3Model
-from tests.engine_checks import no_request_holds_pages, serve_arrivals_and_aborts
+from tests.engine_checks import no_request_holds_pages, padded_engine, serve_arrivals_and_aborts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
 
@@ -23,18 +22,6 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprob
 @pytest.fixture(scope="module")
 def model(tiny_checkpoint: Path) -> Qwen3Model:
     return load_model(tiny_checkpoint, backend="mojo")
-
-
-def _engine(model: Qwen3Model, decode_graphs: bool, **kwargs) -> InferenceEngine:
-    kwargs.setdefault("num_kv_pages", 64)
-    max_len = (kwargs["num_kv_pages"] - 1) * 16  # what is left beside the padding page, with or without it
-    engine = InferenceEngine(model, debug_checks=True, max_model_len=max_len, **kwargs)
-    kv = engine.kv_cache
-    pad_page = kv.reserve_page()  # both ways: the same pages left for the requests, so the same preemptions
-    if decode_graphs:
-        graphs = DecodeGraphs(model.forward_fn, kv, engine.scheduler.max_num_seqs, kv.pages_for(max_len), pad_page)
-        engine.runner = ModelRunner(model, kv, graphs)
-    return engine
 
 
 def _prompts(n: int, seed: int) -> list[list[int]]:
@@ -45,8 +32,8 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
 @pytest.mark.parametrize("batch, bucket", [(1, 1), (3, 4), (6, 8), (8, 8)])
 def test_padded_decode_steps_match_unpadded(model: Qwen3Model, batch: int, bucket: int) -> None:
     prompts = _prompts(batch, seed=batch)
-    plain = _engine(model, False, max_num_seqs=8).generate(prompts, GREEDY)
-    engine = _engine(model, True, max_num_seqs=8)
+    plain = padded_engine(model, False, max_num_seqs=8).generate(prompts, GREEDY)
+    engine = padded_engine(model, True, max_num_seqs=8)
     graphs = engine.runner.decode_graphs
     graphs.warm_up()  # every bucket's step on padding rows alone: they touch no request's pages
     used = []  # the bucket of every decode step
@@ -66,7 +53,7 @@ def test_arrivals_aborts_preemption_and_prefix_hits_match_unpadded(model: Qwen3M
     system = _prompts(1, seed=99)[0][:40] * 2
     outputs = []
     for decode_graphs in (False, True):
-        engine = _engine(model, decode_graphs, num_kv_pages=12, max_num_seqs=6)
+        engine = padded_engine(model, decode_graphs, num_kv_pages=12, max_num_seqs=6, overlap=False)
         done = serve_arrivals_and_aborts(engine, [system + p for p in _prompts(24, seed=4)], seed=3)
         assert engine.scheduler.num_preemptions > 0 and engine.prefix_cache.hit_tokens > 0
         assert no_request_holds_pages(engine)
@@ -75,7 +62,7 @@ def test_arrivals_aborts_preemption_and_prefix_hits_match_unpadded(model: Qwen3M
 
 
 def test_decode_graphs_refuse_what_they_cannot_run(model: Qwen3Model) -> None:
-    engine = _engine(model, False, max_num_seqs=2)
+    engine = padded_engine(model, False, max_num_seqs=2)
     kv = engine.kv_cache
     with pytest.raises(ValueError, match="KV page 1 is not reserved"):
         DecodeGraphs(model.forward_fn, kv, 2, 4, 1)

@@ -1,3 +1,5 @@
+import random
+
 import pytest
 
 from python_layer.tokenizer import IncrementalDetokenizer, get_tokenizer
@@ -43,3 +45,26 @@ def test_flush_emits_an_incomplete_tail_like_decode() -> None:
     detok = IncrementalDetokenizer(tok)
     text = "".join(detok.add(t) for t in ids[:cut]) + detok.flush()
     assert text == tok.decode(ids[:cut])
+
+
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_random_ids_join_to_full_decode(skip_special_tokens: bool) -> None:
+    """A random-weight model samples any id: special ones, split characters, and ids past the tokenizer's
+    vocabulary (Qwen3's embedding has 151,936 rows, its tokenizer 151,669 tokens)."""
+    tok = get_tokenizer()
+    rng = random.Random(0)
+    for _ in range(300):
+        ids = [rng.randrange(151_600, 151_936) if rng.random() < 0.2 else rng.randrange(151_600)
+               for _ in range(rng.randint(1, 30))]
+        detok = IncrementalDetokenizer(tok, skip_special_tokens=skip_special_tokens)
+        text = "".join(detok.add(t) for t in ids) + detok.flush()
+        assert text == tok.decode(ids, skip_special_tokens=skip_special_tokens), ids
+
+
+def test_tokens_after_a_flush_start_afresh() -> None:
+    tok = get_tokenizer()
+    first, second = tok.encode("ok " + FAMILY[:2]), tok.encode(" 你好")
+    detok = IncrementalDetokenizer(tok)
+    head = "".join(detok.add(t) for t in first) + detok.flush()
+    tail = "".join(detok.add(t) for t in second) + detok.flush()
+    assert (head, tail) == (tok.decode(first), tok.decode(second))
