@@ -1,7 +1,7 @@
 """End to end on a GPU: MILI against MAX's own Qwen3 pipeline and transformers on the same random-weight checkpoint
 (Qwen3-0.6B's shape, bfloat16), in one run. The systems run one after another: each takes most of the GPU.
 
-  mili bench latency --device cuda [--systems mili,mili-eager,transformers,max] [--contexts 512,4096]
+  mili bench latency --device cuda [--systems mili,mili-sync,mili-eager,transformers,max] [--contexts 512,4096]
       batch-1 decode, ms per token at each context: (T(prompt, n + 1) - T(prompt, 1)) / n, T being one generate
       call's wall time (so the prompt's processing drops out), n = --new-tokens; time to first token of a
       --ttft-len (2,048) token prompt: T(prompt, 1). Medians of --runs after a warm-up.
@@ -9,8 +9,9 @@
       nano-vllm's workload: --num-requests (256) random prompts, prompt and output lengths uniform in [100, 1024],
       ignore_eos, all submitted at once; output tokens per second of one run after a warm-up.
 
-"mili" replays its decode steps as device graphs, "mili-eager" runs them op by op (--no-device-graphs). Both
-also print the bandwidth floor of a decode step: the bytes it reads (every weight once) over the device's
+"mili" replays its decode steps as device graphs and gives the device the next decode step before it reads the
+last one's tokens (overlap), "mili-sync" replays them without overlap (--no-overlap), "mili-eager" runs them op by
+op (--no-device-graphs). All also print the bandwidth floor of a decode step: the bytes it reads (every weight once) over the device's
 copy bandwidth measured in the run. Prints a table and writes JSON under benchmarks/results/."""
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from kernels import copy_bandwidth
 from bindings import graph
 from python_layer.model.config import Qwen3Config
 
-SYSTEMS = ("mili", "mili-eager", "transformers", "max")
+SYSTEMS = ("mili", "mili-sync", "mili-eager", "transformers", "max")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,10 +57,10 @@ def decode_bytes(config: Qwen3Config, bytes_per_weight: int = 2) -> int:
 
 
 def open_system(name: str, path: str, args: argparse.Namespace, mili_model: dict) -> System:
-    if name in ("mili", "mili-eager"):
+    if name.startswith("mili"):
         if "model" not in mili_model:
             mili_model["model"] = load_mili(path, args.device)
-        return Mili(mili_model["model"], name == "mili", args.max_num_seqs, args.max_num_batched_tokens, args.kv_cache_gb,
+        return Mili(mili_model["model"], name, args.max_num_seqs, args.max_num_batched_tokens, args.kv_cache_gb,
                     max_length(args))
     if name == "transformers":
         return Transformers(path, args.device, args.hf_batch_size)

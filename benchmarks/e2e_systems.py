@@ -46,14 +46,19 @@ def kv_pages_for(model: Qwen3Model, kv_cache_gb: float, page_size: int = 16) -> 
 
 
 class Mili:
-    def __init__(self, model: Qwen3Model, device_graphs: bool, max_num_seqs: int, max_num_batched_tokens: int,
+    VARIANTS = {"mili": {}, "mili-sync": dict(overlap=False), "mili-eager": dict(device_graphs=False)}
+
+    def __init__(self, model: Qwen3Model, name: str, max_num_seqs: int, max_num_batched_tokens: int,
                  kv_cache_gb: float, max_model_len: int) -> None:
-        """max_model_len: the workload's longest sequence, as MAX's pipeline is given it (it also sets how wide a
-        replayed decode step's page table is)."""
-        self.name = "mili" if device_graphs or model.device.type == "cpu" else "mili, no device graphs"
+        """name: one of VARIANTS (the engine's defaults, without overlap, without device graphs). max_model_len: the
+        workload's longest sequence, as MAX's pipeline is given it (it also sets how wide a replayed decode step's
+        page table is)."""
+        if name not in self.VARIANTS:
+            raise ValueError(f"unknown MILI variant {name!r}: choose from {', '.join(self.VARIANTS)}")
+        self.name = name
         self.engine = InferenceEngine(model, num_kv_pages=kv_pages_for(model, kv_cache_gb), max_num_seqs=max_num_seqs,
                                       max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=False,
-                                      device_graphs=device_graphs, max_model_len=max_model_len)
+                                      max_model_len=max_model_len, **self.VARIANTS[name])
         graphs = self.engine.runner.decode_graphs
         self.device_graphs = graphs is not None and graphs.replays
 

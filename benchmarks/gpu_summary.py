@@ -39,10 +39,12 @@ def summary(results: Path, commit: str) -> dict:
     out.update(
         decode_b1_ms_per_token=_figure(latency, "mili", "decode_b1_ctx512_ms_per_token"),
         decode_b1_ctx4096_ms_per_token=_figure(latency, "mili", "decode_b1_ctx4096_ms_per_token"),
+        decode_b1_ms_per_token_without_overlap=_figure(latency, "mili-sync", "decode_b1_ctx512_ms_per_token"),
         decode_b1_ms_per_token_without_device_graphs=_figure(latency, "mili-eager", "decode_b1_ctx512_ms_per_token"),
         ttft_2048_ms=_figure(latency, "mili", "ttft_2048_ms"),
         bandwidth_floor_ms=_figure(latency, "mili", "bandwidth_floor_ms"),
         throughput_tok_s=_figure(throughput, "mili", "output_tok_s"),
+        throughput_tok_s_without_overlap=_figure(throughput, "mili-sync", "output_tok_s"),
         max_pipeline_throughput_tok_s=_figure(throughput, "max", "output_tok_s"),
         max_pipeline_decode_b1_ms_per_token=_figure(latency, "max", "decode_b1_ctx512_ms_per_token"),
         transformers_throughput_tok_s=_figure(throughput, "transformers", "output_tok_s"),

@@ -1,5 +1,6 @@
 """Decode steps replayed as device graphs on a GPU (model/decode_graphs.py): the same tokens as the steps run
-op by op, whatever the batch, and the captured buckets reused as requests come and go."""
+op by op, whatever the batch, and the captured buckets reused as requests come and go; overlapped (the next step
+given to the GPU before the last one's tokens are read, its input ids taken there), the same tokens again."""
 
 from __future__ import annotations
 
@@ -49,9 +50,24 @@ def test_replay_with_arrivals_and_aborts(model) -> None:
     for device_graphs in (True, False):
         # the same 39 pages for the requests both ways (device graphs reserve one for padding): the same preemptions
         engine = InferenceEngine(model, num_kv_pages=40 if device_graphs else 39, max_num_seqs=8, debug_checks=True,
-                                 device_graphs=device_graphs)
+                                 device_graphs=device_graphs, overlap=False)
         assert engine.kv_cache.num_usable_pages == 39
         done = serve_arrivals_and_aborts(engine, _prompts(30, seed=6), seed=5, max_tokens=24)
         assert no_request_holds_pages(engine)
         outputs.append(done)
     assert outputs[0] == outputs[1] and len(outputs[0]) == 30
+
+
+def test_overlapped_decode_steps_give_the_tokens_of_steps_read_at_once(model) -> None:
+    """torch's token copies and argmax run on MAX's stream between the replays: a step that read its input ids
+    before the step before had written them would give other tokens."""
+    prompts = _prompts(13, seed=8)
+    params = [SamplingParams(temperature=0.0, max_tokens=4 + 3 * i, ignore_eos=True) for i in range(len(prompts))]
+    outputs = []
+    for overlap in (True, False):
+        engine = InferenceEngine(model, num_kv_pages=256, max_num_seqs=16, debug_checks=True, overlap=overlap)
+        following, run = [], engine.runner.run_following
+        engine.runner.run_following = lambda requests, ids: following.append(len(requests)) or run(requests, ids)
+        outputs.append([o.token_ids for o in engine.generate(prompts, params)])
+        assert no_request_holds_pages(engine) and bool(following) == overlap
+    assert outputs[0] == outputs[1]
