@@ -49,10 +49,11 @@ def _fmt(v: object) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
-def write_json(name: str, meta: dict, rows: Sequence[dict]) -> Path:
+def write_json(name: str, meta: dict, rows: Sequence[dict], out: Optional[Path] = None) -> Path:
+    """Writes results/NAME-TIME.json, or over `out` (a file an earlier call wrote) when given."""
     meta = dict(meta, machine=platform.machine(), cpus=torch.get_num_threads(), time=time.strftime("%Y-%m-%d %H:%M:%S"))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out = out or RESULTS / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(dict(meta=meta, rows=list(rows)), indent=1))
     print(f"wrote {out}")
     return out

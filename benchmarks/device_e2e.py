@@ -115,7 +115,10 @@ def run(kind: str, args: argparse.Namespace, figures: Callable[[System, argparse
     floor_ms = decode_bytes(config) / bandwidth * 1e3
     print(f"{kind} on {args.device}; copy bandwidth {bandwidth / 1e9:.0f} GB/s; decode floor {floor_ms:.3f} ms/token",
           flush=True)
-    rows, mili_model = [], {}
+    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
+    meta = dict(vars(args), model=path, device_name=device, copy_bandwidth_bytes_per_s=bandwidth,
+                flash_attention=graph.FLASH_ATTENTION)
+    rows, mili_model, out = [], {}, None
     for name in args.systems.split(","):
         system = None
         try:
@@ -129,15 +132,12 @@ def run(kind: str, args: argparse.Namespace, figures: Callable[[System, argparse
                 system.close()
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()
+        rows[-1]["bandwidth_floor_ms"] = floor_ms
         print(rows[-1], flush=True)
-    for row in rows:
-        row["bandwidth_floor_ms"] = floor_ms
+        # after every system: a run cut short at its time limit keeps the figures it has
+        out = write_json(f"{kind}-{args.device.replace(':', '')}", meta, rows, out)
     columns = ["system", *sorted({k for r in rows for k in r} - {"system", "error", "bandwidth_floor_ms"}), "error"]
     print_table(rows, columns)
-    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
-    write_json(f"{kind}-{args.device.replace(':', '')}",
-               dict(vars(args), model=path, device_name=device, copy_bandwidth_bytes_per_s=bandwidth,
-                    flash_attention=graph.FLASH_ATTENTION), rows)
     return rows
 
 

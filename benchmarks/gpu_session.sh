@@ -95,7 +95,7 @@ for step in $steps; do
            done ;;
     flash-bench) MILI_GPU_FLASH_ATTENTION=1 run flash-bench 300 python3 benchmarks/kernels.py --device cuda \
                    --dtype bfloat16 --only attention,qk_norm_rope_store ;;
-    e2e) systems=${E2E_SYSTEMS:-mili,mili-sync,mili-eager,transformers,max}
+    e2e) systems=${E2E_SYSTEMS:-mili,max,transformers,mili-sync,mili-eager}  # what the issue asks first
          max_python=${MAX_PYTHON:-$([ -x "$kit/max-python" ] && echo "$kit/max-python")}
          flash=${E2E_FLASH:-$(flash_passed && echo 1 || echo 0)}
          summary+=("e2e: MILI's attention kernels $([ "$flash" = 1 ] && echo flash || echo plain)")
