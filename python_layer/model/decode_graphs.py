@@ -23,7 +23,7 @@ from typing import ContextManager, Deque, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from max.driver import Buffer, batch_inplace_copy
+from max.driver import Buffer, Usage, batch_inplace_copy
 from max.dtype import DType
 
 from ..memory.kv_cache_manager import PagedKVCache
@@ -58,7 +58,7 @@ class DecodeGraphs:
         self.replays = compiled.device_key != "cpu"
         self._device = compiled.model.input_devices[0]
         self._steps: Dict[int, Tuple[List[Buffer], Optional[Buffer]]] = {}  # bucket -> (its inputs, its captured logits)
-        self._host_arrays: Deque[List[torch.Tensor]] = deque(maxlen=3)
+        self._staging: Deque[Buffer] = deque(maxlen=3)
         self._input_ids: Dict[int, torch.Tensor] = {}  # bucket -> its input ids buffer, seen by torch
         if self.replays:
             self._stream = torch.cuda.ExternalStream(self._device.default_queue.native_stream_handle,
@@ -116,10 +116,9 @@ class DecodeGraphs:
             if input_ids is not None:
                 inputs[0].to_numpy()[: len(input_ids)] = input_ids.numpy()
             return torch.from_dlpack(self.compiled.execute(inputs, self.kv_cache))
-        # on the device's stream, so before the replay (as in MAX's graph_capture.py); the host arrays stay alive
-        # for two more steps: by then the caller has read this step's tokens and so waited for its copies
-        self._host_arrays.append(arrays)
-        batch_inplace_copy(inputs, [Buffer.from_numpy(a.numpy()).to(self._device) for a in arrays])
+        # through page-locked host memory, copied on the device's stream (so before the replay, and without
+        # waiting for the steps before it), as MAX's own graph_capture.py and input stager do
+        batch_inplace_copy(inputs, self._staged(arrays))
         if input_ids is not None:  # after that copy on the same stream, before the replay
             self._input_ids[rows][: len(input_ids)].copy_(input_ids)
         if logits is None:
@@ -131,6 +130,20 @@ class DecodeGraphs:
             self._captured_keys.append(self._key_base + rows)
         self.compiled.replay(self._key_base + rows, inputs, self.kv_cache)  # right after the capture too: it may only record
         return torch.from_dlpack(logits)
+
+
+    def _staged(self, arrays: Sequence[torch.Tensor]) -> List[Buffer]:
+        """The arrays in one new page-locked host buffer, as views shaped like them. The buffer stays alive for
+        two more steps: by then the caller has read this step's tokens and so waited for its copies."""
+        staging = Buffer(DType.int32, [sum(a.numel() for a in arrays)], device=self._device,
+                         usage=Usage.STAGING | Usage.UNTRACKED)
+        flat, views, at = staging.to_numpy(), [], 0
+        for a in arrays:
+            flat[at : at + a.numel()] = a.numpy().ravel()
+            views.append(staging[at : at + a.numel()].view(DType.int32, list(a.shape)))
+            at += a.numel()
+        self._staging.append(staging)
+        return views
 
 
 def _release(model, keys: List[int]) -> None:

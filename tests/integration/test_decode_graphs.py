@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.attention_metadata import SequenceChunk
@@ -71,3 +72,15 @@ def test_decode_graphs_refuse_what_they_cannot_run(model: Qwen3Model) -> None:
         graphs([SequenceChunk([1], 0, [1])] * 3)
     with pytest.raises(ValueError, match="holds 5 KV pages, more than the page table's 4"):
         graphs([SequenceChunk([1], 70, [1, 2, 3, 4, 5])])
+
+
+def test_staged_inputs_hold_the_step_arrays(model: Qwen3Model) -> None:
+    """A GPU copies a step's inputs from one page-locked buffer (DecodeGraphs._staged): its views must be the
+    arrays, shapes included (checked here on host memory)."""
+    graphs = padded_engine(model, True, max_num_seqs=4).runner.decode_graphs
+    arrays = [torch.arange(5, dtype=torch.int32), torch.arange(6, 18, dtype=torch.int32).reshape(3, 4),
+              torch.tensor([7], dtype=torch.int32)]
+    for _ in range(4):  # the last three steps' buffers stay alive
+        views = graphs._staged(arrays)
+    assert [v.to_numpy().tolist() for v in views] == [a.tolist() for a in arrays]
+    assert len(graphs._staging) == 3
