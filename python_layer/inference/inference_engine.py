@@ -30,7 +30,7 @@ Prompt = Union[str, List[int]]
 @dataclass
 class _Launched:
     """A step given to the device: the requests that sample in it, and their tokens (sampled, or greedy ones
-    still on their way from the device)."""
+    still on their way from the device; one of the two is set)."""
 
     requests: List[InferenceRequest]
     sampled: Optional[SamplerOutput] = None
@@ -228,7 +228,7 @@ class InferenceEngine:
                 all(plain_greedy(r.params) for r in sampling):
             return _Launched(sampling, greedy=GreedyTokens(logits))
         if not sampling:
-            return _Launched([])
+            return _Launched([], sampled=SamplerOutput([], []))
         sampled = self.sampler(logits, [r.params for r in sampling], [r.generator for r in sampling], sampling)
         return _Launched(sampling, sampled=sampled)
 
@@ -256,7 +256,7 @@ class InferenceEngine:
         if launched.greedy is not None:
             token_ids, logprobs = launched.greedy.tolist(), [None] * len(launched.requests)
         else:
-            token_ids, logprobs = (launched.sampled.token_ids, launched.sampled.logprobs) if launched.sampled else ([], [])
+            token_ids, logprobs = launched.sampled.token_ids, launched.sampled.logprobs
         now = time.perf_counter()
         deltas = [self._append_token(request, token, lp, now)
                   for request, token, lp in zip(launched.requests, token_ids, logprobs)

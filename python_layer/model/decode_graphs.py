@@ -120,7 +120,8 @@ class DecodeGraphs:
         # waiting for the steps before it), as MAX's own graph_capture.py and input stager do
         batch_inplace_copy(inputs, self._staged(arrays))
         if input_ids is not None:  # after that copy on the same stream, before the replay
-            self._input_ids[rows][: len(input_ids)].copy_(input_ids)
+            with self.torch_stream():
+                self._input_ids[rows][: len(input_ids)].copy_(input_ids)
         if logits is None:
             try:
                 logits = self.compiled.capture(self._key_base + rows, inputs, self.kv_cache)
