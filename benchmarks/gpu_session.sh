@@ -11,11 +11,12 @@
 #   flash-bench, flash-model  the same with the split-KV decode and FlashAttention-2 prefill kernels (flash-bench:
 #                the attention rows and the fused q/k norm + RoPE + KV store op)
 #                (MILI_GPU_FLASH_ATTENTION=1, opt-in until they pass on a GPU; `tests` covers their kernel cases)
-#   flash-graphs tests/gpu/test_decode_graphs.py with those kernels: replayed decode steps against op-by-op ones
-#   e2e          mili bench latency / throughput --device cuda against transformers and MAX's pipeline, MILI with the
-#                flash kernels unless the tests step of this lease failed one of their cases or E2E_FLASH=0
-#                (E2E_SYSTEMS picks systems; MAX_PYTHON a Python with max[serve], by default the kit's peers), then
-#                the summary
+#   flash-graphs tests/gpu/test_decode_graphs.py with those kernels: replayed decode steps against op-by-op ones,
+#                overlapped decode steps against read-at-once ones
+#   e2e          mili bench latency / throughput --device cuda against MAX's pipeline and transformers, MILI with the
+#                flash kernels unless the tests step of this lease failed one of their cases or E2E_FLASH=0, then
+#                MILI without overlap (mili-sync) and without device graphs (mili-eager) (E2E_SYSTEMS picks systems;
+#                MAX_PYTHON a Python with max[serve], by default the kit's peers), then the summary
 # SESSION_SECONDS (default 520): no step starts later than that after the start, and each step's time limit is cut
 # to what is left, so the run ends inside one device call (10 minutes). Logs and JSON go to $GPU_SESSION_LOGS
 # (/tmp/mili-gpu), packed at the end into $OUT/gpu-session.tar.gz, with gpu-summary.json beside it (the device tool
