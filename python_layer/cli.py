@@ -100,7 +100,8 @@ def _add_device_graphs_option(parser: argparse.ArgumentParser) -> None:
                         help="on a GPU, run decode steps op by op instead of replaying them as device graphs (for debugging)")
     parser.add_argument("--no-overlap", dest="overlap", action="store_false",
                         help="on a GPU, read each decode step's tokens before giving the device the next step "
-                        "(by default the host's work on a step's tokens runs while the device computes the next)")
+                        "(by default the host's work on a step's tokens runs while the device computes the next, "
+                        "except in steps with logprobs or penalties)")
 
 
 def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:

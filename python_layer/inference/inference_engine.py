@@ -20,7 +20,7 @@ from ..tokenizer.detokenizer import IncrementalDetokenizer
 from ..tokenizer.qwen_tokenizer import QwenTokenizer, tokenizer_for_checkpoint
 from .model_runner import ModelRunner
 from .request import InferenceRequest, RequestDelta, RequestOutput, RequestStatus, new_request_id
-from .sampler import BatchSampler, GreedyTokens, SamplerOutput, TokenLogprobs, plain_greedy
+from .sampler import BatchSampler, DeviceTokens, SamplerOutput, TokenLogprobs, logits_only
 from .scheduler import ContinuousBatchScheduler
 from .sampling_params import SamplingParams
 
@@ -29,12 +29,12 @@ Prompt = Union[str, List[int]]
 
 @dataclass
 class _Launched:
-    """A step given to the device: the requests that sample in it, and their tokens (sampled, or greedy ones
-    still on their way from the device; one of the two is set)."""
+    """A step given to the device: the requests that sample in it, and their tokens (sampled and read, or still
+    on their way from the device; one of the two is set)."""
 
     requests: List[InferenceRequest]
     sampled: Optional[SamplerOutput] = None
-    greedy: Optional[GreedyTokens] = None
+    unread: Optional[DeviceTokens] = None
 
 
 class InferenceEngine:
@@ -200,8 +200,8 @@ class InferenceEngine:
         """Run one batch; returns what is new for every request that got a new token (the last delta of a
         finished one has its finish_reason). A step that only computed prompt chunks returns nothing.
 
-        With overlap on (decode graphs), a decode step whose rows are all plain greedy is left running on the
-        device, and the next call gives the device the decode step after it (its input ids are the tokens still
+        With overlap on (decode graphs), a decode step whose rows need nothing but their logits (no logprobs, no
+        penalties) is left running on the device, and the next call gives the device the decode step after it (its input ids are the tokens still
         on the device) before it reads this one's tokens: the host's work on a step's tokens then runs while the
         device computes the next step, as in SGLang's and MAX's overlap schedulers. Rows whose request finishes
         on a token read late (an EOS, a stop string) were computed once for nothing and are dropped."""
@@ -212,7 +212,7 @@ class InferenceEngine:
                 if not batch:
                     return []
                 launched = self._launch(batch.items)
-                if launched.greedy is not None:
+                if launched.unread is not None:
                     self._in_flight = launched
                     return []
             else:
@@ -220,13 +220,13 @@ class InferenceEngine:
             return self._complete(launched)
 
     def _launch(self, items: List[Tuple[InferenceRequest, int]]) -> _Launched:
-        """Give the device a scheduled batch. Left unread (greedy set) when overlap can go on from it."""
+        """Give the device a scheduled batch. Its tokens are left unread when overlap can go on from it."""
         logits, sampling = self.runner.run(items)
         for request, num_computed in items:
             self.scheduler.update_request(request, num_computed)
         if self._overlaps() and len(sampling) == len(items) == sum(n for _, n in items) and \
-                all(plain_greedy(r.params) for r in sampling):
-            return _Launched(sampling, greedy=GreedyTokens(logits))
+                all(logits_only(r.params) for r in sampling):
+            return _Launched(sampling, unread=self._sample_on_device(logits, sampling))
         if not sampling:
             return _Launched([], sampled=SamplerOutput([], []))
         sampled = self.sampler(logits, [r.params for r in sampling], [r.generator for r in sampling], sampling)
@@ -236,25 +236,25 @@ class InferenceEngine:
         """The decode step after an unread one, for those of its requests that surely go on (None where there
         are none, where waiting requests could be admitted instead, or where the free pages are short)."""
         scheduler = self.scheduler
-        if launched.greedy is None or (scheduler.waiting and len(scheduler.running) < scheduler.max_num_seqs):
+        if launched.unread is None or (scheduler.waiting and len(scheduler.running) < scheduler.max_num_seqs):
             return None
         rows = [i for i, r in enumerate(launched.requests)
                 if r.status == RequestStatus.RUNNING and r.num_tokens + 1 < r.max_total_tokens]
         requests = [launched.requests[i] for i in rows]
         if not requests or not scheduler.grow_from_free_pages(requests, 1):
             return None
-        input_ids = launched.greedy.on_device
+        input_ids = launched.unread.on_device
         if len(rows) < len(input_ids):
             input_ids = input_ids[torch.tensor(rows, device=input_ids.device)]
         logits = self.runner.run_following(requests, input_ids)
         for request in requests:
             scheduler.update_request(request, 1)
-        return _Launched(requests, greedy=GreedyTokens(logits))
+        return _Launched(requests, unread=self._sample_on_device(logits, requests))
 
     def _complete(self, launched: _Launched) -> List[RequestDelta]:
         """Read a launched step's tokens and hand them to their requests (none to those that ended meanwhile)."""
-        if launched.greedy is not None:
-            token_ids, logprobs = launched.greedy.tolist(), [None] * len(launched.requests)
+        if launched.unread is not None:
+            token_ids, logprobs = launched.unread.tolist(), [None] * len(launched.requests)
         else:
             token_ids, logprobs = launched.sampled.token_ids, launched.sampled.logprobs
         now = time.perf_counter()
@@ -264,6 +264,9 @@ class InferenceEngine:
         if self.debug_checks:
             self.scheduler.check_page_accounting()
         return deltas
+
+    def _sample_on_device(self, logits: torch.Tensor, requests: List[InferenceRequest]) -> DeviceTokens:
+        return self.sampler.on_device(logits, [r.params for r in requests], [r.generator for r in requests])
 
     def _overlaps(self) -> bool:
         return self.overlap and self.runner.decode_graphs is not None

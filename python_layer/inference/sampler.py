@@ -146,20 +146,20 @@ def _argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
-def plain_greedy(params: SamplingParams) -> bool:
-    """Whether a row's token is its logits' argmax and nothing else is asked of it (no logprobs, no penalties)."""
-    return params.greedy and params.logprobs is None and not params.has_penalties
+def logits_only(params: SamplingParams) -> bool:
+    """Whether a row's token needs nothing but its logits: no logprobs back, no penalties (no token history)."""
+    return params.logprobs is None and not params.has_penalties
 
 
-class GreedyTokens:
-    """The argmax tokens of a step's logits, kept on the device (the next step can read its input ids there)
-    and copied to the host behind the step's work: `tolist` waits for that copy alone, not for whatever the
-    device was given after it. On a GPU create it on the stream that computed the logits."""
+class DeviceTokens:
+    """A step's sampled tokens, kept on the device (the next step can read its input ids there) and copied to
+    the host behind the step's work: `tolist` waits for that copy alone, not for whatever the device was given
+    after it. On a GPU create it on the stream that computed the tokens."""
 
-    def __init__(self, logits: torch.Tensor) -> None:
-        self.on_device = _argmax(logits).to(torch.int32)
+    def __init__(self, tokens: torch.Tensor) -> None:
+        self.on_device = tokens.to(torch.int32)
         self._ready = None
-        if logits.device.type == "cpu":
+        if tokens.device.type == "cpu":
             self._host = self.on_device
         else:
             self._host = torch.empty(self.on_device.shape, dtype=torch.int32, pin_memory=True)
@@ -200,12 +200,19 @@ class BatchSampler:
     ) -> SamplerOutput:
         """histories: each row's tokens so far, needed by rows with penalties.
         Logprobs are of the raw logits (before penalties, temperature and truncation)."""
-        if all(map(plain_greedy, params)):
+        if all(p.greedy and logits_only(p) for p in params):
             return SamplerOutput(_argmax(logits.float()).tolist(), [None] * len(params))  # the common decode step
         with _one_cpu_thread(logits.device):
             logits = logits.float()
             tokens = self._sample(apply_penalties(logits, params, histories), params, generators)
             return SamplerOutput(tokens.tolist(), _logprobs(logits, params, tokens))
+
+    def on_device(self, logits: torch.Tensor, params: Sequence[SamplingParams],
+                  generators: Sequence[torch.Generator | None]) -> DeviceTokens:
+        """The tokens of rows that need nothing but their logits (`logits_only`), left on the device: nothing
+        here waits for the device, so the host can go on while it computes."""
+        with _one_cpu_thread(logits.device):
+            return DeviceTokens(self._sample(logits.float(), params, generators))
 
     @staticmethod
     def _sample(
@@ -224,7 +231,7 @@ class BatchSampler:
         candidates = None
         if all(0 < p.top_k <= MAX_TOP_K_CANDIDATES for p in sub):
             # every row keeps at most its top_k best: filter and draw among the max(top_k) best of each row
-            x, candidates = x.topk(min(int(top_k.max()), x.shape[-1]), dim=-1)
+            x, candidates = x.topk(min(max(p.top_k for p in sub), x.shape[-1]), dim=-1)  # k from the host: no sync
             x = x.masked_fill(torch.arange(x.shape[-1], device=x.device) >= top_k[:, None], float("-inf"))
         elif any(p.top_k > 0 for p in sub):
             x = apply_top_k(x, top_k)

@@ -55,6 +55,21 @@ def test_overlapped_steps_give_the_tokens_of_steps_read_at_once(model: Qwen3Mode
     assert following == [5] * 3 + [4] * 4 + [3] * 5 + [2] * 6
 
 
+def test_sampled_requests_overlap_and_draw_what_they_draw_at_once(model: Qwen3Model) -> None:
+    """Rows that sample (temperature, top-k, top-p, min-p, a seed each) overlap too: a seed draws the same tokens
+    either way. Rows that ask for logprobs or penalties need their tokens on the host: those steps are read at once."""
+    prompts = _prompts(6, seed=5)
+    sampled = [SamplingParams(temperature=0.8, top_k=40 * (i % 2), top_p=0.9, min_p=0.05 * (i % 3), seed=i,
+                              max_tokens=8 + i, ignore_eos=True) for i in range(len(prompts))]
+    at_once, _ = _generate(model, False, prompts, sampled)
+    overlapped, following = _generate(model, True, prompts, sampled)
+    assert overlapped == at_once and following
+    for extra in (dict(logprobs=1), dict(repetition_penalty=1.2)):
+        params = [SamplingParams(**{**vars(p), **extra}) for p in sampled]
+        _, following = _generate(model, True, prompts, params)
+        assert following == [], extra
+
+
 def test_requests_ended_by_a_token_read_late(model: Qwen3Model) -> None:
     """A stop token or stop string is seen a step late: the step behind it computed one row for nothing."""
     prompts = _prompts(6, seed=2)
