@@ -20,7 +20,7 @@ from ..tokenizer.detokenizer import IncrementalDetokenizer
 from ..tokenizer.qwen_tokenizer import QwenTokenizer, tokenizer_for_checkpoint
 from .model_runner import ModelRunner
 from .request import InferenceRequest, RequestDelta, RequestOutput, RequestStatus, new_request_id
-from .sampler import BatchSampler, DeviceTokens, SamplerOutput, TokenLogprobs, logits_only
+from .sampler import BatchSampler, DeviceTokens, SamplerOutput, TokenLogprobs, logits_only, to_device
 from .scheduler import ContinuousBatchScheduler
 from .sampling_params import SamplingParams
 
@@ -245,7 +245,7 @@ class InferenceEngine:
             return None
         input_ids = launched.unread.on_device
         if len(rows) < len(input_ids):
-            input_ids = input_ids[torch.tensor(rows, device=input_ids.device)]
+            input_ids = input_ids[to_device(rows, torch.long, input_ids.device)]
         logits = self.runner.run_following(requests, input_ids)
         for request in requests:
             scheduler.update_request(request, 1)

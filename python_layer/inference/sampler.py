@@ -67,8 +67,15 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
+def to_device(values: Sequence | torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Host values as a tensor on device, copied without waiting for the device: torch's plain copy from pageable
+    memory waits for the whole stream, which would stall the host behind a step still in flight."""
+    t = torch.as_tensor(values, dtype=dtype)
+    return t if device.type == "cpu" else t.pin_memory().to(device, non_blocking=True)
+
+
 def _per_row(values: Sequence[float], like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.float32, device=like.device)
+    return to_device(values, torch.float32, like.device)
 
 
 def _token_counts(token_lists: Sequence[Sequence[int]], vocab: int, device: torch.device) -> torch.Tensor:
@@ -106,13 +113,11 @@ def _draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> 
     it has one, so a seeded request draws the same whatever else is in the batch), the first token whose
     cumulative probability (float64) exceeds u times the row's total. One uniform per row, where
     torch.multinomial took ~4 ms per 152k-token row on a CPU and an exponential race needs a vocabulary of them."""
-    u = torch.empty(probs.shape[0], 1, dtype=torch.float64, device=probs.device)
-    unseeded = [i for i, g in enumerate(generators) if g is None]
-    if unseeded:
-        u[unseeded] = torch.rand(len(unseeded), 1, dtype=torch.float64, device=probs.device)
-    for i, g in enumerate(generators):
-        if g is not None:
-            u[i] = torch.rand(1, dtype=torch.float64, generator=g, device=g.device).to(probs.device)
+    u = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device)  # what unseeded rows draw
+    seeded = [i for i, g in enumerate(generators) if g is not None]
+    if seeded:  # each seeded row's own draw, from its generator on the host
+        draws = torch.cat([torch.rand(1, dtype=torch.float64, generator=generators[i]) for i in seeded])
+        u.index_copy_(0, to_device(seeded, torch.long, u.device), to_device(draws[:, None], torch.float64, u.device))
     cdf = probs.cumsum(dim=-1, dtype=torch.float64)
     # right=True: a token of probability 0 spans no interval and is never drawn
     drawn = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)
@@ -226,8 +231,9 @@ class BatchSampler:
         if not rows:
             return tokens
         sub = [params[i] for i in rows]
-        x = logits if len(rows) == len(params) else logits[rows]  # every filter below makes a new tensor
-        top_k = torch.tensor([p.top_k for p in sub], device=x.device)
+        index = None if len(rows) == len(params) else to_device(rows, torch.long, logits.device)
+        x = logits if index is None else logits[index]  # every filter below makes a new tensor
+        top_k = to_device([p.top_k for p in sub], torch.long, x.device)
         candidates = None
         if all(0 < p.top_k <= MAX_TOP_K_CANDIDATES for p in sub):
             # every row keeps at most its top_k best: filter and draw among the max(top_k) best of each row
@@ -245,5 +251,5 @@ class BatchSampler:
             candidates, order = candidates.sort(dim=-1)
             x = x.gather(-1, order)
         drawn = _draw(x.softmax(dim=-1), [generators[i] for i in rows])
-        tokens[rows] = drawn if candidates is None else candidates.gather(-1, drawn[:, None]).squeeze(-1)
-        return tokens
+        drawn = drawn if candidates is None else candidates.gather(-1, drawn[:, None]).squeeze(-1)
+        return drawn if index is None else tokens.index_copy_(0, index, drawn)

@@ -73,3 +73,26 @@ def test_overlapped_decode_steps_give_the_tokens_of_steps_read_at_once(model) ->
         outputs.append([o.token_ids for o in engine.generate(prompts, params)])
         assert no_request_holds_pages(engine) and bool(following) == overlap
     assert outputs[0] == outputs[1]
+
+
+def test_steps_behind_an_unread_one_are_launched_without_waiting_for_the_device(model) -> None:
+    """Giving the device the next step must not wait for the step in flight (else the host's work no longer
+    overlaps the device's): torch's sync debug mode raises on any synchronizing call torch makes meanwhile,
+    for greedy rows, sampled rows (seeded or not) and a batch that shrinks as requests end."""
+    engine = InferenceEngine(model, num_kv_pages=256, max_num_seqs=16, debug_checks=True)
+    launch, following = engine._launch_following, []
+
+    def without_syncs(launched):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            following.append(launch(launched))
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        return following[-1]
+
+    engine._launch_following = without_syncs
+    params = [SamplingParams(temperature=0.0 if i % 3 == 0 else 0.8, top_k=20 * (i % 2), min_p=0.05,
+                             seed=i if i % 3 == 1 else None, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(9)]
+    outputs = engine.generate(_prompts(9, seed=9), params)
+    assert [len(o.token_ids) for o in outputs] == [p.max_tokens for p in params]
+    assert sum(step is not None for step in following) >= 10 and no_request_holds_pages(engine)
