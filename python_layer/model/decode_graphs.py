@@ -57,7 +57,8 @@ class DecodeGraphs:
         self.buckets = bucket_sizes(max_batch)
         self.replays = compiled.device_key != "cpu"
         self._device = compiled.model.input_devices[0]
-        self._steps: Dict[int, Tuple[List[Buffer], Optional[Buffer]]] = {}  # bucket -> (its inputs, its captured logits)
+        # bucket -> (its inputs, its captured logits as torch sees them)
+        self._steps: Dict[int, Tuple[List[Buffer], Optional[torch.Tensor]]] = {}
         self._staging: Deque[Buffer] = deque(maxlen=3)
         self._input_ids: Dict[int, torch.Tensor] = {}  # bucket -> its input ids buffer, seen by torch
         if self.replays:
@@ -124,14 +125,14 @@ class DecodeGraphs:
                 self._input_ids[rows][: len(input_ids)].copy_(input_ids)
         if logits is None:
             try:
-                logits = self.compiled.capture(self._key_base + rows, inputs, self.kv_cache)
+                captured = self.compiled.capture(self._key_base + rows, inputs, self.kv_cache)
             except Exception as e:
                 raise RuntimeError(f"capturing the decode step of {rows} sequences as a device graph failed: {e}") from e
+            logits = torch.from_dlpack(captured)  # every replay writes this buffer: seen by torch once
             self._steps[rows] = (inputs, logits)
             self._captured_keys.append(self._key_base + rows)
         self.compiled.replay(self._key_base + rows, inputs, self.kv_cache)  # right after the capture too: it may only record
-        return torch.from_dlpack(logits)
-
+        return logits
 
     def _staged(self, arrays: Sequence[torch.Tensor]) -> List[Buffer]:
         """The arrays in one new page-locked host buffer, as views shaped like them. The buffer stays alive for
