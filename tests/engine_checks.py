@@ -8,6 +8,12 @@ from python_layer.model.decode_graphs import DecodeGraphs
 from python_layer.model.qwen3_model import Qwen3Model
 
 
+def random_prompts(n: int, seed: int, max_len: int) -> list[list[int]]:
+    """n prompts of 1 to max_len random token ids."""
+    rng = random.Random(seed)
+    return [[rng.randrange(1000) for _ in range(rng.randint(1, max_len))] for _ in range(n)]
+
+
 def padded_engine(model: Qwen3Model, decode_graphs: bool, **kwargs) -> InferenceEngine:
     """An engine (debug checks on) whose decode steps run on DecodeGraphs' padded fixed-shape inputs when
     decode_graphs, on a CPU too (which executes them where a GPU replays them). The padding page is reserved

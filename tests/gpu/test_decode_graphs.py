@@ -4,7 +4,6 @@ given to the GPU before the last one's tokens are read, its input ids taken ther
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ if not torch.cuda.is_available():
 
 from python_layer import InferenceEngine, SamplingParams  # noqa: E402
 from python_layer.model.loader import load_model  # noqa: E402
-from tests.engine_checks import no_request_holds_pages, serve_arrivals_and_aborts  # noqa: E402
+from tests.engine_checks import no_request_holds_pages, random_prompts, serve_arrivals_and_aborts  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=1)
 
@@ -25,10 +24,6 @@ def model(tiny_checkpoint: Path):
     return load_model(tiny_checkpoint, device="cuda", dtype="bfloat16")
 
 
-def _prompts(n: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(1000) for _ in range(rng.randint(1, 300))] for _ in range(n)]
-
 
 def test_replayed_decode_steps_give_the_tokens_of_steps_run_op_by_op(model) -> None:
     replayed = InferenceEngine(model, num_kv_pages=256, max_num_seqs=16, debug_checks=True)
@@ -37,7 +32,7 @@ def test_replayed_decode_steps_give_the_tokens_of_steps_run_op_by_op(model) -> N
     assert graphs is not None and graphs.buckets == [1, 2, 4, 8, 16] and eager.runner.decode_graphs is None
     assert sorted(graphs._steps) == graphs.buckets and all(logits is not None for _, logits in graphs._steps.values())
     for batch in (1, 3, 8, 13):
-        prompts = _prompts(batch, seed=batch)
+        prompts = random_prompts(batch, seed=batch, max_len=300)
         a, b = replayed.generate(prompts, GREEDY), eager.generate(prompts, GREEDY)
         assert [o.token_ids for o in a] == [o.token_ids for o in b], batch
         for x, y in zip(a, b):
@@ -52,7 +47,7 @@ def test_replay_with_arrivals_and_aborts(model) -> None:
         engine = InferenceEngine(model, num_kv_pages=40 if device_graphs else 39, max_num_seqs=8, debug_checks=True,
                                  device_graphs=device_graphs, overlap=False)
         assert engine.kv_cache.num_usable_pages == 39
-        done = serve_arrivals_and_aborts(engine, _prompts(30, seed=6), seed=5, max_tokens=24)
+        done = serve_arrivals_and_aborts(engine, random_prompts(30, seed=6, max_len=300), seed=5, max_tokens=24)
         assert no_request_holds_pages(engine)
         outputs.append(done)
     assert outputs[0] == outputs[1] and len(outputs[0]) == 30
@@ -61,7 +56,7 @@ def test_replay_with_arrivals_and_aborts(model) -> None:
 def test_overlapped_decode_steps_give_the_tokens_of_steps_read_at_once(model) -> None:
     """torch's token copies and argmax run on MAX's stream between the replays: a step that read its input ids
     before the step before had written them would give other tokens."""
-    prompts = _prompts(13, seed=8)
+    prompts = random_prompts(13, seed=8, max_len=300)
     # greedy rows, and rows that sample on the device with a seed each (they draw the same either way)
     params = [SamplingParams(temperature=0.0 if i % 2 else 0.7, top_p=0.9, seed=i, max_tokens=4 + 3 * i, ignore_eos=True)
               for i in range(len(prompts))]
@@ -93,6 +88,6 @@ def test_steps_behind_an_unread_one_are_launched_without_waiting_for_the_device(
     engine._launch_following = without_syncs
     params = [SamplingParams(temperature=0.0 if i % 3 == 0 else 0.8, top_k=20 * (i % 2), min_p=0.05,
                              seed=i if i % 3 == 1 else None, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(9)]
-    outputs = engine.generate(_prompts(9, seed=9), params)
+    outputs = engine.generate(random_prompts(9, seed=9, max_len=300), params)
     assert [len(o.token_ids) for o in outputs] == [p.max_tokens for p in params]
     assert sum(step is not None for step in following) >= 10 and no_request_holds_pages(engine)

@@ -4,7 +4,6 @@ graphs; a CPU executes the same buffers, and here they must give what the unpadd
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from python_layer.model.attention_metadata import SequenceChunk
 from python_layer.model.decode_graphs import DecodeGraphs
 from python_layer.model.loader import load_model
 from python_layer.model.qwen3_model import Qwen3Model
-from tests.engine_checks import no_request_holds_pages, padded_engine, serve_arrivals_and_aborts
+from tests.engine_checks import no_request_holds_pages, padded_engine, random_prompts, serve_arrivals_and_aborts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
 
@@ -25,14 +24,10 @@ def model(tiny_checkpoint: Path) -> Qwen3Model:
     return load_model(tiny_checkpoint, backend="mojo")
 
 
-def _prompts(n: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(1000) for _ in range(rng.randint(1, 70))] for _ in range(n)]
-
 
 @pytest.mark.parametrize("batch, bucket", [(1, 1), (3, 4), (6, 8), (8, 8)])
 def test_padded_decode_steps_match_unpadded(model: Qwen3Model, batch: int, bucket: int) -> None:
-    prompts = _prompts(batch, seed=batch)
+    prompts = random_prompts(batch, seed=batch, max_len=70)
     plain = padded_engine(model, False, max_num_seqs=8).generate(prompts, GREEDY)
     engine = padded_engine(model, True, max_num_seqs=8)
     graphs = engine.runner.decode_graphs
@@ -51,11 +46,11 @@ def test_padded_decode_steps_match_unpadded(model: Qwen3Model, batch: int, bucke
 def test_arrivals_aborts_preemption_and_prefix_hits_match_unpadded(model: Qwen3Model) -> None:
     """Requests come and go between steps, so each bucket's buffers are refreshed with ever different sequences;
     a 12-page pool preempts, and a shared prefix comes from the prefix cache."""
-    system = _prompts(1, seed=99)[0][:40] * 2
+    system = random_prompts(1, seed=99, max_len=70)[0][:40] * 2
     outputs = []
     for decode_graphs in (False, True):
         engine = padded_engine(model, decode_graphs, num_kv_pages=12, max_num_seqs=6, overlap=False)
-        done = serve_arrivals_and_aborts(engine, [system + p for p in _prompts(24, seed=4)], seed=3)
+        done = serve_arrivals_and_aborts(engine, [system + p for p in random_prompts(24, seed=4, max_len=70)], seed=3)
         assert engine.scheduler.num_preemptions > 0 and engine.prefix_cache.hit_tokens > 0
         assert no_request_holds_pages(engine)
         outputs.append(done)

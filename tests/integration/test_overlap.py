@@ -14,17 +14,13 @@ import pytest
 from python_layer import SamplingParams
 from python_layer.model.loader import load_model
 from python_layer.model.qwen3_model import Qwen3Model
-from tests.engine_checks import no_request_holds_pages, padded_engine
+from tests.engine_checks import no_request_holds_pages, padded_engine, random_prompts
 
 
 @pytest.fixture(scope="module")
 def model(tiny_checkpoint: Path) -> Qwen3Model:
     return load_model(tiny_checkpoint, backend="mojo")
 
-
-def _prompts(n: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(1000) for _ in range(rng.randint(1, 60))] for _ in range(n)]
 
 
 def _count_following(engine) -> list:
@@ -43,7 +39,7 @@ def _generate(model: Qwen3Model, overlap: bool, prompts: list, params: list, **k
 
 
 def test_overlapped_steps_give_the_tokens_of_steps_read_at_once(model: Qwen3Model) -> None:
-    prompts = _prompts(7, seed=1)
+    prompts = random_prompts(7, seed=1, max_len=60)
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (1, 2, 5, 9, 14, 20, 20)]
     at_once, following = _generate(model, False, prompts, params)
     assert following == []
@@ -58,7 +54,7 @@ def test_overlapped_steps_give_the_tokens_of_steps_read_at_once(model: Qwen3Mode
 def test_sampled_requests_overlap_and_draw_what_they_draw_at_once(model: Qwen3Model) -> None:
     """Rows that sample (temperature, top-k, top-p, min-p, a seed each) overlap too: a seed draws the same tokens
     either way. Rows that ask for logprobs or penalties need their tokens on the host: those steps are read at once."""
-    prompts = _prompts(6, seed=5)
+    prompts = random_prompts(6, seed=5, max_len=60)
     sampled = [SamplingParams(temperature=0.8, top_k=40 * (i % 2), top_p=0.9, min_p=0.05 * (i % 3), seed=i,
                               max_tokens=8 + i, ignore_eos=True) for i in range(len(prompts))]
     at_once, _ = _generate(model, False, prompts, sampled)
@@ -72,7 +68,7 @@ def test_sampled_requests_overlap_and_draw_what_they_draw_at_once(model: Qwen3Mo
 
 def test_requests_ended_by_a_token_read_late(model: Qwen3Model) -> None:
     """A stop token or stop string is seen a step late: the step behind it computed one row for nothing."""
-    prompts = _prompts(6, seed=2)
+    prompts = random_prompts(6, seed=2, max_len=60)
     free = [SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True) for _ in prompts]
     reference, _ = _generate(model, False, prompts, free)
     params = []
@@ -93,7 +89,7 @@ def test_aborts_and_preemption_with_overlap(model: Qwen3Model) -> None:
     """Requests arrive between steps and some are aborted while a step is in flight; a 12-page pool makes the
     engine preempt (the overlap stops where the free pages are short). Every request that finished has the tokens
     it has alone; an aborted one, the first of them."""
-    prompts = _prompts(18, seed=3)
+    prompts = random_prompts(18, seed=3, max_len=60)
     rng = random.Random(4)
     params = [SamplingParams(temperature=0.0, max_tokens=rng.randint(1, 20), ignore_eos=True) for _ in prompts]
     alone = [padded_engine(model, True, overlap=False, num_kv_pages=12).generate([p], [q])[0].token_ids
