@@ -88,7 +88,7 @@ class InferenceEngine:
                                          self.kv_cache.pages_for(self.max_model_len), pad_page)
             try:
                 decode_graphs.warm_up()
-            except RuntimeError as e:  # serve anyway, as --no-device-graphs would
+            except Exception as e:  # serve anyway, as --no-device-graphs would
                 warnings.warn(f"decode steps run op by op, not as device graphs: {e}", RuntimeWarning, stacklevel=2)
                 decode_graphs = None
         self.runner = ModelRunner(model, self.kv_cache, decode_graphs)
@@ -269,7 +269,8 @@ class InferenceEngine:
         return self.sampler.on_device(logits, [r.params for r in requests], [r.generator for r in requests])
 
     def _overlaps(self) -> bool:
-        return self.overlap and self.runner.decode_graphs is not None
+        graphs = self.runner.decode_graphs
+        return self.overlap and graphs is not None and graphs.can_overlap
 
     def _torch_stream(self) -> ContextManager:
         graphs = self.runner.decode_graphs

@@ -16,6 +16,7 @@ and the refresh there against the unpadded step."""
 from __future__ import annotations
 
 import itertools
+import warnings
 import weakref
 from collections import deque
 from contextlib import nullcontext
@@ -61,9 +62,9 @@ class DecodeGraphs:
         self._steps: Dict[int, Tuple[List[Buffer], Optional[torch.Tensor]]] = {}
         self._staging: Deque[Buffer] = deque(maxlen=3)
         self._input_ids: Dict[int, torch.Tensor] = {}  # bucket -> its input ids buffer, seen by torch
-        if self.replays:
-            self._stream = torch.cuda.ExternalStream(self._device.default_queue.native_stream_handle,
-                                                     device=kv_cache.k_caches[0].device)
+        self._stream = _torch_view_of_stream(self._device, kv_cache.k_caches[0].device) if self.replays else None
+        # overlapped steps need torch's work ordered with MAX's replays: on MAX's stream, or at once on a CPU
+        self.can_overlap = not self.replays or self._stream is not None
         self._key_base = next(_instances) << 32
         self._captured_keys: List[int] = []
         # the captures hold device memory on the (maybe shared) model: released when these graphs go
@@ -97,7 +98,7 @@ class DecodeGraphs:
     def torch_stream(self) -> ContextManager:
         """Runs torch's work inside it on the stream MAX replays on: one stream then orders the steps, their input
         copies and the sampling between them, so a step can be given to the device before the last one is read."""
-        return torch.cuda.stream(self._stream) if self.replays else nullcontext()
+        return torch.cuda.stream(self._stream) if self._stream is not None else nullcontext()
 
     def _run(self, chunks: Sequence[SequenceChunk], rows: int, input_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The logits of all `rows` rows: the chunks', then the padding's."""
@@ -146,6 +147,21 @@ class DecodeGraphs:
             at += a.numel()
         self._staging.append(staging)
         return views
+
+
+def _torch_view_of_stream(device, torch_device: torch.device) -> Optional[torch.cuda.ExternalStream]:
+    """MAX's stream on `device` as a torch stream, tried with one kernel; None (and a warning) where torch
+    cannot run on it."""
+    try:
+        stream = torch.cuda.ExternalStream(device.default_queue.native_stream_handle, device=torch_device)
+        with torch.cuda.stream(stream):
+            torch.ones(1, device=torch_device).add_(1)
+        stream.synchronize()
+        return stream
+    except Exception as e:  # the engine then reads every step at once, as --no-overlap does
+        warnings.warn(f"torch cannot run on MAX's stream ({e}): decode steps are not overlapped", RuntimeWarning,
+                      stacklevel=3)
+        return None
 
 
 def _release(model, keys: List[int]) -> None:

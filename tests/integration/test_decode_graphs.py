@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from max.driver import CPU
 
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.attention_metadata import SequenceChunk
-from python_layer.model.decode_graphs import DecodeGraphs
+from python_layer.model.decode_graphs import DecodeGraphs, _torch_view_of_stream
 from python_layer.model.loader import load_model
 from python_layer.model.qwen3_model import Qwen3Model
 from tests.engine_checks import no_request_holds_pages, padded_engine, random_prompts, serve_arrivals_and_aborts
@@ -79,3 +80,17 @@ def test_staged_inputs_hold_the_step_arrays(model: Qwen3Model) -> None:
         views = graphs._staged(arrays)
     assert [v.to_numpy().tolist() for v in views] == [a.tolist() for a in arrays]
     assert len(graphs._staging) == 3
+
+
+def test_no_overlap_where_torch_cannot_run_on_the_replay_stream(model: Qwen3Model) -> None:
+    """A GPU overlaps steps only with torch on MAX's stream; where torch cannot use it, decode graphs still
+    replay but every step is read at once (a warning says so). Here a CPU queue plays that stream."""
+    with pytest.warns(RuntimeWarning, match="decode steps are not overlapped"):
+        assert _torch_view_of_stream(CPU(), torch.device("cpu")) is None
+    engine = padded_engine(model, True, max_num_seqs=2)
+    assert engine.runner.decode_graphs.can_overlap  # a CPU runs each step at once
+    engine.runner.decode_graphs.can_overlap = False
+    following, run = [], engine.runner.run_following
+    engine.runner.run_following = lambda requests, ids: following.append(ids) or run(requests, ids)
+    out = engine.generate(random_prompts(2, seed=5, max_len=70), SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    assert [len(o.token_ids) for o in out] == [6, 6] and following == []
