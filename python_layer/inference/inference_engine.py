@@ -201,10 +201,11 @@ class InferenceEngine:
         finished one has its finish_reason). A step that only computed prompt chunks returns nothing.
 
         With overlap on (decode graphs), a decode step whose rows need nothing but their logits (no logprobs, no
-        penalties) is left running on the device, and the next call gives the device the decode step after it (its input ids are the tokens still
-        on the device) before it reads this one's tokens: the host's work on a step's tokens then runs while the
-        device computes the next step, as in SGLang's and MAX's overlap schedulers. Rows whose request finishes
-        on a token read late (an EOS, a stop string) were computed once for nothing and are dropped."""
+        penalties) is left running on the device, and the next call gives the device the decode step after it
+        (its input ids are the tokens still on the device) before it reads this one's tokens: the host's work on
+        a step's tokens then runs while the device computes the next step, as in SGLang's and MAX's overlap
+        schedulers. Rows whose request ends on a token read late (an EOS, a stop string, an abort) were computed
+        once for nothing and are dropped."""
         launched, self._in_flight = self._in_flight, None
         with self._torch_stream():
             if launched is None:
@@ -224,8 +225,8 @@ class InferenceEngine:
         logits, sampling = self.runner.run(items)
         for request, num_computed in items:
             self.scheduler.update_request(request, num_computed)
-        if self._overlaps() and len(sampling) == len(items) == sum(n for _, n in items) and \
-                all(logits_only(r.params) for r in sampling):
+        decode_only = len(sampling) == len(items) == sum(n for _, n in items)
+        if decode_only and self._overlaps() and all(logits_only(r.params) for r in sampling):
             return _Launched(sampling, unread=self._sample_on_device(logits, sampling))
         if not sampling:
             return _Launched([], sampled=SamplerOutput([], []))
