@@ -31,10 +31,11 @@ def _rows(results: Path, kind: str) -> dict:
 
 
 def test_latency_figures_of_each_system(small: list[str], tmp_path: Path) -> None:
-    device_e2e.latency_main(small + ["--systems", "mili,transformers", "--contexts", "16,40", "--new-tokens", "8",
-                                     "--ttft-len", "30"])
-    rows = _rows(tmp_path, "latency")
-    assert sorted(rows) == ["mili", "transformers"]
+    device_e2e.latency_main(small + ["--systems", "mili,mili-sync,mili-eager,transformers,mili-turbo",
+                                     "--contexts", "16,40", "--new-tokens", "8", "--ttft-len", "30"])
+    rows = _rows(tmp_path, "latency")  # one file, written over after every system
+    assert sorted(rows) == ["mili", "mili-eager", "mili-sync", "mili-turbo", "transformers"]
+    assert "unknown MILI variant 'mili-turbo': choose from mili, mili-sync, mili-eager" in rows.pop("mili-turbo")["error"]
     for row in rows.values():
         assert "error" not in row, row
         assert row["device_graphs"] is False  # a CPU runs the fixed-shape steps but cannot replay them
