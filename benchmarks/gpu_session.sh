@@ -2,7 +2,7 @@
 # Everything MILI checks on a GPU machine, in one run that fits a lease: unpack the kit, build, the GPU kernel
 # tests, the model on the GPU against transformers, the kernel benchmark against PyTorch's own GPU ops, and end to
 # end against MAX's own Qwen3 pipeline and transformers (then benchmarks/results/gpu-summary.json).
-# Usage: benchmarks/gpu_session.sh [STEP...]   (default: setup build tests flash-bench flash-model flash-graphs e2e)
+# Usage: benchmarks/gpu_session.sh [STEP...]   (default: setup build tests flash-bench flash-model flash-graphs e2e profile)
 #   setup        unpack benchmarks/device_kit.sh's parts (carried now in .devkit/pN, or before to /tmp/mili-kit/parts)
 #   build        load the kernel package (precompiled here: carry .modular_cache/mili_kernels)
 #   tests        tests/gpu: every kernel case on cuda, the attention cases through the flash kernels too, device graphs
@@ -17,6 +17,8 @@
 #                flash kernels unless the tests step of this lease failed one of their cases or E2E_FLASH=0, then
 #                MILI without overlap (mili-sync) and without device graphs (mili-eager) (E2E_SYSTEMS picks systems;
 #                MAX_PYTHON a Python with max[serve], by default the kit's peers), then the summary
+#   profile      where a decode step's time goes at batch 1 and 64 (benchmarks/decode_profile.py: kernels, device
+#                busy time against the step's wall time), with the kernels e2e used
 # SESSION_SECONDS (default 520): no step starts later than that after the start, and each step's time limit is cut
 # to what is left, so the run ends inside one device call (10 minutes). Logs and JSON go to $GPU_SESSION_LOGS
 # (/tmp/mili-gpu), packed at the end into $OUT/gpu-session.tar.gz, with gpu-summary.json beside it (the device tool
@@ -34,7 +36,7 @@ mkdir -p "$log_dir" "$kit/parts"
 budget=${SESSION_SECONDS:-520}
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=$kit/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-steps=${*:-setup build tests flash-bench flash-model flash-graphs e2e}
+steps=${*:-setup build tests flash-bench flash-model flash-graphs e2e profile}
 # pytest-xdist (on the image): one op (and dtype) per worker, so each graph compiles once and in parallel
 xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8 --dist loadgroup")
 status=0
@@ -105,10 +107,13 @@ for step in $steps; do
          MILI_GPU_FLASH_ATTENTION=$flash run throughput 600 python3 benchmarks/throughput.py --device cuda \
            --systems "$systems" --max-python "$max_python"
          run summary 60 python3 benchmarks/gpu_summary.py --commit "${MILI_COMMIT:-}" ;;
+    profile) MILI_GPU_FLASH_ATTENTION=${E2E_FLASH:-$(flash_passed && echo 1 || echo 0)} run profile 150 \
+               python3 benchmarks/decode_profile.py --device cuda --batches 1,64 ;;
     *) summary+=("$step: unknown step"); status=1 ;;
   esac
 done
 cp benchmarks/results/kernels-cuda-*.json benchmarks/results/latency-cuda*.json benchmarks/results/throughput-cuda*.json \
+  benchmarks/results/decode-profile-cuda*.json \
   benchmarks/results/gpu-summary.json "$log_dir/" 2>/dev/null
 if [ -n "${OUT:-}" ]; then
   tar -czf "$OUT/gpu-session.tar.gz" -C "$log_dir" .

@@ -77,3 +77,18 @@ def test_gpu_summary_writes_the_commit_it_is_given(tmp_path: Path) -> None:
     assert gpu_summary.main(["--results", str(tmp_path), "--commit", "0123abc"]) == 0  # a device's tree has no git
     written = json.loads((tmp_path / "gpu-summary.json").read_text())
     assert written["commit"] == "0123abc" and written["decode_b1_ms_per_token"] is None
+
+
+def test_decode_profile_times_the_decode_steps_of_each_batch(tiny_checkpoint: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/decode_profile.py (a GPU lease's view of where a step's time goes), run here on a CPU: the steps
+    of each batch are timed after its prefill; no CUDA kernel is seen on a CPU."""
+    import decode_profile
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    assert decode_profile.main(["--device", "cpu", "--model", str(tiny_checkpoint), "--batches", "1,3",
+                                "--context", "20", "--steps", "5", "--kv-cache-gb", "0.05"]) == 0
+    (path,) = tmp_path.glob("decode-profile-cpu-*.json")
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["batch"], r["steps"], r["overlap"]) for r in rows] == [(1, 5, True), (3, 5, True)]
+    assert all(r["wall_ms_per_step"] > 0 and r["device_busy_ms_per_step"] == 0 for r in rows)

@@ -1,0 +1,85 @@
+"""Where a decode step's time goes on a GPU: torch's profiler (CUPTI sees every kernel of the process, MAX's
+replayed ones too) over --steps decode steps of MILI's engine at each --batches size, after the prompts'
+prefill. Per batch: the step's wall time, the device's busy time in it (the kernels' time; the rest is the
+device waiting for the host or for launches), and the kernels that take the most of it.
+
+`mili bench decode_profile --device cuda [--batches 1,64] [--context 512] [--steps 32] [--no-overlap]`. Prints a
+table per batch and writes JSON under benchmarks/results/. On a CPU the engine runs but no kernel is seen."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from common import model_path, print_table, write_json
+from e2e_systems import kv_pages_for, load_mili
+
+from python_layer import InferenceEngine, SamplingParams
+
+TOP = 12
+
+
+def profile_batch(engine: InferenceEngine, batch: int, args: argparse.Namespace) -> tuple[dict, list[dict]]:
+    rng = random.Random(args.seed + batch)
+    params = SamplingParams(temperature=0.0, max_tokens=args.steps + 2, ignore_eos=True)
+    for _ in range(batch):
+        engine.add_request([rng.randrange(1000, 100000) for _ in range(args.context)], params)
+    while any(r.num_output_tokens == 0 for r in engine.requests.values()):  # the prefill, and the first token
+        engine.step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    sync()
+    with profile(activities=activities) as prof:
+        started = time.perf_counter()
+        for _ in range(args.steps):
+            engine.step()
+        sync()
+        wall = time.perf_counter() - started
+    while engine.has_unfinished_requests():
+        engine.step()
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0]
+    kernels.sort(key=lambda e: -e.device_time_total)
+    busy_us = sum(e.device_time_total for e in kernels)
+    summary = dict(batch=batch, context=args.context, steps=args.steps, overlap=engine.overlap,
+                   wall_ms_per_step=wall / args.steps * 1e3, device_busy_ms_per_step=busy_us / args.steps / 1e3,
+                   busy_fraction=busy_us / 1e6 / wall, kernels_per_step=sum(e.count for e in kernels) / args.steps)
+    top = [dict(batch=batch, kernel=e.key[:70], calls_per_step=e.count / args.steps,
+                us_per_step=e.device_time_total / args.steps, share=e.device_time_total / busy_us) for e in kernels[:TOP]]
+    return summary, top
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--model", default=None, help="checkpoint (default: random weights of Qwen3-0.6B's shape)")
+    parser.add_argument("--batches", default="1,64", help="comma-separated batch sizes")
+    parser.add_argument("--context", type=int, default=512, help="prompt tokens of each request")
+    parser.add_argument("--steps", type=int, default=32, help="decode steps profiled per batch")
+    parser.add_argument("--no-overlap", dest="overlap", action="store_false", help="read each step at once")
+    parser.add_argument("--kv-cache-gb", type=float, default=8.0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    batches = [int(b) for b in args.batches.split(",")]
+    model = load_mili(model_path(args.model), args.device)
+    engine = InferenceEngine(model, num_kv_pages=kv_pages_for(model, args.kv_cache_gb), max_num_seqs=max(batches),
+                             max_num_batched_tokens=max(batches) * args.context, enable_prefix_caching=False,
+                             max_model_len=args.context + args.steps + 2, overlap=args.overlap)
+    summaries, tops = [], []
+    for batch in batches:
+        profile_batch(engine, batch, argparse.Namespace(**{**vars(args), "steps": 4}))  # warm-up
+        summary, top = profile_batch(engine, batch, args)
+        summaries.append(summary)
+        tops += top
+    print_table(summaries, list(summaries[0]))
+    if tops:
+        print_table(tops, list(tops[0]))
+    write_json(f"decode-profile-{args.device.replace(':', '')}", vars(args), summaries + tops)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
