@@ -11,8 +11,8 @@
 
 "mili" replays its decode steps as device graphs and gives the device the next decode step before it reads the
 last one's tokens (overlap), "mili-sync" replays them without overlap (--no-overlap), "mili-eager" runs them op by
-op (--no-device-graphs). All also print the bandwidth floor of a decode step: the bytes it reads (every weight once) over the device's
-copy bandwidth measured in the run. Prints a table and writes JSON under benchmarks/results/."""
+op (--no-device-graphs). All also print the bandwidth floor of a decode step: the bytes it reads (every weight
+once) over the device's copy bandwidth measured in the run. Prints a table and writes JSON under benchmarks/results/."""
 
 from __future__ import annotations
 

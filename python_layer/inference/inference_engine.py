@@ -222,10 +222,10 @@ class InferenceEngine:
 
     def _launch(self, items: List[Tuple[InferenceRequest, int]]) -> _Launched:
         """Give the device a scheduled batch. Its tokens are left unread when overlap can go on from it."""
+        decode_only = self.runner.only_decodes(items)  # before update_request moves num_cached_tokens on
         logits, sampling = self.runner.run(items)
         for request, num_computed in items:
             self.scheduler.update_request(request, num_computed)
-        decode_only = len(sampling) == len(items) == sum(n for _, n in items)
         if decode_only and self._overlaps() and all(logits_only(r.params) for r in sampling):
             return _Launched(sampling, unread=self._sample_on_device(logits, sampling))
         if not sampling:

@@ -32,13 +32,18 @@ class ModelRunner:
             if start + n == req.num_tokens:
                 logits_indices.append(offset - 1)
                 sampling.append(req)
-        if self.decode_graphs is not None and offset == len(sampling) == len(batch):  # one last token each: decode
+        if self.decode_graphs is not None and self.only_decodes(batch):
             return self.decode_graphs(chunks), sampling
         device = self.model.device
         inputs = build_step_inputs(chunks, self.kv_cache.page_size, device)
         indices = int32_tensor(logits_indices, device)
         logits = self.model.forward(inputs.input_ids, inputs.positions, inputs.attn, self.kv_cache, indices)
         return logits, sampling
+
+    @staticmethod
+    def only_decodes(batch: List[Tuple[InferenceRequest, int]]) -> bool:
+        """Whether every request of the batch computes one token, its last (a decode step: decode graphs run it)."""
+        return all(n == 1 and req.num_cached_tokens + 1 == req.num_tokens for req, n in batch)
 
     def run_following(self, requests: List[InferenceRequest], input_ids: torch.Tensor) -> torch.Tensor:
         """Logits [len(requests), vocab] of a decode step whose tokens the step before sampled and has not handed

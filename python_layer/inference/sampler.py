@@ -224,12 +224,8 @@ class BatchSampler:
         logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]
     ) -> torch.Tensor:
         rows = [i for i, p in enumerate(params) if not p.greedy]
-        if len(rows) < len(params):
-            tokens = _argmax(logits)
-        else:
-            tokens = torch.empty(len(params), dtype=torch.long, device=logits.device)
         if not rows:
-            return tokens
+            return _argmax(logits)
         sub = [params[i] for i in rows]
         index = None if len(rows) == len(params) else to_device(rows, torch.long, logits.device)
         x = logits if index is None else logits[index]  # every filter below makes a new tensor
@@ -252,4 +248,4 @@ class BatchSampler:
             x = x.gather(-1, order)
         drawn = _draw(x.softmax(dim=-1), [generators[i] for i in rows])
         drawn = drawn if candidates is None else candidates.gather(-1, drawn[:, None]).squeeze(-1)
-        return drawn if index is None else tokens.index_copy_(0, index, drawn)
+        return drawn if index is None else _argmax(logits).index_copy_(0, index, drawn)  # greedy rows too

@@ -136,7 +136,7 @@ class ContinuousBatchScheduler:
     def grow_from_free_pages(self, requests: Sequence[InferenceRequest], n: int) -> bool:
         """Pages for n more tokens of each request, from the free pool alone (no eviction, no preemption); False,
         with nothing taken, where the pool is short."""
-        needed = [self.kv_cache.pages_for(r.num_cached_tokens + n) - len(r.page_ids) for r in requests]
+        needed = [self._pages_short(r, n) for r in requests]
         if sum(k for k in needed if k > 0) > self.kv_cache.num_free_pages:
             return False
         for request, k in zip(requests, needed):
@@ -144,8 +144,12 @@ class ContinuousBatchScheduler:
                 request.page_ids += self.kv_cache.allocate_pages(k)
         return True
 
+    def _pages_short(self, request: InferenceRequest, n: int) -> int:
+        """Pages the request lacks for n more tokens (0 or less: none)."""
+        return self.kv_cache.pages_for(request.num_cached_tokens + n) - len(request.page_ids)
+
     def _grow(self, request: InferenceRequest, n: int) -> bool:
-        needed = self.kv_cache.pages_for(request.num_cached_tokens + n) - len(request.page_ids)
+        needed = self._pages_short(request, n)
         if needed <= 0:
             return True
         short = needed - self.kv_cache.num_free_pages
