@@ -2,7 +2,8 @@
 # Everything MILI checks on a GPU machine, in one run that fits a lease: unpack the kit, build, the GPU kernel
 # tests, the model on the GPU against transformers, the kernel benchmark against PyTorch's own GPU ops, and end to
 # end against MAX's own Qwen3 pipeline and transformers (then benchmarks/results/gpu-summary.json).
-# Usage: benchmarks/gpu_session.sh [STEP...]   (default: setup build tests flash-bench flash-model flash-graphs e2e profile)
+# Usage: benchmarks/gpu_session.sh [STEP...]   (default: setup build tests flash-graphs flash-bench e2e profile flash-model
+#                                             e2e-rest)
 #   setup        unpack benchmarks/device_kit.sh's parts (carried now in .devkit/pN, or before to /tmp/mili-kit/parts)
 #   build        load the kernel package (precompiled here: carry .modular_cache/mili_kernels)
 #   tests        tests/gpu: every kernel case on cuda, the attention cases through the flash kernels too, device graphs
@@ -13,10 +14,11 @@
 #                (MILI_GPU_FLASH_ATTENTION=1, opt-in until they pass on a GPU; `tests` covers their kernel cases)
 #   flash-graphs tests/gpu/test_decode_graphs.py with those kernels: replayed decode steps against op-by-op ones,
 #                overlapped decode steps against read-at-once ones
-#   e2e          mili bench latency / throughput --device cuda against MAX's pipeline and transformers, MILI with the
-#                flash kernels unless the tests step of this lease failed one of their cases or E2E_FLASH=0, then
-#                MILI without overlap (mili-sync) and without device graphs (mili-eager) (E2E_SYSTEMS picks systems;
-#                MAX_PYTHON a Python with max[serve], by default the kit's peers), then the summary
+#   e2e          mili bench latency / throughput --device cuda: MILI against MAX's pipeline (E2E_SYSTEMS, default
+#                mili,max), MILI with the flash kernels unless the tests step of this lease failed one of their cases
+#                or E2E_FLASH=0 (MAX_PYTHON: a Python with max[serve], by default the kit's peers), then the summary
+#   e2e-rest     the same for E2E_REST_SYSTEMS (default: MILI without overlap, transformers, MILI without device
+#                graphs), then the summary again: each system's figures from its newest run of the lease
 #   profile      where a decode step's time goes at batch 1 and 64 (benchmarks/decode_profile.py: kernels, device
 #                busy time against the step's wall time), with the kernels e2e used
 # SESSION_SECONDS (default 520): no step starts later than that after the start, and each step's time limit is cut
@@ -25,9 +27,7 @@
 # returns 8 files at most). The kit unpacks into $KIT_DIR (/tmp/mili-kit), from the parts in $KIT_DIR/parts and
 # those carried in $DEVKIT (.devkit).
 #
-# A 15-minute lease: carry .devkit/p1 in a first call (`mkdir -p /tmp/mili-kit/parts && cp .devkit/p*/*
-# /tmp/mili-kit/parts/`), each further part the same way, and in the last call the last part with
-# .modular_cache/mili_kernels and the work: `MILI_COMMIT=<git rev-parse --short HEAD here> benchmarks/gpu_session.sh`.
+# A lease runs it through benchmarks/gpu_lease.sh, which outlasts the device tool's 10-minute calls.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 log_dir=${GPU_SESSION_LOGS:-/tmp/mili-gpu}
@@ -36,7 +36,7 @@ mkdir -p "$log_dir" "$kit/parts"
 budget=${SESSION_SECONDS:-520}
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=$kit/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-steps=${*:-setup build tests flash-bench flash-model flash-graphs e2e profile}
+steps=${*:-setup build tests flash-graphs flash-bench e2e profile flash-model e2e-rest}
 # pytest-xdist (on the image): one op (and dtype) per worker, so each graph compiles once and in parallel
 xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8 --dist loadgroup")
 status=0
@@ -58,34 +58,25 @@ run() {  # run NAME LIMIT COMMAND...: log to $log_dir/NAME.log; skipped when the
   [ $rc -eq 0 ] || status=1
 }
 
-unpack() {  # the kit's folders (a folder whose parts are not all here fails; it unpacks once they are)
-  set -o pipefail
-  cp "${DEVKIT:-.devkit}"/p*/* "$kit/parts/" 2>/dev/null
-  for folder in site peers; do
-    [ ! -d "$kit/$folder" ] && ls "$kit/parts/$folder".tar.xz.* >/dev/null 2>&1 || continue
-    rm -rf "$kit/unpacking" && mkdir "$kit/unpacking"
-    cat "$kit/parts/$folder".tar.xz.* | xz -d | tar -x -C "$kit/unpacking" || return 1
-    mv "$kit/unpacking/$folder" "$kit/$folder"
-  done
-  rm -rf "$kit/unpacking"
-  if [ -d "$kit/peers" ]; then
-    printf '#!/bin/sh\nPYTHONPATH=%s/peers:%s/site:$PYTHONPATH exec python3 "$@"\n' "$kit" "$kit" >"$kit/max-python"
-    chmod +x "$kit/max-python"
-  fi
-  python3 -c "import max.engine, max.driver; print('MAX', max.driver.accelerator_count(), 'accelerator(s)')" || return 1
-  python3 -c "import max.nn" || echo "max.nn does not import: no MAX flash attention row, no MAX pipeline"
-}
-
 flash_passed() {  # false where this lease's tests step failed a flash kernel case: e2e then times the plain ones
   ! grep -q "^FAILED tests/gpu/test_gpu_ops.py::test_flash_attention" "$log_dir/tests.log" 2>/dev/null
 }
 
-export kit
-export -f unpack  # for `timeout`, which runs programs, not shell functions
+e2e() {  # e2e SYSTEMS: the latency and throughput runs of those systems
+  local max_python=${MAX_PYTHON:-$([ -x "$kit/max-python" ] && echo "$kit/max-python")}
+  MILI_GPU_FLASH_ATTENTION=$flash run "latency-${1//,/-}" 400 python3 benchmarks/latency.py --device cuda --systems "$1" \
+    --max-python "$max_python"
+  MILI_GPU_FLASH_ATTENTION=$flash run "throughput-${1//,/-}" 600 python3 benchmarks/throughput.py --device cuda \
+    --systems "$1" --max-python "$max_python"
+  run summary 60 python3 benchmarks/gpu_summary.py --commit "${MILI_COMMIT:-}" --since "$started"
+}
+
+started=$(date +%Y%m%d-%H%M%S)
+export KIT_DIR=$kit
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
 for step in $steps; do
   case $step in
-    setup) run setup 120 bash -c unpack ;;
+    setup) run setup 120 benchmarks/device_unpack.sh ;;
     build) run build 300 python3 -c "from bindings import library; print(library.package_path())" ;;
     tests) run tests 300 python3 -m pytest -q -p no:cacheprovider $xdist tests/gpu ;;
     model) run model 300 python3 -m pytest -q -p no:cacheprovider $xdist tests/integration/test_parity.py -k cuda ;;
@@ -98,15 +89,11 @@ for step in $steps; do
            done ;;
     flash-bench) MILI_GPU_FLASH_ATTENTION=1 run flash-bench 300 python3 benchmarks/kernels.py --device cuda \
                    --dtype bfloat16 --only attention,qk_norm_rope_store ;;
-    e2e) systems=${E2E_SYSTEMS:-mili,max,transformers,mili-sync,mili-eager}  # what the issue asks first
-         max_python=${MAX_PYTHON:-$([ -x "$kit/max-python" ] && echo "$kit/max-python")}
-         flash=${E2E_FLASH:-$(flash_passed && echo 1 || echo 0)}
+    e2e) flash=${E2E_FLASH:-$(flash_passed && echo 1 || echo 0)}
          summary+=("e2e: MILI's attention kernels $([ "$flash" = 1 ] && echo flash || echo plain)")
-         MILI_GPU_FLASH_ATTENTION=$flash run latency 400 python3 benchmarks/latency.py --device cuda \
-           --systems "$systems" --max-python "$max_python"
-         MILI_GPU_FLASH_ATTENTION=$flash run throughput 600 python3 benchmarks/throughput.py --device cuda \
-           --systems "$systems" --max-python "$max_python"
-         run summary 60 python3 benchmarks/gpu_summary.py --commit "${MILI_COMMIT:-}" ;;
+         e2e "${E2E_SYSTEMS:-mili,max}" ;;  # what the issue compares first
+    e2e-rest) flash=${E2E_FLASH:-$(flash_passed && echo 1 || echo 0)}
+              e2e "${E2E_REST_SYSTEMS:-mili-sync,transformers,mili-eager}" ;;
     profile) MILI_GPU_FLASH_ATTENTION=${E2E_FLASH:-$(flash_passed && echo 1 || echo 0)} run profile 150 \
                python3 benchmarks/decode_profile.py --device cuda --batches 1,64 ;;
     *) summary+=("$step: unknown step"); status=1 ;;

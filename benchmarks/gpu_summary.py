@@ -1,6 +1,7 @@
 """benchmarks/results/gpu-summary.json from the latest GPU runs of the kernel benchmark (bfloat16) and of the
-end-to-end latency and throughput benchmarks (benchmarks/gpu_session.sh runs them, then this). A figure whose
-run is missing or whose system failed is null. `python benchmarks/gpu_summary.py [--results DIR]`"""
+end-to-end latency and throughput benchmarks (benchmarks/gpu_session.sh runs them, then this): each system's
+figures from its newest run. A figure whose run is missing or whose system failed is null.
+`python benchmarks/gpu_summary.py [--results DIR] [--since YYYYmmdd-HHMMSS]`"""
 
 from __future__ import annotations
 
@@ -17,9 +18,29 @@ ATTENTION = {"attention_prefill_2048_ratio_vs_sdpa": "attention prefill ctx=2048
              "attention_decode_ctx4096_b64_ratio_vs_sdpa": "attention decode ctx=4096 B=64"}
 
 
-def latest(results: Path, pattern: str) -> Optional[dict]:
-    files = sorted(results.glob(pattern))  # the names end in the run's date and time
-    return json.loads(files[-1].read_text()) if files else None
+def runs(results: Path, pattern: str, since: str = "") -> list[dict]:
+    """The runs whose file names match, oldest first (the names end in the run's date and time, as `since`:
+    YYYYmmdd-HHMMSS)."""
+    files = sorted(f for f in results.glob(pattern) if f.stem[-15:] >= since)
+    return [json.loads(f.read_text()) for f in files]
+
+
+def latest(results: Path, pattern: str, since: str = "") -> Optional[dict]:
+    found = runs(results, pattern, since)
+    return found[-1] if found else None
+
+
+def merged(results: Path, pattern: str, since: str = "") -> Optional[dict]:
+    """The newest run's meta with each system's newest row from all the runs (a lease times its systems in more than
+    one run); a row with an error never replaces one with figures."""
+    found = runs(results, pattern, since)
+    rows: dict[str, dict] = {}
+    for run in found:
+        for row in run["rows"]:
+            old = rows.get(row["system"])
+            if old is None or "error" in old or "error" not in row:
+                rows[row["system"]] = row
+    return dict(meta=found[-1]["meta"], rows=list(rows.values())) if found else None
 
 
 def _figure(run: Optional[dict], system: str, key: str) -> Optional[float]:
@@ -27,10 +48,10 @@ def _figure(run: Optional[dict], system: str, key: str) -> Optional[float]:
     return rows[0].get(key) if rows else None
 
 
-def summary(results: Path, commit: str) -> dict:
-    kernels = latest(results, "kernels-cuda*-bfloat16-*.json")
-    latency = latest(results, "latency-cuda*-*.json")
-    throughput = latest(results, "throughput-cuda*-*.json")
+def summary(results: Path, commit: str, since: str = "") -> dict:
+    kernels = latest(results, "kernels-cuda*-bfloat16-*.json", since)
+    latency = merged(results, "latency-cuda*-*.json", since)
+    throughput = merged(results, "throughput-cuda*-*.json", since)
     ops = {r["op"]: r for r in (kernels or {}).get("rows", [])}
     device = next((run["meta"].get("device_name") for run in (latency, throughput) if run), None)
     out = dict(device=device, commit=commit)
@@ -60,10 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--commit", default="", help="the commit the runs were at (default: git's HEAD; a device "
                                                      "machine's copy of the tree has no git)")
+    parser.add_argument("--since", default="", help="only the runs from then on (YYYYmmdd-HHMMSS, as in their names)")
     args = parser.parse_args(argv)
     commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                            cwd=Path(__file__).parent).stdout.strip()
-    out = summary(args.results, commit or None)
+    out = summary(args.results, commit or None, args.since)
     path = args.results / "gpu-summary.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out, indent=1))

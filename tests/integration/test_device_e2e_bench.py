@@ -73,6 +73,23 @@ def test_gpu_summary_takes_the_latest_runs(tmp_path: Path) -> None:
     assert out["max_pipeline_device_graph_capture"] is None and out["e2e_flash_kernels"] is None  # not in the meta
 
 
+def test_gpu_summary_takes_each_system_from_its_newest_run_of_the_lease(tmp_path: Path) -> None:
+    def write(name: str, rows: list) -> None:
+        (tmp_path / name).write_text(json.dumps(dict(meta=dict(device_name=name), rows=rows)))
+
+    write("throughput-cuda-20261101-000000.json", [dict(system="transformers", output_tok_s=50.0)])  # an older lease
+    write("throughput-cuda-20261126-100000.json", [dict(system="mili", output_tok_s=900.0),
+                                                   dict(system="max", output_tok_s=800.0)])
+    write("throughput-cuda-20261126-100500.json", [dict(system="mili-sync", output_tok_s=700.0),
+                                                   dict(system="mili", error="RuntimeError: x")])
+    out = gpu_summary.summary(tmp_path, "abc123", since="20261126-095900")
+    assert out["throughput_tok_s"] == 900.0 and out["max_pipeline_throughput_tok_s"] == 800.0  # not lost to an error
+    assert out["throughput_tok_s_without_overlap"] == 700.0
+    assert out["transformers_throughput_tok_s"] is None  # from before `since`
+    assert out["device"] == "throughput-cuda-20261126-100500.json"  # the newest run's meta
+    assert gpu_summary.summary(tmp_path, "abc123")["transformers_throughput_tok_s"] == 50.0
+
+
 def test_gpu_summary_writes_the_commit_it_is_given(tmp_path: Path) -> None:
     assert gpu_summary.main(["--results", str(tmp_path), "--commit", "0123abc"]) == 0  # a device's tree has no git
     written = json.loads((tmp_path / "gpu-summary.json").read_text())

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Unpacks benchmarks/device_kit.sh's folders on a GPU machine: the parts carried in $DEVKIT (.devkit) join those
+# copied before to $KIT_DIR/parts, and each FOLDER (default: site peers) whose parts are all there and that is not
+# unpacked yet is unpacked into $KIT_DIR (/tmp/mili-kit). A folder whose parts are not all there fails; it unpacks
+# once they are. With peers, $KIT_DIR/max-python runs a Python that has max[serve].
+# Usage: benchmarks/device_unpack.sh [FOLDER...]
+set -uo pipefail
+kit=${KIT_DIR:-/tmp/mili-kit}
+folders=${*:-site peers}
+mkdir -p "$kit/parts"
+cp "${DEVKIT:-.devkit}"/p*/* "$kit/parts/" 2>/dev/null
+for folder in $folders; do
+  [ ! -d "$kit/$folder" ] && ls "$kit/parts/$folder".tar.xz.* >/dev/null 2>&1 || continue
+  unpacking=$(mktemp -d "$kit/unpacking.XXXX")  # two unpacks at once (a lease's later call) never share one
+  cat "$kit/parts/$folder".tar.xz.* | xz -d | tar -x -C "$unpacking" || { rm -rf "$unpacking"; exit 1; }
+  mv "$unpacking/$folder" "$kit/$folder"
+  rm -rf "$unpacking"
+done
+if [ -d "$kit/peers" ]; then
+  printf '#!/bin/sh\nPYTHONPATH=%s/peers:%s/site:$PYTHONPATH exec python3 "$@"\n' "$kit" "$kit" >"$kit/max-python"
+  chmod +x "$kit/max-python"
+fi
+[[ " $folders " == *" site "* ]] || exit 0
+export PYTHONPATH=$kit/site${PYTHONPATH:+:$PYTHONPATH}
+python3 -c "import max.engine, max.driver; print('MAX', max.driver.accelerator_count(), 'accelerator(s)')" || exit 1
+python3 -c "import max.nn" || echo "max.nn does not import: no MAX flash attention row, no MAX pipeline"

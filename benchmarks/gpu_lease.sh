@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# A lease's work as one long run: benchmarks/gpu_session.sh started in a session of its own, which outlives the
+# device tool's call (10 minutes at most) and runs on while later calls carry the rest of the kit and bring back
+# its logs. The device tool sends the checkout again with every call, so the run works in a copy of it.
+# Usage, on the device machine, in the checkout the tool sent:
+#   benchmarks/gpu_lease.sh start SECONDS [STEP...]  copy the carried kit parts, copy the checkout to $LEASE_REPO
+#       (/tmp/mili-repo), start gpu_session.sh there with SESSION_SECONDS=SECONDS (and MILI_COMMIT), and return
+#   benchmarks/gpu_lease.sh wait SECONDS [FOLDER...]  unpack the kit's FOLDERs (default: peers) once carried now,
+#       then wait until the run ends or SECONDS pass, putting its logs and results into $OUT every 15 s (a call cut
+#       short still brings back the latest)
+# The calls of a 15-minute lease (benchmarks/device_kit.sh --peers prints the parts): `start` in the call that
+# carries the site's last part and .modular_cache/mili_kernels, then `wait` with the peers' parts, then `wait` again
+# until the run ends. Between two calls the machine stays only ~30 s.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+kit=${KIT_DIR:-/tmp/mili-kit}
+repo=${LEASE_REPO:-/tmp/mili-repo}
+logs=${GPU_SESSION_LOGS:-/tmp/mili-gpu}
+usage="usage: $0 start SECONDS [STEP...] | wait SECONDS [FOLDER...]"
+[ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }
+verb=$1 seconds=$2
+shift 2
+
+collect() {  # the run's logs and results so far into $OUT, replaced whole (a call can end at any moment)
+  [ -n "${OUT:-}" ] || return 0
+  cp "$repo"/benchmarks/results/*cuda*.json "$repo/benchmarks/results/gpu-summary.json" "$logs/" 2>/dev/null
+  tar -czf "$OUT/.gpu-session.tar.gz" -C "$logs" . && mv "$OUT/.gpu-session.tar.gz" "$OUT/gpu-session.tar.gz"
+  cp "$logs/gpu-summary.json" "$OUT/" 2>/dev/null
+}
+
+case $verb in
+  start)
+    mkdir -p "$kit/parts" "$logs"
+    cp "${DEVKIT:-.devkit}"/p*/* "$kit/parts/" 2>/dev/null
+    rm -rf "$repo" && mkdir -p "$repo/.modular_cache"
+    tar -cf - --exclude=./.git --exclude=./.devkit --exclude=./.modular_cache . | tar -x -C "$repo"
+    cp -r .modular_cache/mili_kernels "$repo/.modular_cache/" 2>/dev/null
+    cd "$repo" || exit 1
+    env -u OUT KIT_DIR="$kit" GPU_SESSION_LOGS="$logs" SESSION_SECONDS="$seconds" setsid -f bash -c \
+      'benchmarks/gpu_session.sh "$@"; echo $? >"$GPU_SESSION_LOGS/session.rc"' gpu_session "$@" \
+      >"$logs/session.log" 2>&1 </dev/null
+    echo "started: gpu_session.sh ${*:-(its default steps)} for at most $seconds s; log $logs/session.log" ;;
+  wait)
+    KIT_DIR=$kit benchmarks/device_unpack.sh "${@:-peers}" || echo "the kit's ${*:-peers} did not unpack"
+    start=$SECONDS collected=-15
+    while [ ! -f "$logs/session.rc" ] && [ $((SECONDS - start)) -lt "$seconds" ]; do
+      [ $((SECONDS - collected)) -lt 15 ] || { collect; collected=$SECONDS; }
+      sleep 1
+    done
+    collect
+    tail -n 60 "$logs/session.log"
+    [ -f "$logs/session.rc" ] && echo "the run ended: rc $(cat "$logs/session.rc")" || echo "the run goes on" ;;
+  *) echo "$usage" >&2; exit 2 ;;
+esac

@@ -1,0 +1,47 @@
+"""benchmarks/gpu_lease.sh, checked on a CPU: `start` returns at once and leaves gpu_session.sh running in a copy
+of the checkout, `wait` brings its logs back into $OUT and says when it ended."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_lease.sh"
+
+
+def _lease(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OUT=str(tmp_path / "out"), KIT_DIR=str(tmp_path / "kit"), DEVKIT=str(tmp_path / "devkit"),
+               GPU_SESSION_LOGS=str(tmp_path / "logs"), LEASE_REPO=str(tmp_path / "repo"), MILI_COMMIT="abc1234")
+    (tmp_path / "out").mkdir(exist_ok=True)
+    return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_start_returns_at_once_and_wait_brings_back_the_runs_logs(tmp_path: Path) -> None:
+    began = time.monotonic()
+    started = _lease(tmp_path, "start", "100", "no-such-step")
+    assert started.returncode == 0, started.stderr
+    assert "started: gpu_session.sh no-such-step for at most 100 s" in started.stdout
+    assert (tmp_path / "repo" / "benchmarks" / "gpu_session.sh").is_file()  # the run's own copy of the checkout
+    assert not (tmp_path / "repo" / ".git").exists()
+    waited = _lease(tmp_path, "wait", "60")
+    assert time.monotonic() - began < 60  # ended by the run's end, not by the wait's limit
+    assert "no-such-step: unknown step" in waited.stdout
+    assert "the run ended: rc 1" in waited.stdout
+    with tarfile.open(tmp_path / "out" / "gpu-session.tar.gz") as tar:
+        assert {"./session.log", "./session.rc"} <= set(tar.getnames())
+
+
+def test_wait_stops_at_its_limit_while_the_run_goes_on(tmp_path: Path) -> None:
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "session.log").write_text("== tests (at most 300 s)\n")
+    waited = _lease(tmp_path, "wait", "2")
+    assert "the run goes on" in waited.stdout
+    assert (tmp_path / "out" / "gpu-session.tar.gz").is_file()
+
+
+def test_usage_errors_name_the_verbs(tmp_path: Path) -> None:
+    result = _lease(tmp_path, "begin", "10")
+    assert result.returncode == 2 and "usage:" in result.stderr and "start SECONDS" in result.stderr
