@@ -52,7 +52,8 @@ rm -rf "$kit"
 mkdir -p "$kit"
 pip download --no-deps "${target[@]}" -d "$work/runtime" "${runtime[@]}"
 install "$work/site" "$work"/runtime/*.whl
-# the CLI's binaries (pip puts them in bin/ and modular/bin/)
+# the CLI's binaries (pip puts them in bin/ and modular/bin/; benchmarks/device_unpack.sh puts an empty stand-in for
+# modular/bin/mojo, by which MAX finds its kernel libraries)
 rm -f "$work"/site/bin/{mojo,lld} "$work"/site/modular/bin/{mojo,lld}
 # `import max.nn` builds one Mojo module with that CLI (max/_kv_cache_ops; MAX's flash attention row of
 # benchmarks/kernels.py and MAX's pipeline import it): built here instead, for any x86-64-v3 CPU, where MAX's importer

@@ -21,6 +21,13 @@ if [ -d "$kit/peers" ]; then
   chmod +x "$kit/max-python"
 fi
 [[ " $folders " == *" site "* ]] || exit 0
+# MAX finds its own kernel libraries (modular/lib/mojo) beside modular/bin/mojo (mojo/_package_root.py): the kit
+# leaves that CLI out, so an empty stand-in marks the place; without it every graph with a kernel fails to load
+# ("failed to resolve built-in kernel package paths", the first H100 lease of the kit)
+[ ! -d "$kit/site/modular" ] || [ -e "$kit/site/modular/bin/mojo" ] || {
+  mkdir -p "$kit/site/modular/bin" && touch "$kit/site/modular/bin/mojo" && chmod +x "$kit/site/modular/bin/mojo"; }
 export PYTHONPATH=$kit/site${PYTHONPATH:+:$PYTHONPATH}
 python3 -c "import max.engine, max.driver; print('MAX', max.driver.accelerator_count(), 'accelerator(s)')" || exit 1
+python3 -c "from mojo._package_root import get_package_root as root
+assert (root() / 'lib/mojo/builtin_kernels.mojoc').is_file(), f'no MAX kernel libraries under {root()}'" || exit 1
 python3 -c "import max.nn" || echo "max.nn does not import: no MAX flash attention row, no MAX pipeline"

@@ -2,20 +2,16 @@
 # Everything MILI checks on a GPU machine, in one run that fits a lease: unpack the kit, build, the GPU kernel
 # tests, the model on the GPU against transformers, the kernel benchmark against PyTorch's own GPU ops, and end to
 # end against MAX's own Qwen3 pipeline and transformers (then benchmarks/results/gpu-summary.json).
-# Usage: benchmarks/gpu_session.sh [STEP...]   (default: setup build tests flash-graphs flash-bench e2e profile flash-model
-#                                             e2e-rest)
+# Usage: benchmarks/gpu_session.sh [STEP...]   (default: setup build tests attention-bench e2e profile model e2e-rest)
 #   setup        unpack benchmarks/device_kit.sh's parts (carried now in .devkit/pN, or before to /tmp/mili-kit/parts)
 #   build        load the kernel package (precompiled here: carry .modular_cache/mili_kernels)
-#   tests        tests/gpu: every kernel case on cuda, the attention cases through the flash kernels too, device graphs
+#   tests        tests/gpu: every kernel case on cuda (attention through the flash kernels, the default, and through
+#                the plain ones), replayed decode steps against op-by-op ones, overlapped against read-at-once ones
 #   model        the model on cuda against transformers (tests/integration/test_parity.py -k cuda)
 #   bench        the kernel benchmark, bfloat16 and float32 (BENCH_ONLY=attention,rope: only the ops whose name has one)
-#   flash-bench, flash-model  the same with the split-KV decode and FlashAttention-2 prefill kernels (flash-bench:
-#                the attention rows and the fused q/k norm + RoPE + KV store op)
-#                (MILI_GPU_FLASH_ATTENTION=1, opt-in until they pass on a GPU; `tests` covers their kernel cases)
-#   flash-graphs tests/gpu/test_decode_graphs.py with those kernels: replayed decode steps against op-by-op ones,
-#                overlapped decode steps against read-at-once ones
+#   attention-bench  the kernel benchmark's attention rows and the fused q/k norm + RoPE + KV store op, bfloat16
 #   e2e          mili bench latency / throughput --device cuda: MILI against MAX's pipeline (E2E_SYSTEMS, default
-#                mili,max), MILI with the flash kernels unless the tests step of this lease failed one of their cases
+#                mili,max), MILI with the plain attention kernels if the tests step of this lease failed a flash case
 #                or E2E_FLASH=0 (MAX_PYTHON: a Python with max[serve], by default the kit's peers), then the summary
 #   e2e-rest     the same for E2E_REST_SYSTEMS (default: MILI without overlap, transformers, MILI without device
 #                graphs), then the summary again: each system's figures from its newest run of the lease
@@ -36,7 +32,7 @@ mkdir -p "$log_dir" "$kit/parts"
 budget=${SESSION_SECONDS:-520}
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=$kit/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-steps=${*:-setup build tests flash-graphs flash-bench e2e profile flash-model e2e-rest}
+steps=${*:-setup build tests attention-bench e2e profile model e2e-rest}
 # pytest-xdist (on the image): one op (and dtype) per worker, so each graph compiles once and in parallel
 xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8 --dist loadgroup")
 status=0
@@ -59,7 +55,8 @@ run() {  # run NAME LIMIT COMMAND...: log to $log_dir/NAME.log; skipped when the
 }
 
 flash_passed() {  # false where this lease's tests step failed a flash kernel case: e2e then times the plain ones
-  ! grep -q "^FAILED tests/gpu/test_gpu_ops.py::test_flash_attention" "$log_dir/tests.log" 2>/dev/null
+  ! grep -q "^FAILED tests/gpu/test_gpu_ops.py::test_op_matches_reference_on_gpu\[attention" "$log_dir/tests.log" \
+    2>/dev/null
 }
 
 e2e() {  # e2e SYSTEMS: the latency and throughput runs of those systems
@@ -80,15 +77,11 @@ for step in $steps; do
     build) run build 300 python3 -c "from bindings import library; print(library.package_path())" ;;
     tests) run tests 300 python3 -m pytest -q -p no:cacheprovider $xdist tests/gpu ;;
     model) run model 300 python3 -m pytest -q -p no:cacheprovider $xdist tests/integration/test_parity.py -k cuda ;;
-    flash-model) MILI_GPU_FLASH_ATTENTION=1 run flash-model 300 python3 -m pytest -q -p no:cacheprovider $xdist \
-                   tests/integration/test_parity.py -k cuda ;;
-    flash-graphs) MILI_GPU_FLASH_ATTENTION=1 run flash-graphs 300 python3 -m pytest -q -p no:cacheprovider \
-                    tests/gpu/test_decode_graphs.py ;;
     bench) for dtype in bfloat16 float32; do
              run "bench-$dtype" 300 python3 benchmarks/kernels.py --device cuda --dtype "$dtype" --only "${BENCH_ONLY:-}"
            done ;;
-    flash-bench) MILI_GPU_FLASH_ATTENTION=1 run flash-bench 300 python3 benchmarks/kernels.py --device cuda \
-                   --dtype bfloat16 --only attention,qk_norm_rope_store ;;
+    attention-bench) run attention-bench 300 python3 benchmarks/kernels.py --device cuda --dtype bfloat16 \
+                       --only attention,qk_norm_rope_store ;;
     e2e) flash=${E2E_FLASH:-$(flash_passed && echo 1 || echo 0)}
          summary+=("e2e: MILI's attention kernels $([ "$flash" = 1 ] && echo flash || echo plain)")
          e2e "${E2E_SYSTEMS:-mili,max}" ;;  # what the issue compares first

@@ -133,7 +133,7 @@ def _sdpa_peer(q, kc, vc, table, lens, starts, scale) -> Callable[[], torch.Tens
     return partial(F.scaled_dot_product_attention, q4, k, v, is_causal=q4.shape[2] > 1, scale=scale, enable_gqa=True)
 
 
-def max_flash_graph(q_shape: Sequence[int], kv_shape: Sequence[int], dtype: torch.dtype, device: str, repeat: int):
+def max_flash_graph(q_shape: Sequence[int], kv_shape: Sequence[int], dtype: torch.dtype, device_key: str, repeat: int):
     """MAX's own GPU flash attention (max.nn.kernels.flash_attention_gpu) on dense q [B, S, Hq, D] and K/V
     [B, L, Hkv, D], applied `repeat` times in a chain (each output is the next q), causal when S == L."""
     from max.experimental.torch import torch_dtype_to_max
@@ -143,7 +143,7 @@ def max_flash_graph(q_shape: Sequence[int], kv_shape: Sequence[int], dtype: torc
 
     from bindings import library
 
-    dev, dt = library.device_ref(device), torch_dtype_to_max(dtype)
+    dev, dt = library.device_ref(device_key), torch_dtype_to_max(dtype)
     mask = MHAMaskVariant.CAUSAL_MASK if q_shape[1] == kv_shape[1] else MHAMaskVariant.NULL_MASK
     types = [TensorType(dt, list(q_shape), dev), TensorType(dt, list(kv_shape), dev), TensorType(dt, list(kv_shape), dev)]
     with Graph(f"max_flash_{'x'.join(map(str, q_shape))}_{'x'.join(map(str, kv_shape))}", input_types=types) as g:
@@ -160,7 +160,8 @@ def max_flash_seconds(args: tuple, device: str) -> float:
     from bindings import library
 
     q, k, v = _dense_qkv(*args[:5])
-    model = library.session(library.device_key(q.device)).load(max_flash_graph(q.shape, k.shape, q.dtype, device, REPEAT))
+    key = library.device_key(q.device)  # "cuda:N": the graph's device needs the index that `device` may leave out
+    model = library.session(key).load(max_flash_graph(q.shape, k.shape, q.dtype, key, REPEAT))
     buffers = [Buffer.from_dlpack(t) for t in (q, k, v)]
     return median_seconds(lambda: model.execute(*buffers), device) / REPEAT
 

@@ -330,8 +330,8 @@ _ATTENTION_ARGS = [T(SAME, "T", "Hq", "D"), T(I32, "B", "max_pages"), T(I32, "B"
 _PAGED_ATTENTION, _PAGED_ATTENTION_FLASH = ({kv: CompiledOp(
     fn, [T(SAME, "T", "Hq", "D")], [_ATTENTION_ARGS[0], _cache(kv), _cache(kv), *_ATTENTION_ARGS[1:]], variant=_kv_variant(kv),
 ) for kv in KV_DTYPES} for fn in (graph.paged_attention, graph.paged_attention_flash))
-"""The op as the model graph uses it, and its twin with the GPU flash kernels (compiled for the GPU check; GPU calls
-use it under MILI_GPU_FLASH_ATTENTION=1, CPU calls never: its CPU kernel is the same)."""
+"""The op with the plain GPU kernels, and its twin with the GPU flash kernels (GPU calls use the twin unless
+MILI_GPU_FLASH_ATTENTION=0, CPU calls never: its CPU kernel is the same)."""
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,

@@ -19,10 +19,10 @@ def test_op_matches_reference_on_gpu(runner, dtype: torch.dtype, case) -> None:
 
 
 @pytest.mark.parametrize("runner, dtype, case", [c for c in kernel_cases() if c.values[0] is run_attention])
-def test_flash_attention_kernels_match_reference_on_gpu(monkeypatch, runner, dtype: torch.dtype, case) -> None:
-    """The opt-in op mili_paged_attention_flash (the split-KV decode and FlashAttention-2 kernels, where a case
-    takes them) on every attention case: to be made the default once this passes."""
-    monkeypatch.setattr(graph, "FLASH_ATTENTION", True)
+def test_plain_attention_kernels_match_reference_on_gpu(monkeypatch, runner, dtype: torch.dtype, case) -> None:
+    """The plain GPU attention kernels, which MILI_GPU_FLASH_ATTENTION=0 takes instead of the flash ones (the
+    default, which the test above runs), on every attention case."""
+    monkeypatch.setattr(graph, "FLASH_ATTENTION", False)
     torch.manual_seed(hash(str(case)) % 2**31)
     runner(ops, "cuda", dtype, case)
 

@@ -15,3 +15,15 @@ def test_every_benchmarked_call_is_captured() -> None:
         assert isinstance(op, ops.CompiledOp) and all(isinstance(a, torch.Tensor) for a in args), name
         assert name.split()[0] in CHAINS
     assert ops.EAGER_CPU  # restored
+
+
+def test_max_flash_attention_graph_builds_for_a_gpu_named_without_an_index() -> None:
+    """The MAX flash attention row (a GPU's kernel benchmark): its graph is built for the q tensor's device key, never
+    for --device as given ("cuda" names no index; the first H100 lease lost the row to that)."""
+    from benchmarks.kernels import max_flash_graph
+    from bindings import library
+
+    key = library.device_key(torch.device("cuda"))
+    graph = max_flash_graph((2, 5, 4, 128), (2, 5, 2, 128), torch.bfloat16, key, repeat=2)
+    assert key == "cuda:0" and len(graph.inputs) == 3
+    assert "mo.mha.no_cache" in str(graph)

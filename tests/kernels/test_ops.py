@@ -166,8 +166,8 @@ def test_gpu_compile_check_passes() -> None:
 
 
 def test_flash_attention_op_is_the_cpu_kernel_on_a_cpu(monkeypatch) -> None:
-    """The opt-in op mili_paged_attention_flash differs on GPUs only (the split-KV decode and FlashAttention-2
-    kernels): a model graph built with it (MILI_GPU_FLASH_ATTENTION=1) runs the same CPU kernel."""
+    """The op mili_paged_attention_flash differs on GPUs only (the split-KV decode and FlashAttention-2 kernels): a
+    model graph built with it (the default) runs the same CPU kernel as one built without."""
     monkeypatch.setattr(ops, "EAGER_CPU", False)
     q, kc, vc, table, lens, starts, expected = attention_case([300, 40, 7], [1, 1, 7], 16, 8, 128, torch.float32)
     out = torch.empty_like(q)

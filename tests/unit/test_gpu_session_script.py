@@ -71,8 +71,10 @@ def test_setup_fails_while_a_part_is_missing_then_unpacks_once_it_came(tmp_path:
 def test_end_to_end_times_the_plain_attention_kernels_after_a_flash_kernel_case_failed(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
-    failed = "FAILED tests/gpu/test_gpu_ops.py::test_flash_attention_kernels_match_reference_on_gpu[run_attention-x]\n"
+    failed = "FAILED tests/gpu/test_gpu_ops.py::test_op_matches_reference_on_gpu[attention-bfloat16-x]\n"
     (logs / "tests.log").write_text(failed)
     assert "e2e: MILI's attention kernels plain" in _session(tmp_path, "e2e", seconds=0).stdout
-    (logs / "tests.log").write_text("FAILED tests/gpu/test_gpu_ops.py::test_op_matches_reference_on_gpu[relu]\n")
+    (logs / "tests.log").write_text("FAILED tests/gpu/test_gpu_ops.py::test_op_matches_reference_on_gpu[relu-x]\n"
+                                    "FAILED tests/gpu/test_gpu_ops.py::test_plain_attention_kernels_match_reference_on_gpu"
+                                    "[attention-bfloat16-x]\n")
     assert "e2e: MILI's attention kernels flash" in _session(tmp_path, "e2e", seconds=0).stdout
