@@ -87,27 +87,38 @@ for folder in "${folders[@]}"; do
 done
 python3 -c "from bindings import library; print('kernel package:', library.package_path())"
 du -sh "$kit"/p* .modular_cache/mili_kernels
-# the calls of a lease: the parts packed into as few calls as fit beside the checkout, the last with the work
+# the calls of a lease (benchmarks/gpu_lease.sh): the site's parts packed into as few calls as fit beside the checkout,
+# the last starting the work, then the peers' parts while it runs
 python3 - "$kit" <<'PY'
 import subprocess, sys
 from pathlib import Path
 room = 64 * 2**20 - sum(Path(f).stat().st_size for f in subprocess.run(
     ["git", "ls-files"], capture_output=True, text=True, check=True).stdout.split() if Path(f).is_file()) - 2**20
-parts = sorted(Path(sys.argv[1]).glob("p*"), key=lambda p: -sum(f.stat().st_size for f in p.iterdir()))
-calls = []
-for part in parts:
-    size = sum(f.stat().st_size for f in part.iterdir())
-    fit = next((c for c in calls if c[0] + size <= room), None)
-    if fit is None:
-        calls.append(fit := [0, []])
-    fit[0] += size
-    fit[1].append(str(part))
-calls.sort(key=lambda c: -c[0])
+kernels = sum(f.stat().st_size for f in Path(".modular_cache/mili_kernels").rglob("*") if f.is_file())
 head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-for i, (_, names) in enumerate(calls, 1):
-    last = i == len(calls)
-    carry = names + [".modular_cache/mili_kernels"] * last
-    command = (f"MILI_COMMIT={head} benchmarks/gpu_session.sh  (the commit of the work, HEAD now)" if last else
-               "mkdir -p /tmp/mili-kit/parts && cp .devkit/p*/* /tmp/mili-kit/parts/")
-    print(f"call {i}: carry {carry}  command: {command}")
+
+
+def calls(parts: list[Path], first_room: int) -> list[list[str]]:
+    """Parts into calls, largest first, each call's parts within the room (the first call's: first_room)."""
+    packed: list[list] = []
+    for part in sorted(parts, key=lambda p: -sum(f.stat().st_size for f in p.iterdir())):
+        size = sum(f.stat().st_size for f in part.iterdir())
+        fit = next((c for c in packed if c[0] + size <= (first_room if c is packed[0] else room)), None)
+        if fit is None:
+            packed.append(fit := [0, []])
+        fit[0] += size
+        fit[1].append(str(part))
+    return [names for _, names in packed]
+
+
+parts = sorted(Path(sys.argv[1]).glob("p*"))
+site = calls([p for p in parts if any(f.name.startswith("site.") for f in p.iterdir())], room - kernels)
+peers = calls([p for p in parts if any(f.name.startswith("peers.") for f in p.iterdir())], room)
+plan = [(names, "mkdir -p /tmp/mili-kit/parts && cp .devkit/p*/* /tmp/mili-kit/parts/") for names in site[1:]]
+plan.append((site[0] + [".modular_cache/mili_kernels"],
+             f"MILI_COMMIT={head} benchmarks/gpu_lease.sh start SECONDS  (the budget left, less ~60 s)"))
+plan += [(names, "benchmarks/gpu_lease.sh wait " + ("570" if i == len(peers) - 1 else "1")) for i, names in enumerate(peers)]
+plan.append(([], "benchmarks/gpu_lease.sh wait SECONDS  (again until the run ends)"))
+for i, (names, command) in enumerate(plan, 1):
+    print(f"call {i}: carry {names}  command: {command}")
 PY
