@@ -17,12 +17,13 @@ from python_layer.model.loader import load_model  # noqa: E402
 from tests.engine_checks import no_request_holds_pages, random_prompts, serve_arrivals_and_aborts  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=1)
+# one xdist worker for the module (`pytest -n N --dist loadgroup`): the model's graph compiles once, not per test
+pytestmark = pytest.mark.xdist_group("decode_graphs")
 
 
 @pytest.fixture(scope="module")
 def model(tiny_checkpoint: Path):
     return load_model(tiny_checkpoint, device="cuda", dtype="bfloat16")
-
 
 
 def test_replayed_decode_steps_give_the_tokens_of_steps_run_op_by_op(model) -> None:
