@@ -8,6 +8,8 @@
   mili bench throughput --device cuda [--systems ...]
       nano-vllm's workload: --num-requests (256) random prompts, prompt and output lengths uniform in [100, 1024],
       ignore_eos, all submitted at once; output tokens per second of one run after a warm-up.
+  python benchmarks/device_e2e.py [--systems ...]
+      both, each system started once for the two (a GPU lease's time: MAX's pipeline takes a minute to come up).
 
 "mili" replays its decode steps as device graphs and gives the device the next decode step before it reads the
 last one's tokens (overlap), "mili-sync" replays them without overlap (--no-overlap), "mili-eager" runs them op by
@@ -71,9 +73,13 @@ def open_system(name: str, path: str, args: argparse.Namespace, mili_model: dict
 
 
 def max_length(args: argparse.Namespace) -> int:
+    """The longest sequence of the run's figures."""
+    lengths = []
     if hasattr(args, "contexts"):
-        return max(max(contexts(args)) + args.new_tokens + 1, args.ttft_len + 1)
-    return args.prompt_len[1] + args.output_len[1]
+        lengths += [max(contexts(args)) + args.new_tokens + 1, args.ttft_len + 1]
+    if hasattr(args, "num_requests"):
+        lengths.append(args.prompt_len[1] + args.output_len[1])
+    return max(lengths)
 
 
 def contexts(args: argparse.Namespace) -> list[int]:
@@ -108,54 +114,89 @@ def throughput_row(system: System, args: argparse.Namespace) -> dict:
                 total_tok_s=(tokens + sum(map(len, prompts))) / seconds)
 
 
-def run(kind: str, args: argparse.Namespace, figures: Callable[[System, argparse.Namespace], dict]) -> list[dict]:
+Figures = Callable[[System, argparse.Namespace], dict]
+
+
+def run(args: argparse.Namespace, measures: dict[str, Figures]) -> dict[str, list[dict]]:
+    """Each system opened once for every measure (kind -> its figures); one JSON per kind, written over after every
+    system."""
     path = model_path(args.model)
     config = Qwen3Config.from_pretrained(path)
     bandwidth = copy_bandwidth(args.device)
     floor_ms = decode_bytes(config) / bandwidth * 1e3
-    print(f"{kind} on {args.device}; copy bandwidth {bandwidth / 1e9:.0f} GB/s; decode floor {floor_ms:.3f} ms/token",
-          flush=True)
+    print(f"{', '.join(measures)} on {args.device}; copy bandwidth {bandwidth / 1e9:.0f} GB/s; decode floor "
+          f"{floor_ms:.3f} ms/token", flush=True)
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
     meta = dict(vars(args), model=path, device_name=device, copy_bandwidth_bytes_per_s=bandwidth,
                 flash_attention=graph.FLASH_ATTENTION)
-    rows, mili_model, out = [], {}, None
+    rows: dict[str, list[dict]] = {kind: [] for kind in measures}
+    outs: dict = dict.fromkeys(measures)
+    mili_model: dict = {}
     for name in args.systems.split(","):
         system = None
         try:
             system = open_system(name, path, args, mili_model)
-            rows.append(dict(system=name, device_graphs=system.device_graphs, **figures(system, args)))
-        except Exception as e:  # one system failing must not lose the others' figures
+            for kind, figures in measures.items():
+                try:
+                    rows[kind].append(dict(system=name, device_graphs=system.device_graphs, **figures(system, args)))
+                except Exception as e:  # one figure failing must not lose the others
+                    traceback.print_exc()
+                    rows[kind].append(dict(system=name, error=f"{type(e).__name__}: {e}"))
+        except Exception as e:  # nor one system failing the others'
             traceback.print_exc()
-            rows.append(dict(system=name, error=f"{type(e).__name__}: {e}"))
+            for kind in measures:
+                rows[kind].append(dict(system=name, error=f"{type(e).__name__}: {e}"))
         finally:
             if system is not None:
                 system.close()
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()
-        rows[-1]["bandwidth_floor_ms"] = floor_ms
-        print(rows[-1], flush=True)
-        # after every system: a run cut short at its time limit keeps the figures it has
-        out = write_json(f"{kind}-{args.device.replace(':', '')}", meta, rows, out)
-    columns = ["system", *sorted({k for r in rows for k in r} - {"system", "error", "bandwidth_floor_ms"}), "error"]
-    print_table(rows, columns)
+        for kind in measures:
+            rows[kind][-1]["bandwidth_floor_ms"] = floor_ms
+            print(kind, rows[kind][-1], flush=True)
+            # after every system: a run cut short at its time limit keeps the figures it has
+            outs[kind] = write_json(f"{kind}-{args.device.replace(':', '')}", meta, rows[kind], outs[kind])
+    for kind, found in rows.items():
+        print(f"\n{kind}")
+        print_table(found, ["system", *sorted({k for r in found for k in r} - {"system", "error", "bandwidth_floor_ms"}),
+                            "error"])
     return rows
 
 
-def latency_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
+def add_latency_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--contexts", default="512,4096", help="decode contexts (prompt lengths)")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--ttft-len", type=int, default=2048)
-    run("latency", parser.parse_args(argv), latency_row)
-    return 0
 
 
-def throughput_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
+def add_throughput_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--prompt-len", type=int, nargs=2, default=(100, 1024), metavar=("MIN", "MAX"))
     parser.add_argument("--output-len", type=int, nargs=2, default=(100, 1024), metavar=("MIN", "MAX"))
-    run("throughput", parser.parse_args(argv), throughput_row)
+
+
+def _main(argv: list[str] | None, measures: dict[str, Figures]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    if "latency" in measures:
+        add_latency_arguments(parser)
+    if "throughput" in measures:
+        add_throughput_arguments(parser)
+    run(parser.parse_args(argv), measures)
     return 0
+
+
+def latency_main(argv: list[str] | None = None) -> int:
+    return _main(argv, {"latency": latency_row})
+
+
+def throughput_main(argv: list[str] | None = None) -> int:
+    return _main(argv, {"throughput": throughput_row})
+
+
+def main(argv: list[str] | None = None) -> int:
+    return _main(argv, {"latency": latency_row, "throughput": throughput_row})
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -10,9 +10,10 @@
 #   model        the model on cuda against transformers (tests/integration/test_parity.py -k cuda)
 #   bench        the kernel benchmark, bfloat16 and float32 (BENCH_ONLY=attention,rope: only the ops whose name has one)
 #   attention-bench  the kernel benchmark's attention rows and the fused q/k norm + RoPE + KV store op, bfloat16
-#   e2e          mili bench latency / throughput --device cuda: MILI against MAX's pipeline (E2E_SYSTEMS, default
-#                mili,max), MILI with the plain attention kernels if the tests step of this lease failed a flash case
-#                or E2E_FLASH=0 (MAX_PYTHON: a Python with max[serve], by default the kit's peers), then the summary
+#   e2e          benchmarks/device_e2e.py (mili bench latency and throughput --device cuda, each system started once
+#                for both): MILI against MAX's pipeline (E2E_SYSTEMS, default mili,max), MILI with the plain
+#                attention kernels if the tests step of this lease failed a flash case or E2E_FLASH=0 (MAX_PYTHON: a
+#                Python with max[serve], by default the kit's peers), then the summary
 #   e2e-rest     the same for E2E_REST_SYSTEMS (default: MILI without overlap, transformers, MILI without device
 #                graphs), then the summary again: each system's figures from its newest run of the lease
 #   profile      where a decode step's time goes at batch 1 and 64 (benchmarks/decode_profile.py: kernels, device
@@ -59,11 +60,9 @@ flash_passed() {  # false where this lease's tests step failed a flash kernel ca
     2>/dev/null
 }
 
-e2e() {  # e2e SYSTEMS: the latency and throughput runs of those systems
+e2e() {  # e2e SYSTEMS: the latency and throughput figures of those systems, each started once for both
   local max_python=${MAX_PYTHON:-$([ -x "$kit/max-python" ] && echo "$kit/max-python")}
-  MILI_GPU_FLASH_ATTENTION=$flash run "latency-${1//,/-}" 400 python3 benchmarks/latency.py --device cuda --systems "$1" \
-    --max-python "$max_python"
-  MILI_GPU_FLASH_ATTENTION=$flash run "throughput-${1//,/-}" 600 python3 benchmarks/throughput.py --device cuda \
+  MILI_GPU_FLASH_ATTENTION=$flash run "e2e-${1//,/-}" 900 python3 benchmarks/device_e2e.py --device cuda \
     --systems "$1" --max-python "$max_python"
   run summary 60 python3 benchmarks/gpu_summary.py --commit "${MILI_COMMIT:-}" --since "$started"
 }

@@ -52,6 +52,26 @@ def test_throughput_runs_the_same_workload_on_each_system(small: list[str], tmp_
     assert rows["nothing"]["error"].startswith("ValueError: unknown system 'nothing'")  # reported; the rest ran
 
 
+def test_latency_and_throughput_of_each_system_started_once(small: list[str], tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python benchmarks/device_e2e.py` (a GPU lease's e2e step): both figures per system, each system opened once,
+    its sequences as long as the longer of the two runs needs; one JSON per kind, as the single runs write."""
+    opened = []
+    real_open = device_e2e.open_system
+    monkeypatch.setattr(device_e2e, "open_system", lambda name, *a: opened.append(name) or real_open(name, *a))
+    assert device_e2e.main(small + ["--systems", "mili,transformers", "--contexts", "16", "--new-tokens", "4",
+                                    "--ttft-len", "30", "--num-requests", "6", "--prompt-len", "5", "30",
+                                    "--output-len", "3", "40"]) == 0
+    assert opened == ["mili", "transformers"]
+    latency, throughput = _rows(tmp_path, "latency"), _rows(tmp_path, "throughput")
+    assert sorted(latency) == sorted(throughput) == ["mili", "transformers"]
+    assert all(row["ttft_30_ms"] > 0 and "error" not in row for row in latency.values())
+    assert throughput["mili"]["output_tokens"] == throughput["transformers"]["output_tokens"] >= 6 * 3
+    args = device_e2e.argparse.Namespace(contexts="16", new_tokens=4, ttft_len=30, num_requests=6,
+                                         prompt_len=(5, 30), output_len=(3, 40))
+    assert device_e2e.max_length(args) == 70  # throughput's 30 + 40 over latency's 16 + 4 + 1 and 30 + 1
+
+
 def test_gpu_summary_takes_the_latest_runs(tmp_path: Path) -> None:
     def write(name: str, meta: dict, rows: list) -> None:
         (tmp_path / name).write_text(json.dumps(dict(meta=meta, rows=rows)))
