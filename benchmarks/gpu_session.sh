@@ -35,7 +35,7 @@ export PYTHONUNBUFFERED=1
 export PYTHONPATH=$kit/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 steps=${*:-setup build tests attention-bench e2e profile model e2e-rest}
 # pytest-xdist (on the image): one op (and dtype) per worker, so each graph compiles once and in parallel
-xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8 --dist loadgroup")
+xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12 --dist loadgroup")
 status=0
 summary=()
 
