@@ -7,9 +7,9 @@
 # the scale folded into one fma per score), and O += P V with P reused from S's registers (V's fragments by
 # ldmatrix.trans).
 # Key tiles past the block's last visible position are skipped (causal); only the tiles on the diagonal are masked
-# per row. The blocks with the most key tiles start first. The output is normalized once at the end. Fragment
-# layouts: PTX ISA, "mma.m16n8k16" (gid = lane / 4, tig = lane % 4).
-# Opt-in until it has run on a GPU: the op `mili_paged_attention_flash` (paged_attention.mojo).
+# per row. The blocks with the most key tiles start first, those of every KV head before any lighter one. The
+# output is normalized once at the end. Fragment layouts: PTX ISA, "mma.m16n8k16" (gid = lane / 4, tig = lane % 4).
+# The op `mili_paged_attention_flash` (paged_attention.mojo), the default on a GPU.
 from max.gpu.host import DeviceContext
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, thread_idx, block_idx, grid_dim, WARP_SIZE
 from max.gpu.compute.mma import ld_matrix, mma
@@ -90,15 +90,17 @@ def _prefill_attention_gpu[D: Int, group: Int](
     context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale_ptr: Ptr[F32], max_pages: Int32,
     kv_heads: Int32, page_size: Int32,
 ):
-    """Block (x, b, g): rows tile * 64 ..< tile * 64 + 64 of sequence b's (query token, head of KV head g), tile =
-    grid_dim.x - 1 - x (the tiles of the last rows, which see the most keys, first)."""
+    """Block (g, y, b): rows tile * 64 ..< tile * 64 + 64 of sequence b's (query token, head of KV head g), tile =
+    grid_dim.y - 1 - y. Blocks start in the order of their index, x fastest: the tiles of the last rows, which see
+    the most keys, first, those of all KV heads side by side (with the heads outermost, the heavy tiles of the last
+    heads waited behind the light ones of the first)."""
     comptime KSTEPS = D // 16  # k-steps of S = Q K^T
     comptime DTILES = D // 8  # n-tiles of O
     comptime KTILES = BLOCK_KEYS // 8  # n-tiles of S
     comptime ROW = D + 8  # shared-memory row, padded: the 8 rows an mma reads land in different banks
-    var tile = Int(grid_dim.x) - 1 - Int(block_idx.x)
-    var b = Int(block_idx.y)
-    var g = Int(block_idx.z)
+    var g = Int(block_idx.x)
+    var tile = Int(grid_dim.y) - 1 - Int(block_idx.y)
+    var b = Int(block_idx.z)
     var q_begin = Int(query_start.unsafe_load(b))
     var q_len = Int(query_start.unsafe_load(b + 1)) - q_begin
     var first_row = tile * BLOCK_ROWS
@@ -237,7 +239,7 @@ def prefill_attention_gpu(
     """Enqueues the tensor-core kernel (prefill_supported shapes). The grid covers the most rows a sequence can
     have (all the step's tokens); the blocks past a sequence's rows return at once."""
     var group = q_heads // kv_heads
-    var grid = (ceildiv(tokens * group, BLOCK_ROWS), batch, kv_heads)
+    var grid = (kv_heads, ceildiv(tokens * group, BLOCK_ROWS), batch)
     comptime for i in range(2):
         comptime d = 64 << i
         comptime for j in range(4):
