@@ -3,9 +3,8 @@
 # layout and the computation: common.mojo.
 # `mili_paged_attention_flash` is the same op, except that on a GPU a batch of decode tokens (one per sequence)
 # goes to the split-KV decode kernel (gpu_decode.mojo) and other bfloat16 batches to the tensor-core
-# FlashAttention-2 kernel (gpu_prefill.mojo), where they take the shape. It is opt-in (MILI_GPU_FLASH_ATTENTION=1,
-# bindings/graph.py) until it has passed tests/gpu on a GPU: it is compiled for sm_90 on every build but has not
-# run yet.
+# FlashAttention-2 kernel (gpu_prefill.mojo), where they take the shape. The model graph uses it unless
+# MILI_GPU_FLASH_ATTENTION=0 (bindings/graph.py).
 from extensibility import register, InputTensor, OutputTensor
 from extensibility import _MutableInputTensor as MutableInputTensor
 from max.gpu.host import DeviceContext
