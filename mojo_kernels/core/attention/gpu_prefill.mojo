@@ -7,11 +7,13 @@
 # the scale folded into one fma per score), and O += P V with P reused from S's registers (V's fragments by
 # ldmatrix.trans).
 # Key tiles past the block's last visible position are skipped (causal); only the tiles on the diagonal are masked
-# per row. The blocks with the most key tiles start first, those of every KV head before any lighter one. The
-# output is normalized once at the end. Fragment layouts: PTX ISA, "mma.m16n8k16" (gid = lane / 4, tig = lane % 4).
+# per row. The grid has a block per row tile of the step's sequences (prefill_block_tile), not per sequence and
+# row tile the longest sequence has; within a sequence the row tiles with the most key tiles start first, those of
+# every KV head before any lighter one. The output is normalized once at the end. Fragment layouts: PTX ISA,
+# "mma.m16n8k16" (gid = lane / 4, tig = lane % 4).
 # The op `mili_paged_attention_flash` (paged_attention.mojo), the default on a GPU.
 from max.gpu.host import DeviceContext
-from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, thread_idx, block_idx, grid_dim, WARP_SIZE
+from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, thread_idx, block_idx, WARP_SIZE
 from max.gpu.compute.mma import ld_matrix, mma
 from max.gpu.memory import async_copy, async_copy_commit_group, async_copy_wait_group
 from max.gpu.primitives import warp
@@ -52,6 +54,34 @@ def _row_reduce_sum(x: Float32) -> Float32:
     return y + warp.shuffle_xor(y, UInt32(2))
 
 
+def prefill_blocks(tokens: Int, batch: Int, group: Int) -> Int:
+    """Blocks per KV head: enough for every sequence's row tiles, however the tokens split (prefill_block_tile)."""
+    return ceildiv(tokens * group, BLOCK_ROWS) + batch
+
+
+@always_inline
+def prefill_block_tile[group: Int](query_start: Ptr[DType.int32], batch: Int, i: Int) -> Tuple[Int, Int]:
+    """The sequence and row tile of a KV head's block i; for a block with none, the row tile past the sequence's
+    last. Sequence b's row tiles are the blocks from first(b) = ceil(query_start[b] * group / BLOCK_ROWS) + b on,
+    the last row tile first: the ranges never overlap (first(b + 1) - first(b) >= b's row tiles) and end within
+    prefill_blocks. A block per sequence and row tile of the longest one left most blocks empty in a mixed step (a
+    prefill among 255 decodes: 99%)."""
+    # in 32 bits, as token_offset: a GPU's 64-bit arithmetic takes register pairs
+    var at, lo, hi = Int32(i), Int32(0), Int32(batch)  # the last b with first(b) <= i is in lo ..< hi
+    comptime ROWS = Int32(BLOCK_ROWS)
+    comptime G = Int32(group)
+    while hi - lo > 1:
+        var mid = (lo + hi) // 2
+        if (query_start.unsafe_load(mid) * G + ROWS - 1) // ROWS + mid <= at:
+            lo = mid
+        else:
+            hi = mid
+    var begin = query_start.unsafe_load(lo)
+    var tiles = ((query_start.unsafe_load(lo + 1) - begin) * G + ROWS - 1) // ROWS
+    var t = at - ((begin * G + ROWS - 1) // ROWS + lo)
+    return (Int(lo), Int(tiles - 1 - t if t < tiles else tiles))
+
+
 @always_inline
 def _find_tile_keys(
     key_at: SharedOffsets, page_table: Ptr[DType.int32], table_row: Int, key_start: Int, key_end: Int,
@@ -87,20 +117,18 @@ def _stage_tile[D: Int](tile: SharedTile, cache: Ptr[BF16], key_at: SharedOffset
                  `nvvm.minctasm`=SIMDLength(3))
 def _prefill_attention_gpu[D: Int, group: Int](
     output: Ptr[BF16], q: Ptr[BF16], k_cache: Ptr[BF16], v_cache: Ptr[BF16], page_table: Ptr[DType.int32],
-    context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale_ptr: Ptr[F32], max_pages: Int32,
-    kv_heads: Int32, page_size: Int32,
+    context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale_ptr: Ptr[F32], batch: Int32,
+    max_pages: Int32, kv_heads: Int32, page_size: Int32,
 ):
-    """Block (g, y, b): rows tile * 64 ..< tile * 64 + 64 of sequence b's (query token, head of KV head g), tile =
-    grid_dim.y - 1 - y. Blocks start in the order of their index, x fastest: the tiles of the last rows, which see
-    the most keys, first, those of all KV heads side by side (with the heads outermost, the heavy tiles of the last
-    heads waited behind the light ones of the first)."""
+    """Block (g, i): rows tile * 64 ..< tile * 64 + 64 of sequence b's (query token, head of KV head g), (b, tile) =
+    prefill_block_tile(i). Blocks start in the order of their index, x fastest: the KV heads side by side (with the
+    heads outermost, the heavy tiles of the last heads waited behind the light ones of the first)."""
     comptime KSTEPS = D // 16  # k-steps of S = Q K^T
     comptime DTILES = D // 8  # n-tiles of O
     comptime KTILES = BLOCK_KEYS // 8  # n-tiles of S
     comptime ROW = D + 8  # shared-memory row, padded: the 8 rows an mma reads land in different banks
     var g = Int(block_idx.x)
-    var tile = Int(grid_dim.y) - 1 - Int(block_idx.y)
-    var b = Int(block_idx.z)
+    var b, tile = prefill_block_tile[group](query_start, Int(batch), Int(block_idx.y))
     var q_begin = Int(query_start.unsafe_load(b))
     var q_len = Int(query_start.unsafe_load(b + 1)) - q_begin
     var first_row = tile * BLOCK_ROWS
@@ -125,12 +153,16 @@ def _prefill_attention_gpu[D: Int, group: Int](
         if Int(rows[r]) < q_len * group:
             pos[r] = Int32(offset + Int(rows[r]) // group)
 
+    # where the two rows' q and output elements start; in 32 bits, kept through the key loop
+    var row_at = SIMD[DType.int32, 2](0)
+    comptime for r in range(2):
+        var row = Int(rows[r])
+        row_at[r] = Int32(((q_begin + row // group) * hq + g * group + row % group) * D + tig * 2)
     # Q as A fragments, k-step by k-step: a0 a1 (row gid, dims tig*2 ..), a2 a3 (row gid + 8), a4 .. a7 (+8 dims)
     var qf = SIMD[BF16, 8 * KSTEPS](0)
     comptime for r in range(2):
         if pos[r] >= 0:
-            var row = Int(rows[r])
-            var at = ((q_begin + row // group) * hq + g * group + row % group) * D + tig * 2
+            var at = Int(row_at[r])
             comptime for ks in range(KSTEPS):
                 qf = qf.insert[offset = ks * 8 + r * 2](q.unsafe_load[width=2](at + ks * 16))
                 qf = qf.insert[offset = ks * 8 + 4 + r * 2](q.unsafe_load[width=2](at + ks * 16 + 8))
@@ -224,8 +256,7 @@ def _prefill_attention_gpu[D: Int, group: Int](
     var inv_l = 1 / l
     comptime for r in range(2):
         if pos[r] >= 0:
-            var row = Int(rows[r])
-            var at = ((q_begin + row // group) * hq + g * group + row % group) * D + tig * 2
+            var at = Int(row_at[r])
             comptime for dt in range(DTILES):
                 var pair = o.slice[2, offset = dt * 4 + r * 2]() * inv_l[r]
                 output.unsafe_store(at + dt * 8, pair.cast[BF16]())
@@ -236,16 +267,15 @@ def prefill_attention_gpu(
     page_table: Ptr[DType.int32], context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale: Ptr[F32],
     tokens: Int, batch: Int, max_pages: Int, q_heads: Int, kv_heads: Int, head_dim: Int, page_size: Int,
 ) raises:
-    """Enqueues the tensor-core kernel (prefill_supported shapes). The grid covers the most rows a sequence can
-    have (all the step's tokens); the blocks past a sequence's rows return at once."""
+    """Enqueues the tensor-core kernel (prefill_supported shapes)."""
     var group = q_heads // kv_heads
-    var grid = (kv_heads, ceildiv(tokens * group, BLOCK_ROWS), batch)
+    var grid = (kv_heads, prefill_blocks(tokens, batch, group))
     comptime for i in range(2):
         comptime d = 64 << i
         comptime for j in range(4):
             comptime gr = 1 << j
             if head_dim == d and group == gr:
                 ctx.enqueue_function[_prefill_attention_gpu[d, gr]](
-                    output, q, k_cache, v_cache, page_table, context_lens, query_start, scale, Int32(max_pages),
-                    Int32(kv_heads), Int32(page_size), grid_dim=grid, block_dim=PREFILL_THREADS,
+                    output, q, k_cache, v_cache, page_table, context_lens, query_start, scale, Int32(batch),
+                    Int32(max_pages), Int32(kv_heads), Int32(page_size), grid_dim=grid, block_dim=PREFILL_THREADS,
                 )
