@@ -42,6 +42,8 @@ case $verb in
     echo "started: gpu_session.sh ${*:-(its default steps)} for at most $seconds s; log $logs/session.log" ;;
   wait)
     KIT_DIR=$kit benchmarks/device_unpack.sh "${@:-peers}" || echo "the kit's ${*:-peers} did not unpack"
+    # a machine that went back between two calls comes again bare: nothing to wait for
+    [ -f "$logs/session.log" ] || { echo "no run on this machine (a fresh one?): carry the kit and start again"; exit 1; }
     start=$SECONDS collected=-15
     while [ ! -f "$logs/session.rc" ] && [ $((SECONDS - start)) -lt "$seconds" ]; do
       [ $((SECONDS - collected)) -lt 15 ] || { collect; collected=$SECONDS; }

@@ -42,6 +42,13 @@ def test_wait_stops_at_its_limit_while_the_run_goes_on(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "gpu-session.tar.gz").is_file()
 
 
+def test_wait_on_a_machine_without_a_run_returns_at_once(tmp_path: Path) -> None:
+    began = time.monotonic()
+    waited = _lease(tmp_path, "wait", "60")
+    assert waited.returncode == 1 and "no run on this machine" in waited.stdout
+    assert time.monotonic() - began < 30
+
+
 def test_usage_errors_name_the_verbs(tmp_path: Path) -> None:
     result = _lease(tmp_path, "begin", "10")
     assert result.returncode == 2 and "usage:" in result.stderr and "start SECONDS" in result.stderr
