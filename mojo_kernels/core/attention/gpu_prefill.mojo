@@ -67,18 +67,18 @@ def prefill_block_tile[group: Int](query_start: Ptr[DType.int32], batch: Int, i:
     prefill_blocks. A block per sequence and row tile of the longest one left most blocks empty in a mixed step (a
     prefill among 255 decodes: 99%)."""
     # in 32 bits, as token_offset: a GPU's 64-bit arithmetic takes register pairs
-    var at, lo, hi = Int32(i), Int32(0), Int32(batch)  # the last b with first(b) <= i is in lo ..< hi
-    comptime ROWS = Int32(BLOCK_ROWS)
     comptime G = Int32(group)
+    comptime ROWS = Int32(BLOCK_ROWS)
+    var at, lo, hi = Int32(i), Int32(0), Int32(batch)  # the last b with first(b) <= i is in lo ..< hi
     while hi - lo > 1:
         var mid = (lo + hi) // 2
-        if (query_start.unsafe_load(mid) * G + ROWS - 1) // ROWS + mid <= at:
+        if ceildiv(query_start.unsafe_load(mid) * G, ROWS) + mid <= at:
             lo = mid
         else:
             hi = mid
     var begin = query_start.unsafe_load(lo)
-    var tiles = ((query_start.unsafe_load(lo + 1) - begin) * G + ROWS - 1) // ROWS
-    var t = at - ((begin * G + ROWS - 1) // ROWS + lo)
+    var tiles = ceildiv((query_start.unsafe_load(lo + 1) - begin) * G, ROWS)
+    var t = at - (ceildiv(begin * G, ROWS) + lo)
     return (Int(lo), Int(tiles - 1 - t if t < tiles else tiles))
 
 
