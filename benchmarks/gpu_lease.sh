@@ -21,11 +21,8 @@ usage="usage: $0 start SECONDS [STEP...] | wait SECONDS [FOLDER...]"
 verb=$1 seconds=$2
 shift 2
 
-collect() {  # the run's logs and results so far into $OUT, replaced whole (a call can end at any moment)
-  [ -n "${OUT:-}" ] || return 0
-  cp "$repo"/benchmarks/results/*cuda*.json "$repo/benchmarks/results/gpu-summary.json" "$logs/" 2>/dev/null
-  tar -czf "$OUT/.gpu-session.tar.gz" -C "$logs" . && mv "$OUT/.gpu-session.tar.gz" "$OUT/gpu-session.tar.gz"
-  cp "$logs/gpu-summary.json" "$OUT/" 2>/dev/null
+collect() {  # the run's logs and results so far into $OUT
+  [ -z "${OUT:-}" ] || benchmarks/gpu_logs_to_out.sh "$logs" "$repo"
 }
 
 case $verb in

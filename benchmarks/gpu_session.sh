@@ -55,9 +55,13 @@ run() {  # run NAME LIMIT COMMAND...: log to $log_dir/NAME.log; skipped when the
   [ $rc -eq 0 ] || status=1
 }
 
-flash_passed() {  # false where this lease's tests step failed a flash kernel case: e2e then times the plain ones
-  ! grep -q "^FAILED tests/gpu/test_gpu_ops.py::test_op_matches_reference_on_gpu\[attention" "$log_dir/tests.log" \
-    2>/dev/null
+e2e_flash() {  # 1 (the flash kernels) for e2e and profile, 0 where this lease's tests step failed a flash kernel
+  # case (then they time the plain ones); E2E_FLASH chooses
+  if [ -n "${E2E_FLASH:-}" ]; then echo "$E2E_FLASH"
+  elif grep -q "^FAILED tests/gpu/test_gpu_ops.py::test_op_matches_reference_on_gpu\[attention" "$log_dir/tests.log" \
+    2>/dev/null; then echo 0
+  else echo 1
+  fi
 }
 
 e2e() {  # e2e SYSTEMS: the latency and throughput figures of those systems, each started once for both
@@ -81,22 +85,16 @@ for step in $steps; do
            done ;;
     attention-bench) run attention-bench 300 python3 benchmarks/kernels.py --device cuda --dtype bfloat16 \
                        --only attention,qk_norm_rope_store ;;
-    e2e) flash=${E2E_FLASH:-$(flash_passed && echo 1 || echo 0)}
+    e2e) flash=$(e2e_flash)
          summary+=("e2e: MILI's attention kernels $([ "$flash" = 1 ] && echo flash || echo plain)")
          e2e "${E2E_SYSTEMS:-mili,max}" ;;  # what the issue compares first
-    e2e-rest) flash=${E2E_FLASH:-$(flash_passed && echo 1 || echo 0)}
+    e2e-rest) flash=$(e2e_flash)
               e2e "${E2E_REST_SYSTEMS:-mili-sync,transformers,mili-eager}" ;;
-    profile) MILI_GPU_FLASH_ATTENTION=${E2E_FLASH:-$(flash_passed && echo 1 || echo 0)} run profile 150 \
-               python3 benchmarks/decode_profile.py --device cuda --batches 1,64 ;;
+    profile) MILI_GPU_FLASH_ATTENTION=$(e2e_flash) run profile 150 python3 benchmarks/decode_profile.py --device cuda \
+               --batches 1,64 ;;
     *) summary+=("$step: unknown step"); status=1 ;;
   esac
 done
-cp benchmarks/results/kernels-cuda-*.json benchmarks/results/latency-cuda*.json benchmarks/results/throughput-cuda*.json \
-  benchmarks/results/decode-profile-cuda*.json \
-  benchmarks/results/gpu-summary.json "$log_dir/" 2>/dev/null
-if [ -n "${OUT:-}" ]; then
-  tar -czf "$OUT/gpu-session.tar.gz" -C "$log_dir" .
-  cp benchmarks/results/gpu-summary.json "$OUT/" 2>/dev/null
-fi
+benchmarks/gpu_logs_to_out.sh "$log_dir"
 printf '%s\n' "${summary[@]}"
 exit $status
