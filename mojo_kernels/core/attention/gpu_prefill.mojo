@@ -1,25 +1,28 @@
 # Prefill / extend attention on a GPU, FlashAttention-2 style, bfloat16 on tensor cores (mma.sync m16n8k16, float32
-# accumulators). A block of 4 warps takes 64 rows of one sequence: row r is query token r // group and query head
-# r % group of one KV head's group, so the query heads that share a KV head share every K/V tile. The block stages
-# tiles of 64 keys of K and V in shared memory, straight from the paged cache with cp.async: V's tile loads while
-# the warps compute S = Q K^T and the softmax, the next K tile while they compute O += P V. Each warp computes S
-# for its 16 rows (Q in registers, K's fragments by ldmatrix), the online softmax on S's fragments (in log2 units,
-# the scale folded into one fma per score), and O += P V with P reused from S's registers (V's fragments by
-# ldmatrix.trans).
-# Key tiles past the block's last visible position are skipped (causal); only the tiles on the diagonal are masked
-# per row. The grid has a block per row tile of the step's sequences (prefill_block_tile), not per sequence and
-# row tile the longest sequence has; within a sequence the row tiles with the most key tiles start first, those of
-# every KV head before any lighter one. The output is normalized once at the end. Fragment layouts: PTX ISA,
+# accumulators). A block of 4 warps takes 128 rows of one sequence, 32 per warp (two m-tiles, as FlashAttention-2's
+# 128-row blocks: each K and V fragment read from shared memory feeds two mmas, where 16 rows a warp fed one and
+# spent shared memory's bandwidth twice as fast). Row r is query token r // group and query head r % group of one
+# KV head's group, so the query heads that share a KV head share every K/V tile. The block stages its Q rows and
+# tiles of 64 keys of K and V in shared memory (70 KB at head_dim 128: dynamic shared memory), straight from the
+# paged cache with cp.async: V's tile loads while the warps compute S = Q K^T and the softmax, the next K tile while
+# they compute O += P V. Each warp computes S for its rows (Q's and K's fragments by ldmatrix), the online softmax on
+# S's fragments (in log2 units, the scale folded into one fma per score), and O += P V with P reused from S's
+# registers (V's fragments by ldmatrix.trans).
+# Key tiles past the block's last visible position are skipped (causal), and by each warp those past its own rows'
+# (the warps of a partial last row tile with no rows skip all); only the tiles on the diagonal are masked per row.
+# The grid has a block per row tile of the step's sequences (prefill_block_tile), not per sequence and row tile the
+# longest sequence has; within a sequence the row tiles with the most key tiles start first, those of every KV head
+# before any lighter one. The output is normalized once at the end. Fragment layouts: PTX ISA,
 # "mma.m16n8k16" (gid = lane / 4, tig = lane % 4).
 # The op `mili_paged_attention_flash` (paged_attention.mojo), the default on a GPU.
-from max.gpu.host import DeviceContext
+from max.gpu.host import DeviceContext, FuncAttribute
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, thread_idx, block_idx, WARP_SIZE
 from max.gpu.compute.mma import ld_matrix, mma
-from max.gpu.memory import async_copy, async_copy_commit_group, async_copy_wait_group
+from max.gpu.memory import async_copy, async_copy_commit_group, async_copy_wait_group, external_memory
 from max.gpu.primitives import warp
 from max.gpu.sync import barrier
 from std.math import ceildiv, exp2
-from std.memory import stack_allocation
+from std.sys import size_of
 from std.utils.static_tuple import StaticTuple
 
 from ...utils.types import F32, Ptr
@@ -28,8 +31,11 @@ from .common import token_offset
 comptime BF16 = DType.bfloat16
 comptime PREFILL_WARPS = 4
 comptime PREFILL_THREADS = PREFILL_WARPS * WARP_SIZE
-comptime BLOCK_ROWS = 16 * PREFILL_WARPS
-"""Rows (query token x query head of the group) per block: 16 per warp, the m of an mma."""
+comptime M_TILES = 2
+"""m-tiles (16 rows, the m of an mma) per warp: each K and V fragment read from shared memory feeds M_TILES mmas."""
+comptime WARP_ROWS = 16 * M_TILES
+comptime BLOCK_ROWS = WARP_ROWS * PREFILL_WARPS
+"""Rows (query token x query head of the group) per block."""
 comptime BLOCK_KEYS = 64
 """Keys per K/V tile in shared memory."""
 comptime LOG2E: Float32 = 1.4426950408889634
@@ -112,27 +118,57 @@ def _stage_tile[D: Int](tile: SharedTile, cache: Ptr[BF16], key_at: SharedOffset
     async_copy_commit_group()
 
 
-# at most 168 registers, so that 3 blocks fit in an SM's registers
+@always_inline
+def _stage_queries[D: Int, group: Int](
+    q_sh: SharedTile, q: Ptr[BF16], q_begin: Int, first_row: Int, rows: Int, q_heads: Int, g: Int, tid: Int
+):
+    """Starts copying the block's BLOCK_ROWS query rows into shared memory (one commit group); rows past the
+    sequence's copy its last row: finite, and never stored."""
+    comptime CHUNKS = D // 8
+    comptime ROW = D + 8
+    comptime for i in range(BLOCK_ROWS * CHUNKS // PREFILL_THREADS):
+        var c = tid + i * PREFILL_THREADS
+        var r = c // CHUNKS
+        var x = (c % CHUNKS) * 8
+        var row = min(first_row + r, rows - 1)
+        # in 32 bits, as token_offset
+        var at = ((Int32(q_begin) + Int32(row // group)) * Int32(q_heads) + Int32(g * group + row % group)) * Int32(D)
+        async_copy[16](
+            q.unsafe_offset(Int(at) + x).unsafe_address_space_cast[AddressSpace.GLOBAL](),
+            q_sh.unsafe_offset(r * ROW + x),
+        )
+    async_copy_commit_group()
+
+
+def prefill_shared_bytes[D: Int]() -> Int:
+    """The kernel's shared memory: Q's tile, K's and V's, the cache offsets of two key tiles."""
+    return (BLOCK_ROWS + 2 * BLOCK_KEYS) * (D + 8) * size_of[Scalar[BF16]]() + 2 * BLOCK_KEYS * size_of[Int64]()
+
+
+# at most 255 registers, so that 2 blocks fit in an SM's registers
 @__llvm_metadata(MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(PREFILL_THREADS)),
-                 `nvvm.minctasm`=SIMDLength(3))
+                 `nvvm.minctasm`=SIMDLength(2))
 def _prefill_attention_gpu[D: Int, group: Int](
     output: Ptr[BF16], q: Ptr[BF16], k_cache: Ptr[BF16], v_cache: Ptr[BF16], page_table: Ptr[DType.int32],
     context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale_ptr: Ptr[F32], batch: Int32,
     max_pages: Int32, kv_heads: Int32, page_size: Int32,
 ):
-    """Block (g, i): rows tile * 64 ..< tile * 64 + 64 of sequence b's (query token, head of KV head g), (b, tile) =
-    prefill_block_tile(i). Blocks start in the order of their index, x fastest: the KV heads side by side (with the
-    heads outermost, the heavy tiles of the last heads waited behind the light ones of the first)."""
+    """Block (g, i): rows tile * BLOCK_ROWS ..< + BLOCK_ROWS of sequence b's (query token, head of KV head g),
+    (b, tile) = prefill_block_tile(i); warp w takes WARP_ROWS of them, as M_TILES m-tiles. Blocks start in the
+    order of their index, x fastest: the KV heads side by side (with the heads outermost, the heavy tiles of the
+    last heads waited behind the light ones of the first)."""
     comptime KSTEPS = D // 16  # k-steps of S = Q K^T
     comptime DTILES = D // 8  # n-tiles of O
     comptime KTILES = BLOCK_KEYS // 8  # n-tiles of S
     comptime ROW = D + 8  # shared-memory row, padded: the 8 rows an mma reads land in different banks
+    comptime R = 2 * M_TILES  # rows per thread: gid and gid + 8 of each m-tile
     var g = Int(block_idx.x)
     var b, tile = prefill_block_tile[group](query_start, Int(batch), Int(block_idx.y))
     var q_begin = Int(query_start.unsafe_load(b))
     var q_len = Int(query_start.unsafe_load(b + 1)) - q_begin
+    var n_rows = q_len * group
     var first_row = tile * BLOCK_ROWS
-    if first_row >= q_len * group:
+    if first_row >= n_rows:
         return
     var tid = Int(thread_idx.x)
     var lane = tid % WARP_SIZE
@@ -140,48 +176,40 @@ def _prefill_attention_gpu[D: Int, group: Int](
     var gid = lane // 4
     var tig = lane % 4
     var hk, ps = Int(kv_heads), Int(page_size)
-    var hq = hk * group
     var n_ctx = Int(context_lens.unsafe_load(b))
     var offset = n_ctx - q_len  # query token i is at position offset + i
     # scores stay unscaled: p = 2^(s * scale * log2(e) - m * scale * log2(e)), one fma per score
     var scale_log2 = scale_ptr.unsafe_load(0) * LOG2E
 
-    # this thread's two rows: gid and gid + 8 of its warp's 16; -1 for rows past the sequence's queries
-    var rows = SIMD[DType.int32, 2](Int32(first_row + wid * 16 + gid), Int32(first_row + wid * 16 + gid + 8))
-    var pos = SIMD[DType.int32, 2](-1)
-    comptime for r in range(2):
-        if Int(rows[r]) < q_len * group:
-            pos[r] = Int32(offset + Int(rows[r]) // group)
-
-    # where the two rows' q and output elements start; in 32 bits, kept through the key loop
-    var row_at = SIMD[DType.int32, 2](0)
-    comptime for r in range(2):
-        var row = Int(rows[r])
-        row_at[r] = Int32(((q_begin + row // group) * hq + g * group + row % group) * D + tig * 2)
-    # Q as A fragments, k-step by k-step: a0 a1 (row gid, dims tig*2 ..), a2 a3 (row gid + 8), a4 .. a7 (+8 dims)
-    var qf = SIMD[BF16, 8 * KSTEPS](0)
-    comptime for r in range(2):
-        if pos[r] >= 0:
-            var at = Int(row_at[r])
-            comptime for ks in range(KSTEPS):
-                qf = qf.insert[offset = ks * 8 + r * 2](q.unsafe_load[width=2](at + ks * 16))
-                qf = qf.insert[offset = ks * 8 + 4 + r * 2](q.unsafe_load[width=2](at + ks * 16 + 8))
-
     # 16-byte aligned: cp.async's 16-byte copies and ldmatrix's row addresses
-    var k_sh = stack_allocation[BLOCK_KEYS * ROW, BF16, address_space=AddressSpace.SHARED, alignment=16]()
-    var v_sh = stack_allocation[BLOCK_KEYS * ROW, BF16, address_space=AddressSpace.SHARED, alignment=16]()
-    var o = SIMD[F32, 4 * DTILES](0)
-    var m = SIMD[F32, 2](Float32.MIN_FINITE)  # MIN_FINITE, not -inf: a fully masked tile keeps 2^(m - m) = 1
-    var l = SIMD[F32, 2](0)
-    # keys up to the block's last visible position; tiles from the first row's position on need the causal mask
-    var last_row = min(first_row + BLOCK_ROWS, q_len * group) - 1
-    var key_end = offset + last_row // group + 1
-    var first_pos = offset + first_row // group
+    var q_sh = external_memory[Scalar[BF16], address_space=AddressSpace.SHARED, alignment=16]()
+    var k_sh = q_sh.unsafe_offset(BLOCK_ROWS * ROW)
+    var v_sh = k_sh.unsafe_offset(BLOCK_KEYS * ROW)
+    # the cache offsets of two tiles' keys: tile j's in key_at[j % 2], found during tile j - 1
+    var key_at = v_sh.unsafe_offset(BLOCK_KEYS * ROW).unsafe_bitcast[Int64]()
+    _stage_queries[D, group](q_sh, q, q_begin, first_row, n_rows, hk * group, g, tid)
+
+    # this thread's rows, m-tile mt's gid and gid + 8 at 2 mt and 2 mt + 1; position -1 past the sequence's queries
+    var warp_row = first_row + wid * WARP_ROWS
+    var pos = SIMD[DType.int32, R](-1)
+    comptime for r in range(R):
+        var row = warp_row + (r // 2) * 16 + gid + (r % 2) * 8
+        if row < n_rows:
+            pos[r] = Int32(offset + row // group)
+    # the warp's visible keys end after its last row's position (-1: no rows, nothing to compute)
+    var warp_last = offset + (min(warp_row + WARP_ROWS, n_rows) - 1) // group if warp_row < n_rows else -1
+    var warp_first = offset + warp_row // group
+    # ldmatrix.x4 of an m-tile's A fragment (Q): lane l gives row l % 8 + 8 (l // 8 % 2), dims 8 (l // 16) on
+    var q_lane = q_sh.unsafe_offset((wid * WARP_ROWS + lane % 8 + ((lane // 8) % 2) * 8) * ROW + (lane // 16) * 8)
+
+    var o = SIMD[F32, 4 * DTILES * M_TILES](0)
+    var m = SIMD[F32, R](Float32.MIN_FINITE)  # MIN_FINITE, not -inf: a fully masked tile keeps 2^(m - m) = 1
+    var l = SIMD[F32, R](0)
+    # keys up to the block's last visible position
+    var key_end = offset + (min(first_row + BLOCK_ROWS, n_rows) - 1) // group + 1
     var table_row = b * Int(max_pages)
     var row_len = hk * D
     var head_at = g * D  # KV head g's elements in a cache row
-    # the cache offsets of two tiles' keys: tile j's in key_at[j % 2], found during tile j - 1
-    var key_at = stack_allocation[2 * BLOCK_KEYS, DType.int64, address_space=AddressSpace.SHARED, alignment=16]()
     _find_tile_keys(key_at, page_table, table_row, 0, key_end, ps, row_len, tid)
     barrier()
     _stage_tile[D](k_sh, k_cache, key_at, head_at, tid)
@@ -190,76 +218,101 @@ def _prefill_attention_gpu[D: Int, group: Int](
         var here = key_at.unsafe_offset(here_at)
         var next = key_at.unsafe_offset(BLOCK_KEYS - here_at)
         async_copy_wait_group(0)
-        barrier()  # K's tile is in; every warp is done with the previous V tile and its keys' offsets
+        barrier()  # Q's and K's tiles are in; every warp is done with the previous V tile and its keys' offsets
         _stage_tile[D](v_sh, v_cache, here, head_at, tid)
         if key_start + BLOCK_KEYS < key_end:
             _find_tile_keys(next, page_table, table_row, key_start + BLOCK_KEYS, key_end, ps, row_len, tid)
+        # a warp whose rows see none of the tile's keys skips it (it still stages tiles and meets the barriers)
+        var visible = key_start <= warp_last
 
-        # S = Q K^T: n-tile nt holds keys nt * 8 + tig * 2 + {0, 1} of rows gid (s0 s1) and gid + 8 (s2 s3). K's B
-        # fragments of two k-steps come from one ldmatrix.x4: matrix i is keys nt * 8 ..< + 8, dims 8 i ..< 8 i + 8 of
-        # the pair, and lane l gives the address of row l % 8 of matrix l // 8
-        var s = SIMD[F32, 4 * KTILES](0)
-        comptime for nt in range(KTILES):
-            var acc = SIMD[F32, 4](0)
+        # S = Q K^T: m-tile mt's n-tile nt holds keys nt * 8 + tig * 2 + {0, 1} of rows gid (s0 s1) and gid + 8
+        # (s2 s3). K's B fragments of two k-steps come from one ldmatrix.x4: matrix i is keys nt * 8 ..< + 8, dims
+        # 8 i ..< 8 i + 8 of the pair, and lane l gives the address of row l % 8 of matrix l // 8; each serves the
+        # warp's M_TILES m-tiles
+        var s = SIMD[F32, 4 * KTILES * M_TILES](0)
+        if visible:
             comptime for kp in range(KSTEPS // 2):
-                var bf = ld_matrix[8](k_sh.unsafe_offset((nt * 8 + lane % 8) * ROW + kp * 32 + (lane // 8) * 8))
-                comptime for half in range(2):
-                    var d = SIMD[F32, 4](0)
-                    mma(d, qf.slice[8, offset = (kp * 2 + half) * 8](), bf.slice[4, offset = half * 4](), acc)
-                    acc = d
-            s = s.insert[offset = nt * 4](acc)
-        if key_start + BLOCK_KEYS - 1 > first_pos:  # a tile on the diagonal: each row's later keys out
-            comptime for nt in range(KTILES):
-                comptime for i in range(4):
-                    if key_start + nt * 8 + tig * 2 + i % 2 > Int(pos[i // 2]):
-                        s[nt * 4 + i] = -Float32.MAX
-        # the online softmax of each of the two rows
-        var row_max = SIMD[F32, 2](Float32.MIN_FINITE)
-        comptime for nt in range(KTILES):
-            comptime for i in range(4):
-                row_max[i // 2] = max(row_max[i // 2], s[nt * 4 + i])
-        var m_new = SIMD[F32, 2](_row_reduce_max(row_max[0]), _row_reduce_max(row_max[1]))
-        m_new = max(m, m_new)
-        var keep = exp2((m - m_new) * scale_log2)
-        var m_scaled = m_new * scale_log2
-        var row_sum = SIMD[F32, 2](0)
-        comptime for nt in range(KTILES):
-            comptime for i in range(4):
-                var p = exp2(s[nt * 4 + i].fma(scale_log2, -m_scaled[i // 2]))
-                s[nt * 4 + i] = p
-                row_sum[i // 2] += p
-        l = l * keep + SIMD[F32, 2](_row_reduce_sum(row_sum[0]), _row_reduce_sum(row_sum[1]))
-        m = m_new
-        comptime for dt in range(DTILES):
-            comptime for i in range(4):
-                o[dt * 4 + i] *= keep[i // 2]
+                var qa = SIMD[BF16, 16 * M_TILES](0)
+                comptime for mt in range(M_TILES):
+                    comptime for half in range(2):
+                        qa = qa.insert[offset = (mt * 2 + half) * 8](
+                            ld_matrix[8](q_lane.unsafe_offset(mt * 16 * ROW + (kp * 2 + half) * 16))
+                        )
+                comptime for nt in range(KTILES):
+                    var bf = ld_matrix[8](k_sh.unsafe_offset((nt * 8 + lane % 8) * ROW + kp * 32 + (lane // 8) * 8))
+                    comptime for mt in range(M_TILES):
+                        comptime for half in range(2):
+                            comptime at = (mt * KTILES + nt) * 4
+                            var d = SIMD[F32, 4](0)
+                            mma(d, qa.slice[8, offset = (mt * 2 + half) * 8](), bf.slice[4, offset = half * 4](),
+                                s.slice[4, offset=at]())
+                            s = s.insert[offset=at](d)
+            if key_start + BLOCK_KEYS - 1 > warp_first:  # a tile on the diagonal: each row's later keys out
+                comptime for mt in range(M_TILES):
+                    comptime for nt in range(KTILES):
+                        comptime for i in range(4):
+                            if key_start + nt * 8 + tig * 2 + i % 2 > Int(pos[mt * 2 + i // 2]):
+                                s[(mt * KTILES + nt) * 4 + i] = -Float32.MAX
+            # the online softmax of each of the thread's rows
+            var row_max = SIMD[F32, R](Float32.MIN_FINITE)
+            comptime for mt in range(M_TILES):
+                comptime for nt in range(KTILES):
+                    comptime for i in range(4):
+                        comptime r = mt * 2 + i // 2
+                        row_max[r] = max(row_max[r], s[(mt * KTILES + nt) * 4 + i])
+            var m_new = m
+            comptime for r in range(R):
+                m_new[r] = max(m[r], _row_reduce_max(row_max[r]))
+            var keep = exp2((m - m_new) * scale_log2)
+            var m_scaled = m_new * scale_log2
+            var row_sum = SIMD[F32, R](0)
+            comptime for mt in range(M_TILES):
+                comptime for nt in range(KTILES):
+                    comptime for i in range(4):
+                        comptime r = mt * 2 + i // 2
+                        comptime at = (mt * KTILES + nt) * 4 + i
+                        var p = exp2(s[at].fma(scale_log2, -m_scaled[r]))
+                        s[at] = p
+                        row_sum[r] += p
+            comptime for r in range(R):
+                l[r] = l[r] * keep[r] + _row_reduce_sum(row_sum[r])
+            m = m_new
+            comptime for mt in range(M_TILES):
+                comptime for dt in range(DTILES):
+                    comptime for i in range(4):
+                        o[(mt * DTILES + dt) * 4 + i] *= keep[mt * 2 + i // 2]
 
         async_copy_wait_group(0)
         barrier()  # V's tile is in; every warp is done with K's
         if key_start + BLOCK_KEYS < key_end:
             _stage_tile[D](k_sh, k_cache, next, head_at, tid)
-        # O += P V: P's A fragment for keys 16 kk .. is S's n-tiles 2 kk and 2 kk + 1; V's B fragment holds
-        # keys 16 kk + tig * 2 + {0, 1} (b0 b1) and + 8 (b2 b3) of dim dt * 8 + gid. Those of two n-tiles come from
-        # one ldmatrix.x4.trans: matrix i is keys 16 kk + 8 (i % 2) ..< + 8, dims 8 (2 dp + i // 2) ..< + 8
-        comptime for kk in range(BLOCK_KEYS // 16):
-            var pf = s.slice[8, offset = kk * 8]().cast[BF16]()
-            var key = kk * 16 + ((lane // 8) % 2) * 8 + lane % 8
-            comptime for dp in range(DTILES // 2):
-                var vf = ld_matrix[8, transpose=True](v_sh.unsafe_offset(key * ROW + (dp * 2 + lane // 16) * 8))
-                comptime for half in range(2):
-                    comptime dt = dp * 2 + half
-                    var d = SIMD[F32, 4](0)
-                    mma(d, pf, vf.slice[4, offset = half * 4](), o.slice[4, offset = dt * 4]())
-                    o = o.insert[offset = dt * 4](d)
+        if visible:
+            # O += P V: P's A fragment for keys 16 kk .. is S's n-tiles 2 kk and 2 kk + 1; V's B fragment holds
+            # keys 16 kk + tig * 2 + {0, 1} (b0 b1) and + 8 (b2 b3) of dim dt * 8 + gid. Those of two n-tiles come
+            # from one ldmatrix.x4.trans: matrix i is keys 16 kk + 8 (i % 2) ..< + 8, dims 8 (2 dp + i // 2) ..< + 8
+            comptime for kk in range(BLOCK_KEYS // 16):
+                var pa = SIMD[BF16, 8 * M_TILES](0)
+                comptime for mt in range(M_TILES):
+                    pa = pa.insert[offset = mt * 8](s.slice[8, offset = (mt * KTILES + kk * 2) * 4]().cast[BF16]())
+                var key = kk * 16 + ((lane // 8) % 2) * 8 + lane % 8
+                comptime for dp in range(DTILES // 2):
+                    var vf = ld_matrix[8, transpose=True](v_sh.unsafe_offset(key * ROW + (dp * 2 + lane // 16) * 8))
+                    comptime for mt in range(M_TILES):
+                        comptime for half in range(2):
+                            comptime at = (mt * DTILES + dp * 2 + half) * 4
+                            var d = SIMD[F32, 4](0)
+                            mma(d, pa.slice[8, offset = mt * 8](), vf.slice[4, offset = half * 4](), o.slice[4, offset=at]())
+                            o = o.insert[offset=at](d)
 
-    # O / l, rows gid (o0 o1) and gid + 8 (o2 o3), dims dt * 8 + tig * 2 + {0, 1}
+    # O / l, rows gid (o0 o1) and gid + 8 (o2 o3) of each m-tile, dims dt * 8 + tig * 2 + {0, 1}
     var inv_l = 1 / l
-    comptime for r in range(2):
+    comptime for r in range(R):
         if pos[r] >= 0:
-            var at = Int(row_at[r])
+            var row = warp_row + (r // 2) * 16 + gid + (r % 2) * 8
+            var at = ((Int32(q_begin) + Int32(row // group)) * Int32(hk * group) + Int32(g * group + row % group)) * Int32(D)
             comptime for dt in range(DTILES):
-                var pair = o.slice[2, offset = dt * 4 + r * 2]() * inv_l[r]
-                output.unsafe_store(at + dt * 8, pair.cast[BF16]())
+                var pair = o.slice[2, offset = ((r // 2) * DTILES + dt) * 4 + (r % 2) * 2]() * inv_l[r]
+                output.unsafe_store(Int(at) + dt * 8 + tig * 2, pair.cast[BF16]())
 
 
 def prefill_attention_gpu(
@@ -278,4 +331,6 @@ def prefill_attention_gpu(
                 ctx.enqueue_function[_prefill_attention_gpu[d, gr]](
                     output, q, k_cache, v_cache, page_table, context_lens, query_start, scale, Int32(batch),
                     Int32(max_pages), Int32(kv_heads), Int32(page_size), grid_dim=grid, block_dim=PREFILL_THREADS,
+                    shared_mem_bytes=prefill_shared_bytes[d](),
+                    func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(UInt32(prefill_shared_bytes[d]())),
                 )
