@@ -48,7 +48,7 @@ install() {  # install TARGET WHEEL...: unpacked for the device's Python, not th
   pip install --no-deps --no-compile --ignore-requires-python "${target[@]}" --target "$to" "$@"
 }
 
-rm -rf "$kit"
+rm -rf "$kit"/p*  # not .devkit/graphs (gpu_lease.sh precompile)
 mkdir -p "$kit"
 pip download --no-deps "${target[@]}" -d "$work/runtime" "${runtime[@]}"
 install "$work/site" "$work"/runtime/*.whl
@@ -87,6 +87,7 @@ for folder in "${folders[@]}"; do
 done
 python3 -c "from bindings import library; print('kernel package:', library.package_path())"
 du -sh "$kit"/p* .modular_cache/mili_kernels
+[ -d "$kit/graphs" ] || echo "no precompiled graphs: benchmarks/gpu_lease.sh precompile saves the lease their compiles"
 # the calls of a lease (benchmarks/gpu_lease.sh): the site's parts packed into as few calls as fit beside the checkout,
 # the last starting the work, then the peers' parts while it runs
 python3 - "$kit" <<'PY'
@@ -94,7 +95,9 @@ import subprocess, sys
 from pathlib import Path
 room = 64 * 2**20 - sum(Path(f).stat().st_size for f in subprocess.run(
     ["git", "ls-files"], capture_output=True, text=True, check=True).stdout.split() if Path(f).is_file()) - 2**20
-kernels = sum(f.stat().st_size for f in Path(".modular_cache/mili_kernels").rglob("*") if f.is_file())
+# the start call also carries the kernel package and the graphs precompiled for the lease (gpu_lease.sh precompile)
+start_carry = [p for p in (".modular_cache/mili_kernels", ".devkit/graphs") if Path(p).is_dir()]
+kernels = sum(f.stat().st_size for p in start_carry for f in Path(p).rglob("*") if f.is_file())
 head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 
 
@@ -115,7 +118,7 @@ parts = sorted(Path(sys.argv[1]).glob("p*"))
 site = calls([p for p in parts if any(f.name.startswith("site.") for f in p.iterdir())], room - kernels)
 peers = calls([p for p in parts if any(f.name.startswith("peers.") for f in p.iterdir())], room)
 plan = [(names, "mkdir -p /tmp/mili-kit/parts && cp .devkit/p*/* /tmp/mili-kit/parts/") for names in site[1:]]
-plan.append((site[0] + [".modular_cache/mili_kernels"],
+plan.append((site[0] + start_carry,
              f"MILI_COMMIT={head} benchmarks/gpu_lease.sh start SECONDS  (the budget left, less ~60 s)"))
 plan += [(names, "benchmarks/gpu_lease.sh wait " + ("570" if i == len(peers) - 1 else "1")) for i, names in enumerate(peers)]
 plan.append(([], "benchmarks/gpu_lease.sh wait SECONDS  (again until the run ends)"))

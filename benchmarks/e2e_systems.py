@@ -75,7 +75,11 @@ class Mili:
 
 
 def load_mili(path: str, device: str) -> Qwen3Model:
-    return load_model(path, device=device, dtype="bfloat16")
+    started = time.perf_counter()
+    model = load_model(path, device=device, dtype="bfloat16")
+    # seconds, not minutes: its graph came from the compile cache (gpu_lease.sh precompile)
+    print(f"MILI loaded in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    return model
 
 
 class Transformers:

@@ -8,18 +8,28 @@
 #   benchmarks/gpu_lease.sh wait SECONDS [FOLDER...]  unpack the kit's FOLDERs (default: peers) once carried now,
 #       then wait until the run ends or SECONDS pass, putting its logs and results into $OUT every 15 s (a call cut
 #       short still brings back the latest)
+# Before the lease, here (no GPU needed):
+#   benchmarks/gpu_lease.sh precompile  the model graphs the lease loads, compiled for sm_90 in a copy of the
+#       checkout at $LEASE_REPO (MAX's cache key holds the kernel package's path) by benchmarks/gpu_precompile.py,
+#       into .devkit/graphs, which `start` puts into the run's compile cache
 # The calls of a 15-minute lease (benchmarks/device_kit.sh --peers prints the parts): `start` in the call that
-# carries the site's last part and .modular_cache/mili_kernels, then `wait` with the peers' parts, then `wait` again
-# until the run ends. Between two calls the machine stays only ~30 s.
+# carries the site's last part, .modular_cache/mili_kernels and .devkit/graphs, then `wait` with the peers' parts,
+# then `wait` again until the run ends. Between two calls the machine stays only ~30 s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 kit=${KIT_DIR:-/tmp/mili-kit}
 repo=${LEASE_REPO:-/tmp/mili-repo}
 logs=${GPU_SESSION_LOGS:-/tmp/mili-gpu}
-usage="usage: $0 start SECONDS [STEP...] | wait SECONDS [FOLDER...]"
-[ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }
-verb=$1 seconds=$2
-shift 2
+usage="usage: $0 start SECONDS [STEP...] | wait SECONDS [FOLDER...] | precompile"
+[ $# -ge 2 ] || [ "${1:-}" = precompile ] || { echo "$usage" >&2; exit 2; }
+verb=$1 seconds=${2:-0}
+shift $(($# < 2 ? $# : 2))
+
+copy_checkout() {  # this checkout, with its precompiled kernel package, to $repo
+  rm -rf "$repo" && mkdir -p "$repo/.modular_cache"
+  tar -cf - --exclude=./.git --exclude=./.devkit --exclude=./.modular_cache . | tar -x -C "$repo"
+  cp -r .modular_cache/mili_kernels "$repo/.modular_cache/" 2>/dev/null
+}
 
 collect() {  # the run's logs and results so far into $OUT
   [ -z "${OUT:-}" ] || benchmarks/gpu_logs_to_out.sh "$logs" "$repo"
@@ -29,9 +39,8 @@ case $verb in
   start)
     mkdir -p "$kit/parts" "$logs"
     cp "${DEVKIT:-.devkit}"/p*/* "$kit/parts/" 2>/dev/null
-    rm -rf "$repo" && mkdir -p "$repo/.modular_cache"
-    tar -cf - --exclude=./.git --exclude=./.devkit --exclude=./.modular_cache . | tar -x -C "$repo"
-    cp -r .modular_cache/mili_kernels "$repo/.modular_cache/" 2>/dev/null
+    copy_checkout
+    [ ! -d "${DEVKIT:-.devkit}/graphs" ] || cp -r "${DEVKIT:-.devkit}/graphs" "$repo/.modular_cache/.max_cache"
     cd "$repo" || exit 1
     env -u OUT KIT_DIR="$kit" GPU_SESSION_LOGS="$logs" SESSION_SECONDS="$seconds" setsid -f bash -c \
       'benchmarks/gpu_session.sh "$@"; echo $? >"$GPU_SESSION_LOGS/session.rc"' gpu_session "$@" \
@@ -49,5 +58,11 @@ case $verb in
     collect
     tail -n 60 "$logs/session.log"
     [ -f "$logs/session.rc" ] && echo "the run ended: rc $(cat "$logs/session.rc")" || echo "the run goes on" ;;
+  precompile)
+    graphs=$PWD/${DEVKIT:-.devkit}/graphs
+    copy_checkout
+    (cd "$repo" && python3 benchmarks/gpu_precompile.py) || exit 1
+    rm -rf "$graphs" && mkdir -p "$(dirname "$graphs")" && cp -r "$repo/.modular_cache/.max_cache" "$graphs"
+    du -sh "$graphs" ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac

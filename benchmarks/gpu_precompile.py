@@ -1,0 +1,59 @@
+"""Compiles, on a machine without a GPU, the model graphs a GPU lease loads, into MAX's compile cache (MAX's
+virtual-device mode, sm_90): the lease then reads them from the cache where it would compile them (minutes of
+its 15). Run by `benchmarks/gpu_lease.sh precompile`, in a copy of the checkout at the path the lease runs from:
+MAX's cache key holds the kernel package's path.
+
+The graphs: Qwen3-0.6B's shape in bfloat16 (the end-to-end runs, the decode profile), the tests' tiny model in
+bfloat16 (tests/gpu/test_decode_graphs.py, the bfloat16 parity test) and the parity shapes in float32
+(tests/integration/test_parity.py -k cuda). Each is built from a model loaded on the CPU with the reference
+backend, whose weights have the layout they have on a GPU (no CPU tiling)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from max import driver
+
+driver.set_virtual_device_api("cuda")  # before any device exists
+driver.set_virtual_device_target_arch("sm_90")
+driver.set_virtual_device_count(1)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import model_path  # noqa: E402
+
+from bindings import library  # noqa: E402
+from python_layer.model.loader import load_model  # noqa: E402
+from python_layer.model.qwen3_graph import build_graph, graph_weights  # noqa: E402
+from python_layer.model.random_checkpoint import TINY, build_random_checkpoint  # noqa: E402
+from tests.conftest import PARITY_SHAPES  # noqa: E402
+
+
+def compile_for_gpu(path: Path | str, dtype: str) -> float:
+    """Compiles the graph that load_model(path, device="cuda", dtype=dtype) loads; returns the seconds it took."""
+    model = load_model(path, device="cpu", dtype=dtype, backend="reference")
+    graph = build_graph(model.config, graph_weights(model), model.dtype, "cuda:0", 0, model.kv_cache_dtype)
+    started = time.perf_counter()
+    library.session("cuda:0").compile(graph)
+    return time.perf_counter() - started
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        graphs = [(model_path(None), "bfloat16", "Qwen3-0.6B shape")]
+        graphs.append((build_random_checkpoint(Path(tmp) / "tiny", **TINY), "bfloat16", "tests' tiny model"))
+        for name, shape in sorted(PARITY_SHAPES.items()):
+            graphs.append((build_random_checkpoint(Path(tmp) / name, **shape), "float32", f"parity {name}"))
+        for path, dtype, what in graphs:
+            print(f"{what}, {dtype}: compiled for sm_90 in {compile_for_gpu(path, dtype):.1f} s", flush=True)
+    print(f"MAX's compile cache: {os.environ['MODULAR_CACHE_DIR']}/.max_cache", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.stdout.flush()
+    os._exit(main())  # MAX aborts at interpreter exit after a virtual compile
