@@ -48,7 +48,7 @@ install() {  # install TARGET WHEEL...: unpacked for the device's Python, not th
   pip install --no-deps --no-compile --ignore-requires-python "${target[@]}" --target "$to" "$@"
 }
 
-rm -rf "$kit"/p*  # not .devkit/graphs (gpu_lease.sh precompile)
+rm -rf "$kit"/p*  # not .devkit/graphs.tar.xz (gpu_lease.sh precompile)
 mkdir -p "$kit"
 pip download --no-deps "${target[@]}" -d "$work/runtime" "${runtime[@]}"
 install "$work/site" "$work"/runtime/*.whl
@@ -87,7 +87,7 @@ for folder in "${folders[@]}"; do
 done
 python3 -c "from bindings import library; print('kernel package:', library.package_path())"
 du -sh "$kit"/p* .modular_cache/mili_kernels
-[ -d "$kit/graphs" ] || echo "no precompiled graphs: benchmarks/gpu_lease.sh precompile saves the lease their compiles"
+[ -f "$kit/graphs.tar.xz" ] || echo "no precompiled graphs: benchmarks/gpu_lease.sh precompile saves the lease their compiles"
 # the calls of a lease (benchmarks/gpu_lease.sh): the site's parts packed into as few calls as fit beside the checkout,
 # the last starting the work, then the peers' parts while it runs
 python3 - "$kit" <<'PY'
@@ -96,8 +96,8 @@ from pathlib import Path
 room = 64 * 2**20 - sum(Path(f).stat().st_size for f in subprocess.run(
     ["git", "ls-files"], capture_output=True, text=True, check=True).stdout.split() if Path(f).is_file()) - 2**20
 # the start call also carries the kernel package and the graphs precompiled for the lease (gpu_lease.sh precompile)
-start_carry = [p for p in (".modular_cache/mili_kernels", ".devkit/graphs") if Path(p).is_dir()]
-kernels = sum(f.stat().st_size for p in start_carry for f in Path(p).rglob("*") if f.is_file())
+start_carry = [p for p in (".modular_cache/mili_kernels", ".devkit/graphs.tar.xz") if Path(p).exists()]
+kernels = sum(f.stat().st_size for p in map(Path, start_carry) for f in [p, *p.rglob("*")] if f.is_file())
 head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 
 

@@ -9,12 +9,12 @@
 #       then wait until the run ends or SECONDS pass, putting its logs and results into $OUT every 15 s (a call cut
 #       short still brings back the latest)
 # Before the lease, here (no GPU needed):
-#   benchmarks/gpu_lease.sh precompile  the model graphs the lease loads, compiled for sm_90 in a copy of the
-#       checkout at $LEASE_REPO (MAX's cache key holds the kernel package's path) by benchmarks/gpu_precompile.py,
-#       into .devkit/graphs, which `start` puts into the run's compile cache
+#   benchmarks/gpu_lease.sh precompile  the graphs the lease loads, compiled for sm_90 in a copy of the checkout at
+#       $LEASE_REPO (MAX's cache key holds the kernel package's path) by benchmarks/gpu_precompile.py, into
+#       .devkit/graphs.tar.xz (compiled graphs shrink ~40x), which `start` unpacks into the run's compile cache
 # The calls of a 15-minute lease (benchmarks/device_kit.sh --peers prints the parts): `start` in the call that
-# carries the site's last part, .modular_cache/mili_kernels and .devkit/graphs, then `wait` with the peers' parts,
-# then `wait` again until the run ends. Between two calls the machine stays only ~30 s.
+# carries the site's last part, .modular_cache/mili_kernels and .devkit/graphs.tar.xz, then `wait` with the peers'
+# parts, then `wait` again until the run ends. Between two calls the machine stays only ~30 s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 kit=${KIT_DIR:-/tmp/mili-kit}
@@ -40,7 +40,7 @@ case $verb in
     mkdir -p "$kit/parts" "$logs"
     cp "${DEVKIT:-.devkit}"/p*/* "$kit/parts/" 2>/dev/null
     copy_checkout
-    [ ! -d "${DEVKIT:-.devkit}/graphs" ] || cp -r "${DEVKIT:-.devkit}/graphs" "$repo/.modular_cache/.max_cache"
+    [ ! -f "${DEVKIT:-.devkit}/graphs.tar.xz" ] || tar -xJf "${DEVKIT:-.devkit}/graphs.tar.xz" -C "$repo/.modular_cache"
     cd "$repo" || exit 1
     env -u OUT KIT_DIR="$kit" GPU_SESSION_LOGS="$logs" SESSION_SECONDS="$seconds" setsid -f bash -c \
       'benchmarks/gpu_session.sh "$@"; echo $? >"$GPU_SESSION_LOGS/session.rc"' gpu_session "$@" \
@@ -59,10 +59,9 @@ case $verb in
     tail -n 60 "$logs/session.log"
     [ -f "$logs/session.rc" ] && echo "the run ended: rc $(cat "$logs/session.rc")" || echo "the run goes on" ;;
   precompile)
-    graphs=$PWD/${DEVKIT:-.devkit}/graphs
+    graphs=$PWD/${DEVKIT:-.devkit}/graphs.tar.xz
     copy_checkout
     (cd "$repo" && python3 benchmarks/gpu_precompile.py) || exit 1
-    rm -rf "$graphs" && mkdir -p "$(dirname "$graphs")" && cp -r "$repo/.modular_cache/.max_cache" "$graphs"
-    du -sh "$graphs" ;;
+    mkdir -p "$(dirname "$graphs")" && tar -cJf "$graphs" -C "$repo/.modular_cache" .max_cache && du -sh "$graphs" ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac

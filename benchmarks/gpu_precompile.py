@@ -5,8 +5,9 @@ MAX's cache key holds the kernel package's path.
 
 The graphs: Qwen3-0.6B's shape in bfloat16 (the end-to-end runs, the decode profile), the tests' tiny model in
 bfloat16 (tests/gpu/test_decode_graphs.py, the bfloat16 parity test) and the parity shapes in float32
-(tests/integration/test_parity.py -k cuda). Each is built from a model loaded on the CPU with the reference
-backend, whose weights have the layout they have on a GPU (no CPU tiling)."""
+(tests/integration/test_parity.py -k cuda), each built from a model loaded on the CPU with the reference backend,
+whose weights have the layout they have on a GPU (no CPU tiling); and every op's graph in both dtypes, as
+tests/gpu/test_gpu_ops.py's cases load them (bindings/ops.py CompiledOp.compiled)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import torch
 
 from max import driver
 
@@ -26,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import model_path  # noqa: E402
 
-from bindings import library  # noqa: E402
+from bindings import library, ops  # noqa: E402
 from python_layer.model.loader import load_model  # noqa: E402
 from python_layer.model.qwen3_graph import build_graph, graph_weights  # noqa: E402
 from python_layer.model.random_checkpoint import TINY, build_random_checkpoint  # noqa: E402
@@ -42,6 +45,15 @@ def compile_for_gpu(path: Path | str, dtype: str) -> float:
     return time.perf_counter() - started
 
 
+def compile_op_graphs() -> int:
+    """Every op's graph in both dtypes; returns how many."""
+    session = library.session("cuda:0")
+    for op in ops.ALL_OPS:
+        for dtype in (torch.float32, torch.bfloat16):
+            session.compile(op.graph(dtype, "cuda:0"))
+    return 2 * len(ops.ALL_OPS)
+
+
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         graphs = [(model_path(None), "bfloat16", "Qwen3-0.6B shape")]
@@ -50,6 +62,8 @@ def main() -> int:
             graphs.append((build_random_checkpoint(Path(tmp) / name, **shape), "float32", f"parity {name}"))
         for path, dtype, what in graphs:
             print(f"{what}, {dtype}: compiled for sm_90 in {compile_for_gpu(path, dtype):.1f} s", flush=True)
+    started = time.perf_counter()
+    print(f"{compile_op_graphs()} op graphs compiled for sm_90 in {time.perf_counter() - started:.1f} s", flush=True)
     print(f"MAX's compile cache: {os.environ['MODULAR_CACHE_DIR']}/.max_cache", flush=True)
     return 0
 
