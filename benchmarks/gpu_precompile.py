@@ -1,4 +1,4 @@
-"""Compiles, on a machine without a GPU, the model graphs a GPU lease loads, into MAX's compile cache (MAX's
+"""Compiles, on a machine without a GPU, the graphs a GPU lease loads, into MAX's compile cache (MAX's
 virtual-device mode, sm_90): the lease then reads them from the cache where it would compile them (minutes of
 its 15). Run by `benchmarks/gpu_lease.sh precompile`, in a copy of the checkout at the path the lease runs from:
 MAX's cache key holds the kernel package's path.
@@ -7,7 +7,8 @@ The graphs: Qwen3-0.6B's shape in bfloat16 (the end-to-end runs, the decode prof
 bfloat16 (tests/gpu/test_decode_graphs.py, the bfloat16 parity test) and the parity shapes in float32
 (tests/integration/test_parity.py -k cuda), each built from a model loaded on the CPU with the reference backend,
 whose weights have the layout they have on a GPU (no CPU tiling); and every op's graph in both dtypes, as
-tests/gpu/test_gpu_ops.py's cases load them (bindings/ops.py CompiledOp.compiled)."""
+tests/gpu/test_gpu_ops.py's cases load them (bindings/ops.py CompiledOp.compiled); and the kernel benchmark's
+attention graphs (compile_attention_bench_graphs)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,23 @@ def compile_op_graphs() -> int:
     return 2 * len(ops.ALL_OPS)
 
 
+def compile_attention_bench_graphs() -> int:
+    """The in-graph rows of the kernel benchmark's attention and qk_norm_rope_store cases in bfloat16 (gpu_session.sh's
+    attention-bench): MILI's two ops applied REPEAT times, and MAX's flash attention on each attention shape (~50 s
+    each here); returns how many."""
+    import kernels
+
+    session = library.session("cuda:0")
+    chains = {"paged_attention_flash": kernels.CHAINS["attention"], "qk_norm_rope_store": kernels.CHAINS["qk_norm_rope_store"]}
+    graphs = [op.graph(torch.bfloat16, "cuda:0", kernels.REPEAT, chains[op.fn.__name__])
+              for op in ops.ALL_OPS if op.fn.__name__ in chains]
+    graphs += [kernels.max_flash_graph(*kernels.dense_shapes(*shape), torch.bfloat16, "cuda:0", kernels.REPEAT)
+               for shape in kernels.GPU_ATTENTION_SHAPES]
+    for graph in graphs:
+        session.compile(graph)
+    return len(graphs)
+
+
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         graphs = [(model_path(None), "bfloat16", "Qwen3-0.6B shape")]
@@ -64,6 +82,9 @@ def main() -> int:
             print(f"{what}, {dtype}: compiled for sm_90 in {compile_for_gpu(path, dtype):.1f} s", flush=True)
     started = time.perf_counter()
     print(f"{compile_op_graphs()} op graphs compiled for sm_90 in {time.perf_counter() - started:.1f} s", flush=True)
+    started = time.perf_counter()
+    print(f"{compile_attention_bench_graphs()} kernel benchmark graphs compiled for sm_90 in "
+          f"{time.perf_counter() - started:.1f} s", flush=True)
     print(f"MAX's compile cache: {os.environ['MODULAR_CACHE_DIR']}/.max_cache", flush=True)
     return 0
 

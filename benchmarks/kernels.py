@@ -39,6 +39,10 @@ from bindings import reference as ref  # noqa: E402
 HIDDEN, INTER, Q_HEADS, KV_HEADS, HEAD_DIM, PAGE = 1024, 3072, 16, 8, 128, 16  # Qwen3-0.6B
 RESULTS = Path(__file__).parent / "results"
 REPEAT = 20
+ATTENTION_SHAPES = [(64, 1, 64), (2048, 1, 2048), (512, 1, 1), (4096, 1, 1), (4096, 8, 1)]
+"""(context, batch, query tokens a sequence): prefill of a 64- and a 2048-token prompt (causal), then decode of one
+token per sequence over long contexts."""
+GPU_ATTENTION_SHAPES = ATTENTION_SHAPES + [(4096, 64, 1)]  # batch 64 on a GPU only: 1 GB of float32 K/V
 # in-graph chains: which result of one call becomes which argument of the next (None: not chainable)
 CHAINS = {"rms_norm": {0: 0}, "fused_add_rms_norm": {0: 0, 1: 1}, "head_rms_norm": {0: 0}, "rope": {0: 0, 1: 1},
           "silu_and_mul": None, "silu": {0: 0}, "gelu": {0: 0}, "relu": {0: 0}, "store_kv": {},
@@ -133,6 +137,11 @@ def _sdpa_peer(q, kc, vc, table, lens, starts, scale) -> Callable[[], torch.Tens
     return partial(F.scaled_dot_product_attention, q4, k, v, is_causal=q4.shape[2] > 1, scale=scale, enable_gqa=True)
 
 
+def dense_shapes(context: int, batch: int, q_len: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """q [B, S, Hq, D] and K/V [B, L, Hkv, D] of an attention case held dense (_dense_qkv)."""
+    return (batch, q_len, Q_HEADS, HEAD_DIM), (batch, context, KV_HEADS, HEAD_DIM)
+
+
 def max_flash_graph(q_shape: Sequence[int], kv_shape: Sequence[int], dtype: torch.dtype, device_key: str, repeat: int):
     """MAX's own GPU flash attention (max.nn.kernels.flash_attention_gpu) on dense q [B, S, Hq, D] and K/V
     [B, L, Hkv, D], applied `repeat` times in a chain (each output is the next q), causal when S == L."""
@@ -222,10 +231,7 @@ def _reference_cases(dtype: torch.dtype, device: str):
         args = (qkv, hw, hw, 1e-6, pos, inv_freq.to(device), scale, kc, vc, slots)
         yield ("qk_norm_rope_store", t, partial(ops.qk_norm_rope_store, *args), partial(ref.qk_norm_rope_store, *args),
                (qkv.numel() + qh.numel() + 2 * kh.numel()) * size)
-    # prefill of a 64- and a 2048-token prompt (causal), then decode of one token per sequence over long contexts
-    # (batch 64 on a GPU only: 1 GB of float32 K/V)
-    shapes = [(64, 1, 64), (2048, 1, 2048), (512, 1, 1), (4096, 1, 1), (4096, 8, 1)]
-    for context, batch, q_len in shapes + ([(4096, 64, 1)] if device.startswith("cuda") else []):
+    for context, batch, q_len in GPU_ATTENTION_SHAPES if device.startswith("cuda") else ATTENTION_SHAPES:
         kc, vc, table = _paged(context, batch, dtype, device)
         q = rnd(batch * q_len, Q_HEADS, HEAD_DIM)
         lens = torch.full((batch,), context, dtype=torch.int32, device=device)

@@ -27,3 +27,19 @@ def test_max_flash_attention_graph_builds_for_a_gpu_named_without_an_index() -> 
     graph = max_flash_graph((2, 5, 4, 128), (2, 5, 2, 128), torch.bfloat16, key, repeat=2)
     assert key == "cuda:0" and len(graph.inputs) == 3
     assert "mo.mha.no_cache" in str(graph)
+
+
+def test_dense_shapes_are_those_of_the_benchmarks_dense_copies() -> None:
+    """benchmarks/gpu_precompile.py compiles MAX's flash attention graphs for a lease from dense_shapes: the shapes
+    of the dense copies the benchmark times them on (else the lease compiles them again)."""
+    from benchmarks.kernels import ATTENTION_SHAPES, _dense_qkv, dense_shapes
+
+    seen = []
+    for name, _, mojo, _, _ in cases(torch.float32, "cpu"):
+        if name.startswith("attention"):
+            q, _, _, _, lens, *_ = mojo.args
+            shape = (int(lens[0]), len(lens), q.shape[0] // len(lens))
+            dense_q, dense_k, dense_v = _dense_qkv(*mojo.args[:5])
+            assert dense_shapes(*shape) == (tuple(dense_q.shape), tuple(dense_k.shape)) and dense_v.shape == dense_k.shape
+            seen.append(shape)
+    assert seen == ATTENTION_SHAPES
