@@ -22,7 +22,7 @@ import argparse
 import random
 import statistics
 import traceback
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 
@@ -67,9 +67,14 @@ def open_system(name: str, path: str, args: argparse.Namespace, mili_model: dict
     if name == "transformers":
         return Transformers(path, args.device, args.hf_batch_size)
     if name == "max":
-        devices = "cpu" if args.device == "cpu" else "gpu:" + (args.device.partition(":")[2] or "0")
-        return MaxPipeline(path, python_with_max_serve(args.max_python), devices, args.max_num_seqs, max_length(args))
+        return MaxPipeline(path, python_with_max_serve(args.max_python), max_devices(args.device), args.max_num_seqs,
+                           max_length(args))
     raise ValueError(f"unknown system {name!r}: choose from {', '.join(SYSTEMS)}")
+
+
+def max_devices(device: str) -> str:
+    """MAX's device spec of a torch device: cpu, gpu:N."""
+    return "cpu" if device == "cpu" else "gpu:" + (device.partition(":")[2] or "0")
 
 
 def max_length(args: argparse.Namespace) -> int:
@@ -175,14 +180,20 @@ def add_throughput_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-len", type=int, nargs=2, default=(100, 1024), metavar=("MIN", "MAX"))
 
 
-def _main(argv: list[str] | None, measures: dict[str, Figures]) -> int:
+def argument_parser(measures: Iterable[str] = ("latency", "throughput")) -> argparse.ArgumentParser:
+    """The command line of these measures (by default `python benchmarks/device_e2e.py`'s, which
+    gpu_precompile.py reads for the MAX pipeline a lease starts)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     if "latency" in measures:
         add_latency_arguments(parser)
     if "throughput" in measures:
         add_throughput_arguments(parser)
-    run(parser.parse_args(argv), measures)
+    return parser
+
+
+def _main(argv: list[str] | None, measures: dict[str, Figures]) -> int:
+    run(argument_parser(measures).parse_args(argv), measures)
     return 0
 
 

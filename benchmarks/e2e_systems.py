@@ -123,11 +123,9 @@ class MaxPipeline:
 
     def __init__(self, path: str, python: str, devices: str, max_batch_size: int, max_length: int) -> None:
         self.name = "max pipeline"
-        command = [python, str(MAX_WORKER), "--model", path, "--devices", devices, "--max-batch-size", str(max_batch_size),
-                   "--max-length", str(max_length), "--device-graph-capture"]
         for capture in ("on", "off"):
-            self.process = subprocess.Popen(command + [capture], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                            text=True)
+            self.process = subprocess.Popen(max_worker_command(python, path, devices, max_batch_size, max_length, capture),
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             try:
                 self.device_graphs = json.loads(self._reply())["device_graph_capture"]
                 return
@@ -156,6 +154,13 @@ class MaxPipeline:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+def max_worker_command(python: str, path: str, devices: str, max_batch_size: int, max_length: int,
+                       capture: str = "on") -> list[str]:
+    """benchmarks/peers/max_pipeline.py's command line (gpu_precompile.py adds --compile-for)."""
+    return [python, str(MAX_WORKER), "--model", path, "--devices", devices, "--max-batch-size", str(max_batch_size),
+            "--max-length", str(max_length), "--device-graph-capture", capture]
 
 
 def python_with_max_serve(given: str) -> str:

@@ -7,8 +7,10 @@ The graphs: Qwen3-0.6B's shape in bfloat16 (the end-to-end runs, the decode prof
 bfloat16 (tests/gpu/test_decode_graphs.py, the bfloat16 parity test) and the parity shapes in float32
 (tests/integration/test_parity.py -k cuda), each built from a model loaded on the CPU with the reference backend,
 whose weights have the layout they have on a GPU (no CPU tiling); and every op's graph in both dtypes, as
-tests/gpu/test_gpu_ops.py's cases load them (bindings/ops.py CompiledOp.compiled); and the kernel benchmark's
-attention graphs (compile_attention_bench_graphs)."""
+tests/gpu/test_gpu_ops.py's cases load them (bindings/ops.py CompiledOp.compiled); the kernel benchmark's
+attention graphs (compile_attention_bench_graphs); and MAX's own Qwen3 pipeline as the e2e step starts it, by its
+worker script in $MAX_PYTHON (default /tmp/mili-kit/max-python; its graphs' keys do not hold the checkpoint's
+path)."""
 
 from __future__ import annotations
 
@@ -72,6 +74,22 @@ def compile_attention_bench_graphs() -> int:
     return len(graphs)
 
 
+def compile_max_pipeline(max_python: str) -> float:
+    """MAX's own Qwen3 pipeline as the lease's e2e step starts it (device_e2e.py's default arguments), compiled by
+    its worker script under max_python (a Python with max[serve]: the kit's max-python); returns the seconds."""
+    import subprocess
+
+    import device_e2e
+    from e2e_systems import max_worker_command
+
+    args = device_e2e.argument_parser().parse_args([])
+    command = max_worker_command(max_python, model_path(None), device_e2e.max_devices(args.device), args.max_num_seqs,
+                                 device_e2e.max_length(args))
+    started = time.perf_counter()
+    subprocess.run([*command, "--compile-for", "sm_90"], check=True)
+    return time.perf_counter() - started
+
+
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         graphs = [(model_path(None), "bfloat16", "Qwen3-0.6B shape")]
@@ -85,6 +103,12 @@ def main() -> int:
     started = time.perf_counter()
     print(f"{compile_attention_bench_graphs()} kernel benchmark graphs compiled for sm_90 in "
           f"{time.perf_counter() - started:.1f} s", flush=True)
+    max_python = os.environ.get("MAX_PYTHON", "/tmp/mili-kit/max-python")
+    if Path(max_python).is_file():
+        print(f"MAX's Qwen3 pipeline compiled for sm_90 in {compile_max_pipeline(max_python):.1f} s", flush=True)
+    else:
+        print(f"no {max_python} (MAX_PYTHON: a Python with max[serve], e.g. the kit's peers unpacked by "
+              "benchmarks/device_unpack.sh peers): MAX's pipeline is not compiled", flush=True)
     print(f"MAX's compile cache: {os.environ['MODULAR_CACHE_DIR']}/.max_cache", flush=True)
     return 0
 

@@ -15,15 +15,43 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 
 REPLY = "REPLY "
 
 
+def pipeline_config(args: argparse.Namespace):
+    """The PipelineConfig `max serve` would make of these arguments."""
+    from max.pipelines.lib import PipelineArgs, PipelineConfig
+
+    kwargs = dict(model_path=args.model, device_specs=args.devices, max_batch_size=args.max_batch_size)
+    if args.max_length:
+        kwargs["max_length"] = args.max_length
+    if args.encoding:
+        kwargs["quantization_encoding"] = args.encoding
+    kwargs["device_graph_capture"] = args.device_graph_capture == "on"
+    return PipelineConfig.from_args(PipelineArgs.from_flat_kwargs(**kwargs))
+
+
+def compile_only(args: argparse.Namespace) -> None:
+    """Builds the pipeline for a virtual GPU of architecture args.compile_for (MAX's virtual-device mode): its graphs
+    compile into MAX's cache, where a GPU machine's worker given the same arguments finds them
+    (benchmarks/gpu_precompile.py)."""
+    from max import driver
+
+    driver.set_virtual_device_api("cuda")  # before any device exists
+    driver.set_virtual_device_target_arch(args.compile_for)
+    driver.set_virtual_device_count(1)
+    from max.pipelines.lib import PIPELINE_REGISTRY
+
+    PIPELINE_REGISTRY.retrieve_factory(pipeline_config(args)).factory()
+
+
 async def serve(args: argparse.Namespace, replies) -> None:
     from max.pipelines.context import SamplingParams, SamplingParamsInput
-    from max.pipelines.lib import PIPELINE_REGISTRY, PipelineArgs, PipelineConfig
+    from max.pipelines.lib import PIPELINE_REGISTRY
     from max.pipelines.modeling.types import RequestID, TextGenerationRequest
     from max.serve.config import Settings
     from max.serve.pipelines.llm import TokenGeneratorPipeline
@@ -32,13 +60,7 @@ async def serve(args: argparse.Namespace, replies) -> None:
     from max.serve.worker_interface._zmq_queue import generate_zmq_ipc_path
     from max.serve.worker_interface.zmq_interface import ZmqModelWorkerInterface
 
-    kwargs = dict(model_path=args.model, device_specs=args.devices, max_batch_size=args.max_batch_size)
-    if args.max_length:
-        kwargs["max_length"] = args.max_length
-    if args.encoding:
-        kwargs["quantization_encoding"] = args.encoding
-    kwargs["device_graph_capture"] = args.device_graph_capture == "on"
-    config = PipelineConfig.from_args(PipelineArgs.from_flat_kwargs(**kwargs))
+    config = pipeline_config(args)
     settings = Settings(offline_inference=True)
     retrieved = PIPELINE_REGISTRY.retrieve_factory(config)
     task = PIPELINE_REGISTRY.retrieve_pipeline_task(config.models.main_architecture_name)
@@ -80,7 +102,13 @@ def main() -> int:
     parser.add_argument("--max-length", type=int, default=0, help="the context length (0: the model's)")
     parser.add_argument("--encoding", default="", help="MAX's weight encoding (bfloat16, float32; default: the checkpoint's)")
     parser.add_argument("--device-graph-capture", choices=("on", "off"), default="on")
+    parser.add_argument("--compile-for", default="", help="only compile the pipeline's graphs for this GPU architecture "
+                        "(sm_90) with no GPU, into MAX's cache, and exit")
     args = parser.parse_args()
+    if args.compile_for:
+        compile_only(args)
+        sys.stdout.flush()
+        os._exit(0)  # MAX aborts at interpreter exit after a virtual compile
     replies = sys.stdout
     sys.stdout = sys.stderr  # MAX's own prints stay out of the replies
     asyncio.run(serve(args, replies))
