@@ -34,7 +34,7 @@ from common import model_path  # noqa: E402
 
 from bindings import library, ops  # noqa: E402
 from python_layer.model.loader import load_model  # noqa: E402
-from python_layer.model.qwen3_graph import build_graph, graph_weights  # noqa: E402
+from python_layer.model.qwen3_graph import graph_weights, model_graph  # noqa: E402
 from python_layer.model.random_checkpoint import TINY, build_random_checkpoint  # noqa: E402
 from tests.conftest import PARITY_SHAPES  # noqa: E402
 
@@ -42,7 +42,7 @@ from tests.conftest import PARITY_SHAPES  # noqa: E402
 def compile_for_gpu(path: Path | str, dtype: str) -> float:
     """Compiles the graph that load_model(path, device="cuda", dtype=dtype) loads; returns the seconds it took."""
     model = load_model(path, device="cpu", dtype=dtype, backend="reference")
-    graph = build_graph(model.config, graph_weights(model), model.dtype, "cuda:0", 0, model.kv_cache_dtype)
+    graph = model_graph(model, graph_weights(model), "cuda:0")
     started = time.perf_counter()
     library.session("cuda:0").compile(graph)
     return time.perf_counter() - started

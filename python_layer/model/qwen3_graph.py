@@ -111,6 +111,12 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
     return g
 
 
+def model_graph(model: "Qwen3Model", weights: Dict[str, torch.Tensor], device_key: str) -> Graph:
+    """The graph of `model` (its graph_weights) on device_key: what CompiledQwen3 compiles, and
+    benchmarks/gpu_precompile.py for a GPU lease."""
+    return build_graph(model.config, weights, model.dtype, device_key, _block_k(model), model.kv_cache_dtype)
+
+
 class CompiledQwen3:
     """Qwen3Model.forward as one compiled MAX graph. Loading compiles it (or takes it from MAX's cache) and
     binds the weights; `load_seconds` says how long that took."""
@@ -124,7 +130,7 @@ class CompiledQwen3:
         started = time.perf_counter()
         # MAX 26.7 enters its MLIR context for the main thread only; the server loads models on a worker thread
         with ensure_default_mlir_context():
-            graph = build_graph(model.config, weights, model.dtype, self.device_key, _block_k(model), model.kv_cache_dtype)
+            graph = model_graph(model, weights, self.device_key)
             self.model = library.session(self.device_key).load(graph, weights_registry=weights)
         self.load_seconds = time.perf_counter() - started
         self._cache_buffers: tuple[Optional["PagedKVCache"], List[Buffer]] = (None, [])
