@@ -119,6 +119,13 @@ def _stage_tile[D: Int](tile: SharedTile, cache: Ptr[BF16], key_at: SharedOffset
 
 
 @always_inline
+def _row_at[D: Int, group: Int](q_begin: Int, row: Int, q_heads: Int, g: Int) -> Int:
+    """Where block row `row` of KV head g (query token row // group, head g * group + row % group) starts in Q and
+    in the output; in 32 bits, as token_offset."""
+    return Int(((Int32(q_begin) + Int32(row // group)) * Int32(q_heads) + Int32(g * group + row % group)) * Int32(D))
+
+
+@always_inline
 def _stage_queries[D: Int, group: Int](
     q_sh: SharedTile, q: Ptr[BF16], q_begin: Int, first_row: Int, rows: Int, q_heads: Int, g: Int, tid: Int
 ):
@@ -130,11 +137,9 @@ def _stage_queries[D: Int, group: Int](
         var c = tid + i * PREFILL_THREADS
         var r = c // CHUNKS
         var x = (c % CHUNKS) * 8
-        var row = min(first_row + r, rows - 1)
-        # in 32 bits, as token_offset
-        var at = ((Int32(q_begin) + Int32(row // group)) * Int32(q_heads) + Int32(g * group + row % group)) * Int32(D)
+        var at = _row_at[D, group](q_begin, min(first_row + r, rows - 1), q_heads, g)
         async_copy[16](
-            q.unsafe_offset(Int(at) + x).unsafe_address_space_cast[AddressSpace.GLOBAL](),
+            q.unsafe_offset(at + x).unsafe_address_space_cast[AddressSpace.GLOBAL](),
             q_sh.unsafe_offset(r * ROW + x),
         )
     async_copy_commit_group()
@@ -308,11 +313,10 @@ def _prefill_attention_gpu[D: Int, group: Int](
     var inv_l = 1 / l
     comptime for r in range(R):
         if pos[r] >= 0:
-            var row = warp_row + (r // 2) * 16 + gid + (r % 2) * 8
-            var at = ((Int32(q_begin) + Int32(row // group)) * Int32(hk * group) + Int32(g * group + row % group)) * Int32(D)
+            var at = _row_at[D, group](q_begin, warp_row + (r // 2) * 16 + gid + (r % 2) * 8, hk * group, g)
             comptime for dt in range(DTILES):
                 var pair = o.slice[2, offset = ((r // 2) * DTILES + dt) * 4 + (r % 2) * 2]() * inv_l[r]
-                output.unsafe_store(Int(at) + dt * 8 + tig * 2, pair.cast[BF16]())
+                output.unsafe_store(at + dt * 8 + tig * 2, pair.cast[BF16]())
 
 
 def prefill_attention_gpu(
