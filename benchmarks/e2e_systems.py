@@ -10,6 +10,7 @@ ignore_eos, each producing exactly its max_tokens; wall-clock seconds until the 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -125,7 +126,8 @@ class MaxPipeline:
         self.name = "max pipeline"
         for capture in ("on", "off"):
             self.process = subprocess.Popen(max_worker_command(python, path, devices, max_batch_size, max_length, capture),
-                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                            env=max_worker_env())
             try:
                 self.device_graphs = json.loads(self._reply())["device_graph_capture"]
                 return
@@ -161,6 +163,13 @@ def max_worker_command(python: str, path: str, devices: str, max_batch_size: int
     """benchmarks/peers/max_pipeline.py's command line (gpu_precompile.py adds --compile-for)."""
     return [python, str(MAX_WORKER), "--model", path, "--devices", devices, "--max-batch-size", str(max_batch_size),
             "--max-length", str(max_length), "--device-graph-capture", capture]
+
+
+def max_worker_env() -> dict[str, str]:
+    """The environment MAX's worker starts in: this process's, as Python sees it. Mojo's Python interop sets
+    PYTHONEXECUTABLE and MOJO_PYTHON_LIBRARY underneath (for this Python) once a graph has compiled or run; another
+    Python started with them takes itself for this one and misses its own venv's packages."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONEXECUTABLE", "MOJO_PYTHON_LIBRARY")}
 
 
 def python_with_max_serve(given: str) -> str:

@@ -80,13 +80,13 @@ def compile_max_pipeline(max_python: str) -> float:
     import subprocess
 
     import device_e2e
-    from e2e_systems import max_worker_command
+    from e2e_systems import max_worker_command, max_worker_env
 
     args = device_e2e.argument_parser().parse_args([])
     command = max_worker_command(max_python, model_path(None), device_e2e.max_devices(args.device), args.max_num_seqs,
                                  device_e2e.max_length(args))
     started = time.perf_counter()
-    subprocess.run([*command, "--compile-for", "sm_90"], check=True)
+    subprocess.run([*command, "--compile-for", "sm_90"], check=True, env=max_worker_env())
     return time.perf_counter() - started
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import common  # noqa: E402
 import device_e2e  # noqa: E402
+import e2e_systems  # noqa: E402
 import gpu_summary  # noqa: E402
 
 
@@ -70,6 +72,18 @@ def test_latency_and_throughput_of_each_system_started_once(small: list[str], tm
     args = device_e2e.argparse.Namespace(contexts="16", new_tokens=4, ttft_len=30, num_requests=6,
                                          prompt_len=(5, 30), output_len=(3, 40))
     assert device_e2e.max_length(args) == 70  # throughput's 30 + 40 over latency's 16 + 4 + 1 and 30 + 1
+
+
+def test_max_worker_starts_without_the_interops_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MAX's worker runs in a Python of its own: the variables Mojo's Python interop sets for this one must not
+    reach it (given this venv's PYTHONEXECUTABLE, a Python of another venv loses its packages)."""
+    monkeypatch.setenv("PYTHONEXECUTABLE", sys.executable)
+    monkeypatch.setenv("MOJO_PYTHON_LIBRARY", "/this/pythons/libpython.so")
+    probe = "import os; print(*(os.environ.get(k) for k in ('PYTHONEXECUTABLE', 'MOJO_PYTHON_LIBRARY', 'MILI_PROBE')))"
+    monkeypatch.setenv("MILI_PROBE", "kept")
+    seen = subprocess.run([sys.executable, "-c", probe], env=e2e_systems.max_worker_env(), capture_output=True,
+                          text=True, check=True).stdout.split()
+    assert seen == ["None", "None", "kept"]
 
 
 def test_gpu_summary_takes_the_latest_runs(tmp_path: Path) -> None:
