@@ -97,7 +97,7 @@ room = 64 * 2**20 - sum(Path(f).stat().st_size for f in subprocess.run(
     ["git", "ls-files"], capture_output=True, text=True, check=True).stdout.split() if Path(f).is_file()) - 2**20
 # the start call also carries the kernel package and the graphs precompiled for the lease (gpu_lease.sh precompile)
 start_carry = [p for p in (".modular_cache/mili_kernels", ".devkit/graphs.tar.xz") if Path(p).exists()]
-kernels = sum(f.stat().st_size for p in map(Path, start_carry) for f in [p, *p.rglob("*")] if f.is_file())
+start_bytes = sum(f.stat().st_size for p in map(Path, start_carry) for f in [p, *p.rglob("*")] if f.is_file())
 head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 
 
@@ -115,7 +115,7 @@ def calls(parts: list[Path], first_room: int) -> list[list[str]]:
 
 
 parts = sorted(Path(sys.argv[1]).glob("p*"))
-site = calls([p for p in parts if any(f.name.startswith("site.") for f in p.iterdir())], room - kernels)
+site = calls([p for p in parts if any(f.name.startswith("site.") for f in p.iterdir())], room - start_bytes)
 peers = calls([p for p in parts if any(f.name.startswith("peers.") for f in p.iterdir())], room)
 plan = [(names, "mkdir -p /tmp/mili-kit/parts && cp .devkit/p*/* /tmp/mili-kit/parts/") for names in site[1:]]
 plan.append((site[0] + start_carry,
