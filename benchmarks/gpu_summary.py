@@ -56,6 +56,10 @@ def summary(results: Path, commit: str, since: str = "") -> dict:
     device = next((run["meta"].get("device_name") for run in (latency, throughput) if run), None)
     out = dict(device=device, commit=commit)
     out.update({key: ops.get(op, {}).get("in_graph_ratio") for key, op in ATTENTION.items()})
+    prefill = ops.get(ATTENTION["attention_prefill_2048_ratio_vs_sdpa"], {})
+    by_pairs = prefill.get("mojo_in_graph_us_by_prefill_pairs")  # by MILI_GPU_PREFILL_PAIRS: 0 one row tile, 1 two
+    out["attention_prefill_2048_ratio_vs_sdpa_by_row_tiles_a_block"] = by_pairs and {
+        str(int(setting) + 1): us / prefill["torch_us"] for setting, us in by_pairs.items()}
     out["attention_flash_kernels"] = (kernels or {}).get("meta", {}).get("flash_attention")
     out.update(
         decode_b1_ms_per_token=_figure(latency, "mili", "decode_b1_ctx512_ms_per_token"),

@@ -8,7 +8,8 @@ Writes JSON under benchmarks/results/. On a GPU the peer is PyTorch's own ops in
 the K/V gathered into dense tensors beforehand (paging costs it nothing); rope, store_kv and qk_norm_rope_store
 keep the reference.
 The attention rows on a GPU also time MAX's own flash attention kernel (max.nn.kernels.flash_attention_gpu) in a
-graph on the same dense copies: it takes no paged cache of MILI's layout.
+graph on the same dense copies: it takes no paged cache of MILI's layout. The prefill rows on a GPU also time MILI's
+kernel made to take one and two row tiles a block (MILI_GPU_PREFILL_PAIRS=0 and 1), beside its own choice.
 
 Two Mojo times: "call" is one standalone `bindings.ops` call from torch as users make it (on CPU the Mojo
 extension module, about a microsecond of dispatch; on GPU a MAX graph execution); "in-graph" is the op's time inside one graph that applies it REPEAT times in a chain (each
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -27,6 +29,7 @@ import time
 from functools import partial
 from pathlib import Path
 from typing import Callable, Sequence
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -105,6 +108,16 @@ def in_graph_seconds(name: str, fn: Callable[[], object], device: str) -> float 
     model = _repeated[key]
     buffers = [Buffer.from_dlpack(a) for a in args]
     return median_seconds(lambda: model.execute(*buffers), device) / REPEAT
+
+
+def prefill_tiles_a_block_us(name: str, fn: Callable[[], object], device: str) -> dict[str, float]:
+    """In-graph µs of an attention prefill with one and with two row tiles a GPU block (MILI_GPU_PREFILL_PAIRS, read
+    by the kernel's host code at each run), by the variable's value."""
+    times = {}
+    for setting in ("0", "1"):
+        with mock.patch.dict(os.environ, {"MILI_GPU_PREFILL_PAIRS": setting}):
+            times[setting] = in_graph_seconds(name, fn, device) * 1e6
+    return times
 
 
 def copy_bandwidth(device: str) -> float:
@@ -272,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:  # a peer that cannot run must not lose MILI's and SDPA's figures
                 row["max_flash_error"] = f"{type(e).__name__}: {e}"
                 peer = f"   MAX flash: {row['max_flash_error'][:80]}"
+        if name.startswith("attention prefill") and args.device.startswith("cuda"):
+            row["mojo_in_graph_us_by_prefill_pairs"] = pairs = prefill_tiles_a_block_us(name, mojo, args.device)
+            peer += f"   1 / 2 row tiles a block {pairs['0']:.1f} / {pairs['1']:.1f} us"
         rows.append(row)
         in_graph = f"{graph_s * 1e6:>10.1f}{graph_s / ref_s:>7.2f}" if graph_s else f"{'-':>10}{'-':>7}"
         print(f"{name:<34}{tokens:>7}{ref_s * 1e6:>11.1f}{mojo_s * 1e6:>10.1f}{mojo_s / ref_s:>7.2f}{in_graph}"

@@ -27,6 +27,17 @@ def test_plain_attention_kernels_match_reference_on_gpu(monkeypatch, runner, dty
     runner(ops, "cuda", dtype, case)
 
 
+@pytest.mark.parametrize("runner, dtype, case", [c for c in kernel_cases() if c.values[0] is run_attention
+                                                  and c.values[1] == torch.bfloat16])
+def test_flash_prefill_with_two_row_tiles_a_block_matches_reference_on_gpu(monkeypatch, runner, dtype: torch.dtype,
+                                                                          case) -> None:
+    """MILI_GPU_PREFILL_PAIRS=1: every block of the prefill kernel takes a heavy row tile and its mirror, which it
+    does by itself only where the row tiles outnumber the SMs (2,048 tokens and more, not the cases' sizes)."""
+    monkeypatch.setenv("MILI_GPU_PREFILL_PAIRS", "1")
+    torch.manual_seed(hash(str(case)) % 2**31)
+    runner(ops, "cuda", dtype, case)
+
+
 def test_ops_and_torch_see_each_others_pending_work() -> None:
     """MAX runs the ops on its own stream: an op must see what torch queued just before it (milliseconds of work
     still running), and torch what the op wrote, without the caller synchronizing."""

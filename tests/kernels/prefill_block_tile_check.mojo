@@ -1,32 +1,36 @@
-# The GPU prefill kernel's block -> (sequence, row tile) map, run on a CPU (tests/kernels/test_gpu_kernel_helpers.py):
-# on random ragged batches (prefills alone, decodes with a few prefills, empty sequences), every row tile of every
-# sequence gets exactly one of a KV head's prefill_blocks, a sequence's last row tile first; the other blocks get
-# the row tile past their sequence's last, which the kernel returns on.
+# The GPU prefill kernel's block -> row tiles map, run on a CPU (tests/kernels/test_gpu_kernel_helpers.py): on
+# random ragged batches (prefills alone, decodes with a few prefills, empty sequences), with one and with two row
+# tiles a block, every row tile of every sequence goes to exactly one of a KV head's prefill_blocks, a block's
+# first tile is its sequence's heaviest left (the last row tiles first) and with two its second is that tile's
+# mirror. Then prefill_tiles_per_block's choice and its setting.
 from std.math import ceildiv
 from std.random import random_ui64, seed
 
-from mojo_kernels.core.attention.gpu_prefill import BLOCK_ROWS, prefill_block_tile, prefill_blocks
+from mojo_kernels.core.attention.gpu_prefill import (
+    BLOCK_ROWS, prefill_block_tile, prefill_blocks, prefill_row_tile, prefill_tiles_per_block
+)
 
 
-def block_tile(mut starts: List[Int32], group: Int, i: Int) -> Tuple[Int, Int]:
+def block_tile(mut starts: List[Int32], group: Int, i: Int, per_block: Int) -> Tuple[Int, Int, Int]:
     var p = starts.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
     var batch = len(starts) - 1
     if group == 1:
-        return prefill_block_tile[1](p, batch, i)
+        return prefill_block_tile[1](p, batch, i, per_block)
     if group == 2:
-        return prefill_block_tile[2](p, batch, i)
+        return prefill_block_tile[2](p, batch, i, per_block)
     if group == 4:
-        return prefill_block_tile[4](p, batch, i)
-    return prefill_block_tile[8](p, batch, i)
+        return prefill_block_tile[4](p, batch, i, per_block)
+    return prefill_block_tile[8](p, batch, i, per_block)
 
 
-def main() raises:
+def check_blocks() raises -> Int:
     seed(7)
     var blocks_checked = 0
     for trial in range(3000):
         var batch = Int(random_ui64(1, 40))
         var group = 1 << Int(random_ui64(0, 3))
         var kind = Int(random_ui64(0, 2))
+        var per_block = Int(random_ui64(1, 2))
         var starts = List[Int32](length=batch + 1, fill=0)
         for b in range(batch):
             var n = Int(random_ui64(1, 300))
@@ -35,23 +39,53 @@ def main() raises:
             elif kind == 2:  # empty sequences too
                 n = Int(random_ui64(0, 70))
             starts[b + 1] = starts[b] + Int32(n)
-        var blocks = prefill_blocks(Int(starts[batch]), batch, group)
-        var seen = List[Int](length=batch, fill=0)
-        var last = List[Int](length=batch, fill=Int.MAX)
-        for i in range(blocks):
-            var b, tile = block_tile(starts, group, i)
-            if b < 0 or b >= batch:
-                raise Error(String("trial ", trial, ": block ", i, " -> sequence ", b))
-            var tiles = ceildiv(Int(starts[b + 1] - starts[b]) * group, BLOCK_ROWS)
-            if tile == tiles:
-                continue
-            if tile < 0 or tile > tiles or tile >= last[b]:
-                raise Error(String("trial ", trial, ": block ", i, " -> sequence ", b, ", row tile ", tile))
-            last[b] = tile
-            seen[b] += 1
+        var blocks = prefill_blocks(Int(starts[batch]), batch, group, per_block)
+        var seen = List[List[Bool]]()
+        var heaviest_left = List[Int]()
         for b in range(batch):
             var tiles = ceildiv(Int(starts[b + 1] - starts[b]) * group, BLOCK_ROWS)
-            if seen[b] != tiles:
-                raise Error(String("trial ", trial, ": sequence ", b, " got ", seen[b], " blocks for ", tiles, " row tiles"))
+            seen.append(List[Bool](length=tiles, fill=False))
+            heaviest_left.append(tiles - 1)
+        for i in range(blocks):
+            var b, j, tiles = block_tile(starts, group, i, per_block)
+            if b < 0 or b >= batch or tiles != len(seen[b]):
+                raise Error(String("trial ", trial, ": block ", i, " -> sequence ", b, " of ", tiles, " row tiles"))
+            var first = -1
+            for k in range(per_block):
+                var tile = prefill_row_tile(j, k, tiles, per_block)
+                if tile < 0:
+                    break
+                var expected = heaviest_left[b] if k == 0 else tiles - 1 - first
+                if tile != expected or seen[b][tile]:
+                    raise Error(String("trial ", trial, ": block ", i, " (sequence ", b, ", ", j, "th) tile ", k,
+                                       " is ", tile, ", expected ", expected, " not taken before"))
+                seen[b][tile] = True
+                if k == 0:
+                    first = tile
+                    heaviest_left[b] -= 1
+        for b in range(batch):
+            for t in range(len(seen[b])):
+                if not seen[b][t]:
+                    raise Error(String("trial ", trial, ": sequence ", b, "'s row tile ", t, " got no block"))
         blocks_checked += blocks
-    print("ok:", blocks_checked, "blocks")
+    return blocks_checked
+
+
+def check_choice() raises:
+    if prefill_tiles_per_block(256, 132, "") != 2 or prefill_tiles_per_block(128, 132, "") != 1:
+        raise Error("two row tiles a block only where there are more row tiles than SMs")
+    if prefill_tiles_per_block(256, 132, "0") != 1 or prefill_tiles_per_block(8, 132, "1") != 2:
+        raise Error("MILI_GPU_PREFILL_PAIRS not followed")
+    try:
+        _ = prefill_tiles_per_block(8, 132, "yes")
+    except e:
+        if "MILI_GPU_PREFILL_PAIRS is 'yes'" not in String(e):
+            raise Error("unclear error: ", e)
+        return
+    raise Error("MILI_GPU_PREFILL_PAIRS=yes accepted")
+
+
+def main() raises:
+    var blocks = check_blocks()
+    check_choice()
+    print("ok:", blocks, "blocks")

@@ -12,16 +12,18 @@
 # (the warps of a partial last row tile with no rows skip all); only the tiles on the diagonal are masked per row.
 # The grid has a block per row tile of the step's sequences (prefill_block_tile), not per sequence and row tile the
 # longest sequence has; within a sequence the row tiles with the most key tiles start first, those of every KV head
-# before any lighter one. The output is normalized once at the end. Fragment layouts: PTX ISA,
-# "mma.m16n8k16" (gid = lane / 4, tig = lane % 4).
+# before any lighter one. Where there are more row tiles than SMs, a block takes two of its sequence's row tiles in
+# turn, a heavy one and its mirror (prefill_row_tile), so that every block has the same work (below). The output is
+# normalized once at the end. Fragment layouts: PTX ISA, "mma.m16n8k16" (gid = lane / 4, tig = lane % 4).
 # The op `mili_paged_attention_flash` (paged_attention.mojo), the default on a GPU.
-from max.gpu.host import DeviceContext, FuncAttribute
+from max.gpu.host import DeviceAttribute, DeviceContext, FuncAttribute
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, thread_idx, block_idx, WARP_SIZE
 from max.gpu.compute.mma import ld_matrix, mma
 from max.gpu.memory import async_copy, async_copy_commit_group, async_copy_wait_group, external_memory
 from max.gpu.primitives import warp
 from max.gpu.sync import barrier
 from std.math import ceildiv, exp2
+from std.os import getenv
 from std.sys import size_of
 from std.utils.static_tuple import StaticTuple
 
@@ -60,32 +62,64 @@ def _row_reduce_sum(x: Float32) -> Float32:
     return y + warp.shuffle_xor(y, UInt32(2))
 
 
-def prefill_blocks(tokens: Int, batch: Int, group: Int) -> Int:
+comptime PAIRS_SETTING = "MILI_GPU_PREFILL_PAIRS"
+"""1: a block always takes two row tiles, 0: one; unset: prefill_tiles_per_block chooses (for measuring both)."""
+
+
+def prefill_tiles_per_block(row_tiles: Int, sms: Int, setting: String) raises -> Int:
+    """Row tiles per block: 2 where the step's row tiles (over all KV heads) outnumber the SMs, else 1.
+    Causal row tile t takes t + 1 key tiles, and the blocks start heaviest first, so with two blocks an SM (i and
+    i + SMs, in launch order) the heavy tiles share their SMs with the middle ones: at 2,048 tokens (256 blocks on
+    132 SMs) the SM with the heaviest tile has 48 key tiles to run where the mean is 33. A block taking tile t and
+    its mirror T - 1 - t has T + 1, whichever it gets, at one block an SM. `setting` is PAIRS_SETTING's value."""
+    if setting == "1":
+        return 2
+    if setting == "0":
+        return 1
+    if setting != "":
+        raise Error(PAIRS_SETTING, " is '", setting, "': set 1 (a block takes two row tiles) or 0 (one), or unset it")
+    return 2 if row_tiles > sms else 1
+
+
+def prefill_blocks(tokens: Int, batch: Int, group: Int, tiles_per_block: Int) -> Int:
     """Blocks per KV head: enough for every sequence's row tiles, however the tokens split (prefill_block_tile)."""
-    return ceildiv(tokens * group, BLOCK_ROWS) + batch
+    return ceildiv(tokens * group, BLOCK_ROWS * tiles_per_block) + batch
 
 
 @always_inline
-def prefill_block_tile[group: Int](query_start: Ptr[DType.int32], batch: Int, i: Int) -> Tuple[Int, Int]:
-    """The sequence and row tile of a KV head's block i; for a block with none, the row tile past the sequence's
-    last. Sequence b's row tiles are the blocks from first(b) = ceil(query_start[b] * group / BLOCK_ROWS) + b on,
-    the last row tile first: the ranges never overlap (first(b + 1) - first(b) >= b's row tiles) and end within
-    prefill_blocks. A block per sequence and row tile of the longest one left most blocks empty in a mixed step (a
-    prefill among 255 decodes: 99%)."""
+def prefill_block_tile[group: Int](
+    query_start: Ptr[DType.int32], batch: Int, i: Int, tiles_per_block: Int
+) -> Tuple[Int, Int, Int]:
+    """(b, j, tiles): a KV head's block i is the j-th of sequence b, which has `tiles` row tiles; j may be past the
+    blocks b needs (prefill_row_tile says which tiles a block takes). Sequence b's blocks start at first(b) =
+    ceil(query_start[b] * group / span) + b, span = BLOCK_ROWS * tiles_per_block rows: the ranges never overlap
+    (first(b + 1) - first(b) >= b's blocks) and end within prefill_blocks. A block per sequence and row tile of the
+    longest one left most blocks empty in a mixed step (a prefill among 255 decodes: 99%)."""
     # in 32 bits, as token_offset: a GPU's 64-bit arithmetic takes register pairs
     comptime G = Int32(group)
     comptime ROWS = Int32(BLOCK_ROWS)
+    var span = ROWS * Int32(tiles_per_block)
     var at, lo, hi = Int32(i), Int32(0), Int32(batch)  # the last b with first(b) <= i is in lo ..< hi
     while hi - lo > 1:
         var mid = (lo + hi) // 2
-        if ceildiv(query_start.unsafe_load(mid) * G, ROWS) + mid <= at:
+        if ceildiv(query_start.unsafe_load(mid) * G, span) + mid <= at:
             lo = mid
         else:
             hi = mid
     var begin = query_start.unsafe_load(lo)
     var tiles = ceildiv((query_start.unsafe_load(lo + 1) - begin) * G, ROWS)
-    var t = at - (ceildiv(begin * G, ROWS) + lo)
-    return (Int(lo), Int(tiles - 1 - t if t < tiles else tiles))
+    return (Int(lo), Int(at - (ceildiv(begin * G, span) + lo)), Int(tiles))
+
+
+@always_inline
+def prefill_row_tile(j: Int, k: Int, tiles: Int, tiles_per_block: Int) -> Int:
+    """The k-th row tile of a sequence's j-th block (-1: none): the j-th heaviest (the last row tile first), then
+    with two a block its mirror j, unless that is the same tile or taken by a block before."""
+    if j >= ceildiv(tiles, tiles_per_block):
+        return -1
+    if k == 0:
+        return tiles - 1 - j
+    return j if j < tiles - 1 - j else -1
 
 
 @always_inline
@@ -156,31 +190,45 @@ def prefill_shared_bytes[D: Int]() -> Int:
 def _prefill_attention_gpu[D: Int, group: Int](
     output: Ptr[BF16], q: Ptr[BF16], k_cache: Ptr[BF16], v_cache: Ptr[BF16], page_table: Ptr[DType.int32],
     context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale_ptr: Ptr[F32], batch: Int32,
-    max_pages: Int32, kv_heads: Int32, page_size: Int32,
+    max_pages: Int32, kv_heads: Int32, page_size: Int32, tiles_per_block: Int32,
 ):
-    """Block (g, i): rows tile * BLOCK_ROWS ..< + BLOCK_ROWS of sequence b's (query token, head of KV head g),
-    (b, tile) = prefill_block_tile(i); warp w takes WARP_ROWS of them, as M_TILES m-tiles. Blocks start in the
-    order of their index, x fastest: the KV heads side by side (with the heads outermost, the heavy tiles of the
-    last heads waited behind the light ones of the first)."""
+    """Block (g, i): the row tiles prefill_row_tile gives the j-th block of sequence b, one after another, (b, j) =
+    prefill_block_tile(i). Blocks start in the order of their index, x fastest: the KV heads side by side (with the
+    heads outermost, the heavy tiles of the last heads waited behind the light ones of the first)."""
+    var per_block = Int(tiles_per_block)
+    var b, j, tiles = prefill_block_tile[group](query_start, Int(batch), Int(block_idx.y), per_block)
+    for k in range(per_block):
+        var tile = prefill_row_tile(j, k, tiles, per_block)
+        if tile < 0:
+            return
+        # shared memory is free: every warp met the previous tile's last barrier after its last read of Q, K and
+        # the key offsets (which a tile writes first), and meets this tile's first before V and K are staged
+        _attend_row_tile[D, group](output, q, k_cache, v_cache, page_table, context_lens, query_start, scale_ptr,
+                                   Int(max_pages), Int(kv_heads), Int(page_size), Int(block_idx.x), b, tile)
+
+
+@always_inline
+def _attend_row_tile[D: Int, group: Int](
+    output: Ptr[BF16], q: Ptr[BF16], k_cache: Ptr[BF16], v_cache: Ptr[BF16], page_table: Ptr[DType.int32],
+    context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale_ptr: Ptr[F32], max_pages: Int,
+    kv_heads: Int, page_size: Int, g: Int, b: Int, tile: Int,
+):
+    """Rows tile * BLOCK_ROWS ..< + BLOCK_ROWS of sequence b's (query token, head of KV head g), a row tile it has;
+    warp w takes WARP_ROWS of them, as M_TILES m-tiles."""
     comptime KSTEPS = D // 16  # k-steps of S = Q K^T
     comptime DTILES = D // 8  # n-tiles of O
     comptime KTILES = BLOCK_KEYS // 8  # n-tiles of S
     comptime ROW = D + 8  # shared-memory row, padded: the 8 rows an mma reads land in different banks
     comptime R = 2 * M_TILES  # rows per thread: gid and gid + 8 of each m-tile
-    var g = Int(block_idx.x)
-    var b, tile = prefill_block_tile[group](query_start, Int(batch), Int(block_idx.y))
     var q_begin = Int(query_start.unsafe_load(b))
     var q_len = Int(query_start.unsafe_load(b + 1)) - q_begin
     var n_rows = q_len * group
     var first_row = tile * BLOCK_ROWS
-    if first_row >= n_rows:
-        return
     var tid = Int(thread_idx.x)
     var lane = tid % WARP_SIZE
     var wid = tid // WARP_SIZE
     var gid = lane // 4
     var tig = lane % 4
-    var hk, ps = Int(kv_heads), Int(page_size)
     var n_ctx = Int(context_lens.unsafe_load(b))
     var offset = n_ctx - q_len  # query token i is at position offset + i
     # scores stay unscaled: p = 2^(s * scale * log2(e) - m * scale * log2(e)), one fma per score
@@ -192,7 +240,7 @@ def _prefill_attention_gpu[D: Int, group: Int](
     var v_sh = k_sh.unsafe_offset(BLOCK_KEYS * ROW)
     # the cache offsets of two tiles' keys: tile j's in key_at[j % 2], found during tile j - 1
     var key_at = v_sh.unsafe_offset(BLOCK_KEYS * ROW).unsafe_bitcast[Int64]()
-    _stage_queries[D, group](q_sh, q, q_begin, first_row, n_rows, hk * group, g, tid)
+    _stage_queries[D, group](q_sh, q, q_begin, first_row, n_rows, kv_heads * group, g, tid)
 
     # this thread's rows, m-tile mt's gid and gid + 8 at 2 mt and 2 mt + 1; position -1 past the sequence's queries
     var warp_row = first_row + wid * WARP_ROWS
@@ -212,10 +260,10 @@ def _prefill_attention_gpu[D: Int, group: Int](
     var l = SIMD[F32, R](0)
     # keys up to the block's last visible position
     var key_end = offset + (min(first_row + BLOCK_ROWS, n_rows) - 1) // group + 1
-    var table_row = b * Int(max_pages)
-    var row_len = hk * D
+    var table_row = b * max_pages
+    var row_len = kv_heads * D
     var head_at = g * D  # KV head g's elements in a cache row
-    _find_tile_keys(key_at, page_table, table_row, 0, key_end, ps, row_len, tid)
+    _find_tile_keys(key_at, page_table, table_row, 0, key_end, page_size, row_len, tid)
     barrier()
     _stage_tile[D](k_sh, k_cache, key_at, head_at, tid)
     for key_start in range(0, key_end, BLOCK_KEYS):
@@ -226,7 +274,7 @@ def _prefill_attention_gpu[D: Int, group: Int](
         barrier()  # Q's and K's tiles are in; every warp is done with the previous V tile and its keys' offsets
         _stage_tile[D](v_sh, v_cache, here, head_at, tid)
         if key_start + BLOCK_KEYS < key_end:
-            _find_tile_keys(next, page_table, table_row, key_start + BLOCK_KEYS, key_end, ps, row_len, tid)
+            _find_tile_keys(next, page_table, table_row, key_start + BLOCK_KEYS, key_end, page_size, row_len, tid)
         # a warp whose rows see none of the tile's keys skips it (it still stages tiles and meets the barriers)
         var visible = key_start <= warp_last
 
@@ -313,7 +361,7 @@ def _prefill_attention_gpu[D: Int, group: Int](
     var inv_l = 1 / l
     comptime for r in range(R):
         if pos[r] >= 0:
-            var at = _row_at[D, group](q_begin, warp_row + (r // 2) * 16 + gid + (r % 2) * 8, hk * group, g)
+            var at = _row_at[D, group](q_begin, warp_row + (r // 2) * 16 + gid + (r % 2) * 8, kv_heads * group, g)
             comptime for dt in range(DTILES):
                 var pair = o.slice[2, offset = ((r // 2) * DTILES + dt) * 4 + (r % 2) * 2]() * inv_l[r]
                 output.unsafe_store(at + dt * 8 + tig * 2, pair.cast[BF16]())
@@ -326,7 +374,9 @@ def prefill_attention_gpu(
 ) raises:
     """Enqueues the tensor-core kernel (prefill_supported shapes)."""
     var group = q_heads // kv_heads
-    var grid = (kv_heads, prefill_blocks(tokens, batch, group))
+    var per_block = prefill_tiles_per_block(kv_heads * ceildiv(tokens * group, BLOCK_ROWS),
+                                            ctx.get_attribute(DeviceAttribute.MULTIPROCESSOR_COUNT), getenv(PAIRS_SETTING))
+    var grid = (kv_heads, prefill_blocks(tokens, batch, group, per_block))
     comptime for i in range(2):
         comptime d = 64 << i
         comptime for j in range(4):
@@ -334,7 +384,8 @@ def prefill_attention_gpu(
             if head_dim == d and group == gr:
                 ctx.enqueue_function[_prefill_attention_gpu[d, gr]](
                     output, q, k_cache, v_cache, page_table, context_lens, query_start, scale, Int32(batch),
-                    Int32(max_pages), Int32(kv_heads), Int32(page_size), grid_dim=grid, block_dim=PREFILL_THREADS,
+                    Int32(max_pages), Int32(kv_heads), Int32(page_size), Int32(per_block), grid_dim=grid,
+                    block_dim=PREFILL_THREADS,
                     shared_mem_bytes=prefill_shared_bytes[d](),
                     func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(UInt32(prefill_shared_bytes[d]())),
                 )
