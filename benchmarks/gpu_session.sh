@@ -5,15 +5,17 @@
 # Usage: benchmarks/gpu_session.sh [STEP...]   (default: setup build tests attention-bench e2e profile model e2e-rest)
 #   setup        unpack benchmarks/device_kit.sh's parts (carried now in .devkit/pN, or before to /tmp/mili-kit/parts)
 #   build        load the kernel package (precompiled here: carry .modular_cache/mili_kernels)
-#   tests        tests/gpu: every kernel case on cuda (attention through the flash kernels, the default, and through
-#                the plain ones), replayed decode steps against op-by-op ones, overlapped against read-at-once ones
+#   tests        tests/gpu: every kernel case on cuda (attention through the flash kernels, the default, with two
+#                row tiles a prefill block forced, and through the plain ones), replayed decode steps against
+#                op-by-op ones, overlapped against read-at-once ones
 #   model        the model on cuda against transformers (tests/integration/test_parity.py -k cuda)
 #   bench        the kernel benchmark, bfloat16 and float32 (BENCH_ONLY=attention,rope: only the ops whose name has one)
 #   attention-bench  the kernel benchmark's attention rows and the fused q/k norm + RoPE + KV store op, bfloat16
 #   e2e          benchmarks/device_e2e.py (mili bench latency and throughput --device cuda, each system started once
 #                for both): MILI against MAX's pipeline (E2E_SYSTEMS, default mili,max), MILI with the plain
-#                attention kernels if the tests step of this lease failed a flash case or E2E_FLASH=0 (MAX_PYTHON: a
-#                Python with max[serve], by default the kit's peers), then the summary
+#                attention kernels if the tests step of this lease failed a flash case or E2E_FLASH=0, with one row
+#                tile a prefill block if it failed a case with two (MAX_PYTHON: a Python with max[serve], by default
+#                the kit's peers), then the summary
 #   e2e-rest     the same for E2E_REST_SYSTEMS (default: MILI without overlap, transformers, MILI without device
 #                graphs), then the summary again: each system's figures from its newest run of the lease
 #   profile      where a decode step's time goes at batch 1 and 64 (benchmarks/decode_profile.py: kernels, device
@@ -55,12 +57,17 @@ run() {  # run NAME LIMIT COMMAND...: log to $log_dir/NAME.log; skipped when the
   [ $rc -eq 0 ] || status=1
 }
 
-e2e_flash() {  # 1 (the flash kernels) for e2e and profile, 0 where this lease's tests step failed a flash kernel
-  # case (then they time the plain ones); E2E_FLASH chooses
-  if [ -n "${E2E_FLASH:-}" ]; then echo "$E2E_FLASH"
+e2e_kernels() {  # for e2e and profile: flash=1 (the flash kernels), 0 where this lease's tests step failed a flash
+  # kernel case (then they time the plain ones; E2E_FLASH chooses); and MILI_GPU_PREFILL_PAIRS=0 (one row tile a
+  # prefill block) where it failed a case of the prefill kernel with two, unless set already
+  if [ -n "${E2E_FLASH:-}" ]; then flash=$E2E_FLASH
   elif grep -q "^FAILED tests/gpu/test_gpu_ops.py::test_op_matches_reference_on_gpu\[attention" "$log_dir/tests.log" \
-    2>/dev/null; then echo 0
-  else echo 1
+    2>/dev/null; then flash=0
+  else flash=1
+  fi
+  if [ -z "${MILI_GPU_PREFILL_PAIRS:-}" ] && grep -q \
+    "^FAILED tests/gpu/test_gpu_ops.py::test_flash_prefill_with_two_row_tiles_a_block" "$log_dir/tests.log" 2>/dev/null
+  then export MILI_GPU_PREFILL_PAIRS=0
   fi
 }
 
@@ -85,12 +92,14 @@ for step in $steps; do
            done ;;
     attention-bench) run attention-bench 300 python3 benchmarks/kernels.py --device cuda --dtype bfloat16 \
                        --only attention,qk_norm_rope_store ;;
-    e2e) flash=$(e2e_flash)
-         summary+=("e2e: MILI's attention kernels $([ "$flash" = 1 ] && echo flash || echo plain)")
+    e2e) e2e_kernels
+         summary+=("e2e: MILI's attention kernels $([ "$flash" = 1 ] && echo flash || echo plain)${MILI_GPU_PREFILL_PAIRS:+,\
+ MILI_GPU_PREFILL_PAIRS=$MILI_GPU_PREFILL_PAIRS}")
          e2e "${E2E_SYSTEMS:-mili,max}" ;;  # what the issue compares first
-    e2e-rest) flash=$(e2e_flash)
+    e2e-rest) e2e_kernels
               e2e "${E2E_REST_SYSTEMS:-mili-sync,transformers,mili-eager}" ;;
-    profile) MILI_GPU_FLASH_ATTENTION=$(e2e_flash) run profile 150 python3 benchmarks/decode_profile.py --device cuda \
+    profile) e2e_kernels
+             MILI_GPU_FLASH_ATTENTION=$flash run profile 150 python3 benchmarks/decode_profile.py --device cuda \
                --batches 1,64 ;;
     *) summary+=("$step: unknown step"); status=1 ;;
   esac

@@ -78,3 +78,13 @@ def test_end_to_end_times_the_plain_attention_kernels_after_a_flash_kernel_case_
                                     "FAILED tests/gpu/test_gpu_ops.py::test_plain_attention_kernels_match_reference_on_gpu"
                                     "[attention-bfloat16-x]\n")
     assert "e2e: MILI's attention kernels flash" in _session(tmp_path, "e2e", seconds=0).stdout
+
+
+def test_end_to_end_takes_one_row_tile_a_prefill_block_after_a_case_with_two_failed(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "tests.log").write_text("FAILED tests/gpu/test_gpu_ops.py::test_flash_prefill_with_two_row_tiles_a_block"
+                                    "_matches_reference_on_gpu[attention-bfloat16-x]\n")
+    assert "e2e: MILI's attention kernels flash, MILI_GPU_PREFILL_PAIRS=0" in _session(tmp_path, "e2e", seconds=0).stdout
+    (logs / "tests.log").write_text("")
+    assert "e2e: MILI's attention kernels flash\n" in _session(tmp_path, "e2e", seconds=0).stdout
