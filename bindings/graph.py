@@ -113,6 +113,18 @@ def qk_norm_rope_store(qkv: TensorValue, q_norm: TensorValue, k_norm: TensorValu
     return ops.inplace_custom("mili_qk_norm_rope_store", qkv.device, args, out_types=[out_type])[0].tensor
 
 
+def qkv_attention(qkv: TensorValue, q_norm: TensorValue, k_norm: TensorValue, eps: Scalar, positions: TensorValue,
+                  inv_freq: TensorValue, rope_scale: Scalar, k_cache: BufferValue, v_cache: BufferValue,
+                  slot_mapping: TensorValue, page_table: TensorValue, context_lens: TensorValue,
+                  query_start: TensorValue, scale: Scalar) -> TensorValue:
+    """qk_norm_rope_store then paged_attention_flash in one op: on a GPU, a decode batch in one kernel."""
+    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    out_type = TensorType(qkv.dtype, [qkv.shape[0], qkv.shape[1] // head_dim - 2 * kv_heads, head_dim], qkv.device)
+    args = [k_cache, v_cache, qkv, q_norm, k_norm, _f32(eps, qkv), positions, inv_freq, _f32(rope_scale, qkv),
+            slot_mapping, page_table, context_lens, query_start, _f32(scale, qkv)]
+    return ops.inplace_custom("mili_qkv_attention", qkv.device, args, out_types=[out_type])[0].tensor
+
+
 def paged_attention(q: TensorValue, k_cache: BufferValue, v_cache: BufferValue, page_table: TensorValue,
                     context_lens: TensorValue, query_start: TensorValue, scale: Scalar,
                     flash: Optional[bool] = None) -> TensorValue:

@@ -302,6 +302,15 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     _with_caches(_STORE_KV, k, k_cache, v_cache)(_c(k), _c(v), k_cache, v_cache, _i32(slot_mapping))
 
 
+def _q_shape(op: str, qkv: torch.Tensor, k_cache: torch.Tensor) -> tuple[int, int, int]:
+    """q's shape [tokens, q heads, head_dim] in the fused projection's output qkv, for these caches."""
+    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    if qkv.dim() != 2 or qkv.shape[1] % head_dim or qkv.shape[1] // head_dim <= 2 * kv_heads:
+        raise ValueError(f"{op}: qkv must be [tokens, (q heads + 2 * {kv_heads}) * {head_dim}] for these caches, got "
+                         f"{tuple(qkv.shape)}")
+    return qkv.shape[0], qkv.shape[1] // head_dim - 2 * kv_heads, head_dim
+
+
 _QK_NORM_ROPE_STORE = {kv: CompiledOp(
     graph.qk_norm_rope_store, [T(SAME, "T", "Hq", "D")],
     [T(SAME, "T", "QKV"), T(SAME, "D"), T(SAME, "D"), T(F32, 1), T(I32, "T"), T(F32, "half_D"), T(F32, 1), _cache(kv),
@@ -313,11 +322,7 @@ def qk_norm_rope_store(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Te
                        inv_freq: torch.Tensor, scale: float, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        slot_mapping: torch.Tensor) -> torch.Tensor:
     _check_cache_writes("qk_norm_rope_store", k_cache, v_cache, slot_mapping)
-    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    if qkv.dim() != 2 or qkv.shape[1] % head_dim or qkv.shape[1] // head_dim <= 2 * kv_heads:
-        raise ValueError(f"qk_norm_rope_store: qkv must be [tokens, (q heads + 2 * {kv_heads}) * {head_dim}] for these "
-                         f"caches, got {tuple(qkv.shape)}")
-    q = qkv.new_empty((qkv.shape[0], qkv.shape[1] // head_dim - 2 * kv_heads, head_dim))
+    q = qkv.new_empty(_q_shape("qk_norm_rope_store", qkv, k_cache))
     op = _with_caches(_QK_NORM_ROPE_STORE, qkv, k_cache, v_cache)
     op(q, _c(qkv), _c(q_norm), _c(k_norm), _scalar(eps, qkv), _i32(positions), _c(inv_freq.float().to(qkv.device)),
        _scalar(scale, qkv), k_cache, v_cache, _i32(slot_mapping))
@@ -342,6 +347,27 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     twins = _PAGED_ATTENTION_FLASH if graph.FLASH_ATTENTION and not q.is_cpu else _PAGED_ATTENTION
     _with_caches(twins, q, k_cache, v_cache)(out, _c(q), k_cache, v_cache, _i32(page_table), _i32(context_lens),
                                              _i32(query_start), _scalar(scale, q))
+    return out
+
+
+_QKV_ATTENTION = {kv: CompiledOp(
+    graph.qkv_attention, [T(SAME, "T", "Hq", "D")],
+    [T(SAME, "T", "QKV"), T(SAME, "D"), T(SAME, "D"), T(F32, 1), T(I32, "T"), T(F32, "half_D"), T(F32, 1), _cache(kv),
+     _cache(kv), T(I32, "T"), *_ATTENTION_ARGS[1:]], variant=_kv_variant(kv),
+) for kv in KV_DTYPES}
+
+
+def qkv_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float, positions: torch.Tensor,
+                  inv_freq: torch.Tensor, rope_scale: float, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  slot_mapping: torch.Tensor, page_table: torch.Tensor, context_lens: torch.Tensor,
+                  query_start: torch.Tensor, scale: float) -> torch.Tensor:
+    """qk_norm_rope_store then paged_attention (the flash kernels on a GPU) in one op, the model graph's."""
+    _check_cache_writes("qkv_attention", k_cache, v_cache, slot_mapping)
+    out = qkv.new_empty(_q_shape("qkv_attention", qkv, k_cache))
+    op = _with_caches(_QKV_ATTENTION, qkv, k_cache, v_cache)
+    op(out, _c(qkv), _c(q_norm), _c(k_norm), _scalar(eps, qkv), _i32(positions), _c(inv_freq.float().to(qkv.device)),
+       _scalar(rope_scale, qkv), k_cache, v_cache, _i32(slot_mapping), _i32(page_table), _i32(context_lens),
+       _i32(query_start), _scalar(scale, qkv))
     return out
 
 

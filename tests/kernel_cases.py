@@ -32,6 +32,9 @@ ATTENTION_BATCHES = [
     ([70, 20], [3, 2]),  # a few queries each (speculative decoding): 1-6 rows per KV head, read directly, masked
     ([620], [600]),  # a long prefill after 20 cached tokens: 64-query tiles on up to 2 cores, a partial last one
 ]
+QKV_ATTENTION_BATCHES = [ATTENTION_BATCHES[i] for i in (0, 2, 3, 4, 5, 7)] + [([100, 2, 700], [1, 1, 1])]
+"""Decode batches (the GPU's one-kernel path, long contexts split over blocks), prefill, extension and a mixed batch."""
+QKV_ATTENTION_HEADS = [(16, 8, 128), (8, 2, 64), (8, 8, 16)]  # 16: the narrowest row RoPE pairs across bfloat16 lanes
 # (M, K, N): decode (M <= 8) and prefill (M > 8) kernels; K past a vector width and a 128-column scale block;
 # N past the decode tile (4 rows) and the prefill panel (2 vector widths)
 LINEAR_SHAPES = [(1, 37, 5), (1, 1000, 130), (7, 200, 133), (8, 2048, 64), (9, 128, 33), (64, 301, 70), (130, 1024, 96)]
@@ -153,6 +156,30 @@ def run_attention(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     torch.testing.assert_close(ours.float().cpu(), expected, **tolerance(dtype))
 
 
+def run_qkv_attention(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
+    """The new tokens' q, k and v from a random qkv (the positions and slots their sequences give them), over a
+    cache that holds each sequence's earlier keys."""
+    (context_lens, query_lens), (q_heads, kv_heads, head_dim), kv_dtype = case
+    _, kc, vc, table, lens, starts, _ = attention_case(context_lens, query_lens, q_heads, kv_heads, head_dim, kv_dtype)
+    page_size = kc.shape[1]
+    positions = torch.cat([torch.arange(c - q, c) for c, q in zip(context_lens, query_lens)]).to(torch.int32)
+    sequence = torch.repeat_interleave(torch.arange(len(query_lens)), torch.tensor(query_lens))
+    slots = (table[sequence, positions // page_size] * page_size + positions % page_size).to(torch.int32)
+    qkv = torch.randn(len(positions), (q_heads + 2 * kv_heads) * head_dim).to(dtype)
+    q_norm, k_norm = (torch.rand(head_dim) + 0.5).to(dtype), (torch.rand(head_dim) + 0.5).to(dtype)
+    inv_freq, rope_scale = ref.rope_inv_freq(head_dim, 1e6, None)
+    args = [t.to(device) for t in (qkv, q_norm, k_norm)] + [1e-6, positions.to(device), inv_freq, rope_scale]
+    caches = [kc.to(device), vc.to(device)]
+    metadata = [t.to(device) for t in (slots, table, lens, starts)] + [head_dim**-0.5]
+    expected_caches = [c.clone() for c in caches]
+    expected = ref.qkv_attention(*args, *expected_caches, *metadata)
+    ours = ops.qkv_attention(*args, *caches, *metadata)
+    # over bfloat16 caches, to bfloat16's tolerance: the kernels take q at the caches' precision (run_attention,
+    # which draws q in the caches' dtype, is exact)
+    assert_matches(ours, expected, kv_dtype)
+    assert_matches(tuple(caches), tuple(expected_caches), kv_dtype)  # the new tokens' k and v, stored
+
+
 def linear_weight(n: int, k: int, weight_dtype: torch.dtype, device: str, block_k: int = 128) -> tuple:
     """(weight, scales, block_k) of a random weight in the format: FP8 and int8 from uniformly random bit
     patterns (every FP8 normal, subnormal and zero; no NaN)."""
@@ -212,6 +239,8 @@ def kernel_cases() -> list:
                                    id=f"qk_norm_rope_store-{d}{kv_id}-{c[:4]}-{'yarn' if c[4] else 'plain'}") for c in QK_CASES]
             cases += [pytest.param(run_attention, dtype, (b, h, kv), id=f"attention-{d}{kv_id}-{b[0]}x{b[1]}-{h}")
                       for b in ATTENTION_BATCHES for h in ATTENTION_HEADS]
+            cases += [pytest.param(run_qkv_attention, dtype, (b, h, kv), id=f"qkv_attention-{d}{kv_id}-{b[0]}x{b[1]}-{h}")
+                      for b in QKV_ATTENTION_BATCHES for h in QKV_ATTENTION_HEADS]
         cases += [pytest.param(run_linear, dtype, (s, w), id=f"linear-{d}-{str(w).split('.')[-1]}-{s}")
                   for w in WEIGHT_DTYPES for s in LINEAR_SHAPES]
         cases += [pytest.param(run_linear, dtype, ((20, 301, 70), torch.int8, b), id=f"linear-{d}-int8-blocks_of_{b}")

@@ -18,6 +18,7 @@ from mojo_kernels.core.activations import (
 )
 from mojo_kernels.core.attention.common import check_attention
 from mojo_kernels.core.attention.cpu import attention_cpu
+from mojo_kernels.core.attention.qkv_attention import check_qkv_attention, qkv_attention_cpu
 from mojo_kernels.core.linear import check_linear, check_linear_tiled, linear_cpu, I8_TILED
 from mojo_kernels.core.normalization import check_norm, norm_rows_cpu
 from mojo_kernels.core.qk_norm_rope import check_qk_norm_rope_store, qk_norm_rope_store_cpu
@@ -214,6 +215,30 @@ def qk_norm_rope_store[dtype: DType, cache_type: DType](mut args: Args) raises:
                                       k_cache.dims[2], q.dims[2])
 
 
+def qkv_attention[dtype: DType, cache_type: DType](mut args: Args) raises:
+    var runner = OpenMP(args.int())
+    var output, qkv = args.tensor[dtype, 3](), args.tensor[dtype, 2]()
+    var q_norm, k_norm = args.tensor[dtype, 1](), args.tensor[dtype, 1]()
+    var eps = _scalar(args)
+    var positions, inv_freq = args.tensor[I32, 1](), args.tensor[F32, 1]()
+    var rope_scale = _scalar(args)
+    var k_cache, v_cache, slots = args.tensor[cache_type, 4](), args.tensor[cache_type, 4](), args.tensor[I32, 1]()
+    var page_table, context_lens, query_start = args.tensor[I32, 2](), args.tensor[I32, 1](), args.tensor[I32, 1]()
+    var scale = _scalar(args)
+    args.done("qkv_attention")
+    var tokens, batch = qkv.dims[0], context_lens.dims[0]
+    check_qkv_attention(tokens, qkv.dims[1], output.dims[0], output.dims[1], output.dims[2], k_cache.dims[2],
+                        k_cache.dims[3], k_cache.size(), v_cache.size(), q_norm.dims[0], k_norm.dims[0],
+                        positions.dims[0], inv_freq.dims[0], slots.dims[0], batch, page_table.dims[0], query_start.dims[0])
+    if tokens > 0:  # attention on Mojo's threads, as paged_attention
+        qkv_attention_cpu[dtype, cache_type](
+            runner, None, output.ptr(), k_cache.ptr(), v_cache.ptr(), qkv.ptr(), q_norm.ptr(), k_norm.ptr(), eps,
+            positions.ptr(), inv_freq.ptr(), rope_scale, slots.ptr(), page_table.ptr(), context_lens.ptr(),
+            query_start.ptr(), scale, tokens, batch, page_table.dims[1], output.dims[1], k_cache.dims[2],
+            output.dims[2], k_cache.dims[1],
+        )
+
+
 def linear[a_type: DType, w_type: DType](mut args: Args) raises:
     var runner = OpenMP(args.int())
     var y, x, w = args.tensor[a_type, 2](), args.tensor[a_type, 2](), args.tensor[w_type, 2]()
@@ -269,6 +294,9 @@ def _add_ops(mut m: PythonModuleBuilder) raises:
     m.def_py_c_function(_fastcall[paged_attention[DType.float32, DType.float32]], "paged_attention_float32")
     m.def_py_c_function(_fastcall[paged_attention[DType.bfloat16, DType.bfloat16]], "paged_attention_bfloat16")
     m.def_py_c_function(_fastcall[paged_attention[DType.float32, DType.bfloat16]], "paged_attention_float32_kv_bfloat16")
+    m.def_py_c_function(_fastcall[qkv_attention[DType.float32, DType.float32]], "qkv_attention_float32")
+    m.def_py_c_function(_fastcall[qkv_attention[DType.bfloat16, DType.bfloat16]], "qkv_attention_bfloat16")
+    m.def_py_c_function(_fastcall[qkv_attention[DType.float32, DType.bfloat16]], "qkv_attention_float32_kv_bfloat16")
     m.def_py_c_function(_fastcall[linear[DType.float32, DType.float32]], "linear_float32_float32")
     m.def_py_c_function(_fastcall[linear[DType.float32, DType.bfloat16]], "linear_float32_bfloat16")
     m.def_py_c_function(_fastcall[linear[DType.float32, DType.uint8]], "linear_float32_uint8")

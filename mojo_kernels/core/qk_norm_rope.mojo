@@ -130,6 +130,17 @@ def _qk_norm_rope_store_gpu[dtype: DType, cache_type: DType](
             k_cache.unsafe_store(y + i + half, y2.cast[cache_type]())
 
 
+def qk_norm_rope_store_gpu[dtype: DType, cache_type: DType](
+    ctx: DeviceContext, q: Ptr[dtype], k_cache: Ptr[cache_type], v_cache: Ptr[cache_type], qkv: Ptr[dtype],
+    q_norm: Ptr[dtype], k_norm: Ptr[dtype], pos: Ptr[DType.int32], inv_freq: Ptr[F32], slots: Ptr[DType.int32],
+    eps: Ptr[F32], scale: Ptr[F32], tokens: Int, q_heads: Int, k_heads: Int, head_dim: Int,
+) raises:
+    ctx.enqueue_function[_qk_norm_rope_store_gpu[dtype, cache_type]](
+        q, k_cache, v_cache, qkv, q_norm, k_norm, pos, inv_freq, slots, eps, scale, Int32(q_heads), Int32(k_heads),
+        Int32(head_dim), grid_dim=(tokens, ceildiv(q_heads + 2 * k_heads, QK_WARPS)), block_dim=QK_WARPS * WARP_SIZE,
+    )
+
+
 def check_qk_norm_rope_store(tokens: Int, qkv_cols: Int, q_tokens: Int, q_heads: Int, head_dim: Int, k_heads: Int,
                              cache_head_dim: Int, q_norm_size: Int, k_norm_size: Int, num_positions: Int,
                              inv_freq_size: Int, num_slots: Int) raises:
@@ -175,9 +186,8 @@ struct QkNormRopeStore:
                 q_heads, k_heads, head_dim,
             )
         else:
-            ctx.enqueue_function[_qk_norm_rope_store_gpu[dtype, cache_type]](
-                q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), qkv.unsafe_ptr(), q_norm.unsafe_ptr(),
+            qk_norm_rope_store_gpu[dtype, cache_type](
+                ctx, q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), qkv.unsafe_ptr(), q_norm.unsafe_ptr(),
                 k_norm.unsafe_ptr(), positions.unsafe_ptr(), inv_freq.unsafe_ptr(), slot_mapping.unsafe_ptr(),
-                eps.unsafe_ptr(), scale.unsafe_ptr(), Int32(q_heads), Int32(k_heads), Int32(head_dim),
-                grid_dim=(tokens, ceildiv(q_heads + 2 * k_heads, QK_WARPS)), block_dim=QK_WARPS * WARP_SIZE,
+                eps.unsafe_ptr(), scale.unsafe_ptr(), tokens, q_heads, k_heads, head_dim,
             )

@@ -98,10 +98,16 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
             else:
                 x, residual = mili.fused_add_rms_norm(hidden, residual, w[p + "input_norm"], c.rms_norm_eps)
             qkv = linear(x, p + "qkv_proj", w.get(p + "qkv_bias"))
-            # q/k slices, head norms, RoPE and the KV store in one op: one dispatch on a CPU, one launch on a GPU
-            q = mili.qk_norm_rope_store(qkv, w[p + "q_norm"], w[p + "k_norm"], c.rms_norm_eps, positions, inv_freq,
-                                        rope_scale, k_caches[i], v_caches[i], slots)
-            o = mili.paged_attention(q, k_caches[i], v_caches[i], page_table, context_lens, query_start, c.head_dim**-0.5)
+            # q/k slices, head norms, RoPE and the KV store in one op, and with the flash kernels attention too: on
+            # a GPU a decode step's in one kernel
+            norm_rope_store = (qkv, w[p + "q_norm"], w[p + "k_norm"], c.rms_norm_eps, positions, inv_freq, rope_scale,
+                               k_caches[i], v_caches[i], slots)
+            attention = (page_table, context_lens, query_start, c.head_dim**-0.5)
+            if mili.FLASH_ATTENTION:
+                o = mili.qkv_attention(*norm_rope_store, *attention)
+            else:
+                q = mili.qk_norm_rope_store(*norm_rope_store)
+                o = mili.paged_attention(q, k_caches[i], v_caches[i], *attention)
             hidden = linear(ops.reshape(o, [-1, q_size]), p + "o_proj")
             x, residual = mili.fused_add_rms_norm(hidden, residual, w[p + "post_attention_norm"], c.rms_norm_eps)
             hidden = linear(mili.silu_and_mul(linear(x, p + "gate_up_proj")), p + "down_proj")

@@ -4,16 +4,20 @@
 # keys per warp); the group sums its partial dot products with warp shuffles, and every group keeps its own online
 # softmax over the keys it read. The groups' states are merged through shared memory; with several splits, the
 # splits' states go to `partial` for gpu.mojo's merge kernel (same layout as the general kernel's).
-# The op `mili_paged_attention_flash` (paged_attention.mojo), the default on a GPU.
+# Used by the ops `mili_paged_attention_flash` (paged_attention.mojo) and `mili_qkv_attention` (qkv_attention.mojo),
+# which hands it the fused projection's output qkv instead of q: each block then norms and rotates its query heads
+# itself, and the block whose split holds the token's own key norms, rotates and stores the token's K and V first
+# (qk_norm_rope_store's work, without a kernel of its own).
 from max.gpu.host import DeviceContext
 from max.gpu import thread_idx, block_idx, WARP_SIZE
 from max.gpu.primitives import warp
 from max.gpu.sync import barrier
-from std.math import ceildiv, exp
+from std.math import ceildiv, cos, exp, rsqrt, sin
 from std.memory import stack_allocation
 from std.sys import size_of
 
-from ...utils.types import F32, Ptr, GPU_BLOCK, load_f32
+from ...utils.types import addr, ptr, Addr, F32, Ptr, GPU_BLOCK, load_f32
+from ..rope import _reduced_angle
 from .common import token_offset
 from .gpu import merge_splits_gpu
 
@@ -21,8 +25,9 @@ comptime DECODE_THREADS = 128
 comptime DECODE_WARPS = DECODE_THREADS // WARP_SIZE
 comptime DECODE_MAX_HEAD_DIM = 256
 comptime DECODE_BUSY_BLOCKS = 528
-"""Blocks (sequence x KV head x split) an H100 runs at once: 132 SMs x 4 (the kernel's 90 registers a thread leave
-room for 5 blocks of 128 threads). More splits than that would only add a second, partial wave and a merge."""
+"""Blocks (sequence x KV head x split) an H100 runs at once: 132 SMs x 4 (Qwen3's shape, bfloat16, 2 query heads a KV
+head: the kernel's 125 registers a thread leave room for 4 blocks of 128 threads). More splits than that would only
+add a second, partial wave and a merge."""
 comptime DECODE_SPLIT_KEYS = 64
 """The fewest keys per split."""
 comptime DECODE_MAX_SPLITS = 64
@@ -37,13 +42,15 @@ def decode_vector[cache_type: DType]() -> Int:
     return 16 // size_of[cache_type]()
 
 
-def decode_supported[cache_type: DType](head_dim: Int, group: Int) -> Bool:
+def decode_supported[cache_type: DType](head_dim: Int, group: Int, from_qkv: Bool = False) -> Bool:
     """Whether the split-KV decode kernel takes this shape: a row in 1-32 lanes of 16 bytes (a power of two), and
-    1, 2, 4 or 8 query heads per KV head (their state is kept in registers)."""
+    1, 2, 4 or 8 query heads per KV head (their state is kept in registers). From qkv, a row spans 2 lanes at least:
+    RoPE pairs element i with i + D/2, held by the lane lanes/2 away."""
     comptime VEC = decode_vector[cache_type]()
     var lanes = head_dim // VEC
     var pow2 = lanes > 0 and (lanes & (lanes - 1)) == 0
-    return head_dim % VEC == 0 and pow2 and lanes <= WARP_SIZE and group in (1, 2, 4, 8)
+    var fits = head_dim % VEC == 0 and pow2 and lanes <= WARP_SIZE and group in (1, 2, 4, 8)
+    return fits and (lanes >= 2 or not from_qkv)
 
 
 def decode_splits(batch: Int, kv_heads: Int, max_keys: Int) -> Int:
@@ -51,6 +58,30 @@ def decode_splits(batch: Int, kv_heads: Int, max_keys: Int) -> Int:
     of them, none at large ones (batch 64 of 8 KV heads: 512 blocks, unsplit). max_keys bounds every context (the
     contexts themselves are on the GPU)."""
     return max(1, min(DECODE_MAX_SPLITS, max_keys // DECODE_SPLIT_KEYS, DECODE_BUSY_BLOCKS // (batch * kv_heads)))
+
+
+struct QkvRope[dtype: DType](ImplicitlyCopyable):
+    """What the decode kernel needs to take the fused projection's output qkv[T, (Hq + 2 Hk) * D] in place of q (as
+    qk_norm_rope_store's inputs): the q and k norms' weights and epsilon, the tokens' positions, RoPE's inverse
+    frequencies and cos/sin scale, and the tokens' cache slots (a negative one: K and V not stored)."""
+
+    var q_norm: Addr[Self.dtype]
+    var k_norm: Addr[Self.dtype]
+    var eps: Addr[F32]
+    var positions: Addr[DType.int32]
+    var inv_freq: Addr[F32]
+    var rope_scale: Addr[F32]
+    var slots: Addr[DType.int32]
+
+    def __init__(out self, q_norm: Ptr[Self.dtype], k_norm: Ptr[Self.dtype], eps: Ptr[F32], positions: Ptr[DType.int32],
+                 inv_freq: Ptr[F32], rope_scale: Ptr[F32], slots: Ptr[DType.int32]):
+        self.q_norm, self.k_norm, self.eps, self.positions = addr(q_norm), addr(k_norm), addr(eps), addr(positions)
+        self.inv_freq, self.rope_scale, self.slots = addr(inv_freq), addr(rope_scale), addr(slots)
+
+    @staticmethod
+    def unread(q: Ptr[Self.dtype], floats: Ptr[F32], ints: Ptr[DType.int32]) -> Self:
+        """For a kernel that reads q: stand-ins it never reads (a Pointer cannot be null)."""
+        return Self(q, q, floats, ints, floats, floats, ints)
 
 
 @always_inline
@@ -72,6 +103,35 @@ def _per_head[group: Int, VEC: Int](x: SIMD[F32, group]) -> SIMD[F32, group * VE
 
 
 @always_inline
+def _norm_rope_part[dtype: DType, VEC: Int](
+    qkv: Ptr[dtype], row: Int, weight: Ptr[dtype], part: Int, lanes: Int, d: Int, eps: Float32, inv_freq: Ptr[F32],
+    position: Float32, rope_scale: Float32,
+) -> SIMD[dtype, VEC]:
+    """Elements part ..< part + VEC of the head at qkv[row ..< row + d], normed and rotated as qk_norm_rope_store
+    does (rounded to dtype after each step), by the `lanes` threads that hold the row (every thread of the warp
+    calls it). Element i of the first half pairs with i + d/2, in the thread lanes/2 away."""
+    var x = load_f32[dtype, VEC](qkv, row + part)
+    var squares = (x * x).reduce_add()
+    var offset = 1
+    while offset < lanes:
+        squares += warp.shuffle_xor(squares, UInt32(offset))
+        offset *= 2
+    var inv = rsqrt(squares / Float32(d) + eps)
+    var normed = (x * inv * load_f32[dtype, VEC](weight, part)).cast[dtype]().cast[F32]()
+    var other = _shuffle_xor(normed, lanes // 2)
+    var half = d // 2
+    var out = SIMD[F32, VEC](0)
+    comptime for i in range(VEC):
+        var angle = _reduced_angle(inv_freq.unsafe_load(part % half + i) * position)
+        var c, s = cos(angle) * rope_scale, sin(angle) * rope_scale
+        if part < half:  # x1 * c - x2 * s, x1 this thread's
+            out[i] = normed[i] * c - other[i] * s
+        else:  # x2 * c + x1 * s, x2 this thread's
+            out[i] = normed[i] * c + other[i] * s
+    return out.cast[dtype]()
+
+
+@always_inline
 def _combine[group: Int, VEC: Int](
     mut m: SIMD[F32, group], mut l: SIMD[F32, group], mut acc: SIMD[F32, group * VEC],
     m_o: SIMD[F32, group], l_o: SIMD[F32, group], acc_o: SIMD[F32, group * VEC],
@@ -85,13 +145,15 @@ def _combine[group: Int, VEC: Int](
     m = m_new
 
 
-def _decode_attention_gpu[dtype: DType, cache_type: DType, group: Int](
+def _decode_attention_gpu[dtype: DType, cache_type: DType, group: Int, from_qkv: Bool](
     output: Ptr[dtype], partial: Ptr[F32], q: Ptr[dtype], k_cache: Ptr[cache_type], v_cache: Ptr[cache_type],
     page_table: Ptr[DType.int32], context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale_ptr: Ptr[F32],
-    max_pages: Int32, kv_heads: Int32, head_dim: Int32, page_size: Int32, splits: Int32,
+    q_norm: Ptr[dtype], k_norm: Ptr[dtype], eps_ptr: Ptr[F32], positions: Ptr[DType.int32], inv_freq: Ptr[F32],
+    rope_scale_ptr: Ptr[F32], cache_slots: Ptr[DType.int32], max_pages: Int32, kv_heads: Int32, head_dim: Int32,
+    page_size: Int32, splits: Int32,
 ):
     """Block (b, g, split): sequence b's one query token, the `group` query heads of KV head g, split `split` of
-    its keys."""
+    its keys. from_qkv: q is qkv, and q_norm ..< cache_slots are QkvRope's (else unused)."""
     comptime VEC = decode_vector[cache_type]()
     var b = Int(block_idx.x)
     var g = Int(block_idx.y)
@@ -112,8 +174,29 @@ def _decode_attention_gpu[dtype: DType, cache_type: DType, group: Int](
     var scale = scale_ptr.unsafe_load(0)
     # this thread's elements of every query head of the group (head h in lanes h * VEC ..), and their accumulators
     var qv = SIMD[F32, group * VEC](0)
-    comptime for h in range(group):
-        qv = qv.insert[offset = h * VEC](load_f32[dtype, VEC](q, (t * hq + g * group + h) * d + part) * scale)
+    comptime if from_qkv:
+        var qkv_row = t * (hq + 2 * hk) * d
+        var eps, rope_scale = eps_ptr.unsafe_load(0), rope_scale_ptr.unsafe_load(0)
+        var position = positions.unsafe_load(t).cast[F32]()
+        comptime for h in range(group):
+            var head = _norm_rope_part[dtype, VEC](q, qkv_row + (g * group + h) * d, q_norm, part, lanes, d, eps,
+                                                   inv_freq, position, rope_scale)
+            qv = qv.insert[offset = h * VEC](head.cast[F32]() * scale)
+        # the token's own key is its sequence's last: the block whose split holds it stores K and V, then reads them
+        # back with the rest (its threads' global writes are visible to the block after the barrier)
+        var cache_slot = Int(cache_slots.unsafe_load(t))
+        if k_begin < n and k_end == n and cache_slot >= 0:
+            var k_row = qkv_row + (hq + g) * d
+            var k_new = _norm_rope_part[dtype, VEC](q, k_row, k_norm, part, lanes, d, eps, inv_freq, position,
+                                                    rope_scale)
+            if tid < lanes:
+                var dst = (cache_slot * hk + g) * d + part
+                k_cache.unsafe_store(dst, k_new.cast[cache_type]())
+                v_cache.unsafe_store(dst, q.unsafe_load[width=VEC](k_row + hk * d + part).cast[cache_type]())
+        barrier()
+    else:
+        comptime for h in range(group):
+            qv = qv.insert[offset = h * VEC](load_f32[dtype, VEC](q, (t * hq + g * group + h) * d + part) * scale)
     # a state that saw no key: max MIN_FINITE (not -inf: merging two such states must not give -inf - -inf = nan)
     var m = SIMD[F32, group](Float32.MIN_FINITE)
     var l = SIMD[F32, group](0)
@@ -196,42 +279,40 @@ def _decode_attention_gpu[dtype: DType, cache_type: DType, group: Int](
                 partial.unsafe_store(dst + d + 1, l_all)
 
 
-def _enqueue_decode[dtype: DType, cache_type: DType, group: Int](
+def _enqueue_decode[dtype: DType, cache_type: DType, group: Int, from_qkv: Bool](
     ctx: DeviceContext, output: Ptr[dtype], partial: Ptr[F32], q: Ptr[dtype], k_cache: Ptr[cache_type],
     v_cache: Ptr[cache_type], page_table: Ptr[DType.int32], context_lens: Ptr[DType.int32],
-    query_start: Ptr[DType.int32], scale: Ptr[F32], batch: Int, max_pages: Int, kv_heads: Int, head_dim: Int,
-    page_size: Int, splits: Int,
+    query_start: Ptr[DType.int32], scale: Ptr[F32], rope: QkvRope[dtype], batch: Int, max_pages: Int, kv_heads: Int,
+    head_dim: Int, page_size: Int, splits: Int,
 ) raises:
-    ctx.enqueue_function[_decode_attention_gpu[dtype, cache_type, group]](
-        output, partial, q, k_cache, v_cache, page_table, context_lens, query_start, scale, Int32(max_pages),
-        Int32(kv_heads), Int32(head_dim), Int32(page_size), Int32(splits),
+    ctx.enqueue_function[_decode_attention_gpu[dtype, cache_type, group, from_qkv]](
+        output, partial, q, k_cache, v_cache, page_table, context_lens, query_start, scale, ptr(rope.q_norm),
+        ptr(rope.k_norm), ptr(rope.eps), ptr(rope.positions), ptr(rope.inv_freq), ptr(rope.rope_scale), ptr(rope.slots),
+        Int32(max_pages), Int32(kv_heads),
+        Int32(head_dim), Int32(page_size), Int32(splits),
         grid_dim=(batch, kv_heads, splits), block_dim=DECODE_THREADS,
     )
 
 
-def decode_attention_gpu[dtype: DType, cache_type: DType](
+def decode_attention_gpu[dtype: DType, cache_type: DType, from_qkv: Bool = False](
     ctx: DeviceContext, output: Ptr[dtype], q: Ptr[dtype], k_cache: Ptr[cache_type], v_cache: Ptr[cache_type],
     page_table: Ptr[DType.int32], context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale: Ptr[F32],
     batch: Int, max_pages: Int, q_heads: Int, kv_heads: Int, head_dim: Int, page_size: Int,
+    rope: Optional[QkvRope[dtype]] = None,
 ) raises:
     """Enqueues the split-KV decode kernel (one query token per sequence; decode_supported shapes), then the
-    merge when the keys are split."""
+    merge when the keys are split. from_qkv: q is the fused projection's output qkv, with `rope`'s inputs (given)."""
     var group = q_heads // kv_heads
     var splits = decode_splits(batch, kv_heads, max_pages * page_size)
     var partial = ctx.enqueue_create_buffer[DType.float32](batch * q_heads * splits * (head_dim + 2) if splits > 1 else 1)
     var p = partial.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
-    if group == 1:
-        _enqueue_decode[dtype, cache_type, 1](ctx, output, p, q, k_cache, v_cache, page_table, context_lens, query_start,
-                                              scale, batch, max_pages, kv_heads, head_dim, page_size, splits)
-    elif group == 2:
-        _enqueue_decode[dtype, cache_type, 2](ctx, output, p, q, k_cache, v_cache, page_table, context_lens, query_start,
-                                              scale, batch, max_pages, kv_heads, head_dim, page_size, splits)
-    elif group == 4:
-        _enqueue_decode[dtype, cache_type, 4](ctx, output, p, q, k_cache, v_cache, page_table, context_lens, query_start,
-                                              scale, batch, max_pages, kv_heads, head_dim, page_size, splits)
-    else:
-        _enqueue_decode[dtype, cache_type, 8](ctx, output, p, q, k_cache, v_cache, page_table, context_lens, query_start,
-                                              scale, batch, max_pages, kv_heads, head_dim, page_size, splits)
+    var qkv_rope = rope.value() if rope else QkvRope[dtype].unread(q, scale, context_lens)
+    comptime for i in range(4):
+        comptime gr = 1 << i
+        if group == gr:
+            _enqueue_decode[dtype, cache_type, gr, from_qkv](ctx, output, p, q, k_cache, v_cache, page_table,
+                                                            context_lens, query_start, scale, qkv_rope, batch, max_pages,
+                                                            kv_heads, head_dim, page_size, splits)
     if splits > 1:
         ctx.enqueue_function[merge_splits_gpu[dtype]](
             output, p, Int32(q_heads), Int32(head_dim), Int32(splits), grid_dim=(batch, q_heads), block_dim=GPU_BLOCK,

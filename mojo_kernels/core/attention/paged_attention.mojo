@@ -10,7 +10,7 @@ from extensibility import _MutableInputTensor as MutableInputTensor
 from max.gpu.host import DeviceContext
 
 from ...utils.parallel import CpuContext
-from ...utils.types import Ptr
+from ...utils.types import F32, Ptr
 from .common import check_attention
 from .cpu import attention_cpu
 from .gpu import attention_gpu
@@ -47,29 +47,36 @@ def _paged_attention[dtype: DType, cache_type: DType, //, target: StaticString, 
             q_heads, kv_heads, head_dim, page_size, rebind[CpuContext](ctx),
         )
         return
-    comptime if flash:
-        # every sequence has exactly one query token when there are as many tokens as sequences
-        if tokens == batch and decode_supported[cache_type](head_dim, q_heads // kv_heads):
-            decode_attention_gpu[dtype, cache_type](
-                ctx, output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(),
-                page_table.unsafe_ptr(), context_lens.unsafe_ptr(), query_start.unsafe_ptr(), scale.unsafe_ptr(), batch,
-                max_pages, q_heads, kv_heads, head_dim, page_size,
-            )
-            return
-        comptime if dtype == DType.bfloat16 and cache_type == DType.bfloat16:
-            if tokens > batch and prefill_supported[dtype, cache_type](head_dim, q_heads // kv_heads):
-                prefill_attention_gpu(
-                    ctx, rebind[Ptr[DType.bfloat16]](output.unsafe_ptr()), rebind[Ptr[DType.bfloat16]](q.unsafe_ptr()),
-                    rebind[Ptr[DType.bfloat16]](k_cache.unsafe_ptr()), rebind[Ptr[DType.bfloat16]](v_cache.unsafe_ptr()),
-                    page_table.unsafe_ptr(), context_lens.unsafe_ptr(), query_start.unsafe_ptr(), scale.unsafe_ptr(),
-                    tokens, batch, max_pages, q_heads, kv_heads, head_dim, page_size,
-                )
-                return
-    attention_gpu[dtype, cache_type](
+    attention_on_gpu[flash](
         ctx, output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), page_table.unsafe_ptr(),
         context_lens.unsafe_ptr(), query_start.unsafe_ptr(), scale.unsafe_ptr(), tokens, batch, max_pages, q_heads,
         kv_heads, head_dim, page_size,
     )
+
+
+def attention_on_gpu[dtype: DType, cache_type: DType, //, flash: Bool](
+    ctx: DeviceContext, output: Ptr[dtype], q: Ptr[dtype], k_cache: Ptr[cache_type], v_cache: Ptr[cache_type],
+    page_table: Ptr[DType.int32], context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale: Ptr[F32],
+    tokens: Int, batch: Int, max_pages: Int, q_heads: Int, kv_heads: Int, head_dim: Int, page_size: Int,
+) raises:
+    """Enqueues the op's GPU kernels (checked shapes, tokens > 0)."""
+    comptime if flash:
+        # every sequence has exactly one query token when there are as many tokens as sequences
+        if tokens == batch and decode_supported[cache_type](head_dim, q_heads // kv_heads):
+            decode_attention_gpu[dtype, cache_type](ctx, output, q, k_cache, v_cache, page_table, context_lens,
+                                                    query_start, scale, batch, max_pages, q_heads, kv_heads, head_dim,
+                                                    page_size)
+            return
+        comptime if dtype == DType.bfloat16 and cache_type == DType.bfloat16:
+            if tokens > batch and prefill_supported[dtype, cache_type](head_dim, q_heads // kv_heads):
+                prefill_attention_gpu(
+                    ctx, rebind[Ptr[DType.bfloat16]](output), rebind[Ptr[DType.bfloat16]](q),
+                    rebind[Ptr[DType.bfloat16]](k_cache), rebind[Ptr[DType.bfloat16]](v_cache), page_table,
+                    context_lens, query_start, scale, tokens, batch, max_pages, q_heads, kv_heads, head_dim, page_size,
+                )
+                return
+    attention_gpu[dtype, cache_type](ctx, output, q, k_cache, v_cache, page_table, context_lens, query_start, scale,
+                                     tokens, batch, max_pages, q_heads, kv_heads, head_dim, page_size)
 
 
 @register("mili_paged_attention")
