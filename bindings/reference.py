@@ -174,22 +174,10 @@ def qk_norm_rope_store(
     return q
 
 
-def qkv_attention(
-    qkv: torch.Tensor,
-    q_norm: torch.Tensor,
-    k_norm: torch.Tensor,
-    eps: float,
-    positions: torch.Tensor,
-    inv_freq: torch.Tensor,
-    rope_scale: float,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    page_table: torch.Tensor,
-    context_lens: torch.Tensor,
-    query_start: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
+def qkv_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float, positions: torch.Tensor,
+                  inv_freq: torch.Tensor, rope_scale: float, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  slot_mapping: torch.Tensor, page_table: torch.Tensor, context_lens: torch.Tensor,
+                  query_start: torch.Tensor, scale: float) -> torch.Tensor:
     """Qwen3's attention from the fused projection qkv: qk_norm_rope_store (k and v stored into the caches), then
     paged_attention of its q."""
     q = qk_norm_rope_store(qkv, q_norm, k_norm, eps, positions, inv_freq, rope_scale, k_cache, v_cache, slot_mapping)
