@@ -20,7 +20,9 @@ Scalar = Union[float, TensorValue]
 FLASH_ATTENTION = os.environ.get("MILI_GPU_FLASH_ATTENTION") != "0"
 """On a GPU, attention takes the split-KV decode kernel and the tensor-core FlashAttention-2 kernel (the op
 mili_paged_attention_flash): the default since they passed every attention case of tests/gpu on an H100
-(2026-11-26). MILI_GPU_FLASH_ATTENTION=0 takes the plain kernels (a block per query token and head)."""
+(2026-11-26); the model graph then runs qkv_attention, which on a GPU also folds qk_norm_rope_store into the decode
+kernel. MILI_GPU_FLASH_ATTENTION=0 takes the plain kernels (a block per query token and head), and the model graph
+the two ops apart (on a CPU both graphs run the same kernels)."""
 
 
 def _f32(value: Scalar, like: TensorValue) -> TensorValue:
