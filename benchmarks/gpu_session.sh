@@ -59,8 +59,8 @@ run() {  # run NAME LIMIT COMMAND...: log to $log_dir/NAME.log; skipped when the
 
 e2e_kernels() {  # for e2e and profile: flash=1 (the flash kernels), 0 where this lease's tests step failed a flash
   # kernel case, of attention or of qkv_attention (then they time the plain ones and the two ops apart; E2E_FLASH
-  # chooses); and MILI_GPU_PREFILL_PAIRS=0 (one row tile a
-  # prefill block) where it failed a case of the prefill kernel with two, unless set already
+  # chooses); and MILI_GPU_PREFILL_PAIRS=0 (one row tile a prefill block) where it failed a case of the prefill
+  # kernel with two, unless set already
   if [ -n "${E2E_FLASH:-}" ]; then flash=$E2E_FLASH
   elif grep -Eq "^FAILED tests/gpu/test_gpu_ops.py::test_op_matches_reference_on_gpu\[(qkv_)?attention" \
     "$log_dir/tests.log" 2>/dev/null; then flash=0
