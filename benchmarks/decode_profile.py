@@ -18,6 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 from common import model_path, print_table, write_json
 from e2e_systems import kv_pages_for, load_mili
 
+from bindings import graph
 from python_layer import InferenceEngine, SamplingParams
 
 TOP = 12
@@ -44,12 +45,19 @@ def profile_batch(engine: InferenceEngine, batch: int, args: argparse.Namespace)
     kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0]
     kernels.sort(key=lambda e: -e.device_time_total)
     busy_us = sum(e.device_time_total for e in kernels)
-    summary = dict(batch=batch, context=args.context, steps=args.steps, overlap=engine.overlap,
+    summary = dict(batch=batch, context=args.context, steps=args.steps, overlap=engine.overlap, attention=attention_graph(),
                    wall_ms_per_step=wall / args.steps * 1e3, device_busy_ms_per_step=busy_us / args.steps / 1e3,
                    busy_fraction=busy_us / 1e6 / wall, kernels_per_step=sum(e.count for e in kernels) / args.steps)
     top = [dict(batch=batch, kernel=e.key[:70], calls_per_step=e.count / args.steps,
                 us_per_step=e.device_time_total / args.steps, share=e.device_time_total / busy_us) for e in kernels[:TOP]]
     return summary, top
+
+
+def attention_graph() -> str:
+    """How the model graph runs attention (bindings/graph.py's settings)."""
+    if not graph.FLASH_ATTENTION:
+        return "plain kernels, two ops"
+    return "flash kernels, " + ("one op (qkv_attention)" if graph.QKV_ATTENTION else "two ops")
 
 
 def main(argv: list[str] | None = None) -> int:

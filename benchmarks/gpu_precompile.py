@@ -5,7 +5,9 @@ MAX's cache key holds the kernel package's path.
 
 The graphs: Qwen3-0.6B's shape in bfloat16 (the end-to-end runs, the decode profile), the tests' tiny model in
 bfloat16 (tests/gpu/test_decode_graphs.py, the bfloat16 parity test) and the parity shapes in float32
-(tests/integration/test_parity.py -k cuda), each built from a model loaded on the CPU with the reference backend,
+(tests/integration/test_parity.py -k cuda), the 0.6B one in bfloat16 and the tiny one in float32 again with
+qk_norm_rope_store and attention as two ops (MILI_GPU_QKV_ATTENTION=0: gpu_session.sh's profile-two-ops and
+fallback, the one-op parity test), each built from a model loaded on the CPU with the reference backend,
 whose weights have the layout they have on a GPU (no CPU tiling); and every op's graph in both dtypes, as
 tests/gpu/test_gpu_ops.py's cases load them (bindings/ops.py CompiledOp.compiled); the kernel benchmark's
 attention graphs (compile_attention_bench_graphs); and MAX's own Qwen3 pipeline as the e2e step starts it, by its
@@ -19,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -32,17 +35,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import model_path  # noqa: E402
 
-from bindings import library, ops  # noqa: E402
+from bindings import graph as graph_settings, library, ops  # noqa: E402
 from python_layer.model.loader import load_model  # noqa: E402
 from python_layer.model.qwen3_graph import graph_weights, model_graph  # noqa: E402
 from python_layer.model.random_checkpoint import TINY, build_random_checkpoint  # noqa: E402
 from tests.conftest import PARITY_SHAPES  # noqa: E402
 
 
-def compile_for_gpu(path: Path | str, dtype: str) -> float:
-    """Compiles the graph that load_model(path, device="cuda", dtype=dtype) loads; returns the seconds it took."""
+def compile_for_gpu(path: Path | str, dtype: str, qkv_attention: bool = True) -> float:
+    """Compiles the graph that load_model(path, device="cuda", dtype=dtype) loads (with MILI_GPU_QKV_ATTENTION=0
+    where qkv_attention is false); returns the seconds it took."""
     model = load_model(path, device="cpu", dtype=dtype, backend="reference")
-    graph = model_graph(model, graph_weights(model), "cuda:0")
+    with mock.patch.object(graph_settings, "QKV_ATTENTION", qkv_attention):
+        graph = model_graph(model, graph_weights(model), "cuda:0")
     started = time.perf_counter()
     library.session("cuda:0").compile(graph)
     return time.perf_counter() - started
@@ -92,12 +97,15 @@ def compile_max_pipeline(max_python: str) -> float:
 
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
-        graphs = [(model_path(None), "bfloat16", "Qwen3-0.6B shape")]
-        graphs.append((build_random_checkpoint(Path(tmp) / "tiny", **TINY), "bfloat16", "tests' tiny model"))
+        tiny = build_random_checkpoint(Path(tmp) / "tiny", **TINY)
+        graphs = [(model_path(None), "bfloat16", "Qwen3-0.6B shape", True), (tiny, "bfloat16", "tests' tiny model", True)]
         for name, shape in sorted(PARITY_SHAPES.items()):
-            graphs.append((build_random_checkpoint(Path(tmp) / name, **shape), "float32", f"parity {name}"))
-        for path, dtype, what in graphs:
-            print(f"{what}, {dtype}: compiled for sm_90 in {compile_for_gpu(path, dtype):.1f} s", flush=True)
+            graphs.append((build_random_checkpoint(Path(tmp) / name, **shape), "float32", f"parity {name}", True))
+        # qk_norm_rope_store and attention apart: the decode profile's A/B, e2e's fallback, the one-op parity test
+        graphs += [(model_path(None), "bfloat16", "Qwen3-0.6B shape, two ops", False),
+                   (tiny, "float32", "tests' tiny model, two ops", False)]
+        for path, dtype, what, one_op in graphs:
+            print(f"{what}, {dtype}: compiled for sm_90 in {compile_for_gpu(path, dtype, one_op):.1f} s", flush=True)
     started = time.perf_counter()
     print(f"{compile_op_graphs()} op graphs compiled for sm_90 in {time.perf_counter() - started:.1f} s", flush=True)
     started = time.perf_counter()

@@ -2,7 +2,8 @@
 # Everything MILI checks on a GPU machine, in one run that fits a lease: unpack the kit, build, the GPU kernel
 # tests, the model on the GPU against transformers, the kernel benchmark against PyTorch's own GPU ops, and end to
 # end against MAX's own Qwen3 pipeline and transformers (then benchmarks/results/gpu-summary.json).
-# Usage: benchmarks/gpu_session.sh [STEP...]   (default: setup build tests attention-bench e2e profile model e2e-rest)
+# Usage: benchmarks/gpu_session.sh [STEP...]
+#   (default: setup build tests attention-bench e2e profile model profile-two-ops e2e-rest)
 #   setup        unpack benchmarks/device_kit.sh's parts (carried now in .devkit/pN, or before to /tmp/mili-kit/parts)
 #   build        load the kernel package (precompiled here: carry .modular_cache/mili_kernels)
 #   tests        tests/gpu: every kernel case on cuda (attention through the flash kernels, the default, with two
@@ -20,6 +21,8 @@
 #                graphs), then the summary again: each system's figures from its newest run of the lease
 #   profile      where a decode step's time goes at batch 1 and 64 (benchmarks/decode_profile.py: kernels, device
 #                busy time against the step's wall time), with the kernels e2e used
+#   profile-two-ops  the same with the flash kernels and qk_norm_rope_store and attention as two ops
+#                (MILI_GPU_QKV_ATTENTION=0): the A/B of the decode kernel that norms, rotates and stores q, k, v itself
 # SESSION_SECONDS (default 520): no step starts later than that after the start, and each step's time limit is cut
 # to what is left, so the run ends inside one device call (10 minutes). Logs and JSON go to $GPU_SESSION_LOGS
 # (/tmp/mili-gpu), packed at the end into $OUT/gpu-session.tar.gz, with gpu-summary.json beside it (the device tool
@@ -35,7 +38,7 @@ mkdir -p "$log_dir" "$kit/parts"
 budget=${SESSION_SECONDS:-520}
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=$kit/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-steps=${*:-setup build tests attention-bench e2e profile model e2e-rest}
+steps=${*:-setup build tests attention-bench e2e profile model profile-two-ops e2e-rest}
 # pytest-xdist (on the image): one op (and dtype) per worker, so each graph compiles once and in parallel
 xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12 --dist loadgroup")
 status=0
@@ -57,17 +60,23 @@ run() {  # run NAME LIMIT COMMAND...: log to $log_dir/NAME.log; skipped when the
   [ $rc -eq 0 ] || status=1
 }
 
+failed() {  # failed PATTERN: this lease's tests step failed a test whose id starts so
+  grep -Eq "^FAILED tests/gpu/$1" "$log_dir/tests.log" 2>/dev/null
+}
+
 e2e_kernels() {  # for e2e and profile: flash=1 (the flash kernels), 0 where this lease's tests step failed a flash
-  # kernel case, of attention or of qkv_attention (then they time the plain ones and the two ops apart; E2E_FLASH
-  # chooses); and MILI_GPU_PREFILL_PAIRS=0 (one row tile a prefill block) where it failed a case of the prefill
-  # kernel with two, unless set already
+  # kernel case of attention (then they time the plain ones, and the two ops apart; E2E_FLASH chooses); unless set
+  # already, MILI_GPU_QKV_ATTENTION=0 (the flash kernels, the two ops apart) where it failed a case of the one-op
+  # attention, and MILI_GPU_PREFILL_PAIRS=0 (one row tile a prefill block) where it failed a case of the prefill
+  # kernel with two
   if [ -n "${E2E_FLASH:-}" ]; then flash=$E2E_FLASH
-  elif grep -Eq "^FAILED tests/gpu/test_gpu_ops.py::test_op_matches_reference_on_gpu\[(qkv_)?attention" \
-    "$log_dir/tests.log" 2>/dev/null; then flash=0
+  elif failed "test_gpu_ops.py::test_op_matches_reference_on_gpu\[attention"; then flash=0
   else flash=1
   fi
-  if [ -z "${MILI_GPU_PREFILL_PAIRS:-}" ] && grep -q \
-    "^FAILED tests/gpu/test_gpu_ops.py::test_flash_prefill_with_two_row_tiles_a_block" "$log_dir/tests.log" 2>/dev/null
+  if [ -z "${MILI_GPU_QKV_ATTENTION:-}" ] && failed "test_gpu_ops.py::test_op_matches_reference_on_gpu\[qkv_attention"
+  then export MILI_GPU_QKV_ATTENTION=0
+  fi
+  if [ -z "${MILI_GPU_PREFILL_PAIRS:-}" ] && failed "test_gpu_ops.py::test_flash_prefill_with_two_row_tiles_a_block"
   then export MILI_GPU_PREFILL_PAIRS=0
   fi
 }
@@ -94,14 +103,20 @@ for step in $steps; do
     attention-bench) run attention-bench 300 python3 benchmarks/kernels.py --device cuda --dtype bfloat16 \
                        --only attention,qk_norm_rope_store ;;
     e2e) e2e_kernels
-         summary+=("e2e: MILI's attention kernels $([ "$flash" = 1 ] && echo flash || echo plain)${MILI_GPU_PREFILL_PAIRS:+,\
- MILI_GPU_PREFILL_PAIRS=$MILI_GPU_PREFILL_PAIRS}")
+         summary+=("e2e: MILI's attention kernels $([ "$flash" = 1 ] && echo flash || echo plain)${MILI_GPU_QKV_ATTENTION:+,\
+ MILI_GPU_QKV_ATTENTION=$MILI_GPU_QKV_ATTENTION}${MILI_GPU_PREFILL_PAIRS:+, MILI_GPU_PREFILL_PAIRS=$MILI_GPU_PREFILL_PAIRS}")
          e2e "${E2E_SYSTEMS:-mili,max}" ;;  # what the issue compares first
     e2e-rest) e2e_kernels
               e2e "${E2E_REST_SYSTEMS:-mili-sync,transformers,mili-eager}" ;;
     profile) e2e_kernels
              MILI_GPU_FLASH_ATTENTION=$flash run profile 150 python3 benchmarks/decode_profile.py --device cuda \
                --batches 1,64 ;;
+    profile-two-ops) e2e_kernels
+                     if [ "$flash" = 1 ] && [ -z "${MILI_GPU_QKV_ATTENTION:-}" ]; then
+                       MILI_GPU_QKV_ATTENTION=0 run profile-two-ops 150 python3 benchmarks/decode_profile.py \
+                         --device cuda --batches 1,64
+                     else summary+=("profile-two-ops: not run (e2e did not take the one-op flash attention)")
+                     fi ;;
     *) summary+=("$step: unknown step"); status=1 ;;
   esac
 done

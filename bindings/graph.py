@@ -23,6 +23,10 @@ mili_paged_attention_flash): the default since they passed every attention case 
 (2026-11-26); the model graph then runs qkv_attention, which on a GPU also folds qk_norm_rope_store into the decode
 kernel. MILI_GPU_FLASH_ATTENTION=0 takes the plain kernels (a block per query token and head), and the model graph
 the two ops apart (on a CPU both graphs run the same kernels)."""
+QKV_ATTENTION = os.environ.get("MILI_GPU_QKV_ATTENTION") != "0"
+"""With the flash kernels, the model graph runs qkv_attention (the default); MILI_GPU_QKV_ATTENTION=0 keeps
+qk_norm_rope_store and the flash attention op apart, for an A/B of the two on a GPU, or to step around the one-kernel
+decode path should it fail there."""
 
 
 def _f32(value: Scalar, like: TensorValue) -> TensorValue:

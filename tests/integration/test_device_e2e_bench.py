@@ -19,6 +19,8 @@ import device_e2e  # noqa: E402
 import e2e_systems  # noqa: E402
 import gpu_summary  # noqa: E402
 
+from bindings import graph  # noqa: E402
+
 
 @pytest.fixture
 def small(tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -145,3 +147,9 @@ def test_decode_profile_times_the_decode_steps_of_each_batch(tiny_checkpoint: Pa
     rows = json.loads(path.read_text())["rows"]
     assert [(r["batch"], r["steps"], r["overlap"]) for r in rows] == [(1, 5, True), (3, 5, True)]
     assert all(r["wall_ms_per_step"] > 0 and r["device_busy_ms_per_step"] == 0 for r in rows)
+    assert {r["attention"] for r in rows} == {decode_profile.attention_graph()}
+    for flash, one_op, said in [(True, True, "flash kernels, one op (qkv_attention)"), (True, False, "flash kernels, two ops"),
+                                (False, True, "plain kernels, two ops")]:
+        monkeypatch.setattr(graph, "FLASH_ATTENTION", flash)
+        monkeypatch.setattr(graph, "QKV_ATTENTION", one_op)
+        assert decode_profile.attention_graph() == said

@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import Qwen3ForCausalLM
 
+from bindings import graph
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.attention_metadata import SequenceChunk, build_step_inputs
 from python_layer.model.loader import load_model
@@ -143,3 +144,27 @@ def test_qwen3_0_6b_shape_greedy_matches_transformers(qwen3_0_6b_checkpoint: Pat
         assert out.token_ids == _hf_greedy(hf, prompt, 4)
     logits = _Batch(engine.model, 1).forward([prompts[1]], all_logits=True)
     assert _rel_err(logits, _hf_logits(hf, prompts[1])) < 1e-4
+
+
+@DEVICES
+def test_one_op_attention_graph_equals_two_ops(tiny_checkpoint: Path, device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model graph's qkv_attention against qk_norm_rope_store then the flash attention op
+    (MILI_GPU_QKV_ATTENTION=0), over a prefill and decode steps: on a CPU the same kernels in the same order (equal),
+    on a GPU the decode steps' one kernel against two (the sum of squares of the q/k norms adds in another order)."""
+    if not graph.FLASH_ATTENTION:
+        pytest.skip("MILI_GPU_FLASH_ATTENTION=0: the model graph runs the two ops")
+    logits = []
+    for one_op in (True, False):
+        monkeypatch.setattr(graph, "QKV_ATTENTION", one_op)
+        model = load_model(tiny_checkpoint, device=device, dtype="float32")
+        prompts = _prompts(model.config.vocab_size)
+        batch = _Batch(model, len(prompts))
+        steps = [batch.forward(prompts, all_logits=True)]
+        for t in range(4):  # decode steps: one token per sequence, crossing a page boundary on the way
+            steps.append(batch.forward([[100 + 7 * t + s] for s in range(len(prompts))], all_logits=False))
+        logits.append(steps)
+    for one_op, two_ops in zip(*logits):
+        if device == "cpu":
+            assert torch.equal(one_op, two_ops)
+        else:
+            assert _rel_err(one_op, two_ops) < 1e-4

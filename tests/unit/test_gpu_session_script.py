@@ -74,13 +74,20 @@ def test_end_to_end_times_the_plain_attention_kernels_after_a_flash_kernel_case_
     failed = "FAILED tests/gpu/test_gpu_ops.py::test_op_matches_reference_on_gpu[attention-bfloat16-x]\n"
     (logs / "tests.log").write_text(failed)
     assert "e2e: MILI's attention kernels plain" in _session(tmp_path, "e2e", seconds=0).stdout
-    # the one-op attention of the model graph (the decode kernel norms, rotates and stores q, k, v itself)
+    assert "profile-two-ops: not run (e2e did not take the one-op flash attention)" in _session(
+        tmp_path, "profile-two-ops", seconds=0).stdout
+    # the one-op attention of the model graph (the decode kernel norms, rotates and stores q, k, v itself): the flash
+    # kernels still, the two ops apart
     (logs / "tests.log").write_text(failed.replace("[attention", "[qkv_attention"))
-    assert "e2e: MILI's attention kernels plain" in _session(tmp_path, "e2e", seconds=0).stdout
+    result = _session(tmp_path, "e2e", "profile-two-ops", seconds=0).stdout
+    assert "e2e: MILI's attention kernels flash, MILI_GPU_QKV_ATTENTION=0\n" in result
+    assert "profile-two-ops: not run (e2e did not take the one-op flash attention)" in result
     (logs / "tests.log").write_text("FAILED tests/gpu/test_gpu_ops.py::test_op_matches_reference_on_gpu[relu-x]\n"
                                     "FAILED tests/gpu/test_gpu_ops.py::test_plain_attention_kernels_match_reference_on_gpu"
                                     "[attention-bfloat16-x]\n")
-    assert "e2e: MILI's attention kernels flash" in _session(tmp_path, "e2e", seconds=0).stdout
+    result = _session(tmp_path, "e2e", "profile-two-ops", seconds=0).stdout
+    assert "e2e: MILI's attention kernels flash\n" in result
+    assert "profile-two-ops: not run (session time spent)" in result  # it would run: its budget is spent
 
 
 def test_end_to_end_takes_one_row_tile_a_prefill_block_after_a_case_with_two_failed(tmp_path: Path) -> None:
