@@ -11,7 +11,8 @@
 # Before the lease, here (no GPU needed):
 #   benchmarks/gpu_lease.sh precompile  the graphs the lease loads, compiled for sm_90 in a copy of the checkout at
 #       $LEASE_REPO (MAX's cache key holds the kernel package's path) by benchmarks/gpu_precompile.py, into
-#       .devkit/graphs.tar.xz (compiled graphs shrink ~40x), which `start` unpacks into the run's compile cache
+#       .devkit/graphs.tar.xz (compiled graphs shrink ~40x), which `start` unpacks into the run's compile cache; the
+#       copy's compiled graphs are kept while the kernel package is the same one (~40 minutes on 2 cores from none)
 # The calls of a 15-minute lease (benchmarks/device_kit.sh --peers prints the parts): `start` in the call that
 # carries the site's last part, .modular_cache/mili_kernels and .devkit/graphs.tar.xz, then `wait` with the peers'
 # parts, then `wait` again until the run ends. Between two calls the machine stays only ~30 s.
@@ -59,8 +60,15 @@ case $verb in
     tail -n 60 "$logs/session.log"
     [ -f "$logs/session.rc" ] && echo "the run ended: rc $(cat "$logs/session.rc")" || echo "the run goes on" ;;
   precompile)
-    graphs=$PWD/${DEVKIT:-.devkit}/graphs.tar.xz
+    graphs=$(realpath -m "${DEVKIT:-.devkit}")/graphs.tar.xz
+    # graphs compiled before for the same kernel package still hold (a new package changes every key): kept, so that
+    # a change to the graphs alone compiles only what changed
+    kept=$(mktemp -d)
+    ! diff -rq .modular_cache/mili_kernels "$repo/.modular_cache/mili_kernels" >/dev/null 2>&1 ||
+      mv "$repo/.modular_cache/.max_cache" "$kept/" 2>/dev/null
     copy_checkout
+    [ ! -d "$kept/.max_cache" ] || mv "$kept/.max_cache" "$repo/.modular_cache/"
+    rmdir "$kept" 2>/dev/null
     (cd "$repo" && python3 benchmarks/gpu_precompile.py) || exit 1
     mkdir -p "$(dirname "$graphs")" && tar -cJf "$graphs" -C "$repo/.modular_cache" .max_cache && du -sh "$graphs" ;;
   *) echo "$usage" >&2; exit 2 ;;

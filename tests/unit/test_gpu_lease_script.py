@@ -52,3 +52,37 @@ def test_wait_on_a_machine_without_a_run_returns_at_once(tmp_path: Path) -> None
 def test_usage_errors_name_the_verbs(tmp_path: Path) -> None:
     result = _lease(tmp_path, "begin", "10")
     assert result.returncode == 2 and "usage:" in result.stderr and "start SECONDS" in result.stderr
+
+
+def test_precompile_keeps_the_graphs_of_the_same_kernel_package(tmp_path: Path) -> None:
+    """A stand-in checkout whose python3 'compiles' one graph a run into the copy's cache and says what it found."""
+    checkout = tmp_path / "checkout"
+    (checkout / "benchmarks").mkdir(parents=True)
+    (checkout / "benchmarks" / "gpu_lease.sh").write_text(SCRIPT.read_text())
+    package = checkout / ".modular_cache" / "mili_kernels" / "digest1"
+    package.mkdir(parents=True)
+    (package / "mili.mojopkg").write_text("1")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text('#!/bin/bash\nmkdir -p .modular_cache/.max_cache\n'
+                                     'echo "found: $(ls .modular_cache/.max_cache | tr "\\n" " ")"\n'
+                                     'touch .modular_cache/.max_cache/graph-$(date +%s%N)\n')
+    (bin_dir / "python3").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", LEASE_REPO=str(tmp_path / "repo"),
+               DEVKIT=str(tmp_path / "devkit"))
+
+    def precompile() -> tuple[str, list[str]]:
+        run = subprocess.run(["bash", str(checkout / "benchmarks" / "gpu_lease.sh"), "precompile"], cwd=checkout,
+                             env=env, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        with tarfile.open(tmp_path / "devkit" / "graphs.tar.xz") as tar:
+            packed = sorted(n for n in tar.getnames() if "graph-" in n)
+        return run.stdout.splitlines()[0].split()[1:], packed
+
+    found, packed = precompile()
+    assert found == [] and len(packed) == 1
+    found, packed = precompile()  # the same package: the first graph is kept, and packed with the second
+    assert found == [Path(packed[0]).name] and len(packed) == 2
+    package.rename(package.with_name("digest2"))  # a new package: every graph compiles again
+    found, packed = precompile()
+    assert found == [] and len(packed) == 1
