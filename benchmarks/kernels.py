@@ -8,7 +8,9 @@ Writes JSON under benchmarks/results/. On a GPU the peer is PyTorch's own ops in
 the K/V gathered into dense tensors beforehand (paging costs it nothing); rope, store_kv and qk_norm_rope_store
 keep the reference.
 The attention rows on a GPU also time MAX's own flash attention kernel (max.nn.kernels.flash_attention_gpu) in a
-graph on the same dense copies: it takes no paged cache of MILI's layout. The prefill rows on a GPU also time MILI's
+graph on the same dense copies. MAX's paged kernel (mo.mha.ragged.paged, what its pipeline runs) reads only MAX's own
+cache: K and V of every layer interleaved in each page, pages of 128 tokens or more (max.pipelines.kv_cache refuses
+smaller; MILI's are 16), with dispatch metadata its KV cache manager packs on the host. The prefill rows on a GPU also time MILI's
 kernel made to take one and two row tiles a block (MILI_GPU_PREFILL_PAIRS=0 and 1), beside its own choice.
 
 Two Mojo times: "call" is one standalone `bindings.ops` call from torch as users make it (on CPU the Mojo
