@@ -112,7 +112,7 @@ for step in $steps; do
              MILI_GPU_FLASH_ATTENTION=$flash run profile 150 python3 benchmarks/decode_profile.py --device cuda \
                --batches 1,64 ;;
     profile-two-ops) e2e_kernels
-                     if [ "$flash" = 1 ] && [ -z "${MILI_GPU_QKV_ATTENTION:-}" ]; then
+                     if [ "$flash" = 1 ] && [ "${MILI_GPU_QKV_ATTENTION:-}" != 0 ]; then
                        MILI_GPU_QKV_ATTENTION=0 run profile-two-ops 150 python3 benchmarks/decode_profile.py \
                          --device cuda --batches 1,64
                      else summary+=("profile-two-ops: not run (e2e did not take the one-op flash attention)")

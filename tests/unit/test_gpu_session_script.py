@@ -90,6 +90,15 @@ def test_end_to_end_times_the_plain_attention_kernels_after_a_flash_kernel_case_
     assert "profile-two-ops: not run (session time spent)" in result  # it would run: its budget is spent
 
 
+def test_the_two_op_profile_runs_where_the_one_op_attention_is_asked_for(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "logs").mkdir()
+    monkeypatch.setenv("MILI_GPU_QKV_ATTENTION", "1")  # the default, set: the A/B still runs
+    assert "profile-two-ops: not run (session time spent)" in _session(tmp_path, "profile-two-ops", seconds=0).stdout
+    monkeypatch.setenv("MILI_GPU_QKV_ATTENTION", "0")  # e2e ran the two ops: nothing to compare
+    assert "profile-two-ops: not run (e2e did not take the one-op flash attention)" in _session(
+        tmp_path, "profile-two-ops", seconds=0).stdout
+
+
 def test_end_to_end_takes_one_row_tile_a_prefill_block_after_a_case_with_two_failed(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
