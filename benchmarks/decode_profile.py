@@ -57,7 +57,7 @@ def attention_graph() -> str:
     """How the model graph runs attention (bindings/graph.py's settings)."""
     if not graph.FLASH_ATTENTION:
         return "plain kernels, two ops"
-    return "flash kernels, " + ("one op (qkv_attention)" if graph.QKV_ATTENTION else "two ops")
+    return "flash kernels, " + ("one op (qkv_attention)" if graph.model_runs_qkv_attention() else "two ops")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -133,7 +133,7 @@ def run(args: argparse.Namespace, measures: dict[str, Figures]) -> dict[str, lis
           f"{floor_ms:.3f} ms/token", flush=True)
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
     meta = dict(vars(args), model=path, device_name=device, copy_bandwidth_bytes_per_s=bandwidth,
-                flash_attention=graph.FLASH_ATTENTION, qkv_attention=graph.QKV_ATTENTION)
+                flash_attention=graph.FLASH_ATTENTION, qkv_attention=graph.model_runs_qkv_attention())
     rows: dict[str, list[dict]] = {kind: [] for kind in measures}
     outs: dict = dict.fromkeys(measures)
     mili_model: dict = {}

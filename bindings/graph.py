@@ -29,6 +29,11 @@ qk_norm_rope_store and the flash attention op apart, for an A/B of the two on a 
 decode path should it fail there."""
 
 
+def model_runs_qkv_attention() -> bool:
+    """Whether the model graph runs qkv_attention (else qk_norm_rope_store, then paged_attention)."""
+    return FLASH_ATTENTION and QKV_ATTENTION
+
+
 def _f32(value: Scalar, like: TensorValue) -> TensorValue:
     if isinstance(value, TensorValue):
         return value

@@ -103,7 +103,7 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
             norm_rope_store = (qkv, w[p + "q_norm"], w[p + "k_norm"], c.rms_norm_eps, positions, inv_freq, rope_scale,
                                k_caches[i], v_caches[i], slots)
             attention = (page_table, context_lens, query_start, c.head_dim**-0.5)
-            if mili.FLASH_ATTENTION and mili.QKV_ATTENTION:
+            if mili.model_runs_qkv_attention():
                 o = mili.qkv_attention(*norm_rope_store, *attention)
             else:
                 q = mili.qk_norm_rope_store(*norm_rope_store)
