@@ -11,12 +11,12 @@ from extensibility import _MutableInputTensor as MutableInputTensor
 from max.gpu.host import DeviceContext
 from max.gpu import thread_idx, block_idx, WARP_SIZE
 from max.gpu.primitives import warp
-from std.math import ceildiv, cos, sin, rsqrt
+from std.math import ceildiv, rsqrt
 
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
 from ..utils.types import addr, ptr, convert_row, Addr, F32, Ptr, SERIAL_ELEMENTS, check_same
 from .normalization import rms_norm_row
-from .rope import rope_token, _reduced_angle
+from .rope import rope_cos_sin_gpu, rope_token
 
 
 struct _QkTokens[dtype: DType, cache_type: DType](ChunkTask):
@@ -119,8 +119,7 @@ def _qk_norm_rope_store_gpu[dtype: DType, cache_type: DType](
     for i in range(lane, half, WARP_SIZE):  # each value rounded to dtype after the norm, as head_rms_norm stores it
         var x1 = (qkv.unsafe_load(x + i).cast[F32]() * inv * w.unsafe_load(i).cast[F32]()).cast[dtype]().cast[F32]()
         var x2 = (qkv.unsafe_load(x + i + half).cast[F32]() * inv * w.unsafe_load(i + half).cast[F32]()).cast[dtype]().cast[F32]()
-        var angle = _reduced_angle(inv_freq.unsafe_load(i) * p)
-        var c, s = cos(angle) * sc, sin(angle) * sc
+        var c, s = rope_cos_sin_gpu(inv_freq, i, p, sc)
         var y1, y2 = (x1 * c - x2 * s).cast[dtype](), (x2 * c + x1 * s).cast[dtype]()
         if is_q:
             q.unsafe_store(y + i, y1)

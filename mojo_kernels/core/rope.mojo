@@ -36,6 +36,14 @@ def _reduced_angle(angle: Float32) -> Float32:
     return (-k).fma(_TWO_PI_LO, (-k).fma(_TWO_PI_HI, angle))
 
 
+@always_inline
+def rope_cos_sin_gpu(inv_freq: Ptr[F32], i: Int, position: Float32, scale: Float32) -> Tuple[Float32, Float32]:
+    """cos(angle) * scale and sin(angle) * scale of pair i at `position` on a GPU, angle = inv_freq[i] * position
+    reduced to [-pi, pi] first (_reduced_angle)."""
+    var angle = _reduced_angle(inv_freq.unsafe_load(i) * position)
+    return cos(angle) * scale, sin(angle) * scale
+
+
 struct _RopeTokens[dtype: DType](ChunkTask):
     var qo: Addr[Self.dtype]
     var ko: Addr[Self.dtype]
@@ -99,13 +107,11 @@ def _rope_gpu[dtype: DType](
     for j in range(Int(thread_idx.x), (hq + hk) * half, GPU_BLOCK):
         var h = j // half
         var i = j % half
-        var angle = _reduced_angle(inv_freq.unsafe_load(i) * p)
-        var c = SIMD[F32, 1](cos(angle) * sc)
-        var s = SIMD[F32, 1](sin(angle) * sc)
+        var c, s = rope_cos_sin_gpu(inv_freq, i, p, sc)
         if h < hq:
-            _rotate[dtype, 1](qo, q, (t * hq + h) * d + i, half, c, s)
+            _rotate[dtype, 1](qo, q, (t * hq + h) * d + i, half, SIMD[F32, 1](c), SIMD[F32, 1](s))
         else:
-            _rotate[dtype, 1](ko, k, (t * hk + h - hq) * d + i, half, c, s)
+            _rotate[dtype, 1](ko, k, (t * hk + h - hq) * d + i, half, SIMD[F32, 1](c), SIMD[F32, 1](s))
 
 
 def check_rope(tokens: Int, head_dim: Int, k_tokens: Int, k_head_dim: Int, num_positions: Int, inv_freq_size: Int) raises:

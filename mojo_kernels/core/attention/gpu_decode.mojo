@@ -12,12 +12,12 @@ from max.gpu.host import DeviceContext
 from max.gpu import thread_idx, block_idx, WARP_SIZE
 from max.gpu.primitives import warp
 from max.gpu.sync import barrier
-from std.math import ceildiv, cos, exp, rsqrt, sin
+from std.math import ceildiv, exp, rsqrt
 from std.memory import stack_allocation
 from std.sys import size_of
 
 from ...utils.types import addr, ptr, Addr, F32, Ptr, GPU_BLOCK, load_f32
-from ..rope import _reduced_angle
+from ..rope import rope_cos_sin_gpu
 from .common import token_offset
 from .gpu import merge_splits_gpu
 
@@ -42,10 +42,15 @@ def decode_vector[cache_type: DType]() -> Int:
     return 16 // size_of[cache_type]()
 
 
-def decode_supported[cache_type: DType](head_dim: Int, group: Int, from_qkv: Bool = False) -> Bool:
-    """Whether the split-KV decode kernel takes this shape: a row in 1-32 lanes of 16 bytes (a power of two), and
-    1, 2, 4 or 8 query heads per KV head (their state is kept in registers). From qkv, a row spans 2 lanes at least:
-    RoPE pairs element i with i + D/2, held by the lane lanes/2 away."""
+def decode_supported[cache_type: DType](
+    tokens: Int, batch: Int, head_dim: Int, group: Int, from_qkv: Bool = False
+) -> Bool:
+    """Whether the split-KV decode kernel takes this batch: a decode batch (as many tokens as sequences: each has
+    exactly one query token), a row in 1-32 lanes of 16 bytes (a power of two), and 1, 2, 4 or 8 query heads per KV
+    head (their state is kept in registers). From qkv, a row spans 2 lanes at least: RoPE pairs element i with
+    i + D/2, held by the lane lanes/2 away."""
+    if tokens != batch:
+        return False
     comptime VEC = decode_vector[cache_type]()
     var lanes = head_dim // VEC
     var pow2 = lanes > 0 and (lanes & (lanes - 1)) == 0
@@ -122,8 +127,7 @@ def _norm_rope_part[dtype: DType, VEC: Int](
     var half = d // 2
     var out = SIMD[F32, VEC](0)
     comptime for i in range(VEC):
-        var angle = _reduced_angle(inv_freq.unsafe_load(part % half + i) * position)
-        var c, s = cos(angle) * rope_scale, sin(angle) * rope_scale
+        var c, s = rope_cos_sin_gpu(inv_freq, part % half + i, position, rope_scale)
         if part < half:  # x1 * c - x2 * s, x1 this thread's
             out[i] = normed[i] * c - other[i] * s
         else:  # x2 * c + x1 * s, x2 this thread's
@@ -300,7 +304,7 @@ def decode_attention_gpu[dtype: DType, cache_type: DType, from_qkv: Bool = False
     batch: Int, max_pages: Int, q_heads: Int, kv_heads: Int, head_dim: Int, page_size: Int,
     rope: Optional[QkvRope[dtype]] = None,
 ) raises:
-    """Enqueues the split-KV decode kernel (one query token per sequence; decode_supported shapes), then the
+    """Enqueues the split-KV decode kernel (decode_supported batches), then the
     merge when the keys are split. from_qkv: q is the fused projection's output qkv, with `rope`'s inputs (given)."""
     var group = q_heads // kv_heads
     var splits = decode_splits(batch, kv_heads, max_pages * page_size)

@@ -45,8 +45,10 @@ comptime SharedTile = Pointer[Scalar[BF16], MutUntrackedOrigin, address_space=Ad
 comptime SharedOffsets = Pointer[Scalar[DType.int64], MutUntrackedOrigin, address_space=AddressSpace.SHARED]
 
 
-def prefill_supported[dtype: DType, cache_type: DType](head_dim: Int, group: Int) -> Bool:
-    return dtype == BF16 and cache_type == BF16 and head_dim in (64, 128) and group in (1, 2, 4, 8)
+def prefill_supported[dtype: DType, cache_type: DType](tokens: Int, batch: Int, head_dim: Int, group: Int) -> Bool:
+    """Whether the tensor-core kernel takes this batch: some sequence has more than one query token (a decode batch
+    goes to the decode kernel), bfloat16, head_dim 64 or 128, 1, 2, 4 or 8 query heads per KV head."""
+    return tokens > batch and dtype == BF16 and cache_type == BF16 and head_dim in (64, 128) and group in (1, 2, 4, 8)
 
 
 @always_inline
@@ -372,7 +374,7 @@ def prefill_attention_gpu(
     page_table: Ptr[DType.int32], context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale: Ptr[F32],
     tokens: Int, batch: Int, max_pages: Int, q_heads: Int, kv_heads: Int, head_dim: Int, page_size: Int,
 ) raises:
-    """Enqueues the tensor-core kernel (prefill_supported shapes)."""
+    """Enqueues the tensor-core kernel (prefill_supported batches)."""
     var group = q_heads // kv_heads
     var per_block = prefill_tiles_per_block(kv_heads * ceildiv(tokens * group, BLOCK_ROWS),
                                             ctx.get_attribute(DeviceAttribute.MULTIPROCESSOR_COUNT), getenv(PAIRS_SETTING))

@@ -61,14 +61,13 @@ def attention_on_gpu[dtype: DType, cache_type: DType, //, flash: Bool](
 ) raises:
     """Enqueues the op's GPU kernels (checked shapes, tokens > 0)."""
     comptime if flash:
-        # every sequence has exactly one query token when there are as many tokens as sequences
-        if tokens == batch and decode_supported[cache_type](head_dim, q_heads // kv_heads):
+        if decode_supported[cache_type](tokens, batch, head_dim, q_heads // kv_heads):
             decode_attention_gpu[dtype, cache_type](ctx, output, q, k_cache, v_cache, page_table, context_lens,
                                                     query_start, scale, batch, max_pages, q_heads, kv_heads, head_dim,
                                                     page_size)
             return
         comptime if dtype == DType.bfloat16 and cache_type == DType.bfloat16:
-            if tokens > batch and prefill_supported[dtype, cache_type](head_dim, q_heads // kv_heads):
+            if prefill_supported[dtype, cache_type](tokens, batch, head_dim, q_heads // kv_heads):
                 prefill_attention_gpu(
                     ctx, rebind[Ptr[DType.bfloat16]](output), rebind[Ptr[DType.bfloat16]](q),
                     rebind[Ptr[DType.bfloat16]](k_cache), rebind[Ptr[DType.bfloat16]](v_cache), page_table,

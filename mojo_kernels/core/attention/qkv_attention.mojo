@@ -52,8 +52,7 @@ def _qkv_attention_gpu[dtype: DType, cache_type: DType](
     page_size: Int,
 ) raises:
     """Enqueues the op's GPU kernels (checked shapes, tokens > 0)."""
-    # every sequence has exactly one query token when there are as many tokens as sequences
-    if tokens == batch and decode_supported[cache_type](head_dim, q_heads // kv_heads, from_qkv=True):
+    if decode_supported[cache_type](tokens, batch, head_dim, q_heads // kv_heads, from_qkv=True):
         decode_attention_gpu[dtype, cache_type, from_qkv=True](
             ctx, output, qkv, k_cache, v_cache, page_table, context_lens, query_start, scale, batch, max_pages,
             q_heads, kv_heads, head_dim, page_size, rope,
