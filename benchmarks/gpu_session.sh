@@ -8,7 +8,8 @@
 #   build        load the kernel package (precompiled here: carry .modular_cache/mili_kernels)
 #   tests        tests/gpu: every kernel case on cuda (attention through the flash kernels, the default, with two
 #                row tiles a prefill block forced, and through the plain ones), replayed decode steps against
-#                op-by-op ones, overlapped against read-at-once ones
+#                op-by-op ones, overlapped against read-at-once ones (where replayed steps fail, e2e times MILI op by
+#                op first and skips the profiles; where overlapped ones fail, it times MILI without overlap first)
 #   model        the model on cuda against transformers (tests/integration/test_parity.py -k cuda)
 #   bench        the kernel benchmark, bfloat16 and float32 (BENCH_ONLY=attention,rope: only the ops whose name has one)
 #   attention-bench  the kernel benchmark's attention rows and the fused q/k norm + RoPE + KV store op, bfloat16
@@ -60,8 +61,16 @@ run() {  # run NAME LIMIT COMMAND...: log to $log_dir/NAME.log; skipped when the
   [ $rc -eq 0 ] || status=1
 }
 
-failed() {  # failed PATTERN: this lease's tests step failed a test whose id starts so
-  grep -Eq "^FAILED tests/gpu/$1" "$log_dir/tests.log" 2>/dev/null
+failed() {  # failed PATTERN: this lease's tests step failed (or could not set up) a test whose id starts so
+  grep -Eq "^(FAILED|ERROR) tests/gpu/$1" "$log_dir/tests.log" 2>/dev/null
+}
+
+mili_system() {  # MILI as e2e times it first: mili (decode steps replayed, overlapped), or where this lease's tests
+  # step failed a test of replayed steps mili-eager (op by op), of overlapped ones mili-sync (read at once)
+  if failed "test_decode_graphs.py::test_replay"; then echo mili-eager
+  elif failed "test_decode_graphs.py::test_(overlapped|steps_behind)"; then echo mili-sync
+  else echo mili
+  fi
 }
 
 e2e_kernels() {  # for e2e and profile: flash=1 (the flash kernels), 0 where this lease's tests step failed a flash
@@ -88,6 +97,14 @@ e2e() {  # e2e SYSTEMS: the latency and throughput figures of those systems, eac
   run summary 60 python3 benchmarks/gpu_summary.py --commit "${MILI_COMMIT:-}" --since "$started"
 }
 
+profile_decode() {  # profile_decode NAME: where a decode step's time goes at batch 1 and 64, the steps run as
+  # e2e's first MILI runs them
+  local mili; mili=$(mili_system)
+  if [ "$mili" = mili-eager ]; then summary+=("$1: not run (replayed decode steps failed their tests)"); return; fi
+  MILI_GPU_FLASH_ATTENTION=$flash run "$1" 150 python3 benchmarks/decode_profile.py --device cuda --batches 1,64 \
+    $([ "$mili" = mili-sync ] && echo --no-overlap)
+}
+
 started=$(date +%Y%m%d-%H%M%S)
 export KIT_DIR=$kit
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
@@ -105,16 +122,15 @@ for step in $steps; do
     e2e) e2e_kernels
          summary+=("e2e: MILI's attention kernels $([ "$flash" = 1 ] && echo flash || echo plain)${MILI_GPU_QKV_ATTENTION:+,\
  MILI_GPU_QKV_ATTENTION=$MILI_GPU_QKV_ATTENTION}${MILI_GPU_PREFILL_PAIRS:+, MILI_GPU_PREFILL_PAIRS=$MILI_GPU_PREFILL_PAIRS}")
-         e2e "${E2E_SYSTEMS:-mili,max}" ;;  # what the issue compares first
+         e2e "${E2E_SYSTEMS:-$(mili_system),max}" ;;  # what the issue compares first
     e2e-rest) e2e_kernels
-              e2e "${E2E_REST_SYSTEMS:-mili-sync,transformers,mili-eager}" ;;
+              rest=$(echo mili-sync,transformers,mili-eager | tr , '\n' | grep -vx "$(mili_system)" | paste -sd,)
+              e2e "${E2E_REST_SYSTEMS:-$rest}" ;;
     profile) e2e_kernels
-             MILI_GPU_FLASH_ATTENTION=$flash run profile 150 python3 benchmarks/decode_profile.py --device cuda \
-               --batches 1,64 ;;
+             profile_decode profile ;;
     profile-two-ops) e2e_kernels
                      if [ "$flash" = 1 ] && [ "${MILI_GPU_QKV_ATTENTION:-}" != 0 ]; then
-                       MILI_GPU_QKV_ATTENTION=0 run profile-two-ops 150 python3 benchmarks/decode_profile.py \
-                         --device cuda --batches 1,64
+                       MILI_GPU_QKV_ATTENTION=0 profile_decode profile-two-ops
                      else summary+=("profile-two-ops: not run (e2e did not take the one-op flash attention)")
                      fi ;;
     *) summary+=("$step: unknown step"); status=1 ;;

@@ -107,3 +107,36 @@ def test_end_to_end_takes_one_row_tile_a_prefill_block_after_a_case_with_two_fai
     assert "e2e: MILI's attention kernels flash, MILI_GPU_PREFILL_PAIRS=0" in _session(tmp_path, "e2e", seconds=0).stdout
     (logs / "tests.log").write_text("")
     assert "e2e: MILI's attention kernels flash\n" in _session(tmp_path, "e2e", seconds=0).stdout
+
+
+def test_end_to_end_times_mili_as_the_decode_step_tests_passed_it(tmp_path: Path, monkeypatch) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    steps = ("e2e", "e2e-rest", "profile", "profile-two-ops")
+    result = _session(tmp_path, *steps, seconds=0).stdout
+    assert "e2e-mili-max: not run" in result
+    assert "e2e-mili-sync-transformers-mili-eager: not run" in result
+    assert "profile: not run (session time spent)" in result
+    # overlapped steps failed: MILI first with its steps replayed but read at once, profiled so
+    (logs / "tests.log").write_text(
+        "FAILED tests/gpu/test_decode_graphs.py::test_overlapped_decode_steps_give_the_tokens_of_steps_read_at_once\n")
+    result = _session(tmp_path, *steps, seconds=0).stdout
+    assert "e2e-mili-sync-max: not run" in result
+    assert "e2e-transformers-mili-eager: not run" in result
+    stand_in = tmp_path / "bin"  # a python3 that only says it ran
+    stand_in.mkdir()
+    (stand_in / "python3").write_text("#!/bin/sh\necho ran python3 \"$@\"\n")
+    (stand_in / "python3").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stand_in}:{os.environ['PATH']}")
+    _session(tmp_path, "profile", seconds=300)
+    assert "--batches 1,64 --no-overlap" in (logs / "profile.log").read_text()
+    # replayed steps failed (or their model did not come up): MILI op by op first, no profiles of replayed steps
+    for line in ("FAILED tests/gpu/test_decode_graphs.py::test_replay_with_arrivals_and_aborts - AssertionError\n",
+                 "ERROR tests/gpu/test_decode_graphs.py::test_replayed_decode_steps_give_the_tokens_of_steps_run"
+                 "_op_by_op - RuntimeError\n"):
+        (logs / "tests.log").write_text(line)
+        result = _session(tmp_path, *steps, seconds=0).stdout
+        assert "e2e-mili-eager-max: not run" in result
+        assert "e2e-mili-sync-transformers: not run" in result
+        assert "profile: not run (replayed decode steps failed their tests)" in result
+        assert "profile-two-ops: not run (replayed decode steps failed their tests)" in result
