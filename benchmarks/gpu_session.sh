@@ -14,12 +14,14 @@
 #   bench        the kernel benchmark, bfloat16 and float32 (BENCH_ONLY=attention,rope: only the ops whose name has one)
 #   attention-bench  the kernel benchmark's attention rows and the fused q/k norm + RoPE + KV store op, bfloat16
 #   e2e          benchmarks/device_e2e.py (mili bench latency and throughput --device cuda, each system started once
-#                for both): MILI against MAX's pipeline (E2E_SYSTEMS, default mili,max), MILI with the plain
+#                for both): MILI against MAX's pipeline (E2E_SYSTEMS, default mili,max; mili-eager or mili-sync
+#                in place of mili where the tests step failed replayed or overlapped decode steps), MILI with the plain
 #                attention kernels if the tests step of this lease failed a flash case or E2E_FLASH=0, with one row
 #                tile a prefill block if it failed a case with two (MAX_PYTHON: a Python with max[serve], by default
 #                the kit's peers), then the summary
 #   e2e-rest     the same for E2E_REST_SYSTEMS (default: MILI without overlap, transformers, MILI without device
-#                graphs), then the summary again: each system's figures from its newest run of the lease
+#                graphs; less the MILI e2e took), then the summary again: each system's figures from its newest run
+#                of the lease
 #   profile      where a decode step's time goes at batch 1 and 64 (benchmarks/decode_profile.py: kernels, device
 #                busy time against the step's wall time), with the kernels e2e used
 #   profile-two-ops  the same with the flash kernels and qk_norm_rope_store and attention as two ops
