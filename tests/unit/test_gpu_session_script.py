@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 import tarfile
 from pathlib import Path
@@ -140,3 +141,15 @@ def test_end_to_end_times_mili_as_the_decode_step_tests_passed_it(tmp_path: Path
         assert "e2e-mili-sync-transformers: not run" in result
         assert "profile: not run (replayed decode steps failed their tests)" in result
         assert "profile-two-ops: not run (replayed decode steps failed their tests)" in result
+
+
+def test_every_decode_step_test_names_the_fallback_it_sets() -> None:
+    """The fallbacks above match tests/gpu/test_decode_graphs.py's tests by name: each of its tests must match the
+    replay or the overlap pattern, and each pattern a test."""
+    names = re.findall(r"^def (test_\w+)", (SCRIPT.parents[1] / "tests/gpu/test_decode_graphs.py").read_text(), re.M)
+    replay = [n for n in names if re.match(r"test_replay", n)]
+    overlap = [n for n in names if re.match(r"test_(overlapped|steps_behind)", n)]
+    assert replay and overlap and sorted(replay + overlap) == sorted(names), names
+    script = SCRIPT.read_text()
+    assert 'failed "test_decode_graphs.py::test_replay"' in script
+    assert 'failed "test_decode_graphs.py::test_(overlapped|steps_behind)"' in script
