@@ -73,8 +73,8 @@ struct _ElementwiseChunks[dtype: DType, kind: Int](ChunkTask):
 
         def body[width: Int](i: Int) {var y, var x, var start}:
             comptime if bits_only:
-                var bits = x.bitcast[UInt16]().unsafe_load[width=width](start + i)
-                y.bitcast[UInt16]().unsafe_store(start + i, _relu_bfloat16_bits(bits))
+                var bits = x.unsafe_bitcast[UInt16]().unsafe_load[width=width](start + i)
+                y.unsafe_bitcast[UInt16]().unsafe_store(start + i, _relu_bfloat16_bits(bits))
             else:
                 var v = load_f32[Self.dtype, width](x, start + i)
                 y.unsafe_store(start + i, narrow[Self.dtype, width](_activation[Self.kind, width](v)))

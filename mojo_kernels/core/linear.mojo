@@ -269,7 +269,7 @@ def _store_tile[a_type: DType, rows: Int, cols: Int, lanes: Int](
         comptime for j in range(cols):
             if n0 + j < N:
                 var v = acc[i * cols + j].reduce_add() + tail[i * cols + j]
-                y.unsafe_store((m0 + i) * N + n0 + j, narrow[a_type, 1](SIMD[F32, 1](v)))
+                y.unsafe_store((m0 + i) * N + n0 + j, narrow[a_type, 1](v))
 
 
 @always_inline
@@ -494,7 +494,7 @@ def _store_panel_rows[a_type: DType, rows: Int, lanes: Int](
         else:
             for c in range(N - n0):
                 var v = acc[2 * i][c] if c < lanes else acc[2 * i + 1][c - lanes]
-                y.unsafe_store(out + c, narrow[a_type, 1](SIMD[F32, 1](v)))
+                y.unsafe_store(out + c, narrow[a_type, 1](v))
 
 
 @always_inline
@@ -817,7 +817,7 @@ def _linear_gpu[a_type: DType, w_type: DType](
         for i in range(start, end):
             var xv = x.unsafe_load(row * K + i).cast[F32]()
             comptime if w_type == DType.bfloat16:
-                xv = narrow[DType.bfloat16, 1](SIMD[F32, 1](xv))[0].cast[F32]()
+                xv = narrow[DType.bfloat16, 1](xv)[0].cast[F32]()
             elif w_type == DType.int8:
                 xv = _round_even[1](xv * inv)[0]
             part += xv * widen[w_type, 1](w, col * K + i)[0]

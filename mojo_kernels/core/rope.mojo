@@ -109,9 +109,9 @@ def _rope_gpu[dtype: DType](
         var i = j % half
         var c, s = rope_cos_sin_gpu(inv_freq, i, p, sc)
         if h < hq:
-            _rotate[dtype, 1](qo, q, (t * hq + h) * d + i, half, SIMD[F32, 1](c), SIMD[F32, 1](s))
+            _rotate[dtype, 1](qo, q, (t * hq + h) * d + i, half, c, s)
         else:
-            _rotate[dtype, 1](ko, k, (t * hk + h - hq) * d + i, half, SIMD[F32, 1](c), SIMD[F32, 1](s))
+            _rotate[dtype, 1](ko, k, (t * hk + h - hq) * d + i, half, c, s)
 
 
 def check_rope(tokens: Int, head_dim: Int, k_tokens: Int, k_head_dim: Int, num_positions: Int, inv_freq_size: Int) raises:

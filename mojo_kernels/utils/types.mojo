@@ -42,7 +42,7 @@ def load_f32[dtype: DType, width: Int](p: Ptr[dtype], i: Int) -> SIMD[F32, width
     without AVX512_BF16 (AMD Zen 3, most Intel before Sapphire Rapids) that is several times faster than `.cast`, and
     than loading bfloat16 vectors, which LLVM may then convert element by element (decode attention 1.6x slower)."""
     comptime if dtype == DType.bfloat16:
-        var bits = p.bitcast[UInt16]().unsafe_load[width=width](i)
+        var bits = p.unsafe_bitcast[UInt16]().unsafe_load[width=width](i)
         return bitcast[F32, width](bits.cast[DType.uint32]() << 16)
     else:
         return p.unsafe_load[width=width](i).cast[F32]()

@@ -304,8 +304,8 @@ def decode_attention_gpu[dtype: DType, cache_type: DType, from_qkv: Bool = False
     batch: Int, max_pages: Int, q_heads: Int, kv_heads: Int, head_dim: Int, page_size: Int,
     rope: Optional[QkvRope[dtype]] = None,
 ) raises:
-    """Enqueues the split-KV decode kernel (decode_supported batches), then the
-    merge when the keys are split. from_qkv: q is the fused projection's output qkv, with `rope`'s inputs (given)."""
+    """Enqueues the split-KV decode kernel (decode_supported batches), then the merge when the keys are split.
+    from_qkv: q is the fused projection's output qkv, with `rope`'s inputs (given)."""
     var group = q_heads // kv_heads
     var splits = decode_splits(batch, kv_heads, max_pages * page_size)
     var partial = ctx.enqueue_create_buffer[DType.float32](batch * q_heads * splits * (head_dim + 2) if splits > 1 else 1)
