@@ -13,13 +13,16 @@
 #       $LEASE_REPO (MAX's cache key holds the kernel package's path) by benchmarks/gpu_precompile.py, into
 #       .devkit/graphs.tar.xz (compiled graphs shrink ~40x), which `start` unpacks into the run's compile cache; the
 #       copy's compiled graphs are kept while the kernel package is the same one (~35 minutes on 2 cores from none).
-#       The key holds the host CPU too (a graph for sm_90 has host code): the graphs hold only on a machine whose
-#       host CPU is this one's. precompile records it beside them, and `start` says whether they should hold there
+#       The key holds the CPU the graphs' host code is compiled for: MILI_VIRTUAL_CPU_TARGET, x86-64-v3 unless set,
+#       here and in the run `start` begins, so that it matches whatever the machine's CPU is (start notes that CPU)
 # The calls of a 15-minute lease (benchmarks/device_kit.sh --peers prints the parts): `start` in the call that
 # carries the site's last part, .modular_cache/mili_kernels and .devkit/graphs.tar.xz, then `wait` with the peers'
 # parts, then `wait` again until the run ends. Between two calls the machine stays only ~30 s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# the graphs' host code for a portable CPU, here and on the machine alike (bindings/library.py), so that MAX's cache
+# keys, which hold the host CPU, match there
+export MILI_VIRTUAL_CPU_TARGET=${MILI_VIRTUAL_CPU_TARGET:-x86-64-v3}
 kit=${KIT_DIR:-/tmp/mili-kit}
 repo=${LEASE_REPO:-/tmp/mili-repo}
 logs=${GPU_SESSION_LOGS:-/tmp/mili-gpu}
@@ -34,25 +37,8 @@ copy_checkout() {  # this checkout, with its precompiled kernel package, to $rep
   cp -r .modular_cache/mili_kernels "$repo/.modular_cache/" 2>/dev/null
 }
 
-host_cpu() {  # the host CPU as MAX's compile cache keys hold it (a graph compiled for sm_90 too): vendor, family,
-  # model, name, flags
+host_cpu() {  # the machine's CPU, for the record: vendor, family, model, name, flags
   awk -F'\t*: ' '/^(vendor_id|cpu family|model|model name|flags)\t/ && !seen[$1]++ {print $1 ": " $2}' /proc/cpuinfo
-}
-
-kit_graphs_host() {  # start: whether the kit's graphs were compiled on a host CPU like this one
-  local theirs=$repo/.modular_cache/.max_cache/compiled-on-cpu.txt
-  [ -f "$theirs" ] || return 0
-  if host_cpu | cmp -s - "$theirs"; then
-    echo "host CPU: the one the kit's graphs were compiled on, so MAX's cache should hold them"
-  else
-    echo "host CPU: not the one the kit's graphs were compiled on; MAX's cache keys hold it, so they likely compile here"
-    echo "  here: $(host_cpu | grep -v ^flags | paste -sd';' -)"
-    echo "  kit:  $(grep -v ^flags "$theirs" | paste -sd';' -)"
-    echo "  flags here only: $(comm -23 <(host_cpu | sed -n 's/^flags: //p' | tr ' ' '\n' | sort) \
-      <(sed -n 's/^flags: //p' "$theirs" | tr ' ' '\n' | sort) | paste -sd' ' -)"
-    echo "  flags the kit's only: $(comm -13 <(host_cpu | sed -n 's/^flags: //p' | tr ' ' '\n' | sort) \
-      <(sed -n 's/^flags: //p' "$theirs" | tr ' ' '\n' | sort) | paste -sd' ' -)"
-  fi
 }
 
 collect() {  # the run's logs and results so far into $OUT
@@ -65,7 +51,7 @@ case $verb in
     cp "${DEVKIT:-.devkit}"/p*/* "$kit/parts/" 2>/dev/null
     copy_checkout
     [ ! -f "${DEVKIT:-.devkit}/graphs.tar.xz" ] || tar -xJf "${DEVKIT:-.devkit}/graphs.tar.xz" -C "$repo/.modular_cache"
-    kit_graphs_host | tee "$logs/host-cpu.log"
+    host_cpu >"$logs/host-cpu.log" && grep "^model name" "$logs/host-cpu.log"
     cd "$repo" || exit 1
     env -u OUT KIT_DIR="$kit" GPU_SESSION_LOGS="$logs" SESSION_SECONDS="$seconds" setsid -f bash -c \
       'benchmarks/gpu_session.sh "$@"; echo $? >"$GPU_SESSION_LOGS/session.rc"' gpu_session "$@" \
@@ -94,7 +80,6 @@ case $verb in
     [ ! -d "$kept/.max_cache" ] || mv "$kept/.max_cache" "$repo/.modular_cache/"
     rmdir "$kept" 2>/dev/null
     (cd "$repo" && python3 benchmarks/gpu_precompile.py) || exit 1
-    host_cpu >"$repo/.modular_cache/.max_cache/compiled-on-cpu.txt"
     mkdir -p "$(dirname "$graphs")" && tar -cJf "$graphs" -C "$repo/.modular_cache" .max_cache && du -sh "$graphs" ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac

@@ -7,9 +7,9 @@
 #   setup        unpack benchmarks/device_kit.sh's parts (carried now in .devkit/pN, or before to /tmp/mili-kit/parts)
 #   build        load the kernel package (precompiled here: carry .modular_cache/mili_kernels)
 #   warm         in the background, while the tests run: MILI's 0.6B graphs as e2e and profile-two-ops load them
-#                (flash attention, one op, then two), once each. MAX's compile cache is keyed by the host CPU, so
-#                where gpu_lease.sh's precompiled graphs came from another CPU they compile here, not inside the
-#                timed steps; every later step but the tests waits for it
+#                (flash attention, one op, then two), once each: seconds where gpu_lease.sh's precompiled graphs
+#                hold; where they do not, the graphs compile here, not inside the timed steps. Every later step but
+#                the tests waits for it
 #   tests        tests/gpu: every kernel case on cuda (attention through the flash kernels, the default, with two
 #                row tiles a prefill block forced, and through the plain ones), replayed decode steps against
 #                op-by-op ones, overlapped against read-at-once ones (where replayed steps fail, e2e times MILI op by

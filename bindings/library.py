@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,33 @@ def _default_cache_root() -> Path:
 
 # MAX reads this when it starts: it must be set before `max` is imported anywhere.
 os.environ.setdefault("MODULAR_CACHE_DIR", str(_default_cache_root() / ".modular_cache"))
+
+VIRTUAL_CPU_TARGET = "MILI_VIRTUAL_CPU_TARGET"
+"""A portable CPU (x86-64-v3, say) that graphs' host code is compiled for instead of this host's CPU
+(max.driver.set_virtual_cpu_target): MAX's compile-cache keys hold the host CPU, GPU graphs' included, so a cache
+compiled elsewhere (benchmarks/gpu_lease.sh precompile) holds here only with the same setting. Unset: this host's
+CPU (CPU kernels need it to be fast)."""
+PORTABLE_CPUS = {"x86_64": ("generic", "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"), "aarch64": ("generic",)}
+
+
+def _apply_virtual_cpu_target() -> None:
+    """Sets VIRTUAL_CPU_TARGET's CPU in MAX, before any device exists (its compile target latches then). MAX takes
+    any name there and fails only when it compiles (LLVM aborts the process on an unknown one), so the name is
+    checked here."""
+    cpu = os.environ.get(VIRTUAL_CPU_TARGET, "")
+    if not cpu:
+        return
+    allowed = PORTABLE_CPUS.get(platform.machine(), ("generic",))
+    if cpu not in allowed:
+        raise ValueError(f"{VIRTUAL_CPU_TARGET}={cpu!r} is not a portable CPU target: set one of "
+                         f"{', '.join(allowed)} (the hosts that load the compile cache must have it), or unset it "
+                         "to compile for this host's CPU")
+    from max import driver
+
+    driver.set_virtual_cpu_target(cpu)
+
+
+_apply_virtual_cpu_target()
 
 
 def kernels_dir() -> Path:

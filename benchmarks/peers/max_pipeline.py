@@ -21,6 +21,14 @@ import time
 
 REPLY = "REPLY "
 
+# MILI_VIRTUAL_CPU_TARGET (bindings/library.py; gpu_lease.sh sets it): the graphs' host code compiled for that CPU,
+# so that MAX's compile cache holds on another host. At module level: the model worker MAX spawns imports this file
+# again, and compiles the graphs there
+if os.environ.get("MILI_VIRTUAL_CPU_TARGET"):
+    from max import driver
+
+    driver.set_virtual_cpu_target(os.environ["MILI_VIRTUAL_CPU_TARGET"])
+
 
 def pipeline_config(args: argparse.Namespace):
     """The PipelineConfig `max serve` would make of these arguments."""
