@@ -65,7 +65,8 @@ def test_precompile_keeps_the_graphs_of_the_same_kernel_package(tmp_path: Path) 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python3").write_text('#!/bin/bash\nmkdir -p .modular_cache/.max_cache\n'
-                                     'echo "found: $(ls .modular_cache/.max_cache | tr "\\n" " ") for $MILI_VIRTUAL_CPU_TARGET"\n'
+                                     'echo "found: $(ls .modular_cache/.max_cache | tr "\\n" " ")'
+                                     ' for $MILI_VIRTUAL_CPU_TARGET"\n'
                                      'touch .modular_cache/.max_cache/graph-$(date +%s%N)\n')
     (bin_dir / "python3").chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", LEASE_REPO=str(tmp_path / "repo"),
@@ -88,7 +89,6 @@ def test_precompile_keeps_the_graphs_of_the_same_kernel_package(tmp_path: Path) 
     package.rename(package.with_name("digest2"))  # a new package: every graph compiles again
     found, packed = precompile()
     assert found == [] and len(packed) == 1
-
 
 
 def test_start_notes_the_machines_cpu(tmp_path: Path) -> None:
