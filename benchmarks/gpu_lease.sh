@@ -31,9 +31,14 @@ usage="usage: $0 start SECONDS [STEP...] | wait SECONDS [FOLDER...] | precompile
 verb=$1 seconds=${2:-0}
 shift $(($# < 2 ? $# : 2))
 
-copy_checkout() {  # this checkout, with its precompiled kernel package, to $repo
+copy_checkout() {  # this checkout's files, with its precompiled kernel package, to $repo
   rm -rf "$repo" && mkdir -p "$repo/.modular_cache"
-  tar -cf - --exclude=./.git --exclude=./.devkit --exclude=./.modular_cache . | tar -x -C "$repo"
+  # only what git tracks or would: a virtualenv in the checkout (CI's .ci-venv) is gigabytes
+  if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    git ls-files -z --cached --others --exclude-standard | tar --null --ignore-failed-read -T - -cf -
+  else
+    tar -cf - --exclude=./.devkit --exclude=./.modular_cache --exclude=./.ci-venv --exclude=./.venv .
+  fi | tar -x -C "$repo"
   cp -r .modular_cache/mili_kernels "$repo/.modular_cache/" 2>/dev/null
 }
 

@@ -34,6 +34,28 @@ def test_start_returns_at_once_and_wait_brings_back_the_runs_logs(tmp_path: Path
         assert {"./session.log", "./session.rc"} <= set(tar.getnames())
 
 
+def test_start_copies_what_git_would_track_and_no_virtualenv(tmp_path: Path) -> None:
+    """CI's virtualenv lives in the checkout, ignored: copied, its gigabytes once filled CI's disk."""
+    checkout = tmp_path / "checkout"
+    (checkout / "benchmarks").mkdir(parents=True)
+    (checkout / "benchmarks" / "gpu_lease.sh").write_text(SCRIPT.read_text())
+    (checkout / ".gitignore").write_text(".ci-venv/\n")
+    (checkout / ".ci-venv" / "lib").mkdir(parents=True)
+    (checkout / ".ci-venv" / "lib" / "torch.so").write_text("big")
+    for args in (["init", "-q"], ["add", ".gitignore", "benchmarks"]):
+        subprocess.run(["git", *args], cwd=checkout, check=True)
+    (checkout / "untracked.py").write_text("new work")
+    env = dict(os.environ, KIT_DIR=str(tmp_path / "kit"), GPU_SESSION_LOGS=str(tmp_path / "logs"),
+               LEASE_REPO=str(tmp_path / "repo"), DEVKIT=str(tmp_path / "devkit"))
+    env.pop("OUT", None)
+    started = subprocess.run(["bash", str(checkout / "benchmarks" / "gpu_lease.sh"), "start", "0", "no-such-step"],
+                             env=env, capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stderr
+    copied = {str(path.relative_to(tmp_path / "repo")) for path in (tmp_path / "repo").rglob("*") if path.is_file()}
+    assert {".gitignore", "benchmarks/gpu_lease.sh", "untracked.py"} <= copied
+    assert not any(path.startswith((".ci-venv", ".git/")) for path in copied)
+
+
 def test_wait_stops_at_its_limit_while_the_run_goes_on(tmp_path: Path) -> None:
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "session.log").write_text("== tests (at most 300 s)\n")
