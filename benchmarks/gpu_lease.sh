@@ -37,7 +37,7 @@ copy_checkout() {  # this checkout's files, with its precompiled kernel package,
   if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
     git ls-files -z --cached --others --exclude-standard | tar --null --ignore-failed-read -T - -cf -
   else
-    tar -cf - --exclude=./.devkit --exclude=./.modular_cache --exclude=./.ci-venv --exclude=./.venv .
+    tar -cf - --exclude=./.git --exclude=./.devkit --exclude=./.modular_cache --exclude=./.ci-venv --exclude=./.venv .
   fi | tar -x -C "$repo"
   cp -r .modular_cache/mili_kernels "$repo/.modular_cache/" 2>/dev/null
 }
