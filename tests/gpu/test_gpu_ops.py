@@ -3,16 +3,19 @@
 import pytest
 import torch
 
-from tests.kernel_cases import kernel_cases, run_attention
+from tests.kernel_cases import kernel_cases, linear_weight, run_attention, run_linear_tiled
 
 if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
 
 ops = pytest.importorskip("bindings.ops", reason="MAX is not installed")
-from bindings import graph  # noqa: E402
+from bindings import graph, reference as ref  # noqa: E402
 
 
-@pytest.mark.parametrize("runner, dtype, case", kernel_cases())
+GPU_CASES = [c for c in kernel_cases() if c.values[0] is not run_linear_tiled]  # tiled weights: a CPU layout
+
+
+@pytest.mark.parametrize("runner, dtype, case", GPU_CASES)
 def test_op_matches_reference_on_gpu(runner, dtype: torch.dtype, case) -> None:
     torch.manual_seed(hash(str(case)) % 2**31)
     runner(ops, "cuda", dtype, case)
@@ -36,6 +39,14 @@ def test_flash_prefill_with_two_row_tiles_a_block_matches_reference_on_gpu(monke
     monkeypatch.setenv("MILI_GPU_PREFILL_PAIRS", "1")
     torch.manual_seed(hash(str(case)) % 2**31)
     runner(ops, "cuda", dtype, case)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tiled_weights_on_a_gpu_get_a_clear_error(dtype: torch.dtype) -> None:
+    """The tiled layout is the CPU decode kernel's (a GPU model never tiles its weights): on a GPU, a clear error."""
+    weight, scales, block_k = linear_weight(64, 128, dtype, "cuda")
+    with pytest.raises(ValueError, match="tiled weights are .* on a CPU"):
+        ops.linear(torch.randn(3, 128, device="cuda").to(dtype), ref.tile_weight(weight), scales, block_k)
 
 
 def test_ops_and_torch_see_each_others_pending_work() -> None:
