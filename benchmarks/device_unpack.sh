@@ -3,12 +3,19 @@
 # copied before to $KIT_DIR/parts, and each FOLDER (default: site peers) whose parts are all there and that is not
 # unpacked yet is unpacked into $KIT_DIR (/tmp/mili-kit). A folder whose parts are not all there fails; it unpacks
 # once they are. With peers, $KIT_DIR/max-python runs a Python that has max[serve].
-# Usage: benchmarks/device_unpack.sh [FOLDER...]
+# Usage: benchmarks/device_unpack.sh [FOLDER...] | --parts-only (copy the carried parts, unpack nothing)
 set -uo pipefail
 kit=${KIT_DIR:-/tmp/mili-kit}
-folders=${*:-site peers}
 mkdir -p "$kit/parts"
-cp "${DEVKIT:-.devkit}"/p*/* "$kit/parts/" 2>/dev/null
+# a part already there with the same bytes stays as it is, another comes by a rename: an unpack reading the parts
+# meanwhile (the run a lease's call started, while a later call carries more) never reads one half-written
+for part in "${DEVKIT:-.devkit}"/p*/*; do
+  [ -f "$part" ] || continue
+  to=$kit/parts/$(basename "$part")
+  cmp -s "$part" "$to" || { cp "$part" "$kit/parts/.copying-$$" && mv "$kit/parts/.copying-$$" "$to"; } || exit 1
+done
+[ "${1:-}" != --parts-only ] || exit 0
+folders=${*:-site peers}
 for folder in $folders; do
   [ ! -d "$kit/$folder" ] && ls "$kit/parts/$folder".tar.xz.* >/dev/null 2>&1 || continue
   unpacking=$(mktemp -d "$kit/unpacking.XXXX")  # two unpacks at once (a lease's later call) never share one

@@ -52,8 +52,8 @@ collect() {  # the run's logs and results so far into $OUT
 
 case $verb in
   start)
-    mkdir -p "$kit/parts" "$logs"
-    cp "${DEVKIT:-.devkit}"/p*/* "$kit/parts/" 2>/dev/null
+    mkdir -p "$logs"
+    KIT_DIR=$kit benchmarks/device_unpack.sh --parts-only || exit 1
     copy_checkout
     [ ! -f "${DEVKIT:-.devkit}/graphs.tar.xz" ] || tar -xJf "${DEVKIT:-.devkit}/graphs.tar.xz" -C "$repo/.modular_cache"
     host_cpu >"$logs/host-cpu.log" && grep "^model name" "$logs/host-cpu.log"

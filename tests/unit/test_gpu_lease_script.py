@@ -4,6 +4,7 @@ of the checkout, `wait` brings its logs back into $OUT and says when it ended.""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import tarfile
 import time
@@ -38,7 +39,8 @@ def test_start_copies_what_git_would_track_and_no_virtualenv(tmp_path: Path) -> 
     """CI's virtualenv lives in the checkout, ignored: copied, its gigabytes once filled CI's disk."""
     checkout = tmp_path / "checkout"
     (checkout / "benchmarks").mkdir(parents=True)
-    (checkout / "benchmarks" / "gpu_lease.sh").write_text(SCRIPT.read_text())
+    for script in (SCRIPT, SCRIPT.parent / "device_unpack.sh"):  # start copies the kit's parts by the second
+        shutil.copy(script, checkout / "benchmarks")
     (checkout / ".gitignore").write_text(".ci-venv/\n")
     (checkout / ".ci-venv" / "lib").mkdir(parents=True)
     (checkout / ".ci-venv" / "lib" / "torch.so").write_text("big")
@@ -80,7 +82,8 @@ def test_precompile_keeps_the_graphs_of_the_same_kernel_package(tmp_path: Path) 
     """A stand-in checkout whose python3 'compiles' one graph a run into the copy's cache and says what it found."""
     checkout = tmp_path / "checkout"
     (checkout / "benchmarks").mkdir(parents=True)
-    (checkout / "benchmarks" / "gpu_lease.sh").write_text(SCRIPT.read_text())
+    for script in (SCRIPT, SCRIPT.parent / "device_unpack.sh"):  # start copies the kit's parts by the second
+        shutil.copy(script, checkout / "benchmarks")
     package = checkout / ".modular_cache" / "mili_kernels" / "digest1"
     package.mkdir(parents=True)
     (package / "mili.mojopkg").write_text("1")
