@@ -16,7 +16,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from common import model_path, print_table, write_json
-from e2e_systems import kv_pages_for, load_mili
+from e2e_systems import kv_pages_for, leave_room_for_kv_cache, load_mili
 
 from bindings import graph
 from python_layer import InferenceEngine, SamplingParams
@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
+    leave_room_for_kv_cache(args.device, args.kv_cache_gb)
     model = load_mili(model_path(args.model), args.device)
     engine = InferenceEngine(model, num_kv_pages=kv_pages_for(model, args.kv_cache_gb), max_num_seqs=max(batches),
                              max_num_batched_tokens=max(batches) * args.context, enable_prefix_caching=False,

@@ -24,6 +24,8 @@ from python_layer.model.loader import load_model
 from python_layer.model.qwen3_model import Qwen3Model
 
 MAX_WORKER = Path(__file__).parent / "peers" / "max_pipeline.py"
+MAX_POOL_PERCENT = "MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT"
+_set_here: set[str] = set()  # the variables this process set for its own MAX, not for MAX's worker
 
 
 class System(Protocol):
@@ -44,6 +46,19 @@ def kv_pages_for(model: Qwen3Model, kv_cache_gb: float, page_size: int = 16) -> 
     c = model.config
     page_bytes = 2 * c.num_hidden_layers * page_size * c.num_key_value_heads * c.head_dim * model.kv_cache_dtype.itemsize
     return int(kv_cache_gb * 2**30 // page_bytes)
+
+
+def leave_room_for_kv_cache(device: str, kv_cache_gb: float, headroom_gb: float = 8.0) -> None:
+    """On a GPU, before this process's first MAX device: MAX's memory pool (~90% of the GPU by default) sized so that
+    it, MILI's KV cache (torch's memory, outside that pool) and headroom fit. On the H200 lease of 2026-11-27 every
+    device-graph capture failed out of memory beside a 40 GB KV cache and none beside an 8 GB one (a capture seems to
+    back MAX's whole pool). A size set in the environment stays."""
+    if not device.startswith("cuda") or MAX_POOL_PERCENT in os.environ:
+        return
+    total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    share = 1 - (kv_cache_gb + headroom_gb) * 2**30 / total
+    os.environ[MAX_POOL_PERCENT] = str(max(5, min(90, int(100 * share))))
+    _set_here.add(MAX_POOL_PERCENT)
 
 
 class Mili:
@@ -167,8 +182,9 @@ def max_worker_command(python: str, path: str, devices: str, max_batch_size: int
 def max_worker_env() -> dict[str, str]:
     """The environment MAX's worker starts in: this process's, as Python sees it. Mojo's Python interop sets
     PYTHONEXECUTABLE and MOJO_PYTHON_LIBRARY underneath (for this Python) once a graph has compiled or run; another
-    Python started with them takes itself for this one and misses its own venv's packages."""
-    return {k: v for k, v in os.environ.items() if k not in ("PYTHONEXECUTABLE", "MOJO_PYTHON_LIBRARY")}
+    Python started with them takes itself for this one and misses its own venv's packages. MAX's pool size set for
+    MILI (leave_room_for_kv_cache) stays out too: the pipeline sizes its own."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONEXECUTABLE", "MOJO_PYTHON_LIBRARY", *_set_here)}
 
 
 def python_with_max_serve(given: str) -> str:

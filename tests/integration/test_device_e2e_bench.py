@@ -88,6 +88,26 @@ def test_max_worker_starts_without_the_interops_python(monkeypatch: pytest.Monke
     assert seen == ["None", "None", "kept"]
 
 
+def test_max_pool_leaves_room_for_the_kv_cache_and_stays_out_of_maxs_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU, MAX's memory pool in MILI's process is what the GPU holds less MILI's KV cache and 8 GB; a size
+    set in the environment stays; MAX's pipeline worker, which sizes its own, never sees the one set here."""
+    monkeypatch.delenv(e2e_systems.MAX_POOL_PERCENT, raising=False)
+    monkeypatch.setattr(e2e_systems, "_set_here", set())
+    gpu = type("Properties", (), {"total_memory": 80 * 2**30})()
+    monkeypatch.setattr(e2e_systems.torch.cuda, "get_device_properties", lambda device: gpu)
+    e2e_systems.leave_room_for_kv_cache("cpu", 40.0)
+    assert e2e_systems.MAX_POOL_PERCENT not in e2e_systems.os.environ
+    e2e_systems.leave_room_for_kv_cache("cuda", 40.0)
+    assert e2e_systems.os.environ[e2e_systems.MAX_POOL_PERCENT] == "40"  # (80 - 40 - 8) / 80
+    assert e2e_systems.MAX_POOL_PERCENT not in e2e_systems.max_worker_env()
+    e2e_systems.leave_room_for_kv_cache("cuda", 70.0)  # set already: stays
+    assert e2e_systems.os.environ[e2e_systems.MAX_POOL_PERCENT] == "40"
+    monkeypatch.setenv(e2e_systems.MAX_POOL_PERCENT, "20")
+    monkeypatch.setattr(e2e_systems, "_set_here", set())
+    e2e_systems.leave_room_for_kv_cache("cuda", 1.0)
+    assert e2e_systems.max_worker_env()[e2e_systems.MAX_POOL_PERCENT] == "20"  # the user's own, for both
+
+
 def test_gpu_summary_takes_the_latest_runs(tmp_path: Path) -> None:
     def write(name: str, meta: dict, rows: list) -> None:
         (tmp_path / name).write_text(json.dumps(dict(meta=meta, rows=rows)))
