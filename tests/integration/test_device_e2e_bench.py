@@ -118,7 +118,7 @@ def test_gpu_summary_takes_the_latest_runs(tmp_path: Path) -> None:
                    mojo_in_graph_us_by_prefill_pairs={"0": 120.0, "1": 90.0})
     write("kernels-cuda-bfloat16-20261102-000000.json", {}, [prefill, attention("attention decode ctx=4096 B=8", 0.8)])
     write("latency-cuda-20261102-000000.json", dict(device_name="NVIDIA H100"), [
-        dict(system="mili", decode_b1_ctx512_ms_per_token=0.9, bandwidth_floor_ms=0.4),
+        dict(system="mili", decode_b1_ctx512_ms_per_token=0.9, bandwidth_floor_ms=0.4, device_graphs=False),
         dict(system="max", decode_b1_ctx512_ms_per_token=1.2), dict(system="transformers", error="RuntimeError: x")])
     out = gpu_summary.summary(tmp_path, "abc123")
     assert out["device"] == "NVIDIA H100" and out["commit"] == "abc123"
@@ -126,6 +126,7 @@ def test_gpu_summary_takes_the_latest_runs(tmp_path: Path) -> None:
     assert out["attention_decode_ctx4096_b64_ratio_vs_sdpa"] is None  # not in the run
     assert out["attention_prefill_2048_ratio_vs_sdpa_by_row_tiles_a_block"] == {"1": 1.2, "2": 0.9}
     assert out["decode_b1_ms_per_token"] == 0.9 and out["bandwidth_floor_ms"] == 0.4
+    assert out["mili_device_graphs"] is False  # its steps ran op by op: the figure says so beside it
     assert out["max_pipeline_decode_b1_ms_per_token"] == 1.2 and out["transformers_decode_b1_ms_per_token"] is None
     assert out["throughput_tok_s"] is None and out["max_pipeline_throughput_tok_s"] is None  # no throughput run
     assert out["max_pipeline_device_graph_capture"] is None and out["e2e_flash_kernels"] is None  # not in the meta
