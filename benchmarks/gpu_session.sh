@@ -173,6 +173,9 @@ for step in $steps; do
   esac
 done
 join_warm
+# MAX's compiled graphs at the end, to set beside .devkit/graphs.tar.xz's: a name only here was compiled on the machine
+# (on the H200 lease the precompiled graphs did not hold, for a reason still open)
+ls -l "${MODULAR_CACHE_DIR:-.modular_cache}"/.max_cache/mof/mef/*/ >"$log_dir/max-cache.log" 2>&1
 benchmarks/gpu_logs_to_out.sh "$log_dir"
 printf '%s\n' "${summary[@]}"
 exit $status
