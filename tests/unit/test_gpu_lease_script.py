@@ -20,6 +20,15 @@ def _lease(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=120)
 
 
+def _stand_in_checkout(tmp_path: Path) -> Path:
+    """A checkout with the lease's scripts alone (start copies the kit's parts by device_unpack.sh)."""
+    checkout = tmp_path / "checkout"
+    (checkout / "benchmarks").mkdir(parents=True)
+    for script in (SCRIPT, SCRIPT.parent / "device_unpack.sh"):
+        shutil.copy(script, checkout / "benchmarks")
+    return checkout
+
+
 def test_start_returns_at_once_and_wait_brings_back_the_runs_logs(tmp_path: Path) -> None:
     began = time.monotonic()
     started = _lease(tmp_path, "start", "100", "no-such-step")
@@ -37,10 +46,7 @@ def test_start_returns_at_once_and_wait_brings_back_the_runs_logs(tmp_path: Path
 
 def test_start_copies_what_git_would_track_and_no_virtualenv(tmp_path: Path) -> None:
     """CI's virtualenv lives in the checkout, ignored: copied, its gigabytes once filled CI's disk."""
-    checkout = tmp_path / "checkout"
-    (checkout / "benchmarks").mkdir(parents=True)
-    for script in (SCRIPT, SCRIPT.parent / "device_unpack.sh"):  # start copies the kit's parts by the second
-        shutil.copy(script, checkout / "benchmarks")
+    checkout = _stand_in_checkout(tmp_path)
     (checkout / ".gitignore").write_text(".ci-venv/\n")
     (checkout / ".ci-venv" / "lib").mkdir(parents=True)
     (checkout / ".ci-venv" / "lib" / "torch.so").write_text("big")
@@ -80,10 +86,7 @@ def test_usage_errors_name_the_verbs(tmp_path: Path) -> None:
 
 def test_precompile_keeps_the_graphs_of_the_same_kernel_package(tmp_path: Path) -> None:
     """A stand-in checkout whose python3 'compiles' one graph a run into the copy's cache and says what it found."""
-    checkout = tmp_path / "checkout"
-    (checkout / "benchmarks").mkdir(parents=True)
-    for script in (SCRIPT, SCRIPT.parent / "device_unpack.sh"):  # start copies the kit's parts by the second
-        shutil.copy(script, checkout / "benchmarks")
+    checkout = _stand_in_checkout(tmp_path)
     package = checkout / ".modular_cache" / "mili_kernels" / "digest1"
     package.mkdir(parents=True)
     (package / "mili.mojopkg").write_text("1")
