@@ -12,7 +12,7 @@ from tests.attention_cases import attention_case
 DTYPES = [torch.float32, torch.bfloat16]
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
 
-NORM_SHAPES = [(1, 64), (7, 1000), (33, 1024), (3000, 1000)]  # 1000: not a multiple of any vector width
+NORM_SHAPES = [(1, 64), (7, 1000), (33, 1024), (3000, 1000), (5, 1001)]  # 1001: rows a GPU reads one element a load
 HEAD_NORM_SHAPES = [(1, 16, 128), (5, 8, 64), (2048, 8, 128)]
 ROPE_CASES = [(1, 16, 8, 128, None), (37, 4, 2, 64, None), (2048, 16, 8, 128, None), (300, 8, 1, 128, YARN)]
 QK_CASES = [(1, 16, 8, 128, None), (37, 4, 2, 64, None), (600, 16, 8, 128, None), (9, 8, 1, 128, YARN)]

@@ -9,9 +9,10 @@ from max.gpu import thread_idx, block_idx
 from max.gpu.primitives import block
 from std.algorithm import vectorize
 from std.math import rsqrt
+from std.sys import size_of
 
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
-from ..utils.types import addr, ptr, load_f32, narrow, Addr, F32, F32_WIDTH, Ptr, GPU_BLOCK, SERIAL_ELEMENTS, check_same
+from ..utils.types import addr, ptr, load_f32, narrow, Addr, F32, F32_WIDTH, Ptr, GPU_BLOCK, SERIAL_ELEMENTS, aligned_16, check_same
 
 
 struct _NormRows[dtype: DType, fused: Bool](ChunkTask):
@@ -72,28 +73,35 @@ def norm_rows_cpu[dtype: DType, fused: Bool, R: Runner](
     runner.run(_NormRows[dtype, fused](y, res_out, x, res, w, cols, eps), rows, rows * cols <= SERIAL_ELEMENTS)
 
 
-def _norm_rows_gpu[dtype: DType, fused: Bool](
+def _norm_rows_gpu[dtype: DType, fused: Bool, width: Int](
     y: Ptr[dtype], res_out: Ptr[dtype], x: Ptr[dtype], res: Ptr[dtype], w: Ptr[dtype],
     cols: Int32, eps: Ptr[F32],
 ):
+    """Block r: row r, `width` elements a load (16 bytes where the row allows). A thread's loads of a pass are
+    issued before their arithmetic: with one element a load, a 1,024-wide row took 8 trips to memory one after
+    another a pass (5.9 us a row on an H200)."""
+    comptime ALIGN = width * size_of[dtype]()
     var n = Int(cols)
     var base = Int(block_idx.x) * n
-    var tid = Int(thread_idx.x)
+    var first = Int(thread_idx.x) * width
+    var epsilon = eps.unsafe_load(0)
     var src = x
-    comptime if fused:
-        for i in range(tid, n, GPU_BLOCK):  # each thread re-reads only what it wrote: no barrier needed
-            var s = x.unsafe_load(base + i).cast[F32]() + res.unsafe_load(base + i).cast[F32]()
-            res_out.unsafe_store(base + i, s.cast[dtype]())
-        src = res_out
     var s = Float32(0)
-    for i in range(tid, n, GPU_BLOCK):
-        var v = src.unsafe_load(base + i).cast[F32]()
-        s += v * v
+    for i in range(first, n, GPU_BLOCK * width):
+        var v = x.unsafe_load[width=width, alignment=ALIGN](base + i).cast[F32]()
+        comptime if fused:
+            var rounded = (v + res.unsafe_load[width=width, alignment=ALIGN](base + i).cast[F32]()).cast[dtype]()
+            res_out.unsafe_store[alignment=ALIGN](base + i, rounded)
+            v = rounded.cast[F32]()
+        s += (v * v).reduce_add()
+    comptime if fused:
+        src = res_out  # each thread re-reads only what it wrote: no barrier needed
     var total = block.sum[block_size=GPU_BLOCK, broadcast=True](s)
-    var inv = rsqrt(total / Float32(n) + eps.unsafe_load(0))
-    for i in range(tid, n, GPU_BLOCK):
-        var v = src.unsafe_load(base + i).cast[F32]() * inv
-        y.unsafe_store(base + i, (v * w.unsafe_load(i).cast[F32]()).cast[dtype]())
+    var inv = rsqrt(total / Float32(n) + epsilon)
+    for i in range(first, n, GPU_BLOCK * width):
+        var v = src.unsafe_load[width=width, alignment=ALIGN](base + i).cast[F32]() * inv
+        var scaled = v * w.unsafe_load[width=width, alignment=ALIGN](i).cast[F32]()
+        y.unsafe_store[alignment=ALIGN](base + i, scaled.cast[dtype]())
 
 
 def check_norm[what: StaticString](weight_size: Int, cols: Int, cols_name: StaticString, residual_size: Int, x_size: Int) raises:
@@ -110,9 +118,15 @@ def _norm_rows[dtype: DType, fused: Bool, target: StaticString](
     comptime if target == "cpu":
         norm_rows_cpu[dtype, fused](MojoThreads(ctx), y, res_out, x, res, w, rows, cols, eps.unsafe_load(0))
     else:
-        ctx.enqueue_function[_norm_rows_gpu[dtype, fused]](
-            y, res_out, x, res, w, Int32(cols), eps, grid_dim=rows, block_dim=GPU_BLOCK
-        )
+        comptime VEC = 16 // size_of[dtype]()
+        if cols % VEC == 0 and aligned_16(y, res_out, x, res, w):
+            ctx.enqueue_function[_norm_rows_gpu[dtype, fused, VEC]](
+                y, res_out, x, res, w, Int32(cols), eps, grid_dim=rows, block_dim=GPU_BLOCK
+            )
+        else:
+            ctx.enqueue_function[_norm_rows_gpu[dtype, fused, 1]](
+                y, res_out, x, res, w, Int32(cols), eps, grid_dim=rows, block_dim=GPU_BLOCK
+            )
 
 
 @register("mili_rms_norm")

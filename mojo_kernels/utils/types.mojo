@@ -21,6 +21,14 @@ def ptr[dtype: DType](a: Addr[dtype]) -> Ptr[dtype]:
     return a.unsafe_origin_cast[MutAnyOrigin]()
 
 
+def aligned_16[dtype: DType](*pointers: Ptr[dtype]) -> Bool:
+    """Whether every pointer is on a 16-byte boundary (a GPU's vector loads need it)."""
+    for p in pointers:
+        if Int(p) % 16 != 0:
+            return False
+    return True
+
+
 comptime GPU_BLOCK = 128
 """Threads per block of the row-wise GPU kernels (one row per block)."""
 
