@@ -24,3 +24,7 @@ def test_prefill_blocks_cover_every_row_tile_once() -> None:
 def test_each_attention_batch_goes_to_the_kernel_that_takes_it() -> None:
     # the host code as MAX compiles it for an H100, where WARP_SIZE is 32 (0 in a build for the CPU alone)
     _run_check("attention_dispatch_check.mojo", "--target-accelerator", "sm_90")
+
+
+def test_attention_splits_cover_every_key_once_and_short_contexts_fill_the_first() -> None:
+    _run_check("split_keys_check.mojo")

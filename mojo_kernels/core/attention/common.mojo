@@ -5,9 +5,8 @@
 #   position context_len - q_len + i and sees keys 0..that position. Prefill, extension of a cached
 #   prefix and decode (q_len 1) are the same computation: an online softmax over the visible keys,
 #   accumulated in float32.
-# What the CPU and GPU kernels share: where a token sits in the cache, the merge of the splits' partial softmax
-# states, and the shape checks.
-from std.math import exp
+# What the kernels share: where a token sits in the cache, the GPU kernels' split of the keys, and the shape checks.
+from std.math import ceildiv
 from std.sys import is_gpu
 
 from ...utils.types import F32, Ptr, check_same
@@ -28,30 +27,13 @@ def token_offset(page_table: Ptr[DType.int32], table_row: Int, j: Int, page_size
 
 
 @always_inline
-def merge_splits[dtype: DType](
-    output: Ptr[dtype], dst: Int, partial: Ptr[F32], first: Int, stride: Int, acc_at: Int, m_at: Int, l_at: Int,
-    splits: Int, x_begin: Int, x_end: Int, x_step: Int,
-):
-    """Writes output[dst + x] for x in x_begin ..< x_end by x_step from the partial softmax states of one row's splits
-    of the keys (CPU and GPU): split s keeps its unnormalized accumulator at partial[first + s * stride + acc_at:],
-    its running max at partial[first + s * stride + m_at] and its sum at partial[first + s * stride + l_at]. Split
-    0's accumulator is overwritten (x_begin ..< x_end by x_step only: each GPU thread merges its own elements)."""
-    var m = Float32.MIN
-    for s in range(splits):
-        m = max(m, partial.unsafe_load(first + s * stride + m_at))
-    # one exp per split, not per element: the splits' accumulators are summed into split 0's (scratch)
-    var total = Float32(0)
-    for s in range(splits):
-        var at = first + s * stride
-        var weight = exp(partial.unsafe_load(at + m_at) - m)
-        total += partial.unsafe_load(at + l_at) * weight
-        for x in range(x_begin, x_end, x_step):
-            var scaled = partial.unsafe_load(at + acc_at + x) * weight
-            if s > 0:
-                scaled += partial.unsafe_load(first + acc_at + x)
-            partial.unsafe_store(first + acc_at + x, scaled)
-    for x in range(x_begin, x_end, x_step):
-        output.unsafe_store(dst + x, (partial.unsafe_load(first + acc_at + x) / total).cast[dtype]())
+def split_keys(n: Int, splits: Int, split: Int, fewest: Int, multiple: Int) -> Tuple[Int, Int]:
+    """Keys begin ..< end of split `split` of n keys cut into `splits`: `fewest` keys a split at least, rounded up to
+    a multiple of `multiple` (the keys a block reads at once). A short context fills only its first splits; the
+    others are empty (begin = end = n). Split 0 holds a key whenever n > 0."""
+    var per_split = ceildiv(max(ceildiv(n, splits), fewest), multiple) * multiple
+    var begin = min(split * per_split, n)
+    return begin, min(begin + per_split, n)
 
 
 def check_attention(batch: Int, q_heads: Int, head_dim: Int, kv_heads: Int, cache_head_dim: Int, k_cache_size: Int,

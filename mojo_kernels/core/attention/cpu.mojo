@@ -15,7 +15,6 @@ from std.utils.index import IndexList
 
 from ...utils.types import load_f32, narrow, F32, F32_WIDTH, Ptr
 from ...utils.parallel import CpuContext
-from .common import merge_splits
 
 comptime KEY_BLOCK = 32
 """Keys scored together before one softmax rescale."""
@@ -368,6 +367,33 @@ def _four_rows_block(buf: Ptr[F32], r0: Int, r1: Int, r2: Int, r3: Int, j0: Int,
         buf.unsafe_store(acc_off + r3 * head_dim + x, c3)
 
 
+@always_inline
+def _merge_splits[dtype: DType](
+    output: Ptr[dtype], dst: Int, partial: Ptr[F32], first: Int, stride: Int, acc_at: Int, m_at: Int, l_at: Int,
+    splits: Int, n: Int,
+):
+    """Writes output[dst ..< dst + n] from the partial softmax states of one row's splits of the keys: split s keeps
+    its unnormalized accumulator at partial[first + s * stride + acc_at:], its running max at
+    partial[first + s * stride + m_at] and its sum at partial[first + s * stride + l_at]. Split 0's accumulator is
+    overwritten."""
+    var m = Float32.MIN
+    for s in range(splits):
+        m = max(m, partial.unsafe_load(first + s * stride + m_at))
+    # one exp per split, not per element: the splits' accumulators are summed into split 0's (scratch)
+    var total = Float32(0)
+    for s in range(splits):
+        var at = first + s * stride
+        var weight = exp(partial.unsafe_load(at + m_at) - m)
+        total += partial.unsafe_load(at + l_at) * weight
+        for x in range(n):
+            var scaled = partial.unsafe_load(at + acc_at + x) * weight
+            if s > 0:
+                scaled += partial.unsafe_load(first + acc_at + x)
+            partial.unsafe_store(first + acc_at + x, scaled)
+    for x in range(n):
+        output.unsafe_store(dst + x, (partial.unsafe_load(first + acc_at + x) / total).cast[dtype]())
+
+
 def attention_cpu[dtype: DType, cache_type: DType](
     output: Ptr[dtype], q: Ptr[dtype], k_cache: Ptr[cache_type], v_cache: Ptr[cache_type], page_table: Ptr[DType.int32],
     context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale: Float32,
@@ -533,7 +559,7 @@ def attention_cpu[dtype: DType, cache_type: DType](
             var n_queries = min(query_tile, Int(query_start.unsafe_load(b + 1)) - q_begin - first)
             for r in range(n_queries * q_heads):
                 var dst = ((q_begin + first + r // q_heads) * q_heads + r % q_heads) * head_dim
-                merge_splits(output, dst, part_ptr, tile * splits * state_len, state_len, r * head_dim,
-                              rows * head_dim + r, rows * head_dim + rows + r, splits, 0, head_dim, 1)
+                _merge_splits(output, dst, part_ptr, tile * splits * state_len, state_len, r * head_dim,
+                              rows * head_dim + r, rows * head_dim + rows + r, splits, head_dim)
     _ = tiles^
     _ = partial^

@@ -7,11 +7,11 @@ from max.gpu.host import DeviceContext
 from max.gpu import thread_idx, block_idx
 from max.gpu.sync import barrier
 from max.gpu.primitives import block
-from std.math import ceildiv, exp
+from std.math import exp
 from std.memory import stack_allocation
 
 from ...utils.types import F32, Ptr, GPU_BLOCK
-from .common import merge_splits, token_offset
+from .common import split_keys, token_offset
 
 comptime MAX_HEAD_DIM = 2 * GPU_BLOCK
 """The GPU kernel keeps q in shared memory and two head dimensions per thread."""
@@ -47,9 +47,7 @@ def _attention_gpu[dtype: DType, cache_type: DType](
     var q_begin = Int(query_start.unsafe_load(b))
     var q_len = Int(query_start.unsafe_load(b + 1)) - q_begin
     var n_visible = Int(context_lens.unsafe_load(b)) - q_len + (t - q_begin) + 1
-    var per_split = ceildiv(ceildiv(n_visible, n_splits), GPU_BLOCK) * GPU_BLOCK
-    var k_begin = min(split * per_split, n_visible)  # split 0 is never empty: a query sees itself
-    var k_end = min(k_begin + per_split, n_visible)
+    var k_begin, k_end = split_keys(n_visible, n_splits, split, GPU_SPLIT_KEYS, GPU_BLOCK)  # a query sees itself
     var g = h // (hq // hk)
     var scale = scale_ptr.unsafe_load(0)
     var q_sh = stack_allocation[MAX_HEAD_DIM, F32, address_space=AddressSpace.SHARED]()
@@ -106,17 +104,37 @@ def _attention_gpu[dtype: DType, cache_type: DType](
 
 def merge_splits_gpu[dtype: DType](output: Ptr[dtype], partial: Ptr[F32], q_heads: Int32, head_dim: Int32, splits: Int32):
     """Block (t, h) of GPU_BLOCK threads: the output of query token t, head h from its splits' partial softmax
-    states."""
+    states (splits <= GPU_BLOCK). Thread s reads split s's max and sum; a split that saw no key (sum 0: past a short
+    context in a wide page table) is skipped, its accumulator unread."""
     var row = Int(block_idx.x) * Int(q_heads) + Int(block_idx.y)
-    var d, n_splits = Int(head_dim), Int(splits)
-    merge_splits(output, row * d, partial, row * n_splits * (d + 2), d + 2, 0, d, d + 1, n_splits,
-                  Int(thread_idx.x), d, GPU_BLOCK)
+    var d, n_splits, tid = Int(head_dim), Int(splits), Int(thread_idx.x)
+    var first = row * n_splits * (d + 2)
+    var m_s = Float32.MIN_FINITE
+    var l_s = Float32(0)
+    if tid < n_splits:
+        l_s = partial.unsafe_load(first + tid * (d + 2) + d + 1)
+        if l_s > 0:
+            m_s = partial.unsafe_load(first + tid * (d + 2) + d)
+    var m = block.max[block_size=GPU_BLOCK, broadcast=True](m_s)
+    var weight = exp(m_s - m) if l_s > 0 else Float32(0)
+    var total = block.sum[block_size=GPU_BLOCK, broadcast=True](l_s * weight)
+    var weights = stack_allocation[GPU_BLOCK, F32, address_space=AddressSpace.SHARED]()
+    weights.unsafe_store(tid, weight)
+    barrier()
+    for x in range(tid, d, GPU_BLOCK):
+        var acc = Float32(0)
+        for s in range(n_splits):
+            var w = weights.unsafe_load(s)
+            if w > 0:
+                acc += partial.unsafe_load(first + s * (d + 2) + x) * w
+        output.unsafe_store(row * d + x, (acc / total).cast[dtype]())
 
 
 def gpu_splits(tokens: Int, q_heads: Int, max_keys: Int) -> Int:
     """Splits of the keys per (token, head) on GPU: long contexts with few (token, head) blocks (decode of a
     small batch) would leave most of the GPU idle. max_keys bounds every context (pages per sequence x page
     size): the contexts themselves are on the GPU."""
+    comptime assert GPU_MAX_SPLITS <= GPU_BLOCK, "merge_splits_gpu reads a split's state a thread"
     if tokens * q_heads >= GPU_BUSY_BLOCKS:
         return 1
     return max(1, min(GPU_MAX_SPLITS, max_keys // GPU_SPLIT_KEYS, GPU_BUSY_BLOCKS // (tokens * q_heads)))

@@ -12,13 +12,13 @@ from max.gpu.host import DeviceContext
 from max.gpu import thread_idx, block_idx, WARP_SIZE
 from max.gpu.primitives import warp
 from max.gpu.sync import barrier
-from std.math import ceildiv, exp, rsqrt
+from std.math import exp, rsqrt
 from std.memory import stack_allocation
 from std.sys import size_of
 
 from ...utils.types import addr, ptr, Addr, F32, Ptr, GPU_BLOCK, load_f32
 from ..rope import rope_cos_sin_gpu
-from .common import token_offset
+from .common import split_keys, token_offset
 from .gpu import merge_splits_gpu
 
 comptime DECODE_THREADS = 128
@@ -61,7 +61,9 @@ def decode_supported[cache_type: DType](
 def decode_splits(batch: Int, kv_heads: Int, max_keys: Int) -> Int:
     """Splits of each sequence's keys: enough blocks to fill the GPU at small batches without going past one wave
     of them, none at large ones (batch 64 of 8 KV heads: 512 blocks, unsplit). max_keys bounds every context (the
-    contexts themselves are on the GPU)."""
+    contexts themselves are on the GPU: the kernel gives a split DECODE_SPLIT_KEYS keys at least, so a short context
+    fills only its first splits and the others exit at once)."""
+    comptime assert DECODE_MAX_SPLITS <= GPU_BLOCK, "merge_splits_gpu reads a split's state a thread"
     return max(1, min(DECODE_MAX_SPLITS, max_keys // DECODE_SPLIT_KEYS, DECODE_BUSY_BLOCKS // (batch * kv_heads)))
 
 
@@ -171,9 +173,11 @@ def _decode_attention_gpu[dtype: DType, cache_type: DType, group: Int, from_qkv:
     var part = (tid % lanes) * VEC  # this thread's elements of a row: part ..< part + VEC
     var t = Int(query_start.unsafe_load(b))
     var n = Int(context_lens.unsafe_load(b))
-    var per_split = ceildiv(ceildiv(n, n_splits), slots) * slots
-    var k_begin = min(split * per_split, n)
-    var k_end = min(k_begin + per_split, n)
+    var k_begin, k_end = split_keys(n, n_splits, split, DECODE_SPLIT_KEYS, slots)
+    if k_begin == k_end:  # an empty split (never the first: n >= 1): a sum of 0 tells the merge to skip it
+        if tid < group:
+            partial.unsafe_store(((t * hq + g * group + tid) * n_splits + split) * (d + 2) + d + 1, 0)
+        return
 
     var scale = scale_ptr.unsafe_load(0)
     # this thread's elements of every query head of the group (head h in lanes h * VEC ..), and their accumulators
