@@ -20,6 +20,9 @@ comptime GPU_BUSY_BLOCKS = 1024
 comptime GPU_SPLIT_KEYS = 512
 """The fewest keys per split."""
 comptime GPU_MAX_SPLITS = 32
+comptime MERGE_LOADS = 8
+"""Splits' accumulators a merge thread loads before adding any: one at a time, the 64 splits of a batch-1 decode at
+4,096 keys would be 64 trips to memory one after another."""
 
 
 def _attention_gpu[dtype: DType, cache_type: DType](
@@ -123,10 +126,14 @@ def merge_splits_gpu[dtype: DType](output: Ptr[dtype], partial: Ptr[F32], q_head
     barrier()
     for x in range(tid, d, GPU_BLOCK):
         var acc = Float32(0)
-        for s in range(n_splits):
-            var w = weights.unsafe_load(s)
-            if w > 0:
-                acc += partial.unsafe_load(first + s * (d + 2) + x) * w
+        for s0 in range(0, n_splits, MERGE_LOADS):
+            var parts = SIMD[F32, MERGE_LOADS](0)
+            comptime for u in range(MERGE_LOADS):
+                var s = min(s0 + u, n_splits - 1)  # past the last split: its state again, weighted 0
+                var w = weights.unsafe_load(s) if s0 + u < n_splits else Float32(0)
+                var v = partial.unsafe_load(first + s * (d + 2) + x)
+                parts[u] = v * w if w > 0 else Float32(0)  # an empty split's accumulator is never written
+            acc += parts.reduce_add()
         output.unsafe_store(row * d + x, (acc / total).cast[dtype]())
 
 
