@@ -21,24 +21,22 @@ def cpu_path(request, monkeypatch) -> str:
     return request.param
 
 
-def graph_cases() -> list:
-    """kernel_cases() for the MAX-graph path. Each op and dtype is a graph compile (~40 s on 2 cores), so by default
-    bfloat16's alone (its caches bfloat16 too; every weight dtype): the registration code they test is the same in
-    every dtype, and the eager path runs each dtype's kernels. `pytest -m slow` runs the other dtypes' graphs."""
-    return [c if c.values[1] == torch.bfloat16 else pytest.param(*c.values, id=c.id, marks=[*c.marks, pytest.mark.slow])
-            for c in kernel_cases()]
+def cpu_cases() -> list:
+    """kernel_cases() through both CPU paths of bindings.ops: the Mojo extension module (eager) and MAX graphs. Each
+    op and dtype is a graph compile (~40 s on 2 cores), so the graphs run bfloat16's cases alone by default (its caches
+    bfloat16 too; every weight dtype): the registration code they test is the same in every dtype, and the eager path
+    runs each dtype's kernels. `pytest -m slow` runs the other dtypes' graphs too."""
+    cases = []
+    for c in kernel_cases():
+        cases.append(pytest.param("eager", *c.values, id=f"eager-{c.id}", marks=c.marks))
+        slow = [] if c.values[1] == torch.bfloat16 else [pytest.mark.slow]
+        cases.append(pytest.param("graph", *c.values, id=f"graph-{c.id}", marks=[*c.marks, *slow]))
+    return cases
 
 
-@pytest.mark.parametrize("runner, dtype, case", kernel_cases())
-def test_op_matches_reference_eager(monkeypatch, runner, dtype: torch.dtype, case) -> None:
-    monkeypatch.setattr(ops, "EAGER_CPU", True)
-    torch.manual_seed(hash(str(case)) % 2**31)
-    runner(ops, "cpu", dtype, case)
-
-
-@pytest.mark.parametrize("runner, dtype, case", graph_cases())
-def test_op_matches_reference_in_a_graph(monkeypatch, runner, dtype: torch.dtype, case) -> None:
-    monkeypatch.setattr(ops, "EAGER_CPU", False)
+@pytest.mark.parametrize("path, runner, dtype, case", cpu_cases())
+def test_op_matches_reference(monkeypatch, path: str, runner, dtype: torch.dtype, case) -> None:
+    monkeypatch.setattr(ops, "EAGER_CPU", path == "eager")
     torch.manual_seed(hash(str(case)) % 2**31)
     runner(ops, "cpu", dtype, case)
 
