@@ -174,7 +174,7 @@ def _decode_attention_gpu[dtype: DType, cache_type: DType, group: Int, from_qkv:
     var t = Int(query_start.unsafe_load(b))
     var n = Int(context_lens.unsafe_load(b))
     var k_begin, k_end = split_keys(n, n_splits, split, DECODE_SPLIT_KEYS, slots)
-    if k_begin == k_end:  # an empty split (never the first: n >= 1): a sum of 0 tells the merge to skip it
+    if k_begin == k_end and split > 0:  # an empty split (there is a merge): a sum of 0 tells it to skip this one
         if tid < group:
             partial.unsafe_store(((t * hq + g * group + tid) * n_splits + split) * (d + 2) + d + 1, 0)
         return
