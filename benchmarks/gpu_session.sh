@@ -7,9 +7,9 @@
 #   setup        unpack benchmarks/device_kit.sh's parts (carried now in .devkit/pN, or before to /tmp/mili-kit/parts)
 #   build        load the kernel package (precompiled here: carry .modular_cache/mili_kernels)
 #   warm         in the background, while the tests run: MILI's 0.6B graphs as e2e and profile-two-ops load them
-#                (flash attention, one op, then two), once each: seconds where gpu_lease.sh's precompiled graphs
-#                hold; where they do not, the graphs compile here, not inside the timed steps. Every later step but
-#                the tests waits for it
+#                (flash attention, one op, then two where profile-two-ops runs), once each: seconds where
+#                gpu_lease.sh's precompiled graphs hold; where they do not, the graphs compile here, not inside the
+#                timed steps. Every later step but the tests waits for it
 #   tests        tests/gpu: every kernel case on cuda (attention through the flash kernels, the default, with two
 #                row tiles a prefill block forced, and through the plain ones), replayed decode steps against
 #                op-by-op ones, overlapped against read-at-once ones (where replayed steps fail, e2e times MILI op by
@@ -17,6 +17,7 @@
 #   model        the model on cuda against transformers (tests/integration/test_parity.py -k cuda)
 #   bench        the kernel benchmark, bfloat16 and float32 (BENCH_ONLY=attention,rope: only the ops whose name has one)
 #   attention-bench  the kernel benchmark's attention rows and the fused q/k norm + RoPE + KV store op, bfloat16
+#                (ATTENTION_BENCH_ONLY: only the rows whose name has one, e.g. "attention decode")
 #   e2e          benchmarks/device_e2e.py (mili bench latency and throughput --device cuda, each system started once
 #                for both): MILI against MAX's pipeline (E2E_SYSTEMS, default mili,max; mili-eager or mili-sync
 #                in place of mili where the tests step failed replayed or overlapped decode steps), MILI with the plain
@@ -68,13 +69,15 @@ run() {  # run NAME LIMIT COMMAND...: log to $log_dir/NAME.log; skipped when the
 }
 
 warm_pid=
-warm() {  # warm: e2e's MILI graph, then profile-two-ops', each loaded once, in the background
+warm() {  # warm: e2e's MILI graph, then profile-two-ops' where that step runs, each loaded once, in the background
   if [ $((budget - SECONDS)) -lt 20 ]; then summary+=("warm: not run (session time spent)"); return; fi
   echo "== warm (in the background)"
   local load='import sys; sys.path.insert(0, "benchmarks")
 from common import model_path; from e2e_systems import load_mili; load_mili(model_path(None), "cuda")'
+  local variants=1
+  [[ " $steps " != *" profile-two-ops "* ]] || variants="1 0"
   warm_started=$SECONDS
-  (for qkv in 1 0; do
+  (for qkv in $variants; do
      left=$((budget - SECONDS))
      [ $left -ge 5 ] || exit 124
      MILI_GPU_FLASH_ATTENTION=1 MILI_GPU_QKV_ATTENTION=$qkv timeout "$left" python3 -c "$load" || exit
@@ -154,7 +157,7 @@ for step in $steps; do
              run "bench-$dtype" 300 python3 benchmarks/kernels.py --device cuda --dtype "$dtype" --only "${BENCH_ONLY:-}"
            done ;;
     attention-bench) run attention-bench 300 python3 benchmarks/kernels.py --device cuda --dtype bfloat16 \
-                       --only attention,qk_norm_rope_store ;;
+                       --only "${ATTENTION_BENCH_ONLY:-attention,qk_norm_rope_store}" ;;
     e2e) e2e_kernels
          summary+=("e2e: MILI's attention kernels $([ "$flash" = 1 ] && echo flash || echo plain)${MILI_GPU_QKV_ATTENTION:+,\
  MILI_GPU_QKV_ATTENTION=$MILI_GPU_QKV_ATTENTION}${MILI_GPU_PREFILL_PAIRS:+, MILI_GPU_PREFILL_PAIRS=$MILI_GPU_PREFILL_PAIRS}")
