@@ -34,7 +34,9 @@ fi
 [ ! -d "$kit/site/modular" ] || [ -e "$kit/site/modular/bin/mojo" ] || {
   mkdir -p "$kit/site/modular/bin" && touch "$kit/site/modular/bin/mojo" && chmod +x "$kit/site/modular/bin/mojo"; }
 export PYTHONPATH=$kit/site${PYTHONPATH:+:$PYTHONPATH}
-python3 -c "import max.engine, max.driver; print('MAX', max.driver.accelerator_count(), 'accelerator(s)')" || exit 1
+# the architecture MAX compiles for there (its compile cache keys hold it): what gpu_precompile.py's GPU_ARCH must be
+python3 -c "import max.engine, max.driver as d; n = d.accelerator_count()
+print('MAX', n, 'accelerator(s)', *(['of architecture', d.Accelerator().architecture_name] if n else []))" || exit 1
 python3 -c "from mojo._package_root import get_package_root as root
 assert (root() / 'lib/mojo/builtin_kernels.mojoc').is_file(), f'no MAX kernel libraries under {root()}'" || exit 1
 python3 -c "import max.nn" || echo "max.nn does not import: no MAX flash attention row, no MAX pipeline"

@@ -9,8 +9,8 @@
 #       then wait until the run ends or SECONDS pass, putting its logs and results into $OUT every 15 s (a call cut
 #       short still brings back the latest)
 # Before the lease, here (no GPU needed):
-#   benchmarks/gpu_lease.sh precompile  the graphs the lease loads, compiled for sm_90 in a copy of the checkout at
-#       $LEASE_REPO (MAX's cache key holds the kernel package's path) by benchmarks/gpu_precompile.py, into
+#   benchmarks/gpu_lease.sh precompile  the graphs the lease loads, compiled for $GPU_ARCH (sm_90a) in a copy of the
+#       checkout at $LEASE_REPO (MAX's cache key holds the kernel package's path) by benchmarks/gpu_precompile.py, into
 #       .devkit/graphs.tar.xz (compiled graphs shrink ~40x), which `start` unpacks into the run's compile cache; the
 #       copy's compiled graphs are kept while the kernel package is the same one (~35 minutes on 2 cores from none).
 #       The key holds the CPU the graphs' host code is compiled for: MILI_VIRTUAL_CPU_TARGET, x86-64-v3 unless set,

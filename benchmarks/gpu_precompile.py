@@ -1,7 +1,10 @@
 """Compiles, on a machine without a GPU, the graphs a GPU lease loads, into MAX's compile cache (MAX's
-virtual-device mode, sm_90): the lease then reads them from the cache where it would compile them (minutes of
-its 15). Run by `benchmarks/gpu_lease.sh precompile`, in a copy of the checkout at the path the lease runs from:
-MAX's cache key holds the kernel package's path.
+virtual-device mode, for $GPU_ARCH: sm_90a unless set): the lease then reads them from the cache where it would
+compile them (minutes of its 15). The architecture must be the one MAX names the lease's GPU by, as its cache keys
+hold it: the lease's setup step prints it. sm_90a is a lead, not yet seen: code built on MAX tells an H100 by
+`architecture_name == "sm_90a"`, and on the H200 lease of 2026-11-27 no graph compiled here for sm_90 held. Run by
+`benchmarks/gpu_lease.sh precompile`, in a copy of the checkout at the path the lease runs from: MAX's cache key
+holds the kernel package's path.
 
 The graphs: Qwen3-0.6B's shape in bfloat16 (the end-to-end runs, the decode profile), the tests' tiny model in
 bfloat16 (tests/gpu/test_decode_graphs.py, the bfloat16 parity test) and the parity shapes in float32
@@ -27,8 +30,9 @@ import torch
 
 from max import driver
 
+ARCH = os.environ.get("GPU_ARCH", "sm_90a")
 driver.set_virtual_device_api("cuda")  # before any device exists
-driver.set_virtual_device_target_arch("sm_90")
+driver.set_virtual_device_target_arch(ARCH)
 driver.set_virtual_device_count(1)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -91,7 +95,7 @@ def compile_max_pipeline(max_python: str) -> float:
     command = max_worker_command(max_python, model_path(None), device_e2e.max_devices(args.device), args.max_num_seqs,
                                  device_e2e.max_length(args))
     started = time.perf_counter()
-    subprocess.run([*command, "--compile-for", "sm_90"], check=True, env=max_worker_env())
+    subprocess.run([*command, "--compile-for", ARCH], check=True, env=max_worker_env())
     return time.perf_counter() - started
 
 
@@ -105,15 +109,15 @@ def main() -> int:
         graphs += [(model_path(None), "bfloat16", "Qwen3-0.6B shape, two ops", False),
                    (tiny, "float32", "tests' tiny model, two ops", False)]
         for path, dtype, what, one_op in graphs:
-            print(f"{what}, {dtype}: compiled for sm_90 in {compile_for_gpu(path, dtype, one_op):.1f} s", flush=True)
+            print(f"{what}, {dtype}: compiled for {ARCH} in {compile_for_gpu(path, dtype, one_op):.1f} s", flush=True)
     started = time.perf_counter()
-    print(f"{compile_op_graphs()} op graphs compiled for sm_90 in {time.perf_counter() - started:.1f} s", flush=True)
+    print(f"{compile_op_graphs()} op graphs compiled for {ARCH} in {time.perf_counter() - started:.1f} s", flush=True)
     started = time.perf_counter()
-    print(f"{compile_attention_bench_graphs()} kernel benchmark graphs compiled for sm_90 in "
+    print(f"{compile_attention_bench_graphs()} kernel benchmark graphs compiled for {ARCH} in "
           f"{time.perf_counter() - started:.1f} s", flush=True)
     max_python = os.environ.get("MAX_PYTHON", "/tmp/mili-kit/max-python")
     if Path(max_python).is_file():
-        print(f"MAX's Qwen3 pipeline compiled for sm_90 in {compile_max_pipeline(max_python):.1f} s", flush=True)
+        print(f"MAX's Qwen3 pipeline compiled for {ARCH} in {compile_max_pipeline(max_python):.1f} s", flush=True)
     else:
         print(f"no {max_python} (MAX_PYTHON: a Python with max[serve], e.g. the kit's peers unpacked by "
               "benchmarks/device_unpack.sh peers): MAX's pipeline is not compiled", flush=True)

@@ -104,27 +104,30 @@ def test_eager_cpu_calls_compile_nothing() -> None:
 
 
 def test_new_sizes_do_not_recompile(monkeypatch) -> None:
-    """Symbolic dims: new token / sequence / page counts reuse the one compiled graph per dtype and device."""
+    """Symbolic dims: new token / sequence / page counts reuse the one compiled graph per dtype and device (bfloat16:
+    the graphs test_op_matches_reference compiles)."""
     monkeypatch.setattr(ops, "EAGER_CPU", False)
-    x = torch.randn(3, 64)
-    ops.rms_norm(x, torch.ones(64), 1e-6)
-    run_attention(ops, "cpu", torch.float32, (([20], [20]), (4, 2, 64), torch.float32))
+    bf16 = torch.bfloat16
+    ops.rms_norm(torch.randn(3, 64, dtype=bf16), torch.ones(64, dtype=bf16), 1e-6)
+    run_attention(ops, "cpu", bf16, (([20], [20]), (4, 2, 64), bf16))
     before = ops.CompiledOp.compiled.cache_info().currsize
     start = time.perf_counter()
     for tokens in (1, 17, 555):
-        ops.rms_norm(torch.randn(tokens, 96), torch.ones(96), 1e-6)
-    run_attention(ops, "cpu", torch.float32, (([300, 5, 70], [1, 5, 70]), (4, 2, 64), torch.float32))
+        ops.rms_norm(torch.randn(tokens, 96, dtype=bf16), torch.ones(96, dtype=bf16), 1e-6)
+    run_attention(ops, "cpu", bf16, (([300, 5, 70], [1, 5, 70]), (4, 2, 64), bf16))
     assert ops.CompiledOp.compiled.cache_info().currsize == before
     assert time.perf_counter() - start < 5, "a call with new sizes took compile time"
 
 
 def test_bad_inputs_are_rejected(cpu_path: str) -> None:
+    # The calls that reach a kernel are bfloat16 (on the graph path, graphs test_op_matches_reference compiles).
     # MAX graphs reject the mismatch at their symbolic dims already, the extension module in the kernel's check
+    bf16 = torch.bfloat16
     with pytest.raises(ValueError, match="weight size \\(63\\) must equal hidden size \\(64\\)|dimension 'H'"):
-        ops.rms_norm(torch.randn(2, 64), torch.ones(63), 1e-6)
+        ops.rms_norm(torch.randn(2, 64, dtype=bf16), torch.ones(63, dtype=bf16), 1e-6)
     with pytest.raises(ValueError, match="3 queries but a context of only 2 tokens"):
-        kc = torch.zeros(2, 16, 1, 16)
-        ops.paged_attention(torch.randn(3, 2, 16), kc, kc, torch.zeros(1, 2, dtype=torch.int32),
+        kc = torch.zeros(2, 16, 1, 16, dtype=bf16)
+        ops.paged_attention(torch.randn(3, 2, 16, dtype=bf16), kc, kc, torch.zeros(1, 2, dtype=torch.int32),
                             torch.tensor([2], dtype=torch.int32), torch.tensor([0, 3], dtype=torch.int32), 0.25)
     kc16, table = torch.zeros(1, 16, 1, 16), torch.zeros(1, 1, dtype=torch.int32)
     lens, starts = torch.tensor([1], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32)
@@ -150,7 +153,7 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
     with pytest.raises(ValueError, match="even"):
         ops.silu_and_mul(torch.randn(2, 5))
     with pytest.raises(ValueError, match="weight's in_features \\(40\\) must equal x's last dimension \\(32\\)|dimension 'K'"):
-        ops.linear(torch.randn(2, 32), torch.randn(8, 40))
+        ops.linear(torch.randn(2, 32, dtype=bf16), torch.randn(8, 40, dtype=bf16))
     int8 = torch.ones(8, 200, dtype=torch.int8)
     with pytest.raises(ValueError, match="scales must be \\(8, 2\\)"):
         ops.linear(torch.randn(2, 200), int8, torch.ones(8, 1), 128)
@@ -158,15 +161,15 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
         ops.linear(torch.randn(2, 200), int8)
     with pytest.raises(ValueError, match="weights must be one of"):
         ops.linear(torch.randn(2, 200), torch.ones(8, 200, dtype=torch.float16))
-    with pytest.raises(ValueError, match="float32 weights must be tiled \\[N / 4, K / 16, 4, 16\\], got tiles of \\[4, 8\\]|dimension"):
-        ops.linear(torch.randn(2, 32), torch.ones(2, 4, 4, 8))
+    with pytest.raises(ValueError, match="bfloat16 weights must be tiled \\[N / 4, K / 32, 4, 32\\], got tiles of \\[4, 8\\]|dimension"):
+        ops.linear(torch.randn(2, 32, dtype=bf16), torch.ones(2, 4, 4, 8, dtype=bf16))
     with pytest.raises(ValueError, match="tiled weights are float32 / bfloat16 / int8 on a CPU"):
         ops.linear(torch.randn(2, 128), torch.ones(2, 2, 4, 64, dtype=torch.uint8))
     tiled_int8 = torch.ones(2, 2, 4, 64, dtype=torch.int8)
     with pytest.raises(ValueError, match="scales must be \\(8, 2\\) for a \\(8, 128\\) weight"):
         ops.linear(torch.randn(2, 128), tiled_int8, torch.ones(8, 1), 64)
     with pytest.raises(ValueError, match="block_k \\(96\\) must be a multiple of the tiles' 64 columns"):
-        ops.linear(torch.randn(2, 128), tiled_int8, torch.ones(8, 2), 96)
+        ops.linear(torch.randn(2, 128, dtype=bf16), tiled_int8, torch.ones(8, 2), 96)
     with pytest.raises(ValueError, match="N a multiple of 4 and K of 64 bytes, got torch.bfloat16 \\(6, 64\\)"):
         ref.tile_weight(torch.ones(6, 64, dtype=torch.bfloat16))
 
