@@ -9,6 +9,7 @@ table per batch and writes JSON under benchmarks/results/. On a CPU the engine r
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import time
 
@@ -16,7 +17,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from common import model_path, print_table, write_json
-from e2e_systems import kv_pages_for, leave_room_for_kv_cache, load_mili
+from e2e_systems import MAX_POOL_PERCENT, kv_pages_for, leave_room_for_kv_cache, load_mili
 
 from bindings import graph
 from python_layer import InferenceEngine, SamplingParams
@@ -53,6 +54,19 @@ def profile_batch(engine: InferenceEngine, batch: int, args: argparse.Namespace)
     return summary, top
 
 
+def device_memory(device: str, stage: str) -> dict:
+    """The GPU's free memory against what torch holds, at a stage of the run: what MAX's pool and the weights take
+    beside MILI's KV cache, for sizing MAX's pool in the engine (the H200 leases: captures failed beside a 40 GB
+    KV cache under MAX's default pool)."""
+    if not device.startswith("cuda"):
+        return dict(stage=stage)
+    gb = lambda n: round(n / 2**30, 2)
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    return dict(stage=stage, free_gb=gb(free), used_gb=gb(total - free), torch_allocated_gb=gb(torch.cuda.memory_allocated()),
+                torch_reserved_gb=gb(torch.cuda.memory_reserved()), total_gb=gb(total),
+                max_pool_percent=os.environ.get(MAX_POOL_PERCENT, "MAX's default"))
+
+
 def attention_graph() -> str:
     """How the model graph runs attention (bindings/graph.py's settings)."""
     if not graph.FLASH_ATTENTION:
@@ -73,20 +87,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     leave_room_for_kv_cache(args.device, args.kv_cache_gb)
+    memory = [device_memory(args.device, "before the model")]
     model = load_mili(model_path(args.model), args.device)
+    memory.append(device_memory(args.device, "model loaded (MAX's device, the weights)"))
     engine = InferenceEngine(model, num_kv_pages=kv_pages_for(model, args.kv_cache_gb), max_num_seqs=max(batches),
                              max_num_batched_tokens=max(batches) * args.context, enable_prefix_caching=False,
                              max_model_len=args.context + args.steps + 2, overlap=args.overlap)
+    memory.append(device_memory(args.device, "engine made (KV cache, decode steps captured)"))
     summaries, tops = [], []
     for batch in batches:
         profile_batch(engine, batch, argparse.Namespace(**{**vars(args), "steps": 4}))  # warm-up
         summary, top = profile_batch(engine, batch, args)
         summaries.append(summary)
         tops += top
+    memory.append(device_memory(args.device, "profiled"))
     print_table(summaries, list(summaries[0]))
     if tops:
         print_table(tops, list(tops[0]))
-    write_json(f"decode-profile-{args.device.replace(':', '')}", vars(args), summaries + tops)
+    print_table(memory, list(memory[-1]))
+    write_json(f"decode-profile-{args.device.replace(':', '')}", {**vars(args), "memory": memory}, summaries + tops)
     return 0
 
 

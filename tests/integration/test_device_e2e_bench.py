@@ -165,8 +165,13 @@ def test_decode_profile_times_the_decode_steps_of_each_batch(tiny_checkpoint: Pa
     assert decode_profile.main(["--device", "cpu", "--model", str(tiny_checkpoint), "--batches", "1,3",
                                 "--context", "20", "--steps", "5", "--kv-cache-gb", "0.05"]) == 0
     (path,) = tmp_path.glob("decode-profile-cpu-*.json")
-    rows = json.loads(path.read_text())["rows"]
+    written = json.loads(path.read_text())
+    rows = written["rows"]
     assert [(r["batch"], r["steps"], r["overlap"]) for r in rows] == [(1, 5, True), (3, 5, True)]
+    # the GPU's memory at each stage: on a CPU only the stages' names
+    assert [m["stage"] for m in written["meta"]["memory"]] == [
+        "before the model", "model loaded (MAX's device, the weights)", "engine made (KV cache, decode steps captured)",
+        "profiled"]
     assert all(r["wall_ms_per_step"] > 0 and r["device_busy_ms_per_step"] == 0 for r in rows)
     assert {r["attention"] for r in rows} == {decode_profile.attention_graph()}
     for flash, one_op, said in [(True, True, "flash kernels, one op (qkv_attention)"), (True, False, "flash kernels, two ops"),
