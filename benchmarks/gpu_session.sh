@@ -3,7 +3,7 @@
 # tests, the model on the GPU against transformers, the kernel benchmark against PyTorch's own GPU ops, and end to
 # end against MAX's own Qwen3 pipeline and transformers (then benchmarks/results/gpu-summary.json).
 # Usage: benchmarks/gpu_session.sh [STEP...]
-#   (default: setup build warm tests attention-bench e2e profile model profile-two-ops e2e-rest)
+#   (default: setup build warm tests e2e profile attention-bench model e2e-rest profile-two-ops)
 #   setup        unpack benchmarks/device_kit.sh's parts (carried now in .devkit/pN, or before to /tmp/mili-kit/parts)
 #   build        load the kernel package (precompiled here: carry .modular_cache/mili_kernels)
 #   warm         in the background, while the tests run: MILI's 0.6B graphs as e2e and profile-two-ops load them
@@ -46,7 +46,7 @@ mkdir -p "$log_dir" "$kit/parts"
 budget=${SESSION_SECONDS:-520}
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=$kit/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-steps=${*:-setup build warm tests attention-bench e2e profile model profile-two-ops e2e-rest}
+steps=${*:-setup build warm tests e2e profile attention-bench model e2e-rest profile-two-ops}
 # pytest-xdist (on the image): one op (and dtype) per worker, so each graph compiles once and in parallel
 xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12 --dist loadgroup")
 status=0
