@@ -158,10 +158,10 @@ def test_every_decode_step_test_names_the_fallback_it_sets() -> None:
     assert 'failed "test_decode_graphs.py::test_(overlapped|steps_behind)"' in script
 
 
-def test_warm_loads_both_model_graphs_while_the_tests_run_and_later_steps_wait_for_it(tmp_path: Path,
-                                                                                      monkeypatch) -> None:
-    """warm loads e2e's graph (flash, one op) then profile-two-ops' (two ops) in the background; the tests step runs
-    beside it, and the next step starts only once both are loaded."""
+def test_warm_loads_the_model_graphs_while_the_tests_run_and_later_steps_wait_for_it(tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    """warm loads e2e's graph (flash, one op), then profile-two-ops' (two ops) where that step runs, in the background;
+    the tests step runs beside it, and the next step starts only once they are loaded."""
     loaded = tmp_path / "loaded"
     stand_in = tmp_path / "bin"  # a python3 that 'loads' a graph in 2 s, and otherwise says which graphs were loaded
     stand_in.mkdir()
@@ -176,13 +176,18 @@ def test_warm_loads_both_model_graphs_while_the_tests_run_and_later_steps_wait_f
     (stand_in / "python3").chmod(0o755)
     monkeypatch.setenv("PATH", f"{stand_in}:{os.environ['PATH']}")
     monkeypatch.setenv("LOADED", str(loaded))
-    result = _session(tmp_path, "warm", "tests", "attention-bench")
+    result = _session(tmp_path, "warm", "tests", "attention-bench", "profile-two-ops")
     logs = tmp_path / "logs"
     assert loaded.read_text() == "flash=1 qkv=1\nflash=1 qkv=0\n"
     assert "-m pytest -q after: \n" in (logs / "tests.log").read_text()  # beside warm, not after it
     assert (logs / "attention-bench.log").read_text() == (
         "benchmarks/kernels.py --device cuda after: flash=1 qkv=1,flash=1 qkv=0\n")
     assert re.search(r"warm: rc=0 in \d+ s \(graphs loaded in 1\.5 s, 1\.5 s\)", result.stdout), result.stdout
+    loaded.unlink()  # without profile-two-ops, its graph is not loaded
+    result = _session(tmp_path, "warm", "tests", "attention-bench")
+    assert loaded.read_text() == "flash=1 qkv=1\n"
+    assert (logs / "attention-bench.log").read_text() == "benchmarks/kernels.py --device cuda after: flash=1 qkv=1\n"
+    assert re.search(r"warm: rc=0 in \d+ s \(graphs loaded in 1\.5 s\)", result.stdout), result.stdout
     # a graph that fails to load fails the session, and the summary shows warm's log
     (stand_in / "python3").write_text("#!/bin/sh\necho 'RuntimeError: no GPU' >&2\nexit 1\n")
     result = _session(tmp_path, "warm")
