@@ -8,7 +8,7 @@ default: MAX 26.7 does not turn it on for Qwen3 by itself), prints `ready` and w
 answers one line per request line on stdin:
 {"prompts": [[token ids]...], "max_tokens": [n...]} -> {"seconds": s, "output_tokens": n}: every prompt
 submitted at once, greedy, ignore_eos, seconds until the last one finished. No min_new_tokens: MAX, not configured
-with enable_min_tokens, logs a warning for it per request and step on its model worker's path (147,000 lines in the
+with enable_min_tokens, logs a warning for it per request and step on its model worker's path (148,569 lines in the
 second H200 lease's throughput run). A line of its own starts with REPLY; anything else MAX prints goes to stderr."""
 
 from __future__ import annotations
