@@ -9,7 +9,7 @@ answers one line per request line on stdin:
 {"prompts": [[token ids]...], "max_tokens": [n...]} -> {"seconds": s, "output_tokens": n}: every prompt
 submitted at once, greedy, ignore_eos, seconds until the last one finished. No min_new_tokens: MAX, not configured
 with enable_min_tokens, logs a warning for it per request and step on its model worker's path (148,569 lines in the
-second H200 lease's throughput run). A line of its own starts with REPLY; anything else MAX prints goes to stderr."""
+second H200 lease's e2e run). A line of its own starts with REPLY; anything else MAX prints goes to stderr."""
 
 from __future__ import annotations
 
