@@ -62,8 +62,8 @@ def device_memory(device: str, stage: str) -> dict:
         return dict(stage=stage)
     gb = lambda n: round(n / 2**30, 2)
     free, total = torch.cuda.mem_get_info(torch.device(device))
-    return dict(stage=stage, free_gb=gb(free), used_gb=gb(total - free), torch_allocated_gb=gb(torch.cuda.memory_allocated()),
-                torch_reserved_gb=gb(torch.cuda.memory_reserved()), total_gb=gb(total),
+    return dict(stage=stage, free_gb=gb(free), used_gb=gb(total - free), total_gb=gb(total),
+                torch_allocated_gb=gb(torch.cuda.memory_allocated()), torch_reserved_gb=gb(torch.cuda.memory_reserved()),
                 max_pool_percent=os.environ.get(MAX_POOL_PERCENT, "MAX's default"))
 
 
