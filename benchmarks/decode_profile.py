@@ -17,7 +17,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from common import model_path, print_table, write_json
-from e2e_systems import MAX_POOL_PERCENT, kv_pages_for, leave_room_for_kv_cache, load_mili
+from e2e_systems import MAX_POOL_PERCENT, leave_room_for_kv_cache, load_mili
 
 from bindings import graph
 from python_layer import InferenceEngine, SamplingParams
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     memory = [device_memory(args.device, "before the model")]
     model = load_mili(model_path(args.model), args.device)
     memory.append(device_memory(args.device, "model loaded (MAX's device, the weights)"))
-    engine = InferenceEngine(model, num_kv_pages=kv_pages_for(model, args.kv_cache_gb), max_num_seqs=max(batches),
+    engine = InferenceEngine(model, kv_cache_memory_gb=args.kv_cache_gb, max_num_seqs=max(batches),
                              max_num_batched_tokens=max(batches) * args.context, enable_prefix_caching=False,
                              max_model_len=args.context + args.steps + 2, overlap=args.overlap)
     memory.append(device_memory(args.device, "engine made (KV cache, decode steps captured)"))

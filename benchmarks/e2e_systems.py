@@ -42,12 +42,6 @@ def _check_counts(name: str, got: Sequence[int], wanted: Sequence[int]) -> None:
         raise RuntimeError(f"{name} produced {sum(got)} tokens where {sum(wanted)} were asked for")
 
 
-def kv_pages_for(model: Qwen3Model, kv_cache_gb: float, page_size: int = 16) -> int:
-    c = model.config
-    page_bytes = 2 * c.num_hidden_layers * page_size * c.num_key_value_heads * c.head_dim * model.kv_cache_dtype.itemsize
-    return int(kv_cache_gb * 2**30 // page_bytes)
-
-
 def leave_room_for_kv_cache(device: str, kv_cache_gb: float, headroom_gb: float = 8.0) -> None:
     """On a GPU, before this process's first MAX device: MAX's memory pool (~90% of the GPU by default) sized so that
     it, MILI's KV cache (torch's memory, outside that pool) and headroom fit. On the H200 lease of 2026-11-27 every
@@ -72,7 +66,7 @@ class Mili:
         if name not in self.VARIANTS:
             raise ValueError(f"unknown MILI variant {name!r}: choose from {', '.join(self.VARIANTS)}")
         self.name = name
-        self.engine = InferenceEngine(model, num_kv_pages=kv_pages_for(model, kv_cache_gb), max_num_seqs=max_num_seqs,
+        self.engine = InferenceEngine(model, kv_cache_memory_gb=kv_cache_gb, max_num_seqs=max_num_seqs,
                                       max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=False,
                                       max_model_len=max_model_len, **self.VARIANTS[name])
         graphs = self.engine.runner.decode_graphs

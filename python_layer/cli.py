@@ -125,7 +125,8 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--page-size", type=int, default=16, help="tokens per KV cache page (a power of two up to 256)")
     kv = parser.add_mutually_exclusive_group()
     kv.add_argument("--kv-pages", type=int, default=None, help="KV cache pages of --page-size tokens")
-    kv.add_argument("--kv-cache-memory-gb", type=float, default=2.0, help="KV cache size in GiB (the default sizing)")
+    kv.add_argument("--kv-cache-memory-gb", type=float, default=None,
+                    help="KV cache size in GiB (default: 2 GiB, at most 4096 pages)")
     kv.add_argument("--kv-memory-fraction", type=float, default=None,
                     help="KV cache size as a fraction of the memory free after the weights loaded")
     parser.add_argument("--served-model-name", default=None, help="the model name clients use (default: the checkpoint's folder name)")

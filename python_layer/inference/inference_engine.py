@@ -25,6 +25,9 @@ from .scheduler import ContinuousBatchScheduler
 from .sampling_params import SamplingParams
 
 Prompt = Union[str, List[int]]
+# the KV cache when neither num_kv_pages nor kv_cache_memory_gb is given: 2 GiB, at most 4096 pages (a small model's
+# 2 GiB would be far more pages than it can use)
+DEFAULT_KV_CACHE_GB, DEFAULT_MAX_KV_PAGES = 2.0, 4096
 
 
 @dataclass
@@ -41,14 +44,16 @@ class InferenceEngine:
     """Runs Qwen3 on a paged KV cache with continuous batching (see scheduler.py): each `step` computes one
     ragged batch of decode tokens and prompt chunks, then samples the requests that reached their last token.
     With prefix caching on, requests reuse the KV pages of earlier requests that share their prefix. On a GPU
-    the steps that only decode replay device graphs (model/decode_graphs.py; device_graphs=False turns that off)."""
+    the steps that only decode replay device graphs (model/decode_graphs.py; device_graphs=False turns that off).
+    The KV cache holds num_kv_pages pages, or as many as kv_cache_memory_gb GiB hold, or by default 2 GiB's worth up to
+    4096 pages."""
 
     def __init__(
         self,
         model: Qwen3Model,
         tokenizer: Optional[QwenTokenizer] = None,
         num_kv_pages: Optional[int] = None,
-        kv_cache_memory_gb: float = 2.0,
+        kv_cache_memory_gb: Optional[float] = None,
         page_size: int = 16,
         max_model_len: Optional[int] = None,
         max_num_seqs: int = 64,
@@ -64,7 +69,13 @@ class InferenceEngine:
         self.tokenizer = tokenizer or tokenizer_for_checkpoint(model.model_path)
         if num_kv_pages is None:
             bytes_per_page = 2 * config.num_hidden_layers * page_size * config.num_key_value_heads * config.head_dim * model.kv_cache_dtype.itemsize
-            num_kv_pages = max(1, min(4096, int(kv_cache_memory_gb * 2**30 // bytes_per_page)))
+            if kv_cache_memory_gb is None:
+                num_kv_pages = min(DEFAULT_MAX_KV_PAGES, int(DEFAULT_KV_CACHE_GB * 2**30 // bytes_per_page))
+            elif kv_cache_memory_gb > 0:  # what was asked for, however many pages that is
+                num_kv_pages = int(kv_cache_memory_gb * 2**30 // bytes_per_page)
+            else:
+                raise ValueError(f"kv_cache_memory_gb must be > 0, got {kv_cache_memory_gb}")
+            num_kv_pages = max(1, num_kv_pages)
         self.kv_cache = model.new_kv_cache(num_kv_pages, page_size)
         # on a GPU the compiled graph replays its decode steps as device graphs (device_graphs=False: off, for debugging)
         graphs = device_graphs and model.backend == "mojo" and model.device.type != "cpu"

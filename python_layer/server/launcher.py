@@ -79,8 +79,9 @@ def make_loader(args: argparse.Namespace) -> Callable[[EngineMetrics], AsyncEngi
     return load
 
 
-def _kv_memory_gb(args: argparse.Namespace) -> float:
-    """What sizes the KV pool when --kv-pages does not (config_file.check_options checked the values)."""
+def _kv_memory_gb(args: argparse.Namespace) -> Optional[float]:
+    """What sizes the KV pool when --kv-pages does not (config_file.check_options checked the values); None: the
+    engine's default."""
     if args.kv_memory_fraction is None:
         return args.kv_cache_memory_gb
     if args.device.startswith("cuda"):

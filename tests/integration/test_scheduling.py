@@ -158,6 +158,19 @@ def test_prompt_that_can_never_fit_is_rejected(model) -> None:
     assert len(out.token_ids) == 4 and out.finish_reason == "length"
 
 
+def test_kv_cache_holds_what_was_asked_for(model) -> None:
+    """kv_cache_memory_gb: as many pages as that holds, past the default's 4096 pages; by default 2 GiB's worth up to
+    4096 pages; a size that is not positive is refused."""
+    c = model.config
+    page_bytes = 2 * c.num_hidden_layers * 16 * c.num_key_value_heads * c.head_dim * model.kv_cache_dtype.itemsize
+    assert 2 * 2**30 // page_bytes > 4096  # the tiny model: the default's cap applies
+    assert InferenceEngine(model).kv_cache.num_pages == 4096
+    assert InferenceEngine(model, kv_cache_memory_gb=5000.5 * page_bytes / 2**30).kv_cache.num_pages == 5000
+    for bad in (0, -1.0):
+        with pytest.raises(ValueError, match="kv_cache_memory_gb must be > 0"):
+            InferenceEngine(model, kv_cache_memory_gb=bad)
+
+
 def test_penalties_and_logprobs_per_request_in_one_batch(model) -> None:
     engine = _engine(model)
     prompt = [7, 8, 9, 7, 8, 9]
