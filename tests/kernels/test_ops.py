@@ -34,9 +34,8 @@ def cpu_cases() -> list:
     return cases
 
 
-@pytest.mark.parametrize("path, runner, dtype, case", cpu_cases())
-def test_op_matches_reference(monkeypatch, path: str, runner, dtype: torch.dtype, case) -> None:
-    monkeypatch.setattr(ops, "EAGER_CPU", path == "eager")
+@pytest.mark.parametrize("cpu_path, runner, dtype, case", cpu_cases(), indirect=["cpu_path"])
+def test_op_matches_reference(cpu_path: str, runner, dtype: torch.dtype, case) -> None:
     torch.manual_seed(hash(str(case)) % 2**31)
     runner(ops, "cpu", dtype, case)
 

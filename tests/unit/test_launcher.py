@@ -1,11 +1,13 @@
 """`mili serve`'s launcher: the loading phases show progress when stderr is a log rather than a terminal; the KV
 cache sizing the engine gets."""
 
+import os
 import time
 
 import pytest
 
-from python_layer.server.launcher import _phase
+from python_layer.cli import build_parser
+from python_layer.server.launcher import _kv_memory_gb, _phase
 
 
 def test_a_long_phase_prints_progress_lines_when_not_on_a_terminal(capsys: pytest.CaptureFixture) -> None:
@@ -26,11 +28,6 @@ def test_a_long_phase_prints_progress_lines_when_not_on_a_terminal(capsys: pytes
 def test_the_kv_cache_size_given_reaches_the_engine_and_none_leaves_its_default() -> None:
     """`mili serve`'s KV sizing flags as the engine gets them: --kv-cache-memory-gb as given, a fraction of the memory
     available now, or None for the engine's default (2 GiB, at most 4096 pages)."""
-    import os
-
-    from python_layer.cli import build_parser
-    from python_layer.server.launcher import _kv_memory_gb
-
     parse = lambda *flags: build_parser().parse_args(["serve", *flags])
     assert _kv_memory_gb(parse()) is None
     assert _kv_memory_gb(parse("--kv-cache-memory-gb", "40")) == 40.0
