@@ -1,7 +1,9 @@
 """Where a decode step's time goes on a GPU: torch's profiler (CUPTI sees every kernel of the process, MAX's
 replayed ones too) over --steps decode steps of MILI's engine at each --batches size, after the prompts'
-prefill. Per batch: the step's wall time, the device's busy time in it (the kernels' time; the rest is the
-device waiting for the host or for launches), and the kernels that take the most of it.
+prefill. Per batch: the step's wall time (without and with the profiler), the device's busy time in it (the
+kernels' time; the rest is the device waiting for the host or for launches), the kernels that take the most of
+it, and the host's side: the CUDA API calls and, from cProfile over the same steps, the Python functions that take
+the most of its own time.
 
 `mili bench decode_profile --device cuda [--batches 1,64] [--context 512] [--steps 32] [--no-overlap]`. Prints a
 table per batch and writes JSON under benchmarks/results/. On a CPU the engine runs but no kernel is seen."""
@@ -9,33 +11,40 @@ table per batch and writes JSON under benchmarks/results/. On a CPU the engine r
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import random
 import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import ContextManager
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from common import model_path, print_table, write_json
-from e2e_systems import MAX_POOL_PERCENT, leave_room_for_kv_cache, load_mili
+from e2e_systems import load_mili
 
 from bindings import graph
 from python_layer import InferenceEngine, SamplingParams
+from python_layer.model.device_memory import MAX_POOL_PERCENT
 
 TOP = 12
 
 
-def profile_batch(engine: InferenceEngine, batch: int, args: argparse.Namespace) -> tuple[dict, list[dict]]:
+def decode_steps(engine: InferenceEngine, batch: int, args: argparse.Namespace, around: ContextManager) -> float:
+    """Seconds of --steps decode steps of `batch` new requests (after their prefill and first token), run inside
+    `around` (a profiler); the requests then run to their end."""
     rng = random.Random(args.seed + batch)
     params = SamplingParams(temperature=0.0, max_tokens=args.steps + 2, ignore_eos=True)
     for _ in range(batch):
         engine.add_request([rng.randrange(1000, 100000) for _ in range(args.context)], params)
     while any(r.num_output_tokens == 0 for r in engine.requests.values()):  # the prefill, and the first token
         engine.step()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     sync()
-    with profile(activities=activities) as prof:
+    with around:
         started = time.perf_counter()
         for _ in range(args.steps):
             engine.step()
@@ -43,15 +52,38 @@ def profile_batch(engine: InferenceEngine, batch: int, args: argparse.Namespace)
         wall = time.perf_counter() - started
     while engine.has_unfinished_requests():
         engine.step()
-    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0]
+    return wall
+
+
+def profile_batch(engine: InferenceEngine, batch: int, args: argparse.Namespace) -> tuple[dict, list[dict], list[dict]]:
+    """The batch's summary (its wall time with no profiler, and under torch's), its top kernels, and where the
+    host's time goes: Python's own time per function (cProfile; the call that waits for the device shows as
+    such) and the CUDA API calls torch's profiler saw (a synchronizing one shows there)."""
+    wall = decode_steps(engine, batch, args, nullcontext())
+    python = cProfile.Profile()
+    decode_steps(engine, batch, args, python)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
+    with profile(activities=activities) as prof:
+        profiled_wall = decode_steps(engine, batch, args, nullcontext())
+    events = prof.key_averages()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0]
     kernels.sort(key=lambda e: -e.device_time_total)
     busy_us = sum(e.device_time_total for e in kernels)
+    per_step = lambda n: n / args.steps
     summary = dict(batch=batch, context=args.context, steps=args.steps, overlap=engine.overlap, attention=attention_graph(),
-                   wall_ms_per_step=wall / args.steps * 1e3, device_busy_ms_per_step=busy_us / args.steps / 1e3,
-                   busy_fraction=busy_us / 1e6 / wall, kernels_per_step=sum(e.count for e in kernels) / args.steps)
-    top = [dict(batch=batch, kernel=e.key[:70], calls_per_step=e.count / args.steps,
-                us_per_step=e.device_time_total / args.steps, share=e.device_time_total / busy_us) for e in kernels[:TOP]]
-    return summary, top
+                   wall_ms_per_step=wall / args.steps * 1e3, profiled_wall_ms_per_step=profiled_wall / args.steps * 1e3,
+                   device_busy_ms_per_step=busy_us / args.steps / 1e3, busy_fraction=busy_us / 1e6 / profiled_wall,
+                   kernels_per_step=per_step(sum(e.count for e in kernels)))
+    top = [dict(batch=batch, kernel=e.key[:70], calls_per_step=per_step(e.count), us_per_step=per_step(e.device_time_total),
+                share=e.device_time_total / busy_us) for e in kernels[:TOP]]
+    api = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CPU and e.key.startswith("cu")),
+                 key=lambda e: -e.self_cpu_time_total)
+    host = [dict(batch=batch, host="CUDA API " + e.key[:60], calls_per_step=per_step(e.count),
+                 us_per_step=per_step(e.self_cpu_time_total)) for e in api[:TOP]]
+    functions = sorted(pstats.Stats(python).stats.items(), key=lambda item: -item[1][2])  # by own time
+    host += [dict(batch=batch, host=f"{Path(file).name}:{line}({name})"[:70], calls_per_step=per_step(calls),
+                  us_per_step=per_step(own) * 1e6) for (file, line, name), (_, calls, own, _, _) in functions[:TOP]]
+    return summary, top, host
 
 
 def device_memory(device: str, stage: str) -> dict:
@@ -86,26 +118,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
-    leave_room_for_kv_cache(args.device, args.kv_cache_gb)
     memory = [device_memory(args.device, "before the model")]
-    model = load_mili(model_path(args.model), args.device)
+    model = load_mili(model_path(args.model), args.device, args.kv_cache_gb)
     memory.append(device_memory(args.device, "model loaded (MAX's device, the weights)"))
     engine = InferenceEngine(model, kv_cache_memory_gb=args.kv_cache_gb, max_num_seqs=max(batches),
                              max_num_batched_tokens=max(batches) * args.context, enable_prefix_caching=False,
                              max_model_len=args.context + args.steps + 2, overlap=args.overlap)
     memory.append(device_memory(args.device, "engine made (KV cache, decode steps captured)"))
-    summaries, tops = [], []
+    summaries, tops, hosts = [], [], []
     for batch in batches:
-        profile_batch(engine, batch, argparse.Namespace(**{**vars(args), "steps": 4}))  # warm-up
-        summary, top = profile_batch(engine, batch, args)
+        decode_steps(engine, batch, argparse.Namespace(**{**vars(args), "steps": 4}), nullcontext())  # warm-up
+        summary, top, host = profile_batch(engine, batch, args)
         summaries.append(summary)
         tops += top
+        hosts += host
     memory.append(device_memory(args.device, "profiled"))
-    print_table(summaries, list(summaries[0]))
-    if tops:
-        print_table(tops, list(tops[0]))
-    print_table(memory, list(memory[-1]))
-    write_json(f"decode-profile-{args.device.replace(':', '')}", {**vars(args), "memory": memory}, summaries + tops)
+    for rows in (summaries, tops, hosts, memory):
+        if rows:
+            print_table(rows, list(rows[-1]))
+    write_json(f"decode-profile-{args.device.replace(':', '')}", {**vars(args), "memory": memory},
+               summaries + tops + hosts)
     return 0
 
 

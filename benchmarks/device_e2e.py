@@ -27,8 +27,7 @@ from typing import Callable, Iterable
 import torch
 
 from common import model_path, print_table, write_json
-from e2e_systems import (MaxPipeline, Mili, System, Transformers, leave_room_for_kv_cache, load_mili,
-                         python_with_max_serve)
+from e2e_systems import MaxPipeline, Mili, System, Transformers, load_mili, python_with_max_serve
 from kernels import copy_bandwidth
 
 from bindings import graph
@@ -62,8 +61,7 @@ def decode_bytes(config: Qwen3Config, bytes_per_weight: int = 2) -> int:
 def open_system(name: str, path: str, args: argparse.Namespace, mili_model: dict) -> System:
     if name.startswith("mili"):
         if "model" not in mili_model:
-            leave_room_for_kv_cache(args.device, args.kv_cache_gb)
-            mili_model["model"] = load_mili(path, args.device)
+            mili_model["model"] = load_mili(path, args.device, args.kv_cache_gb)
         return Mili(mili_model["model"], name, args.max_num_seqs, args.max_num_batched_tokens, args.kv_cache_gb,
                     max_length(args))
     if name == "transformers":

@@ -15,17 +15,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Optional, Protocol, Sequence
 
 import torch
 
 from python_layer import InferenceEngine, SamplingParams
+from python_layer.model.device_memory import MAX_POOL_PERCENT
 from python_layer.model.loader import load_model
 from python_layer.model.qwen3_model import Qwen3Model
 
 MAX_WORKER = Path(__file__).parent / "peers" / "max_pipeline.py"
-MAX_POOL_PERCENT = "MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT"
-_set_here: set[str] = set()  # the variables this process set for its own MAX, not for MAX's worker
+# MAX's pool size as the operator set it, if they did: load_model sets one for MILI's own MAX otherwise
+OPERATOR_POOL_PERCENT = os.environ.get(MAX_POOL_PERCENT)
 
 
 class System(Protocol):
@@ -40,19 +41,6 @@ class System(Protocol):
 def _check_counts(name: str, got: Sequence[int], wanted: Sequence[int]) -> None:
     if list(got) != list(wanted):
         raise RuntimeError(f"{name} produced {sum(got)} tokens where {sum(wanted)} were asked for")
-
-
-def leave_room_for_kv_cache(device: str, kv_cache_gb: float, headroom_gb: float = 8.0) -> None:
-    """On a GPU, before this process's first MAX device: MAX's memory pool (~90% of the GPU by default) sized so that
-    it, MILI's KV cache (torch's memory, outside that pool) and headroom fit. On the H200 lease of 2026-11-27 every
-    device-graph capture failed out of memory beside a 40 GB KV cache and none beside an 8 GB one (a capture seems to
-    back MAX's whole pool). A size set in the environment stays."""
-    if not device.startswith("cuda") or MAX_POOL_PERCENT in os.environ:
-        return
-    total = torch.cuda.get_device_properties(torch.device(device)).total_memory
-    share = 1 - (kv_cache_gb + headroom_gb) * 2**30 / total
-    os.environ[MAX_POOL_PERCENT] = str(max(5, min(90, int(100 * share))))
-    _set_here.add(MAX_POOL_PERCENT)
 
 
 class Mili:
@@ -84,8 +72,10 @@ class Mili:
         del self.engine
 
 
-def load_mili(path: str, device: str) -> Qwen3Model:
-    model = load_model(path, device=device, dtype="bfloat16")
+def load_mili(path: str, device: str, kv_cache_gb: Optional[float] = None) -> Qwen3Model:
+    """The model in bfloat16; on a GPU, MAX's pool leaves room for a KV cache of kv_cache_gb (None: the engine's
+    default; see device_memory.py)."""
+    model = load_model(path, device=device, dtype="bfloat16", kv_cache_gb=kv_cache_gb)
     # seconds, not minutes: its graph came from the compile cache (gpu_lease.sh precompile)
     print(f"MILI loaded its graph in {model.forward_fn.load_seconds:.1f} s", file=sys.stderr, flush=True)
     return model
@@ -176,9 +166,12 @@ def max_worker_command(python: str, path: str, devices: str, max_batch_size: int
 def max_worker_env() -> dict[str, str]:
     """The environment MAX's worker starts in: this process's, as Python sees it. Mojo's Python interop sets
     PYTHONEXECUTABLE and MOJO_PYTHON_LIBRARY underneath (for this Python) once a graph has compiled or run; another
-    Python started with them takes itself for this one and misses its own venv's packages. MAX's pool size set for
-    MILI (leave_room_for_kv_cache) stays out too: the pipeline sizes its own."""
-    return {k: v for k, v in os.environ.items() if k not in ("PYTHONEXECUTABLE", "MOJO_PYTHON_LIBRARY", *_set_here)}
+    Python started with them takes itself for this one and misses its own venv's packages. MAX's pool size that
+    load_model set for MILI stays out too (the pipeline sizes its own); the operator's own goes to both."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONEXECUTABLE", "MOJO_PYTHON_LIBRARY", MAX_POOL_PERCENT)}
+    if OPERATOR_POOL_PERCENT is not None:
+        env[MAX_POOL_PERCENT] = OPERATOR_POOL_PERCENT
+    return env
 
 
 def python_with_max_serve(given: str) -> str:

@@ -12,8 +12,10 @@ from typing import ContextManager, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ..memory.kv_cache_manager import kv_page_bytes, kv_pages_for
 from ..memory.radix_cache import RadixAttentionCache
 from ..model.decode_graphs import DecodeGraphs
+from ..model.device_memory import MAX_POOL_PERCENT
 from ..model.loader import load_model
 from ..model.qwen3_model import DEFAULT_BACKEND, Qwen3Model
 from ..tokenizer.detokenizer import IncrementalDetokenizer
@@ -25,9 +27,6 @@ from .scheduler import ContinuousBatchScheduler
 from .sampling_params import SamplingParams
 
 Prompt = Union[str, List[int]]
-# the KV cache when neither num_kv_pages nor kv_cache_memory_gb is given: 2 GiB, at most 4096 pages (a small model's
-# 2 GiB would be far more pages than it can use)
-DEFAULT_KV_CACHE_GB, DEFAULT_MAX_KV_PAGES = 2.0, 4096
 
 
 @dataclass
@@ -67,15 +66,8 @@ class InferenceEngine:
         self.model = model
         config = model.config
         self.tokenizer = tokenizer or tokenizer_for_checkpoint(model.model_path)
-        if num_kv_pages is None:
-            bytes_per_page = 2 * config.num_hidden_layers * page_size * config.num_key_value_heads * config.head_dim * model.kv_cache_dtype.itemsize
-            if kv_cache_memory_gb is None:
-                num_kv_pages = min(DEFAULT_MAX_KV_PAGES, int(DEFAULT_KV_CACHE_GB * 2**30 // bytes_per_page))
-            elif kv_cache_memory_gb > 0:  # what was asked for, however many pages that is
-                num_kv_pages = int(kv_cache_memory_gb * 2**30 // bytes_per_page)
-            else:
-                raise ValueError(f"kv_cache_memory_gb must be > 0, got {kv_cache_memory_gb}")
-            num_kv_pages = max(1, num_kv_pages)
+        num_kv_pages = kv_pages_for(kv_page_bytes(config, page_size, model.kv_cache_dtype), num_kv_pages,
+                                    kv_cache_memory_gb)
         self.kv_cache = model.new_kv_cache(num_kv_pages, page_size)
         # on a GPU the compiled graph replays its decode steps as device graphs (device_graphs=False: off, for debugging)
         graphs = device_graphs and model.backend == "mojo" and model.device.type != "cpu"
@@ -100,7 +92,9 @@ class InferenceEngine:
             try:
                 decode_graphs.warm_up()
             except Exception as e:  # serve anyway, as --no-device-graphs would
-                warnings.warn(f"decode steps run op by op, not as device graphs: {e}", RuntimeWarning, stacklevel=2)
+                warnings.warn(f"decode steps run op by op, not as device graphs: {e} (if out of memory: MAX's pool "
+                              "left room for the KV cache load_model was told of; tell it this engine's, or set "
+                              f"{MAX_POOL_PERCENT} lower)", RuntimeWarning, stacklevel=2)
                 decode_graphs = None
         self.runner = ModelRunner(model, self.kv_cache, decode_graphs)
         self.sampler = BatchSampler()
@@ -122,9 +116,10 @@ class InferenceEngine:
         **engine_args,
     ) -> "InferenceEngine":
         """`load_model(model_path, device, dtype, backend, weight_dtype=..., kv_cache_dtype=...)` (None: the built-in
-        random-weight model) in an engine."""
+        random-weight model) in an engine; on a GPU MAX's memory pool leaves room for the engine's KV cache."""
         model = load_model(model_path, device=device, dtype=dtype, backend=backend, weight_dtype=weight_dtype,
-                           kv_cache_dtype=kv_cache_dtype)
+                           kv_cache_dtype=kv_cache_dtype, kv_pages=engine_args.get("num_kv_pages"),
+                           kv_cache_gb=engine_args.get("kv_cache_memory_gb"), page_size=engine_args.get("page_size", 16))
         return cls(model, **engine_args)
 
     @property

@@ -10,6 +10,27 @@ import torch
 if TYPE_CHECKING:
     from ..model.config import Qwen3Config
 
+# the KV cache when neither a page count nor a size is given: 2 GiB, at most 4096 pages (a small model's 2 GiB would
+# be far more pages than it can use)
+DEFAULT_KV_CACHE_GB, DEFAULT_MAX_KV_PAGES = 2.0, 4096
+
+
+def kv_page_bytes(config: Qwen3Config, page_size: int, dtype: torch.dtype) -> int:
+    """Bytes of one KV page: K and V of page_size tokens in every layer."""
+    return 2 * config.num_hidden_layers * page_size * config.num_key_value_heads * config.head_dim * dtype.itemsize
+
+
+def kv_pages_for(page_bytes: int, num_pages: Optional[int] = None, memory_gb: Optional[float] = None) -> int:
+    """The pages of a KV cache: num_pages if given, else as many as memory_gb GiB hold (however many that is), else
+    the default (DEFAULT_KV_CACHE_GB's worth, at most DEFAULT_MAX_KV_PAGES)."""
+    if num_pages is not None:
+        return num_pages
+    if memory_gb is None:
+        return min(DEFAULT_MAX_KV_PAGES, int(DEFAULT_KV_CACHE_GB * 2**30 // page_bytes))
+    if memory_gb <= 0:
+        raise ValueError(f"kv_cache_memory_gb must be > 0, got {memory_gb}")
+    return max(1, int(memory_gb * 2**30 // page_bytes))
+
 
 class PagedKVCache:
     """A pool of KV pages shared by every layer: page p holds tokens of one sequence (or a shared prefix)

@@ -4,17 +4,20 @@ the forward (compiling the graph, or reading it from MAX's cache)."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from typing import Callable, ContextManager, Optional
 
 import torch
 
 from ..memory.heap import return_free_heap
+from ..memory.kv_cache_manager import kv_page_bytes, kv_pages_for
 from .config import Qwen3Config
+from .device_memory import leave_room_beside_max_pool
 from .hub import resolve_model_dir
 from .quantization import parse_weight_dtype
 from .qwen3_model import DEFAULT_BACKEND, Qwen3Model, check_backend, resolve_kv_cache_dtype
-from .weight_loader import WeightLoader, parse_dtype
+from .weight_loader import WeightLoader, expected_weight_shapes, parse_dtype
 
 # on_phase(description) returns a context manager around that phase (the server shows progress with it)
 PhaseReporter = Callable[[str], ContextManager[None]]
@@ -28,11 +31,16 @@ def load_model(
     on_phase: Optional[PhaseReporter] = None,
     weight_dtype: str = "auto",
     kv_cache_dtype: str = "auto",
+    kv_pages: Optional[int] = None,
+    kv_cache_gb: Optional[float] = None,
+    page_size: int = 16,
 ) -> Qwen3Model:
     """A checkpoint directory or Hugging Face Hub id (None: MILI's built-in random-weight model) as a model
     ready to run. dtype (activations, KV cache) "auto" is float32 on a CPU, bfloat16 on a GPU. weight_dtype
     (the linear layers' weights on a CPU: float32, bfloat16, fp8, int8) "auto" is an FP8 checkpoint's FP8,
-    else dtype. kv_cache_dtype "auto" is dtype; a CPU may keep a bfloat16 cache under float32 activations."""
+    else dtype. kv_cache_dtype "auto" is dtype; a CPU may keep a bfloat16 cache under float32 activations.
+    On a GPU, MAX's memory pool leaves room for the weights and the KV cache the model will serve with: kv_pages
+    pages of page_size tokens, else kv_cache_gb GiB, else the engine's default (device_memory.py)."""
     phase = on_phase or (lambda _: contextlib.nullcontext())
     check_backend(backend)
     parse_weight_dtype(weight_dtype)
@@ -45,7 +53,11 @@ def load_model(
             model_dir = resolve_model_dir(path)
         config = Qwen3Config.from_pretrained(model_dir)
         torch_dtype = parse_dtype(dtype, device)
-        resolve_kv_cache_dtype(kv_cache_dtype, torch_dtype, torch.device(device))  # a bad value fails before the weights load
+        # a bad value fails before the weights load
+        cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype, torch_dtype, torch.device(device))
+    page_bytes = kv_page_bytes(config, page_size, cache_dtype)
+    weight_bytes = sum(math.prod(shape) for shape in expected_weight_shapes(config).values()) * torch_dtype.itemsize
+    leave_room_beside_max_pool(device, weight_bytes + page_bytes * kv_pages_for(page_bytes, kv_pages, kv_cache_gb))
     with phase(f"checking the weights of {model_dir}"):
         weights = WeightLoader(model_dir, config, device=device, dtype=torch_dtype)
         weights.load_from_safetensors()  # each tensor is read when the model converts it, then let go
