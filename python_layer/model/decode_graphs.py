@@ -33,6 +33,7 @@ from .qwen3_graph import CompiledQwen3
 
 
 _instances = itertools.count()  # a model's captured graphs are keyed (instance, bucket): engines may share a model
+STAGING_BUFFERS = 3  # a bucket's input buffers in host memory, written in turn (_staged)
 
 
 def bucket_sizes(max_batch: int) -> List[int]:
@@ -60,7 +61,7 @@ class DecodeGraphs:
         self._device = compiled.model.input_devices[0]
         # bucket -> (its inputs, its captured logits as torch sees them)
         self._steps: Dict[int, Tuple[List[Buffer], Optional[torch.Tensor]]] = {}
-        self._staging: Deque[Buffer] = deque(maxlen=3)
+        self._staging: Dict[int, Deque[Buffer]] = {}  # bucket -> its page-locked input buffers (_staged)
         self._input_ids: Dict[int, torch.Tensor] = {}  # bucket -> its input ids buffer, seen by torch
         self._stream = _torch_view_of_stream(self._device, kv_cache.k_caches[0].device) if self.replays else None
         # overlapped steps need torch's work ordered with MAX's replays: on MAX's stream, or at once on a CPU
@@ -120,7 +121,7 @@ class DecodeGraphs:
             return torch.from_dlpack(self.compiled.execute(inputs, self.kv_cache))
         # through page-locked host memory, copied on the device's stream (so before the replay, and without
         # waiting for the steps before it), as MAX's own graph_capture.py and input stager do
-        batch_inplace_copy(inputs, self._staged(arrays))
+        batch_inplace_copy(inputs, self._staged(rows, arrays))
         if input_ids is not None:  # after that copy on the same stream, before the replay
             with self.torch_stream():
                 self._input_ids[rows][: len(input_ids)].copy_(input_ids)
@@ -135,17 +136,22 @@ class DecodeGraphs:
         self.compiled.replay(self._key_base + rows, inputs, self.kv_cache)  # right after the capture too: it may only record
         return logits
 
-    def _staged(self, arrays: Sequence[torch.Tensor]) -> List[Buffer]:
-        """The arrays in one new page-locked host buffer, as views shaped like them. The buffer stays alive for
-        two more steps: by then the caller has read this step's tokens and so waited for its copies."""
-        staging = Buffer(DType.int32, [sum(a.numel() for a in arrays)], device=self._device,
-                         usage=Usage.STAGING | Usage.UNTRACKED)
+    def _staged(self, rows: int, arrays: Sequence[torch.Tensor]) -> List[Buffer]:
+        """The arrays of a step of bucket `rows` in one page-locked host buffer, as views shaped like them. Each bucket
+        has STAGING_BUFFERS of them, made once (not one a step: an allocation of page-locked memory is slow, freeing
+        it may wait for the device) and written in turn: by the time one is written again the caller has read the
+        tokens of the step that copied from it, and so waited for its copies."""
+        ring = self._staging.setdefault(rows, deque())
+        if len(ring) < STAGING_BUFFERS:
+            ring.appendleft(Buffer(DType.int32, [sum(a.numel() for a in arrays)], device=self._device,
+                                   usage=Usage.STAGING | Usage.UNTRACKED))
+        staging = ring[0]
+        ring.rotate(-1)
         flat, views, at = staging.to_numpy(), [], 0
         for a in arrays:
             flat[at : at + a.numel()] = a.numpy().ravel()
             views.append(staging[at : at + a.numel()].view(DType.int32, list(a.shape)))
             at += a.numel()
-        self._staging.append(staging)
         return views
 
 

@@ -12,7 +12,7 @@ from max.driver import CPU
 
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.attention_metadata import SequenceChunk
-from python_layer.model.decode_graphs import DecodeGraphs, _torch_view_of_stream
+from python_layer.model.decode_graphs import STAGING_BUFFERS, DecodeGraphs, _torch_view_of_stream
 from python_layer.model.loader import load_model
 from python_layer.model.qwen3_model import Qwen3Model
 from tests.engine_checks import no_request_holds_pages, padded_engine, random_prompts, serve_arrivals_and_aborts
@@ -72,14 +72,21 @@ def test_decode_graphs_refuse_what_they_cannot_run(model: Qwen3Model) -> None:
 
 def test_staged_inputs_hold_the_step_arrays(model: Qwen3Model) -> None:
     """A GPU copies a step's inputs from one page-locked buffer (DecodeGraphs._staged): its views must be the
-    arrays, shapes included (checked here on host memory)."""
+    arrays, shapes included; each bucket writes its own STAGING_BUFFERS buffers in turn, made once (checked here on
+    host memory)."""
     graphs = padded_engine(model, True, max_num_seqs=4).runner.decode_graphs
-    arrays = [torch.arange(5, dtype=torch.int32), torch.arange(6, 18, dtype=torch.int32).reshape(3, 4),
-              torch.tensor([7], dtype=torch.int32)]
-    for _ in range(4):  # the last three steps' buffers stay alive
-        views = graphs._staged(arrays)
-    assert [v.to_numpy().tolist() for v in views] == [a.tolist() for a in arrays]
-    assert len(graphs._staging) == 3
+    step = lambda i: [torch.arange(5, dtype=torch.int32) + i, torch.arange(6, 18, dtype=torch.int32).reshape(3, 4) * i,
+                      torch.tensor([7 + i], dtype=torch.int32)]
+    written = []
+    for i in range(2 * STAGING_BUFFERS):
+        views = graphs._staged(4, step(i))
+        assert [v.to_numpy().tolist() for v in views] == [a.tolist() for a in step(i)]
+        written.append(views[0].to_numpy())
+    graphs._staged(2, step(0))
+    assert [len(graphs._staging[rows]) for rows in (2, 4)] == [1, STAGING_BUFFERS]
+    # step i's buffer is step i + STAGING_BUFFERS's (the same memory, written again), and no other step's
+    assert [written[i].tolist() for i in range(STAGING_BUFFERS)] == [step(i)[0].tolist() for i in
+                                                                   range(STAGING_BUFFERS, 2 * STAGING_BUFFERS)]
 
 
 def test_no_overlap_where_torch_cannot_run_on_the_replay_stream(model: Qwen3Model) -> None:
