@@ -42,6 +42,9 @@ def load_model(
     On a GPU, MAX's memory pool leaves room for the weights and the KV cache the model will serve with: kv_pages
     pages of page_size tokens, else kv_cache_gb GiB, else the engine's default (device_memory.py)."""
     phase = on_phase or (lambda _: contextlib.nullcontext())
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {device!r}: torch sees no CUDA GPU here (a CPU-only torch build, or no GPU "
+                           "driver); use device 'cpu'")
     check_backend(backend)
     parse_weight_dtype(weight_dtype)
     with phase("resolving the checkpoint"):

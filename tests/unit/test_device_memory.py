@@ -105,3 +105,9 @@ def test_the_server_and_from_pretrained_size_the_pool_for_their_kv_cache(tiny_ch
     with pytest.raises(Stop):
         InferenceEngine.from_pretrained(tiny_checkpoint, num_kv_pages=70, page_size=16)
     assert sized.pop() == ("cpu", weights + 70 * page)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with a GPU")
+def test_a_gpu_asked_for_where_there_is_none_is_named(tiny_checkpoint: Path) -> None:
+    with pytest.raises(RuntimeError, match="device 'cuda': torch sees no CUDA GPU here .*use device 'cpu'"):
+        loader.load_model(tiny_checkpoint, device="cuda")
