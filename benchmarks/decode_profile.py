@@ -1,8 +1,8 @@
 """Where a decode step's time goes on a GPU: torch's profiler (CUPTI sees every kernel of the process, MAX's
 replayed ones too) over --steps decode steps of MILI's engine at each --batches size, after the prompts'
 prefill. Per batch: the step's wall time (without and with the profiler), the device's busy time in it (the
-kernels' time; the rest is the device waiting for the host or for launches), the kernels that take the most of
-it, and the host's side: the CUDA API calls and, from cProfile over the same steps, the Python functions that take
+kernels' time) and its idle time between kernels (short gaps: launches; long ones: waiting for the host), the
+kernels that take the most of it, and the host's side: the CUDA API calls and, from cProfile over the same steps, the Python functions that take
 the most of its own time.
 
 `mili bench decode_profile --device cuda [--batches 1,64] [--context 512] [--steps 32] [--no-overlap]`. Prints a
@@ -18,7 +18,7 @@ import random
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import ContextManager
+from typing import ContextManager, Iterable
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -31,6 +31,9 @@ from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.device_memory import MAX_POOL_PERCENT
 
 TOP = 12
+SHORT_GAP_US = 10.0
+"""A gap between two kernels shorter than this is the device launching the next kernel of what it was given (~1-3
+us a kernel inside a replayed graph); a longer one is the device waiting for the host."""
 
 
 def decode_steps(engine: InferenceEngine, batch: int, args: argparse.Namespace, around: ContextManager) -> float:
@@ -73,7 +76,7 @@ def profile_batch(engine: InferenceEngine, batch: int, args: argparse.Namespace)
     summary = dict(batch=batch, context=args.context, steps=args.steps, overlap=engine.overlap, attention=attention_graph(),
                    wall_ms_per_step=wall / args.steps * 1e3, profiled_wall_ms_per_step=profiled_wall / args.steps * 1e3,
                    device_busy_ms_per_step=busy_us / args.steps / 1e3, busy_fraction=busy_us / 1e6 / profiled_wall,
-                   kernels_per_step=per_step(sum(e.count for e in kernels)))
+                   kernels_per_step=per_step(sum(e.count for e in kernels)), **device_gaps(prof.events(), args.steps))
     top = [dict(batch=batch, kernel=e.key[:70], calls_per_step=per_step(e.count), us_per_step=per_step(e.device_time_total),
                 share=e.device_time_total / busy_us) for e in kernels[:TOP]]
     api = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CPU and e.key.startswith("cu")),
@@ -84,6 +87,21 @@ def profile_batch(engine: InferenceEngine, batch: int, args: argparse.Namespace)
     host += [dict(batch=batch, host=f"{Path(file).name}:{line}({name})"[:70], calls_per_step=per_step(calls),
                   us_per_step=per_step(own) * 1e6) for (file, line, name), (_, calls, own, _, _) in functions[:TOP]]
     return summary, top, host
+
+
+def device_gaps(events: Iterable, steps: int) -> dict:
+    """The device's idle time between the end of its work so far and the start of the next kernel or copy, in ms a
+    step: in gaps under SHORT_GAP_US (launch latency, which fewer kernels a step would cut) and longer ones (the
+    device waiting for the host, which a faster or better overlapped host would cut)."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events
+                   if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    gaps = {"short": 0.0, "long": 0.0}
+    busy_until = None
+    for start, end in spans:
+        if busy_until is not None and start > busy_until:
+            gaps["short" if start - busy_until < SHORT_GAP_US else "long"] += start - busy_until
+        busy_until = end if busy_until is None else max(busy_until, end)
+    return {f"{kind}_gaps_ms_per_step": us / steps / 1e3 for kind, us in gaps.items()}
 
 
 def device_memory(device: str, stage: str) -> dict:

@@ -9,8 +9,10 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
@@ -145,6 +147,20 @@ def test_gpu_summary_writes_the_commit_it_is_given(tmp_path: Path) -> None:
     assert written["commit"] == "0123abc" and written["decode_b1_ms_per_token"] is None
 
 
+def test_decode_profile_splits_the_devices_idle_time_into_launch_gaps_and_waits() -> None:
+    """Gaps between a device's kernels (time ranges in us): under 10 us a launch, longer a wait for the host; a kernel
+    inside another's span (another stream) leaves no gap; host events do not count."""
+    import decode_profile
+
+    cuda = torch.autograd.DeviceType.CUDA
+    event = lambda start, end, device=cuda: SimpleNamespace(time_range=SimpleNamespace(start=start, end=end),
+                                                            device_type=device)
+    events = [event(0, 100), event(102, 200), event(150, 180), event(230, 300), event(303, 310),
+              event(400, 900, torch.autograd.DeviceType.CPU)]
+    assert decode_profile.device_gaps(events, steps=2) == pytest.approx(
+        dict(short_gaps_ms_per_step=(2 + 3) / 2 / 1e3, long_gaps_ms_per_step=30 / 2 / 1e3))
+
+
 def test_decode_profile_times_the_decode_steps_of_each_batch(tiny_checkpoint: Path, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """benchmarks/decode_profile.py (a GPU lease's view of where a step's time goes), run here on a CPU: the steps
@@ -169,7 +185,7 @@ def test_decode_profile_times_the_decode_steps_of_each_batch(tiny_checkpoint: Pa
         "before the model", "model loaded (MAX's device, the weights)", "engine made (KV cache, decode steps captured)",
         "profiled"]
     assert all(r["wall_ms_per_step"] > 0 and r["profiled_wall_ms_per_step"] > 0 and r["device_busy_ms_per_step"] == 0
-               for r in rows)
+               and r["short_gaps_ms_per_step"] == r["long_gaps_ms_per_step"] == 0 for r in rows)
     assert {r["attention"] for r in rows} == {decode_profile.attention_graph()}
     for flash, one_op, said in [(True, True, "flash kernels, one op (qkv_attention)"), (True, False, "flash kernels, two ops"),
                                 (False, True, "plain kernels, two ops")]:
