@@ -89,6 +89,7 @@ def test_the_server_and_from_pretrained_size_the_pool_for_their_kv_cache(tiny_ch
     config = Qwen3Config.from_pretrained(tiny_checkpoint)
     page = kv_page_bytes(config, 16, torch.float32)
     weights = sum(math.prod(s) for s in expected_weight_shapes(config).values()) * 4
+
     def serve(*flags: str) -> None:
         args = build_parser().parse_args(["serve", "--model", str(tiny_checkpoint), *flags])
         args.random_model = None  # as `mili serve` sets it without a config file
