@@ -106,8 +106,8 @@ def device_gaps(events: Iterable, steps: int) -> dict:
 
 def device_memory(device: str, stage: str) -> dict:
     """The GPU's free memory against what torch holds, at a stage of the run: what MAX's pool and the weights take
-    beside MILI's KV cache, for sizing MAX's pool in the engine (the H200 leases: captures failed beside a 40 GB
-    KV cache under MAX's default pool)."""
+    beside MILI's KV cache, and the pool's percent as load_model set it (device_memory.py), to check that rule
+    against a real GPU (the H200 leases: captures failed beside a 40 GB KV cache under MAX's default pool)."""
     if not device.startswith("cuda"):
         return dict(stage=stage)
     gb = lambda n: round(n / 2**30, 2)
