@@ -14,7 +14,7 @@ def check_splits() raises -> Int:
     for trial in range(20000):
         var n = Int(random_ui64(1, 9000)) if trial % 4 else Int(random_ui64(1, 70))
         var splits = Int(random_ui64(1, 64))
-        var fewest = 64 if trial % 2 else 512
+        var fewest = 32 if trial % 3 == 0 else (64 if trial % 3 == 1 else 512)
         var multiple = 1 << Int(random_ui64(0, 7))
         var next_key = 0
         var seen_empty = False

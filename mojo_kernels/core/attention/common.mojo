@@ -13,17 +13,29 @@ from ...utils.types import F32, Ptr, check_same
 
 
 @always_inline
-def token_offset(page_table: Ptr[DType.int32], table_row: Int, j: Int, page_size: Int, row_len: Int) -> Int:
-    """Element offset in the cache of token j's K (or V) row, all heads; table_row = sequence * max_pages."""
+def page_of(page_table: Ptr[DType.int32], table_row: Int, j: Int, page_size: Int) -> Int:
+    """The cache page that holds token j of the sequence whose page-table row starts at table_row
+    (sequence * max_pages)."""
     comptime if is_gpu():
         # in 32 bits: a GPU divides 64-bit integers in a called routine of dozens of instructions
-        var at = UInt32(j)
-        var size = UInt32(page_size)
-        var page = Int(page_table.unsafe_load(table_row + Int(at // size)))
-        return (page * page_size + Int(at % size)) * row_len
+        return Int(page_table.unsafe_load(table_row + Int(UInt32(j) // UInt32(page_size))))
     else:
-        var page = Int(page_table.unsafe_load(table_row + j // page_size))
+        return Int(page_table.unsafe_load(table_row + j // page_size))
+
+
+@always_inline
+def row_in_page(page: Int, j: Int, page_size: Int, row_len: Int) -> Int:
+    """Element offset in the cache of token j's K (or V) row, all heads, j held by page `page`."""
+    comptime if is_gpu():
+        return (page * page_size + Int(UInt32(j) % UInt32(page_size))) * row_len
+    else:
         return (page * page_size + j % page_size) * row_len
+
+
+@always_inline
+def token_offset(page_table: Ptr[DType.int32], table_row: Int, j: Int, page_size: Int, row_len: Int) -> Int:
+    """Element offset in the cache of token j's K (or V) row, all heads; table_row = sequence * max_pages."""
+    return row_in_page(page_of(page_table, table_row, j, page_size), j, page_size, row_len)
 
 
 @always_inline

@@ -18,7 +18,7 @@ from std.sys import size_of
 
 from ...utils.types import addr, ptr, Addr, F32, Ptr, GPU_BLOCK, load_f32
 from ..rope import rope_cos_sin_gpu
-from .common import split_keys, token_offset
+from .common import page_of, row_in_page, split_keys
 from .gpu import merge_splits_gpu
 
 comptime DECODE_THREADS = 128
@@ -26,10 +26,11 @@ comptime DECODE_WARPS = DECODE_THREADS // WARP_SIZE
 comptime DECODE_MAX_HEAD_DIM = 256
 comptime DECODE_BUSY_BLOCKS = 528
 """Blocks (sequence x KV head x split) an H100 runs at once: 132 SMs x 4 (Qwen3's shape, bfloat16, 2 query heads a KV
-head: the kernel's 125 registers a thread leave room for 4 blocks of 128 threads). More splits than that would only
-add a second, partial wave and a merge."""
-comptime DECODE_SPLIT_KEYS = 64
-"""The fewest keys per split."""
+head: the kernel's 119 registers a thread (ptxas for sm_90a) leave room for 4 blocks of 128 threads, 9 to
+spare). More splits than that would only add a second, partial wave and a merge."""
+comptime DECODE_SPLIT_KEYS = 32
+"""The fewest keys per split: one iteration of the kernel's loop in bfloat16 (8 slots x DECODE_ROWS), so that a short
+context is read in one trip to memory by more blocks rather than in two by fewer."""
 comptime DECODE_MAX_SPLITS = 64
 comptime DECODE_ROWS = 4
 """K/V rows a thread loads before it computes on any of them, so that their trips to memory overlap. With one row
@@ -138,6 +139,31 @@ def _norm_rope_part[dtype: DType, VEC: Int](
 
 
 @always_inline
+def _row_pages[ROWS: Int](page_table: Ptr[DType.int32], table_row: Int, first: Int, slots: Int, last: Int,
+                          page_size: Int) -> SIMD[DType.int32, ROWS]:
+    """The page-table entries of a thread's rows in an iteration: row u is key min(first + u * slots, last)."""
+    var pages = SIMD[DType.int32, ROWS](0)
+    comptime for u in range(ROWS):
+        pages[u] = Int32(page_of(page_table, table_row, min(first + u * slots, last), page_size))
+    return pages
+
+
+@always_inline
+def _load_rows[cache_type: DType, VEC: Int, ROWS: Int](
+    k_cache: Ptr[cache_type], v_cache: Ptr[cache_type], pages: SIMD[DType.int32, ROWS], first: Int, slots: Int,
+    last: Int, page_size: Int, row_len: Int, col: Int,
+) -> Tuple[SIMD[cache_type, ROWS * VEC], SIMD[cache_type, ROWS * VEC]]:
+    """A thread's VEC elements (from col) of the K and V rows of its keys in an iteration (_row_pages')."""
+    var k_rows = SIMD[cache_type, ROWS * VEC](0)
+    var v_rows = SIMD[cache_type, ROWS * VEC](0)
+    comptime for u in range(ROWS):
+        var at = row_in_page(Int(pages[u]), min(first + u * slots, last), page_size, row_len) + col
+        k_rows = k_rows.insert[offset = u * VEC](k_cache.unsafe_load[width=VEC, alignment=16](at))
+        v_rows = v_rows.insert[offset = u * VEC](v_cache.unsafe_load[width=VEC, alignment=16](at))
+    return k_rows, v_rows
+
+
+@always_inline
 def _combine[group: Int, VEC: Int](
     mut m: SIMD[F32, group], mut l: SIMD[F32, group], mut acc: SIMD[F32, group * VEC],
     m_o: SIMD[F32, group], l_o: SIMD[F32, group], acc_o: SIMD[F32, group * VEC],
@@ -179,6 +205,21 @@ def _decode_attention_gpu[dtype: DType, cache_type: DType, group: Int, from_qkv:
             partial.unsafe_store(((t * hq + g * group + tid) * n_splits + split) * (d + 2) + d + 1, 0)
         return
 
+    # Each iteration's page-table entries are read ahead: the first ones' trip to memory overlaps the query's loads
+    # (and norm and RoPE), each next one's this iteration's arithmetic. (K and V read ahead as well took 151 registers
+    # a thread: 3 blocks an SM, not 4.) Every thread runs the same iterations (the shuffles need the whole warp). An
+    # iteration takes DECODE_ROWS rows a slot: row u of slot `slot` is key base + u * slots + slot; a slot past the
+    # end reads the split's last key again and drops it.
+    comptime ROWS = DECODE_ROWS
+    var step = slots * ROWS
+    var last = k_end - 1
+    var table_row = b * Int(max_pages)
+    var row_len = hk * d
+    var col = g * d + part
+    var pages = SIMD[DType.int32, ROWS](0)
+    if k_begin < k_end:  # else a padded row (no context): nothing to read
+        pages = _row_pages[ROWS](page_table, table_row, k_begin + slot, slots, last, ps)
+
     var scale = scale_ptr.unsafe_load(0)
     # this thread's elements of every query head of the group (head h in lanes h * VEC ..), and their accumulators
     var qv = SIMD[F32, group * VEC](0)
@@ -209,22 +250,12 @@ def _decode_attention_gpu[dtype: DType, cache_type: DType, group: Int, from_qkv:
     var m = SIMD[F32, group](Float32.MIN_FINITE)
     var l = SIMD[F32, group](0)
     var acc = SIMD[F32, group * VEC](0)
-    var table_row = b * Int(max_pages)
-    var col = g * d + part
-    # every thread runs the same iterations (the shuffles need the whole warp); a slot past the end reads the
-    # split's last key again and drops it. An iteration takes DECODE_ROWS rows a slot (row u of slot `slot`: key
-    # base + u * slots + slot): all their page-table entries are read, then all their K and V, then the arithmetic.
-    comptime ROWS = DECODE_ROWS
-    for base in range(k_begin, k_end, slots * ROWS):
-        var at = SIMD[DType.int64, ROWS](0)
+    for base in range(k_begin, k_end, step):
+        var k_rows, v_rows = _load_rows[cache_type, VEC, ROWS](k_cache, v_cache, pages, base + slot, slots, last, ps,
+                                                               row_len, col)
+        pages = _row_pages[ROWS](page_table, table_row, base + step + slot, slots, last, ps)
         comptime for u in range(ROWS):
-            at[u] = Int64(token_offset(page_table, table_row, min(base + u * slots + slot, k_end - 1), ps, hk * d) + col)
-        var k_rows = SIMD[cache_type, ROWS * VEC](0)
-        var v_rows = SIMD[cache_type, ROWS * VEC](0)
-        comptime for u in range(ROWS):
-            k_rows = k_rows.insert[offset = u * VEC](k_cache.unsafe_load[width=VEC, alignment=16](Int(at[u])))
-            v_rows = v_rows.insert[offset = u * VEC](v_cache.unsafe_load[width=VEC, alignment=16](Int(at[u])))
-        comptime for u in range(ROWS):
+            var key = base + u * slots + slot
             var kv = k_rows.slice[VEC, offset = u * VEC]().cast[F32]()
             var s = SIMD[F32, group](0)
             comptime for h in range(group):
@@ -233,7 +264,7 @@ def _decode_attention_gpu[dtype: DType, cache_type: DType, group: Int, from_qkv:
             while offset < lanes:  # the row's dot products, summed over its lanes
                 s += _shuffle_xor(s, offset)
                 offset *= 2
-            if base + u * slots + slot < k_end:
+            if key < k_end:
                 var vv = v_rows.slice[VEC, offset = u * VEC]().cast[F32]()
                 var m_new = max(m, s)
                 var p = exp(s - m_new)
