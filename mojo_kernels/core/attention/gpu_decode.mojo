@@ -254,8 +254,9 @@ def _decode_attention_gpu[dtype: DType, cache_type: DType, group: Int, from_qkv:
         var k_rows, v_rows = _load_rows[cache_type, VEC, ROWS](k_cache, v_cache, pages, base + slot, slots, last, ps,
                                                                row_len, col)
         pages = _row_pages[ROWS](page_table, table_row, base + step + slot, slots, last, ps)
+        # the rows' scores (row u's heads at u * group ..), then one rescale of the state for all of them
+        var scores = SIMD[F32, ROWS * group](0)
         comptime for u in range(ROWS):
-            var key = base + u * slots + slot
             var kv = k_rows.slice[VEC, offset = u * VEC]().cast[F32]()
             var s = SIMD[F32, group](0)
             comptime for h in range(group):
@@ -264,17 +265,24 @@ def _decode_attention_gpu[dtype: DType, cache_type: DType, group: Int, from_qkv:
             while offset < lanes:  # the row's dot products, summed over its lanes
                 s += _shuffle_xor(s, offset)
                 offset *= 2
-            if key < k_end:
+            scores = scores.insert[offset = u * group](s)
+        var m_new = m
+        comptime for u in range(ROWS):
+            if base + u * slots + slot < k_end:
+                m_new = max(m_new, scores.slice[group, offset = u * group]())
+        var keep = exp(m - m_new)
+        l *= keep
+        acc *= _per_head[group, VEC](keep)
+        comptime for u in range(ROWS):
+            if base + u * slots + slot < k_end:
+                var p = exp(scores.slice[group, offset = u * group]() - m_new)
+                l += p
                 var vv = v_rows.slice[VEC, offset = u * VEC]().cast[F32]()
-                var m_new = max(m, s)
-                var p = exp(s - m_new)
-                var keep = exp(m - m_new)
-                l = l * keep + p
                 var vv_all = SIMD[F32, group * VEC](0)
                 comptime for h in range(group):
                     vv_all = vv_all.insert[offset = h * VEC](vv)
-                acc = acc * _per_head[group, VEC](keep) + vv_all * _per_head[group, VEC](p)
-                m = m_new
+                acc += vv_all * _per_head[group, VEC](p)
+        m = m_new
 
     # the slots of a warp into its first slot
     var offset = lanes
