@@ -75,7 +75,7 @@ class Mili:
 def load_mili(path: str, device: str, kv_cache_gb: Optional[float] = None) -> Qwen3Model:
     """The model in bfloat16; on a GPU, MAX's pool leaves room for a KV cache of kv_cache_gb (None: the engine's
     default; see device_memory.py)."""
-    model = load_model(path, device=device, dtype="bfloat16", kv_cache_gb=kv_cache_gb)
+    model = load_model(path, device=device, dtype="bfloat16", kv_cache_memory_gb=kv_cache_gb)
     # seconds, not minutes: its graph came from the compile cache (gpu_lease.sh precompile)
     print(f"MILI loaded its graph in {model.forward_fn.load_seconds:.1f} s", file=sys.stderr, flush=True)
     return model

@@ -16,7 +16,7 @@ from .inference.generate import generate_text
 from .inference.request import InferenceRequest
 from .inference.sampler import BatchSampler
 from .inference.sampling_params import SamplingParams
-from .memory.kv_cache_manager import PagedKVCache
+from .memory.kv_cache_manager import DEFAULT_PAGE_SIZE, PagedKVCache
 from .model import qwen3_model
 from .model.config import Qwen3Config
 from .tokenizer import chat_template, qwen_tokenizer
@@ -95,7 +95,7 @@ class KVCacheAllocator(PagedKVCache):
         dtype: torch.dtype = torch.float16,
         device: str | torch.device = "cpu",
         num_pages: Optional[int] = None,
-        page_size: int = 16,
+        page_size: int = DEFAULT_PAGE_SIZE,
     ) -> None:
         # max_batch_size is in the design documents' signature only: the pool is sized by num_pages or max_seq_length
         super().__init__(

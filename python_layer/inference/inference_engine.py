@@ -12,7 +12,7 @@ from typing import ContextManager, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ..memory.kv_cache_manager import kv_page_bytes, kv_pages_for
+from ..memory.kv_cache_manager import DEFAULT_PAGE_SIZE, kv_page_bytes, kv_pages_for
 from ..memory.radix_cache import RadixAttentionCache
 from ..model.decode_graphs import DecodeGraphs
 from ..model.device_memory import MAX_POOL_PERCENT
@@ -53,7 +53,7 @@ class InferenceEngine:
         tokenizer: Optional[QwenTokenizer] = None,
         num_kv_pages: Optional[int] = None,
         kv_cache_memory_gb: Optional[float] = None,
-        page_size: int = 16,
+        page_size: int = DEFAULT_PAGE_SIZE,
         max_model_len: Optional[int] = None,
         max_num_seqs: int = 64,
         max_num_batched_tokens: int = 2048,
@@ -118,8 +118,8 @@ class InferenceEngine:
         """`load_model(model_path, device, dtype, backend, weight_dtype=..., kv_cache_dtype=...)` (None: the built-in
         random-weight model) in an engine; on a GPU MAX's memory pool leaves room for the engine's KV cache."""
         model = load_model(model_path, device=device, dtype=dtype, backend=backend, weight_dtype=weight_dtype,
-                           kv_cache_dtype=kv_cache_dtype, kv_pages=engine_args.get("num_kv_pages"),
-                           kv_cache_gb=engine_args.get("kv_cache_memory_gb"), page_size=engine_args.get("page_size", 16))
+                           kv_cache_dtype=kv_cache_dtype, num_kv_pages=engine_args.get("num_kv_pages"),
+                           kv_cache_memory_gb=engine_args.get("kv_cache_memory_gb"), page_size=engine_args.get("page_size", DEFAULT_PAGE_SIZE))
         return cls(model, **engine_args)
 
     @property

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 # the KV cache when neither a page count nor a size is given: 2 GiB, at most 4096 pages (a small model's 2 GiB would
 # be far more pages than it can use)
 DEFAULT_KV_CACHE_GB, DEFAULT_MAX_KV_PAGES = 2.0, 4096
+DEFAULT_PAGE_SIZE = 16  # tokens a page
 
 
 def kv_page_bytes(config: Qwen3Config, page_size: int, dtype: torch.dtype) -> int:
@@ -42,7 +43,7 @@ class PagedKVCache:
         num_pages: int,
         num_kv_heads: int,
         head_dim: int,
-        page_size: int = 16,
+        page_size: int = DEFAULT_PAGE_SIZE,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
     ) -> None:
@@ -58,7 +59,7 @@ class PagedKVCache:
 
     @classmethod
     def for_model(
-        cls, config: Qwen3Config, num_pages: int, page_size: int = 16,
+        cls, config: Qwen3Config, num_pages: int, page_size: int = DEFAULT_PAGE_SIZE,
         dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
     ) -> "PagedKVCache":
         return cls(config.num_hidden_layers, num_pages, config.num_key_value_heads, config.head_dim, page_size, dtype, device)

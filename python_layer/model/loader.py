@@ -11,7 +11,7 @@ from typing import Callable, ContextManager, Optional
 import torch
 
 from ..memory.heap import return_free_heap
-from ..memory.kv_cache_manager import kv_page_bytes, kv_pages_for
+from ..memory.kv_cache_manager import DEFAULT_PAGE_SIZE, kv_page_bytes, kv_pages_for
 from .config import Qwen3Config
 from .device_memory import leave_room_beside_max_pool
 from .hub import resolve_model_dir
@@ -31,16 +31,17 @@ def load_model(
     on_phase: Optional[PhaseReporter] = None,
     weight_dtype: str = "auto",
     kv_cache_dtype: str = "auto",
-    kv_pages: Optional[int] = None,
-    kv_cache_gb: Optional[float] = None,
-    page_size: int = 16,
+    num_kv_pages: Optional[int] = None,
+    kv_cache_memory_gb: Optional[float] = None,
+    page_size: int = DEFAULT_PAGE_SIZE,
 ) -> Qwen3Model:
     """A checkpoint directory or Hugging Face Hub id (None: MILI's built-in random-weight model) as a model
     ready to run. dtype (activations, KV cache) "auto" is float32 on a CPU, bfloat16 on a GPU. weight_dtype
     (the linear layers' weights on a CPU: float32, bfloat16, fp8, int8) "auto" is an FP8 checkpoint's FP8,
     else dtype. kv_cache_dtype "auto" is dtype; a CPU may keep a bfloat16 cache under float32 activations.
-    On a GPU, MAX's memory pool leaves room for the weights and the KV cache the model will serve with: kv_pages
-    pages of page_size tokens, else kv_cache_gb GiB, else the engine's default (device_memory.py)."""
+    On a GPU, MAX's memory pool leaves room for the weights and the KV cache the model will serve with:
+    num_kv_pages pages of page_size tokens, else kv_cache_memory_gb GiB, else the engine's default (InferenceEngine's
+    arguments of the same names; device_memory.py)."""
     phase = on_phase or (lambda _: contextlib.nullcontext())
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"device {device!r}: torch sees no CUDA GPU here (a CPU-only torch build, or no GPU "
@@ -60,7 +61,7 @@ def load_model(
         cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype, torch_dtype, torch.device(device))
     page_bytes = kv_page_bytes(config, page_size, cache_dtype)
     weight_bytes = sum(math.prod(shape) for shape in expected_weight_shapes(config).values()) * torch_dtype.itemsize
-    leave_room_beside_max_pool(device, weight_bytes + page_bytes * kv_pages_for(page_bytes, kv_pages, kv_cache_gb))
+    leave_room_beside_max_pool(device, weight_bytes + page_bytes * kv_pages_for(page_bytes, num_kv_pages, kv_cache_memory_gb))
     with phase(f"checking the weights of {model_dir}"):
         weights = WeightLoader(model_dir, config, device=device, dtype=torch_dtype)
         weights.load_from_safetensors()  # each tensor is read when the model converts it, then let go

@@ -13,7 +13,7 @@ from bindings.ops import KV_CACHE_RULE, kv_cache_supported
 from bindings.reference import can_tile, tile_columns, tile_weight
 
 from ..memory.huge_pages import on_huge_pages
-from ..memory.kv_cache_manager import PagedKVCache
+from ..memory.kv_cache_manager import DEFAULT_PAGE_SIZE, PagedKVCache
 from .attention_metadata import AttentionMetadata
 from .config import Qwen3Config
 from .quantization import LinearWeight, QuantizedWeight, cat_rows, convert, parse_weight_dtype
@@ -152,7 +152,7 @@ class Qwen3Model:
             down_proj=lin(p + "mlp.down_proj.weight"),
         )
 
-    def new_kv_cache(self, num_pages: int, page_size: int = 16) -> PagedKVCache:
+    def new_kv_cache(self, num_pages: int, page_size: int = DEFAULT_PAGE_SIZE) -> PagedKVCache:
         return PagedKVCache.for_model(self.config, num_pages, page_size, dtype=self.kv_cache_dtype, device=self.device)
 
     def forward(

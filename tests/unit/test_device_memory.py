@@ -71,18 +71,18 @@ def sized(monkeypatch: pytest.MonkeyPatch) -> list:
 
 
 def test_load_model_leaves_room_for_the_weights_and_the_kv_cache(tiny_checkpoint: Path, sized: list) -> None:
-    """Before the weights load: the weights in the activations' dtype plus the KV cache of kv_pages pages, else of
-    kv_cache_gb, else the engine's default."""
+    """Before the weights load: the weights in the activations' dtype plus the KV cache of num_kv_pages pages, else of
+    kv_cache_memory_gb, else the engine's default."""
     config = Qwen3Config.from_pretrained(tiny_checkpoint)
     weights = sum(math.prod(s) for s in expected_weight_shapes(config).values()) * 2  # bfloat16
     page = kv_page_bytes(config, 32, torch.bfloat16)
-    for kv, expected in [(dict(kv_pages=100), 100 * page), (dict(kv_cache_gb=0.5), (GiB // 2 // page) * page),
+    for kv, expected in [(dict(num_kv_pages=100), 100 * page), (dict(kv_cache_memory_gb=0.5), (GiB // 2 // page) * page),
                          ({}, min(DEFAULT_MAX_KV_PAGES, int(DEFAULT_KV_CACHE_GB * GiB // page)) * page)]:
         with pytest.raises(Stop):
             loader.load_model(tiny_checkpoint, dtype="bfloat16", page_size=32, **kv)
         assert sized.pop() == ("cpu", weights + expected)
     with pytest.raises(ValueError, match="kv_cache_memory_gb must be > 0"):
-        loader.load_model(tiny_checkpoint, kv_cache_gb=0)
+        loader.load_model(tiny_checkpoint, kv_cache_memory_gb=0)
 
 
 def test_the_server_and_from_pretrained_size_the_pool_for_their_kv_cache(tiny_checkpoint: Path, sized: list) -> None:
