@@ -118,10 +118,12 @@ def device_memory(device: str, stage: str) -> dict:
 
 
 def attention_graph() -> str:
-    """How the model graph runs attention (bindings/graph.py's settings)."""
+    """How the model graph runs attention (bindings/graph.py's settings), and how the decode step's kernels launch
+    (MILI_GPU_PDL, mojo_kernels/utils/dependent_launch.mojo)."""
+    launch = ", PDL launches" if os.environ.get("MILI_GPU_PDL") == "1" else ""
     if not graph.FLASH_ATTENTION:
-        return "plain kernels, two ops"
-    return "flash kernels, " + ("one op (qkv_attention)" if graph.model_runs_qkv_attention() else "two ops")
+        return "plain kernels, two ops" + launch
+    return "flash kernels, " + ("one op (qkv_attention)" if graph.model_runs_qkv_attention() else "two ops") + launch
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,7 @@
 # tests, the model on the GPU against transformers, the kernel benchmark against PyTorch's own GPU ops, and end to
 # end against MAX's own Qwen3 pipeline and transformers (then benchmarks/results/gpu-summary.json).
 # Usage: benchmarks/gpu_session.sh [STEP...]
-#   (default: setup build warm tests e2e profile attention-bench model e2e-rest profile-two-ops)
+#   (default: setup build warm tests e2e profile profile-pdl attention-bench model e2e-rest profile-two-ops)
 #   setup        unpack benchmarks/device_kit.sh's parts (carried now in .devkit/pN, or before to /tmp/mili-kit/parts)
 #   build        load the kernel package (precompiled here: carry .modular_cache/mili_kernels)
 #   warm         in the background, while the tests run: MILI's 0.6B graphs as e2e and profile-two-ops load them
@@ -29,6 +29,9 @@
 #                of the lease
 #   profile      where a decode step's time goes at batch 1 and 64 (benchmarks/decode_profile.py: kernels, device
 #                busy time against the step's wall time), with the kernels e2e used
+#   profile-pdl  the same with MILI_GPU_PDL=1: the norms, decode attention and its split merge launched with Hopper's
+#                programmatic dependent launch (mojo_kernels/utils/dependent_launch.mojo), the A/B of that setting;
+#                not where this lease's tests step failed tests/gpu/test_dependent_launch.py
 #   profile-two-ops  the same with the flash kernels and qk_norm_rope_store and attention as two ops
 #                (MILI_GPU_QKV_ATTENTION=0): the A/B of the decode kernel that norms, rotates and stores q, k, v itself
 # SESSION_SECONDS (default 520): no step starts later than that after the start, and each step's time limit is cut
@@ -46,7 +49,7 @@ mkdir -p "$log_dir" "$kit/parts"
 budget=${SESSION_SECONDS:-520}
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=$kit/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-steps=${*:-setup build warm tests e2e profile attention-bench model e2e-rest profile-two-ops}
+steps=${*:-setup build warm tests e2e profile profile-pdl attention-bench model e2e-rest profile-two-ops}
 # pytest-xdist (on the image): one op (and dtype) per worker, so each graph compiles once and in parallel
 xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12 --dist loadgroup")
 status=0
@@ -167,6 +170,11 @@ for step in $steps; do
               e2e "${E2E_REST_SYSTEMS:-$rest}" ;;
     profile) e2e_kernels
              profile_decode profile ;;
+    profile-pdl) e2e_kernels
+                 if failed "test_dependent_launch.py"; then
+                   summary+=("profile-pdl: not run (PDL launches failed their test)")
+                 else MILI_GPU_PDL=1 profile_decode profile-pdl
+                 fi ;;
     profile-two-ops) e2e_kernels
                      if [ "$flash" = 1 ] && [ "${MILI_GPU_QKV_ATTENTION:-}" != 0 ]; then
                        MILI_GPU_QKV_ATTENTION=0 profile_decode profile-two-ops

@@ -61,15 +61,18 @@ def ptxas() -> str:
 
 def kernel_resources(module: str, kernel: str, arch: str = "sm_90a") -> Resources:
     """ptxas -v's figures for `kernel` (a kernel function of `module` with its parameters, as Mojo spells it)."""
+    gpu = arch.removesuffix("a")
     source = (f"from max.gpu.host.compile import _compile_code, get_gpu_target\n"
               f"from {module} import {kernel.split('[')[0]}\n\n\n"
               f"def main() raises:\n"
-              f"    print(_compile_code[{kernel}, target=get_gpu_target[\"{arch.removesuffix('a')}\"]()]().asm)\n")
+              f"    print(_compile_code[{kernel}, target=get_gpu_target[\"{gpu}\"]()]().asm)\n")
     with tempfile.TemporaryDirectory() as tmp:
         program, ptx = Path(tmp) / "kernel.mojo", Path(tmp) / "kernel.ptx"
         program.write_text(source)
-        built = subprocess.run([library._mojo(), "run", "-I", str(ROOT), str(program)], capture_output=True,
-                               text=True, timeout=600)
+        # built for an accelerator, as MAX builds a graph's kernels (without one, has_nvidia_gpu_accelerator() is
+        # false and PDL's instructions are left out)
+        built = subprocess.run([library._mojo(), "run", "--target-accelerator", gpu, "-I", str(ROOT), str(program)],
+                               capture_output=True, text=True, timeout=600)
         if built.returncode != 0:
             raise RuntimeError(f"{kernel}: mojo failed\n{built.stdout}{built.stderr}")
         ptx.write_text(built.stdout)

@@ -7,10 +7,12 @@ from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
 from max.gpu import thread_idx, block_idx
 from max.gpu.primitives import block
+from max.gpu.primitives.grid_controls import wait_on_dependent_grids
 from std.algorithm import vectorize
 from std.math import rsqrt
 from std.sys import size_of
 
+from ..utils.dependent_launch import dependent_launch
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
 from ..utils.types import addr, ptr, load_f32, narrow, Addr, F32, F32_WIDTH, Ptr, GPU_BLOCK, SERIAL_ELEMENTS, aligned_16, check_same
 
@@ -78,7 +80,9 @@ def _norm_rows_gpu[dtype: DType, fused: Bool, width: Int](
     cols: Int32, eps: Ptr[F32],
 ):
     """Block r: row r, `width` elements a load (16 bytes where the row allows: a 1,024-wide bfloat16 row is one load
-    a thread a pass). With one element a load, 8 a thread a pass, a row took 5.9 us on an H200."""
+    a thread a pass). With one element a load, 8 a thread a pass, a row took 5.9 us on an H200. Waits for the kernel
+    before it (utils/dependent_launch.mojo)."""
+    wait_on_dependent_grids()
     comptime ALIGN = width * size_of[dtype]()
     var n = Int(cols)
     var base = Int(block_idx.x) * n
@@ -120,11 +124,13 @@ def _norm_rows[dtype: DType, fused: Bool, target: StaticString](
         comptime VEC = 16 // size_of[dtype]()
         if cols % VEC == 0 and aligned_16(y, res_out, x, res, w):
             ctx.enqueue_function[_norm_rows_gpu[dtype, fused, VEC]](
-                y, res_out, x, res, w, Int32(cols), eps, grid_dim=rows, block_dim=GPU_BLOCK
+                y, res_out, x, res, w, Int32(cols), eps, grid_dim=rows, block_dim=GPU_BLOCK,
+                attributes=dependent_launch(),
             )
         else:
             ctx.enqueue_function[_norm_rows_gpu[dtype, fused, 1]](
-                y, res_out, x, res, w, Int32(cols), eps, grid_dim=rows, block_dim=GPU_BLOCK
+                y, res_out, x, res, w, Int32(cols), eps, grid_dim=rows, block_dim=GPU_BLOCK,
+                attributes=dependent_launch(),
             )
 
 

@@ -192,3 +192,5 @@ def test_decode_profile_times_the_decode_steps_of_each_batch(tiny_checkpoint: Pa
         monkeypatch.setattr(graph, "FLASH_ATTENTION", flash)
         monkeypatch.setattr(graph, "QKV_ATTENTION", one_op)
         assert decode_profile.attention_graph() == said
+    monkeypatch.setenv("MILI_GPU_PDL", "1")
+    assert decode_profile.attention_graph() == "plain kernels, two ops, PDL launches"

@@ -193,3 +193,20 @@ def test_warm_loads_the_model_graphs_while_the_tests_run_and_later_steps_wait_fo
     result = _session(tmp_path, "warm")
     assert result.returncode == 1
     assert "warm: rc=1" in result.stdout and "RuntimeError: no GPU" in result.stdout
+
+
+def test_the_pdl_profile_launches_with_pdl_unless_its_test_failed(tmp_path: Path, monkeypatch) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    stand_in = tmp_path / "bin"  # a python3 that says what it ran and with which PDL setting
+    stand_in.mkdir()
+    (stand_in / "python3").write_text("#!/bin/sh\necho \"ran $1 $2 $3 MILI_GPU_PDL=$MILI_GPU_PDL\"\n")
+    (stand_in / "python3").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stand_in}:{os.environ['PATH']}")
+    monkeypatch.delenv("MILI_GPU_PDL", raising=False)
+    _session(tmp_path, "profile", "profile-pdl")
+    assert (logs / "profile.log").read_text() == "ran benchmarks/decode_profile.py --device cuda MILI_GPU_PDL=\n"
+    assert (logs / "profile-pdl.log").read_text() == "ran benchmarks/decode_profile.py --device cuda MILI_GPU_PDL=1\n"
+    (logs / "tests.log").write_text("FAILED tests/gpu/test_dependent_launch.py::test_pdl_launches_give_the_tokens"
+                                    "_of_plain_ones - AssertionError\n")
+    assert "profile-pdl: not run (PDL launches failed their test)" in _session(tmp_path, "profile-pdl").stdout

@@ -7,6 +7,7 @@ from max.gpu.host import DeviceContext
 from max.gpu import thread_idx, block_idx
 from max.gpu.sync import barrier
 from max.gpu.primitives import block
+from max.gpu.primitives.grid_controls import wait_on_dependent_grids
 from std.math import exp
 from std.memory import stack_allocation
 
@@ -108,7 +109,9 @@ def _attention_gpu[dtype: DType, cache_type: DType](
 def merge_splits_gpu[dtype: DType](output: Ptr[dtype], partial: Ptr[F32], q_heads: Int32, head_dim: Int32, splits: Int32):
     """Block (t, h) of GPU_BLOCK threads: the output of query token t, head h from its splits' partial softmax
     states (splits <= GPU_BLOCK). Thread s reads split s's max and sum; a split that saw no key (sum 0: past a short
-    context in a wide page table) is skipped, its accumulator unread."""
+    context in a wide page table) is skipped, its accumulator unread. Waits for the kernel before it
+    (utils/dependent_launch.mojo)."""
+    wait_on_dependent_grids()
     var row = Int(block_idx.x) * Int(q_heads) + Int(block_idx.y)
     var d, n_splits, tid = Int(head_dim), Int(splits), Int(thread_idx.x)
     var first = row * n_splits * (d + 2)

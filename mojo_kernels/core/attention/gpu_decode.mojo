@@ -11,11 +11,13 @@
 from max.gpu.host import DeviceContext
 from max.gpu import thread_idx, block_idx, WARP_SIZE
 from max.gpu.primitives import warp
+from max.gpu.primitives.grid_controls import launch_dependent_grids, wait_on_dependent_grids
 from max.gpu.sync import barrier
 from std.math import exp, rsqrt
 from std.memory import stack_allocation
 from std.sys import size_of
 
+from ...utils.dependent_launch import dependent_launch
 from ...utils.types import addr, ptr, Addr, F32, Ptr, GPU_BLOCK, load_f32
 from ..rope import rope_cos_sin_gpu
 from .common import page_of, row_in_page, split_keys
@@ -200,16 +202,12 @@ def _decode_attention_gpu[dtype: DType, cache_type: DType, group: Int, from_qkv:
     var t = Int(query_start.unsafe_load(b))
     var n = Int(context_lens.unsafe_load(b))
     var k_begin, k_end = split_keys(n, n_splits, split, DECODE_SPLIT_KEYS, slots)
-    if k_begin == k_end and split > 0:  # an empty split (there is a merge): a sum of 0 tells it to skip this one
-        if tid < group:
-            partial.unsafe_store(((t * hq + g * group + tid) * n_splits + split) * (d + 2) + d + 1, 0)
-        return
 
-    # Each iteration's page-table entries are read ahead: the first ones' trip to memory overlaps the query's loads
-    # (and norm and RoPE), each next one's this iteration's arithmetic. (K and V read ahead as well took 151 registers
-    # a thread: 3 blocks an SM, not 4.) Every thread runs the same iterations (the shuffles need the whole warp). An
-    # iteration takes DECODE_ROWS rows a slot: row u of slot `slot` is key base + u * slots + slot; a slot past the
-    # end reads the split's last key again and drops it.
+    # Each iteration's page-table entries are read ahead: the first ones' trip to memory overlaps the launch's wait
+    # and the query's loads (and norm and RoPE), each next one's this iteration's arithmetic. (K and V read ahead as
+    # well took 151 registers a thread: 3 blocks an SM, not 4.) Every thread runs the same iterations (the shuffles
+    # need the whole warp). An iteration takes DECODE_ROWS rows a slot: row u of slot `slot` is key
+    # base + u * slots + slot; a slot past the end reads the split's last key again and drops it.
     comptime ROWS = DECODE_ROWS
     var step = slots * ROWS
     var last = k_end - 1
@@ -219,6 +217,11 @@ def _decode_attention_gpu[dtype: DType, cache_type: DType, group: Int, from_qkv:
     var pages = SIMD[DType.int32, ROWS](0)
     if k_begin < k_end:  # else a padded row (no context): nothing to read
         pages = _row_pages[ROWS](page_table, table_row, k_begin + slot, slots, last, ps)
+    wait_on_dependent_grids()  # the step's inputs and the cache were written before the kernel before this one began
+    if k_begin == k_end and split > 0:  # an empty split (there is a merge): a sum of 0 tells it to skip this one
+        if tid < group:
+            partial.unsafe_store(((t * hq + g * group + tid) * n_splits + split) * (d + 2) + d + 1, 0)
+        return
 
     var scale = scale_ptr.unsafe_load(0)
     # this thread's elements of every query head of the group (head h in lanes h * VEC ..), and their accumulators
@@ -283,6 +286,7 @@ def _decode_attention_gpu[dtype: DType, cache_type: DType, group: Int, from_qkv:
                     vv_all = vv_all.insert[offset = h * VEC](vv)
                 acc += vv_all * _per_head[group, VEC](p)
         m = m_new
+    launch_dependent_grids()  # the merge may launch: it waits for this kernel's writes
 
     # the slots of a warp into its first slot
     var offset = lanes
@@ -337,7 +341,7 @@ def _enqueue_decode[dtype: DType, cache_type: DType, group: Int, from_qkv: Bool]
         ptr(rope.k_norm), ptr(rope.eps), ptr(rope.positions), ptr(rope.inv_freq), ptr(rope.rope_scale), ptr(rope.slots),
         Int32(max_pages), Int32(kv_heads),
         Int32(head_dim), Int32(page_size), Int32(splits),
-        grid_dim=(batch, kv_heads, splits), block_dim=DECODE_THREADS,
+        grid_dim=(batch, kv_heads, splits), block_dim=DECODE_THREADS, attributes=dependent_launch(),
     )
 
 
@@ -363,5 +367,6 @@ def decode_attention_gpu[dtype: DType, cache_type: DType, from_qkv: Bool = False
     if splits > 1:
         ctx.enqueue_function[merge_splits_gpu[dtype]](
             output, p, Int32(q_heads), Int32(head_dim), Int32(splits), grid_dim=(batch, q_heads), block_dim=GPU_BLOCK,
+            attributes=dependent_launch(),
         )
     _ = partial^  # freed in stream order, after the kernels that use it
