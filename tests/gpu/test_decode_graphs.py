@@ -4,7 +4,6 @@ given to the GPU before the last one's tokens are read, its input ids taken ther
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +12,6 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
 
 from python_layer import InferenceEngine, SamplingParams  # noqa: E402
-from python_layer.model.loader import load_model  # noqa: E402
 from tests.engine_checks import no_request_holds_pages, random_prompts, serve_arrivals_and_aborts  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=1)
@@ -21,14 +19,9 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprob
 pytestmark = pytest.mark.xdist_group("decode_graphs")
 
 
-@pytest.fixture(scope="module")
-def model(tiny_checkpoint: Path):
-    return load_model(tiny_checkpoint, device="cuda", dtype="bfloat16")
-
-
-def test_replayed_decode_steps_give_the_tokens_of_steps_run_op_by_op(model) -> None:
-    replayed = InferenceEngine(model, num_kv_pages=256, max_num_seqs=16, debug_checks=True)
-    eager = InferenceEngine(model, num_kv_pages=256, max_num_seqs=16, device_graphs=False)
+def test_replayed_decode_steps_give_the_tokens_of_steps_run_op_by_op(cuda_model) -> None:
+    replayed = InferenceEngine(cuda_model, num_kv_pages=256, max_num_seqs=16, debug_checks=True)
+    eager = InferenceEngine(cuda_model, num_kv_pages=256, max_num_seqs=16, device_graphs=False)
     graphs = replayed.runner.decode_graphs
     assert graphs is not None and graphs.buckets == [1, 2, 4, 8, 16] and eager.runner.decode_graphs is None
     assert sorted(graphs._steps) == graphs.buckets and all(logits is not None for _, logits in graphs._steps.values())
@@ -41,11 +34,11 @@ def test_replayed_decode_steps_give_the_tokens_of_steps_run_op_by_op(model) -> N
     assert no_request_holds_pages(replayed)
 
 
-def test_replay_with_arrivals_and_aborts(model) -> None:
+def test_replay_with_arrivals_and_aborts(cuda_model) -> None:
     outputs = []
     for device_graphs in (True, False):
         # the same 39 pages for the requests both ways (device graphs reserve one for padding): the same preemptions
-        engine = InferenceEngine(model, num_kv_pages=40 if device_graphs else 39, max_num_seqs=8, debug_checks=True,
+        engine = InferenceEngine(cuda_model, num_kv_pages=40 if device_graphs else 39, max_num_seqs=8, debug_checks=True,
                                  device_graphs=device_graphs, overlap=False)
         assert engine.kv_cache.num_usable_pages == 39
         done = serve_arrivals_and_aborts(engine, random_prompts(30, seed=6, max_len=300), seed=5, max_tokens=24)
@@ -54,7 +47,7 @@ def test_replay_with_arrivals_and_aborts(model) -> None:
     assert outputs[0] == outputs[1] and len(outputs[0]) == 30
 
 
-def test_overlapped_decode_steps_give_the_tokens_of_steps_read_at_once(model) -> None:
+def test_overlapped_decode_steps_give_the_tokens_of_steps_read_at_once(cuda_model) -> None:
     """torch's token copies and argmax run on MAX's stream between the replays: a step that read its input ids
     before the step before had written them would give other tokens."""
     prompts = random_prompts(13, seed=8, max_len=300)
@@ -63,7 +56,7 @@ def test_overlapped_decode_steps_give_the_tokens_of_steps_read_at_once(model) ->
               for i in range(len(prompts))]
     outputs = []
     for overlap in (True, False):
-        engine = InferenceEngine(model, num_kv_pages=256, max_num_seqs=16, debug_checks=True, overlap=overlap)
+        engine = InferenceEngine(cuda_model, num_kv_pages=256, max_num_seqs=16, debug_checks=True, overlap=overlap)
         following, run = [], engine.runner.run_following
         engine.runner.run_following = lambda requests, ids: following.append(len(requests)) or run(requests, ids)
         outputs.append([o.token_ids for o in engine.generate(prompts, params)])
@@ -71,11 +64,11 @@ def test_overlapped_decode_steps_give_the_tokens_of_steps_read_at_once(model) ->
     assert outputs[0] == outputs[1]
 
 
-def test_steps_behind_an_unread_one_are_launched_without_waiting_for_the_device(model) -> None:
+def test_steps_behind_an_unread_one_are_launched_without_waiting_for_the_device(cuda_model) -> None:
     """Giving the device the next step must not wait for the step in flight (else the host's work no longer
     overlaps the device's): torch's sync debug mode raises on any synchronizing call torch makes meanwhile,
     for greedy rows, sampled rows (seeded or not) and a batch that shrinks as requests end."""
-    engine = InferenceEngine(model, num_kv_pages=256, max_num_seqs=16, debug_checks=True)
+    engine = InferenceEngine(cuda_model, num_kv_pages=256, max_num_seqs=16, debug_checks=True)
     launch, following = engine._launch_following, []
 
     def without_syncs(launched):

@@ -5,8 +5,6 @@ op; a kernel that read too early would give others."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -14,25 +12,19 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
 
 from python_layer import InferenceEngine, SamplingParams  # noqa: E402
-from python_layer.model.loader import load_model  # noqa: E402
 from tests.engine_checks import no_request_holds_pages, random_prompts  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=1)
 pytestmark = pytest.mark.xdist_group("dependent_launch")
 
 
-@pytest.fixture(scope="module")
-def model(tiny_checkpoint: Path):
-    return load_model(tiny_checkpoint, device="cuda", dtype="bfloat16")
-
-
-def test_pdl_launches_give_the_tokens_of_plain_ones(model, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pdl_launches_give_the_tokens_of_plain_ones(cuda_model, monkeypatch: pytest.MonkeyPatch) -> None:
     prompts = random_prompts(13, seed=11, max_len=300)
     monkeypatch.delenv("MILI_GPU_PDL", raising=False)
-    plain = InferenceEngine(model, num_kv_pages=256, max_num_seqs=16, device_graphs=False).generate(prompts, GREEDY)
+    plain = InferenceEngine(cuda_model, num_kv_pages=256, max_num_seqs=16, device_graphs=False).generate(prompts, GREEDY)
     monkeypatch.setenv("MILI_GPU_PDL", "1")  # read as each kernel is launched (or captured)
     for device_graphs in (True, False):
-        engine = InferenceEngine(model, num_kv_pages=256, max_num_seqs=16, debug_checks=True,
+        engine = InferenceEngine(cuda_model, num_kv_pages=256, max_num_seqs=16, debug_checks=True,
                                  device_graphs=device_graphs)
         assert (engine.runner.decode_graphs is not None) == device_graphs
         outputs = engine.generate(prompts, GREEDY)
