@@ -82,8 +82,9 @@ def kernel_resources(module: str, kernel: str, arch: str = "sm_90a") -> Resource
         raise RuntimeError(f"{kernel}: ptxas failed\n{assembled.stderr}")
     info = assembled.stderr
     spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", info))
+    registers = int(re.search(r"Used (\d+) registers", info).group(1))
     shared = re.search(r"(\d+) bytes smem", info)
-    return Resources(int(re.search(r"Used (\d+) registers", info).group(1)), spills, int(shared.group(1)) if shared else 0)
+    return Resources(registers, spills, int(shared.group(1)) if shared else 0)
 
 
 def main(arch: str = "sm_90a") -> int:

@@ -119,7 +119,8 @@ class InferenceEngine:
         random-weight model) in an engine; on a GPU MAX's memory pool leaves room for the engine's KV cache."""
         model = load_model(model_path, device=device, dtype=dtype, backend=backend, weight_dtype=weight_dtype,
                            kv_cache_dtype=kv_cache_dtype, num_kv_pages=engine_args.get("num_kv_pages"),
-                           kv_cache_memory_gb=engine_args.get("kv_cache_memory_gb"), page_size=engine_args.get("page_size", DEFAULT_PAGE_SIZE))
+                           kv_cache_memory_gb=engine_args.get("kv_cache_memory_gb"),
+                           page_size=engine_args.get("page_size", DEFAULT_PAGE_SIZE))
         return cls(model, **engine_args)
 
     @property

@@ -61,7 +61,8 @@ def load_model(
         cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype, torch_dtype, torch.device(device))
     page_bytes = kv_page_bytes(config, page_size, cache_dtype)
     weight_bytes = sum(math.prod(shape) for shape in expected_weight_shapes(config).values()) * torch_dtype.itemsize
-    leave_room_beside_max_pool(device, weight_bytes + page_bytes * kv_pages_for(page_bytes, num_kv_pages, kv_cache_memory_gb))
+    kv_bytes = page_bytes * kv_pages_for(page_bytes, num_kv_pages, kv_cache_memory_gb)
+    leave_room_beside_max_pool(device, weight_bytes + kv_bytes)
     with phase(f"checking the weights of {model_dir}"):
         weights = WeightLoader(model_dir, config, device=device, dtype=torch_dtype)
         weights.load_from_safetensors()  # each tensor is read when the model converts it, then let go

@@ -65,8 +65,8 @@ def make_loader(args: argparse.Namespace) -> Callable[[EngineMetrics], AsyncEngi
                 path = ensure_random_model(args.random_model)
         # --kv-memory-fraction's share of the memory free before the weights: more than after, as room to leave
         model = load_model(path, device=args.device, dtype=args.dtype, backend=args.backend, on_phase=_phase,
-                           weight_dtype=args.weight_dtype, kv_cache_dtype=args.kv_cache_dtype, num_kv_pages=args.kv_pages,
-                           kv_cache_memory_gb=_kv_memory_gb(args), page_size=args.page_size)
+                           weight_dtype=args.weight_dtype, kv_cache_dtype=args.kv_cache_dtype,
+                           num_kv_pages=args.kv_pages, kv_cache_memory_gb=_kv_memory_gb(args), page_size=args.page_size)
         with _phase("allocating the KV cache and warming up"):
             engine = InferenceEngine(model, num_kv_pages=args.kv_pages, kv_cache_memory_gb=_kv_memory_gb(args),
                                      page_size=args.page_size, max_model_len=args.max_model_len,

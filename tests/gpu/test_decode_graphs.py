@@ -38,8 +38,8 @@ def test_replay_with_arrivals_and_aborts(cuda_model) -> None:
     outputs = []
     for device_graphs in (True, False):
         # the same 39 pages for the requests both ways (device graphs reserve one for padding): the same preemptions
-        engine = InferenceEngine(cuda_model, num_kv_pages=40 if device_graphs else 39, max_num_seqs=8, debug_checks=True,
-                                 device_graphs=device_graphs, overlap=False)
+        engine = InferenceEngine(cuda_model, num_kv_pages=40 if device_graphs else 39, max_num_seqs=8,
+                                 debug_checks=True, device_graphs=device_graphs, overlap=False)
         assert engine.kv_cache.num_usable_pages == 39
         done = serve_arrivals_and_aborts(engine, random_prompts(30, seed=6, max_len=300), seed=5, max_tokens=24)
         assert no_request_holds_pages(engine)

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.xdist_group("dependent_launch")
 def test_pdl_launches_give_the_tokens_of_plain_ones(cuda_model, monkeypatch: pytest.MonkeyPatch) -> None:
     prompts = random_prompts(13, seed=11, max_len=300)
     monkeypatch.delenv("MILI_GPU_PDL", raising=False)
-    plain = InferenceEngine(cuda_model, num_kv_pages=256, max_num_seqs=16, device_graphs=False).generate(prompts, GREEDY)
+    plain_engine = InferenceEngine(cuda_model, num_kv_pages=256, max_num_seqs=16, device_graphs=False)
+    plain = plain_engine.generate(prompts, GREEDY)
     monkeypatch.setenv("MILI_GPU_PDL", "1")  # read as each kernel is launched (or captured)
     for device_graphs in (True, False):
         engine = InferenceEngine(cuda_model, num_kv_pages=256, max_num_seqs=16, debug_checks=True,

@@ -76,7 +76,8 @@ def test_load_model_leaves_room_for_the_weights_and_the_kv_cache(tiny_checkpoint
     config = Qwen3Config.from_pretrained(tiny_checkpoint)
     weights = sum(math.prod(s) for s in expected_weight_shapes(config).values()) * 2  # bfloat16
     page = kv_page_bytes(config, 32, torch.bfloat16)
-    for kv, expected in [(dict(num_kv_pages=100), 100 * page), (dict(kv_cache_memory_gb=0.5), (GiB // 2 // page) * page),
+    for kv, expected in [(dict(num_kv_pages=100), 100 * page),
+                         (dict(kv_cache_memory_gb=0.5), (GiB // 2 // page) * page),
                          ({}, min(DEFAULT_MAX_KV_PAGES, int(DEFAULT_KV_CACHE_GB * GiB // page)) * page)]:
         with pytest.raises(Stop):
             loader.load_model(tiny_checkpoint, dtype="bfloat16", page_size=32, **kv)
