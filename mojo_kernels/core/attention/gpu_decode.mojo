@@ -28,8 +28,8 @@ comptime DECODE_WARPS = DECODE_THREADS // WARP_SIZE
 comptime DECODE_MAX_HEAD_DIM = 256
 comptime DECODE_BUSY_BLOCKS = 528
 """Blocks (sequence x KV head x split) an H100 runs at once: 132 SMs x 4 (Qwen3's shape, bfloat16, 2 query heads a KV
-head: the kernel's 119 registers a thread (ptxas for sm_90a) leave room for 4 blocks of 128 threads, 9 to
-spare). More splits than that would only add a second, partial wave and a merge."""
+head: the kernel's 125 registers a thread leave room for 4 blocks of 128 threads; tests/kernels/test_gpu_resources.py
+holds it to 128). More splits than that would only add a second, partial wave and a merge."""
 comptime DECODE_SPLIT_KEYS = 32
 """The fewest keys per split: one iteration of the kernel's loop in bfloat16 (8 slots x DECODE_ROWS), so that a short
 context is read in one trip to memory by more blocks rather than in two by fewer."""
