@@ -4,7 +4,6 @@ given to the GPU before the last one's tokens are read, its input ids taken ther
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
