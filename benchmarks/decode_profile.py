@@ -2,8 +2,8 @@
 replayed ones too) over --steps decode steps of MILI's engine at each --batches size, after the prompts'
 prefill. Per batch: the step's wall time (without and with the profiler), the device's busy time in it (the
 kernels' time) and its idle time between kernels (short gaps: launches; long ones: waiting for the host), the
-kernels that take the most of it, and the host's side: the CUDA API calls and, from cProfile over the same steps, the Python functions that take
-the most of its own time.
+kernels that take the most of it, and the host's side: the CUDA API calls and, from cProfile over the same steps,
+the Python functions that take the most of its own time.
 
 `mili bench decode_profile --device cuda [--batches 1,64] [--context 512] [--steps 32] [--no-overlap]`. Prints a
 table per batch and writes JSON under benchmarks/results/. On a CPU the engine runs but no kernel is seen."""
