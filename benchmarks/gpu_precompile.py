@@ -10,7 +10,8 @@ The graphs: Qwen3-0.6B's shape in bfloat16 (the end-to-end runs, the decode prof
 bfloat16 (tests/gpu/test_decode_graphs.py, the bfloat16 parity test) and the parity shapes in float32
 (tests/integration/test_parity.py -k cuda), the 0.6B one in bfloat16 and the tiny one in float32 again with
 qk_norm_rope_store and attention as two ops (MILI_GPU_QKV_ATTENTION=0: gpu_session.sh's profile-two-ops and
-fallback, the one-op parity test), each built from a model loaded on the CPU with the reference backend,
+fallback, the one-op parity test), the 0.6B one with cuBLAS for its matmuls (MILI_GPU_VENDOR_BLAS=1:
+profile-cublas), each built from a model loaded on the CPU with the reference backend,
 whose weights have the layout they have on a GPU (no CPU tiling); and every op's graph in both dtypes, as
 tests/gpu/test_gpu_ops.py's cases load them (bindings/ops.py CompiledOp.compiled); the kernel benchmark's
 attention graphs (compile_attention_bench_graphs); and MAX's own Qwen3 pipeline as the e2e step starts it, by its
@@ -46,14 +47,14 @@ from python_layer.model.random_checkpoint import TINY, build_random_checkpoint  
 from tests.conftest import PARITY_SHAPES  # noqa: E402
 
 
-def compile_for_gpu(path: Path | str, dtype: str, qkv_attention: bool = True) -> float:
+def compile_for_gpu(path: Path | str, dtype: str, qkv_attention: bool = True, vendor_blas: bool = False) -> float:
     """Compiles the graph that load_model(path, device="cuda", dtype=dtype) loads (with MILI_GPU_QKV_ATTENTION=0
-    where qkv_attention is false); returns the seconds it took."""
+    where qkv_attention is false, MILI_GPU_VENDOR_BLAS=1 where vendor_blas is true); returns the seconds it took."""
     model = load_model(path, device="cpu", dtype=dtype, backend="reference")
     with mock.patch.object(graph_settings, "QKV_ATTENTION", qkv_attention):
         graph = model_graph(model, graph_weights(model), "cuda:0")
     started = time.perf_counter()
-    library.session("cuda:0").compile(graph)
+    library.session("cuda:0", vendor_blas).compile(graph)
     return time.perf_counter() - started
 
 
@@ -102,14 +103,18 @@ def compile_max_pipeline(max_python: str) -> float:
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tiny = build_random_checkpoint(Path(tmp) / "tiny", **TINY)
-        graphs = [(model_path(None), "bfloat16", "Qwen3-0.6B shape", True), (tiny, "bfloat16", "tests' tiny model", True)]
+        graphs = [(model_path(None), "bfloat16", "Qwen3-0.6B shape", True, False),
+                  (tiny, "bfloat16", "tests' tiny model", True, False)]
         for name, shape in sorted(PARITY_SHAPES.items()):
-            graphs.append((build_random_checkpoint(Path(tmp) / name, **shape), "float32", f"parity {name}", True))
-        # qk_norm_rope_store and attention apart: the decode profile's A/B, e2e's fallback, the one-op parity test
-        graphs += [(model_path(None), "bfloat16", "Qwen3-0.6B shape, two ops", False),
-                   (tiny, "float32", "tests' tiny model, two ops", False)]
-        for path, dtype, what, one_op in graphs:
-            print(f"{what}, {dtype}: compiled for {ARCH} in {compile_for_gpu(path, dtype, one_op):.1f} s", flush=True)
+            graphs.append((build_random_checkpoint(Path(tmp) / name, **shape), "float32", f"parity {name}", True, False))
+        # qk_norm_rope_store and attention apart: the decode profile's A/B, e2e's fallback, the one-op parity test;
+        # then cuBLAS for the matmuls: gpu_session.sh's profile-cublas
+        graphs += [(model_path(None), "bfloat16", "Qwen3-0.6B shape, two ops", False, False),
+                   (tiny, "float32", "tests' tiny model, two ops", False, False),
+                   (model_path(None), "bfloat16", "Qwen3-0.6B shape, cuBLAS matmuls", True, True)]
+        for path, dtype, what, one_op, cublas in graphs:
+            seconds = compile_for_gpu(path, dtype, one_op, cublas)
+            print(f"{what}, {dtype}: compiled for {ARCH} in {seconds:.1f} s", flush=True)
     started = time.perf_counter()
     print(f"{compile_op_graphs()} op graphs compiled for {ARCH} in {time.perf_counter() - started:.1f} s", flush=True)
     started = time.perf_counter()

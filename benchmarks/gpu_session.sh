@@ -3,7 +3,8 @@
 # tests, the model on the GPU against transformers, the kernel benchmark against PyTorch's own GPU ops, and end to
 # end against MAX's own Qwen3 pipeline and transformers (then benchmarks/results/gpu-summary.json).
 # Usage: benchmarks/gpu_session.sh [STEP...]
-#   (default: setup build warm tests e2e profile profile-pdl attention-bench model e2e-rest profile-two-ops)
+#   (default: setup build warm tests e2e profile profile-pdl ncu-attention attention-bench profile-cublas model
+#    e2e-rest profile-two-ops)
 #   setup        unpack benchmarks/device_kit.sh's parts (carried now in .devkit/pN, or before to /tmp/mili-kit/parts)
 #   build        load the kernel package (precompiled here: carry .modular_cache/mili_kernels)
 #   warm         in the background, while the tests run: MILI's 0.6B graphs as e2e and profile-two-ops load them
@@ -34,6 +35,12 @@
 #                not where this lease's tests step failed tests/gpu/test_dependent_launch.py
 #   profile-two-ops  the same with the flash kernels and qk_norm_rope_store and attention as two ops
 #                (MILI_GPU_QKV_ATTENTION=0): the A/B of the decode kernel that norms, rotates and stores q, k, v itself
+#   profile-cublas  the same with MILI_GPU_VENDOR_BLAS=1: the model's matmuls through cuBLAS (MAX's vendor BLAS), the
+#                A/B of MAX's own matmul kernels (at batch 64 they took 1.5 of a step's 3.3 ms on the H200); its graph
+#                compiles in the step unless gpu_lease.sh's precompiled graphs hold
+#   ncu-attention  Nsight Compute's counters of MILI's attention kernels and SDPA's on the attention benchmark's
+#                prefill of 2,048 tokens and decode at 4,096 keys, batch 1 and 64 (benchmarks/attention_ncu.py): where
+#                the warps stall; the card's clocks left as they are (--clock-control none)
 # SESSION_SECONDS (default 520): no step starts later than that after the start, and each step's time limit is cut
 # to what is left, so the run ends inside one device call (10 minutes). Logs and JSON go to $GPU_SESSION_LOGS
 # (/tmp/mili-gpu), packed at the end into $OUT/gpu-session.tar.gz, with gpu-summary.json beside it (the device tool
@@ -49,7 +56,7 @@ mkdir -p "$log_dir" "$kit/parts"
 budget=${SESSION_SECONDS:-520}
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=$kit/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-steps=${*:-setup build warm tests e2e profile profile-pdl attention-bench model e2e-rest profile-two-ops}
+steps=${*:-setup build warm tests e2e profile profile-pdl ncu-attention attention-bench profile-cublas model e2e-rest profile-two-ops}
 # pytest-xdist (on the image): one op (and dtype) per worker, so each graph compiles once and in parallel
 xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12 --dist loadgroup")
 status=0
@@ -137,12 +144,26 @@ e2e() {  # e2e SYSTEMS: the latency and throughput figures of those systems, eac
   run summary 60 python3 benchmarks/gpu_summary.py --commit "${MILI_COMMIT:-}" --since "$started"
 }
 
-profile_decode() {  # profile_decode NAME: where a decode step's time goes at batch 1 and 64, the steps run as
-  # e2e's first MILI runs them
+profile_decode() {  # profile_decode NAME [LIMIT]: where a decode step's time goes at batch 1 and 64, the steps run
+  # as e2e's first MILI runs them, within LIMIT seconds (150: its graph loaded by warm)
   local mili; mili=$(mili_system)
   if [ "$mili" = mili-eager ]; then summary+=("$1: not run (replayed decode steps failed their tests)"); return; fi
-  MILI_GPU_FLASH_ATTENTION=$flash run "$1" 150 python3 benchmarks/decode_profile.py --device cuda --batches 1,64 \
-    $([ "$mili" = mili-sync ] && echo --no-overlap)
+  MILI_GPU_FLASH_ATTENTION=$flash run "$1" "${2:-150}" python3 benchmarks/decode_profile.py --device cuda \
+    --batches 1,64 $([ "$mili" = mili-sync ] && echo --no-overlap)
+}
+
+ncu_attention() {  # Nsight Compute over benchmarks/attention_ncu.py's launches; MAX's pool at 10% of the GPU, since ncu
+  # saves and restores the device's memory around each of its passes over a kernel
+  local ncu
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -n 1)
+  if [ -z "$ncu" ]; then summary+=("ncu-attention: not run (no ncu on this machine)"); status=1; return; fi
+  local args=(--nvtx --clock-control none --kernel-name "regex:attention|flash|mha") section
+  for section in SpeedOfLight Occupancy LaunchStats WarpStateStats SchedulerStats MemoryWorkloadAnalysis \
+                 ComputeWorkloadAnalysis SourceCounters; do
+    args+=(--section "$section")
+  done
+  MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT=10 MILI_GPU_FLASH_ATTENTION=$flash run ncu-attention 240 \
+    "$ncu" "${args[@]}" python3 benchmarks/attention_ncu.py --device cuda
 }
 
 started=$(date +%Y%m%d-%H%M%S)
@@ -175,6 +196,10 @@ for step in $steps; do
                    summary+=("profile-pdl: not run (PDL launches failed their test)")
                  else MILI_GPU_PDL=1 profile_decode profile-pdl
                  fi ;;
+    profile-cublas) e2e_kernels
+                    MILI_GPU_VENDOR_BLAS=1 profile_decode profile-cublas 420 ;;
+    ncu-attention) e2e_kernels
+                   ncu_attention ;;
     profile-two-ops) e2e_kernels
                      if [ "$flash" = 1 ] && [ "${MILI_GPU_QKV_ATTENTION:-}" != 0 ]; then
                        MILI_GPU_QKV_ATTENTION=0 profile_decode profile-two-ops

@@ -210,3 +210,35 @@ def test_the_pdl_profile_launches_with_pdl_unless_its_test_failed(tmp_path: Path
     (logs / "tests.log").write_text("FAILED tests/gpu/test_dependent_launch.py::test_pdl_launches_give_the_tokens"
                                     "_of_plain_ones - AssertionError\n")
     assert "profile-pdl: not run (PDL launches failed their test)" in _session(tmp_path, "profile-pdl").stdout
+
+
+def test_the_cublas_profile_takes_cublas_for_the_matmuls_with_time_to_compile(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "logs").mkdir()
+    stand_in = tmp_path / "bin"
+    stand_in.mkdir()
+    (stand_in / "python3").write_text("#!/bin/sh\necho \"ran $1 MILI_GPU_VENDOR_BLAS=$MILI_GPU_VENDOR_BLAS\"\n")
+    (stand_in / "python3").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stand_in}:{os.environ['PATH']}")
+    monkeypatch.delenv("MILI_GPU_VENDOR_BLAS", raising=False)
+    result = _session(tmp_path, "profile", "profile-cublas", seconds=600)
+    assert "== profile (at most 150 s)" in result.stdout and "== profile-cublas (at most 420 s)" in result.stdout
+    logs = tmp_path / "logs"
+    assert (logs / "profile.log").read_text() == "ran benchmarks/decode_profile.py MILI_GPU_VENDOR_BLAS=\n"
+    assert (logs / "profile-cublas.log").read_text() == "ran benchmarks/decode_profile.py MILI_GPU_VENDOR_BLAS=1\n"
+
+
+def test_ncu_reads_the_attention_launches_with_the_clocks_left_alone(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "logs").mkdir()
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no ncu
+    assert "ncu-attention: not run (no ncu on this machine)" in _session(tmp_path, "ncu-attention").stdout
+    stand_in = tmp_path / "bin"  # an ncu that says how it was called
+    stand_in.mkdir()
+    (stand_in / "ncu").write_text("#!/bin/sh\necho \"pool=$MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT $*\"\n")
+    (stand_in / "ncu").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stand_in}:/usr/bin:/bin")
+    result = _session(tmp_path, "ncu-attention")
+    assert "ncu-attention: rc=0" in result.stdout, result.stdout
+    said = (tmp_path / "logs" / "ncu-attention.log").read_text()
+    assert said.startswith("pool=10 --nvtx --clock-control none --kernel-name regex:attention|flash|mha --section ")
+    assert "--section WarpStateStats" in said and "--section SourceCounters" in said
+    assert said.endswith(" python3 benchmarks/attention_ncu.py --device cuda\n")
