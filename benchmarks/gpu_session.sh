@@ -14,7 +14,9 @@
 #   tests        tests/gpu: every kernel case on cuda (attention through the flash kernels, the default, with two
 #                row tiles a prefill block forced, and through the plain ones), replayed decode steps against
 #                op-by-op ones, overlapped against read-at-once ones (where replayed steps fail, e2e times MILI op by
-#                op first and skips the profiles; where overlapped ones fail, it times MILI without overlap first)
+#                op first and skips the profiles; where overlapped ones fail, it times MILI without overlap first);
+#                GPU_TESTS_K: only the tests that pytest -k selects by it (e.g. "attention or decode or dependent":
+#                the cases of the kernels changed since the last lease, in a short lease)
 #   model        the model on cuda against transformers (tests/integration/test_parity.py -k cuda)
 #   bench        the kernel benchmark, bfloat16 and float32 (BENCH_ONLY=attention,rope: only the ops whose name has one)
 #   attention-bench  the kernel benchmark's attention rows and the fused q/k norm + RoPE + KV store op, bfloat16
@@ -175,7 +177,7 @@ for step in $steps; do
     setup) run setup 120 benchmarks/device_unpack.sh ;;
     build) run build 300 python3 -c "from bindings import library; print(library.package_path())" ;;
     warm) warm ;;
-    tests) run tests 300 python3 -m pytest -q -p no:cacheprovider $xdist tests/gpu ;;
+    tests) run tests 300 python3 -m pytest -q -p no:cacheprovider $xdist ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} tests/gpu ;;
     model) run model 300 python3 -m pytest -q -p no:cacheprovider $xdist tests/integration/test_parity.py -k cuda ;;
     bench) for dtype in bfloat16 float32; do
              run "bench-$dtype" 300 python3 benchmarks/kernels.py --device cuda --dtype "$dtype" --only "${BENCH_ONLY:-}"

@@ -242,3 +242,19 @@ def test_ncu_reads_the_attention_launches_with_the_clocks_left_alone(tmp_path: P
     assert said.startswith("pool=10 --nvtx --clock-control none --kernel-name regex:attention|flash|mha --section ")
     assert "--section WarpStateStats" in said and "--section SourceCounters" in said
     assert said.endswith(" python3 benchmarks/attention_ncu.py --device cuda\n")
+
+
+def test_the_tests_step_runs_what_gpu_tests_k_selects(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "logs").mkdir()
+    stand_in = tmp_path / "bin"  # a python3 that gives each argument in brackets
+    stand_in.mkdir()
+    (stand_in / "python3").write_text("#!/bin/sh\n[ \"$1\" = -c ] && exit 1\nprintf '[%s]' \"$@\"\n")
+    (stand_in / "python3").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stand_in}:{os.environ['PATH']}")
+    monkeypatch.setenv("GPU_TESTS_K", "attention or decode")
+    _session(tmp_path, "tests")
+    log = tmp_path / "logs" / "tests.log"
+    assert log.read_text() == "[-m][pytest][-q][-p][no:cacheprovider][-k][attention or decode][tests/gpu]"
+    monkeypatch.delenv("GPU_TESTS_K")
+    _session(tmp_path, "tests")
+    assert log.read_text() == "[-m][pytest][-q][-p][no:cacheprovider][tests/gpu]"
