@@ -1,9 +1,9 @@
 """Registers, spills and shared memory of MILI's GPU kernels as ptxas compiles them for an H100: no GPU needed.
 
 `python -m bindings.gpu_resources [sm_90a]` prints them for the attention kernels, whose launch sizes assume them
-(gpu_decode.mojo's DECODE_BUSY_BLOCKS: 4 blocks of 128 threads an SM, so at most 128 registers a thread). Each
-kernel is compiled to PTX by `mojo run` (max.gpu.host.compile._compile_code) and assembled by ptxas -v, from the
-`nvidia-cuda-nvcc-cu12` wheel (the test extra) or the PATH.
+(gpu_decode.mojo's decode_blocks_per_sm: with 2 query heads a KV head 4 blocks of 128 threads an SM, so at most 128
+registers a thread). Each kernel is compiled to PTX by `mojo run` (max.gpu.host.compile._compile_code) and assembled
+by ptxas -v, from the `nvidia-cuda-nvcc-cu12` wheel (the test extra) or the PATH.
 """
 
 from __future__ import annotations
@@ -22,12 +22,16 @@ from bindings import library
 ROOT = Path(__file__).resolve().parents[1]
 
 KERNELS = {
+    "decode, bfloat16, 1 query head a KV head, from qkv":
+        ("mojo_kernels.core.attention.gpu_decode", "_decode_attention_gpu[DType.bfloat16, DType.bfloat16, 1, True]"),
     "decode, bfloat16, 2 query heads a KV head, from qkv (Qwen3-0.6B)":
         ("mojo_kernels.core.attention.gpu_decode", "_decode_attention_gpu[DType.bfloat16, DType.bfloat16, 2, True]"),
     "decode, bfloat16, 2 query heads a KV head":
         ("mojo_kernels.core.attention.gpu_decode", "_decode_attention_gpu[DType.bfloat16, DType.bfloat16, 2, False]"),
     "decode, bfloat16, 4 query heads a KV head, from qkv (Qwen3-8B)":
         ("mojo_kernels.core.attention.gpu_decode", "_decode_attention_gpu[DType.bfloat16, DType.bfloat16, 4, True]"),
+    "decode, bfloat16, 8 query heads a KV head, from qkv (Qwen3-32B)":
+        ("mojo_kernels.core.attention.gpu_decode", "_decode_attention_gpu[DType.bfloat16, DType.bfloat16, 8, True]"),
     "decode, float32, 2 query heads a KV head, from qkv":
         ("mojo_kernels.core.attention.gpu_decode", "_decode_attention_gpu[DType.float32, DType.float32, 2, True]"),
     "prefill, bfloat16, head_dim 128, 2 query heads a KV head":
@@ -59,23 +63,35 @@ def ptxas() -> str:
     return on_path
 
 
+def _mojo_print(imports: str, printed: str, gpu: str = "sm_90") -> str:
+    """What `print(printed)` prints in a Mojo program with `imports`, built for an accelerator as MAX builds a graph's
+    kernels (without one, has_nvidia_gpu_accelerator() is false and PDL's instructions are left out)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        program = Path(tmp) / "program.mojo"
+        program.write_text(f"{imports}\n\n\ndef main() raises:\n    print({printed})\n")
+        built = subprocess.run([library._mojo(), "run", "--target-accelerator", gpu, "-I", str(ROOT), str(program)],
+                               capture_output=True, text=True, timeout=600)
+    if built.returncode != 0:
+        raise RuntimeError(f"{printed}: mojo failed\n{built.stdout}{built.stderr}")
+    return built.stdout
+
+
+def decode_blocks_per_sm(groups: tuple[int, ...] = (1, 2, 4, 8)) -> dict[int, int]:
+    """gpu_decode.mojo's decode_blocks_per_sm for each number of query heads a KV head, as the kernel computes it."""
+    printed = _mojo_print("from mojo_kernels.core.attention.gpu_decode import decode_blocks_per_sm",
+                          ", ".join(f"decode_blocks_per_sm({g})" for g in groups))
+    return dict(zip(groups, map(int, printed.split())))
+
+
 def kernel_resources(module: str, kernel: str, arch: str = "sm_90a") -> Resources:
     """ptxas -v's figures for `kernel` (a kernel function of `module` with its parameters, as Mojo spells it)."""
     gpu = arch.removesuffix("a")
-    source = (f"from max.gpu.host.compile import _compile_code, get_gpu_target\n"
-              f"from {module} import {kernel.split('[')[0]}\n\n\n"
-              f"def main() raises:\n"
-              f"    print(_compile_code[{kernel}, target=get_gpu_target[\"{gpu}\"]()]().asm)\n")
+    asm = _mojo_print(f"from max.gpu.host.compile import _compile_code, get_gpu_target\n"
+                      f"from {module} import {kernel.split('[')[0]}",
+                      f"_compile_code[{kernel}, target=get_gpu_target[\"{gpu}\"]()]().asm", gpu)
     with tempfile.TemporaryDirectory() as tmp:
-        program, ptx = Path(tmp) / "kernel.mojo", Path(tmp) / "kernel.ptx"
-        program.write_text(source)
-        # built for an accelerator, as MAX builds a graph's kernels (without one, has_nvidia_gpu_accelerator() is
-        # false and PDL's instructions are left out)
-        built = subprocess.run([library._mojo(), "run", "--target-accelerator", gpu, "-I", str(ROOT), str(program)],
-                               capture_output=True, text=True, timeout=600)
-        if built.returncode != 0:
-            raise RuntimeError(f"{kernel}: mojo failed\n{built.stdout}{built.stderr}")
-        ptx.write_text(built.stdout)
+        ptx = Path(tmp) / "kernel.ptx"
+        ptx.write_text(asm)
         assembled = subprocess.run([ptxas(), f"-arch={arch}", "-v", str(ptx), "-o", os.devnull],
                                    capture_output=True, text=True, timeout=600)
     if assembled.returncode != 0:

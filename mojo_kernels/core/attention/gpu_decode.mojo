@@ -8,7 +8,7 @@
 # which hands it the fused projection's output qkv instead of q: each block then norms and rotates its query heads
 # itself, and the block whose split holds the token's own key norms, rotates and stores the token's K and V first
 # (qk_norm_rope_store's work, without a kernel of its own).
-from max.gpu.host import DeviceContext
+from max.gpu.host import DeviceAttribute, DeviceContext
 from max.gpu import thread_idx, block_idx, WARP_SIZE
 from max.gpu.primitives import warp
 from max.gpu.primitives.grid_controls import launch_dependent_grids, wait_on_dependent_grids
@@ -26,10 +26,6 @@ from .gpu import merge_splits_gpu
 comptime DECODE_THREADS = 128
 comptime DECODE_WARPS = DECODE_THREADS // WARP_SIZE
 comptime DECODE_MAX_HEAD_DIM = 256
-comptime DECODE_BUSY_BLOCKS = 528
-"""Blocks (sequence x KV head x split) an H100 runs at once: 132 SMs x 4 (Qwen3's shape, bfloat16, 2 query heads a KV
-head: the kernel's 125 registers a thread leave room for 4 blocks of 128 threads; tests/kernels/test_gpu_resources.py
-holds it to 128). More splits than that would only add a second, partial wave and a merge."""
 comptime DECODE_SPLIT_KEYS = 32
 """The fewest keys per split: one iteration of the kernel's loop in bfloat16 (8 slots x DECODE_ROWS), so that a short
 context is read in one trip to memory by more blocks rather than in two by fewer."""
@@ -61,13 +57,25 @@ def decode_supported[cache_type: DType](
     return fits and (lanes >= 2 or not from_qkv)
 
 
-def decode_splits(batch: Int, kv_heads: Int, max_keys: Int) -> Int:
+def decode_blocks_per_sm(group: Int) -> Int:
+    """Blocks of DECODE_THREADS an SM runs at once, as the kernel's registers allow with `group` query heads a KV head
+    (their states are kept in registers; ptxas, sm_90a, bfloat16: 114, 128, 168 and 255 registers a thread for 1, 2,
+    4 and 8 heads, so 4, 4, 3 and 2 blocks of an SM's 65,536 registers). tests/kernels/test_gpu_resources.py holds
+    each kernel to its count, and checks that one block more would not fit."""
+    if group <= 2:
+        return 4
+    return 3 if group == 4 else 2
+
+
+def decode_splits(batch: Int, kv_heads: Int, max_keys: Int, busy_blocks: Int) -> Int:
     """Splits of each sequence's keys: enough blocks to fill the GPU at small batches without going past one wave
-    of them, none at large ones (batch 64 of 8 KV heads: 512 blocks, unsplit). max_keys bounds every context (the
-    contexts themselves are on the GPU: the kernel gives a split DECODE_SPLIT_KEYS keys at least, so a short context
-    fills only its first splits and the others exit at once)."""
+    of them (busy_blocks: the blocks the GPU runs at once, its SMs x decode_blocks_per_sm; an H100's 132 x 4 = 528
+    for Qwen3-0.6B's shape), none at large ones (batch 64 of 8 KV heads: 512 blocks, unsplit); more would only add
+    a second, partial wave and a merge. max_keys bounds every context (the contexts themselves are on the GPU: the
+    kernel gives a split DECODE_SPLIT_KEYS keys at least, so a short context fills only its first splits and the
+    others exit at once)."""
     comptime assert DECODE_MAX_SPLITS <= GPU_BLOCK, "merge_splits_gpu reads a split's state a thread"
-    return max(1, min(DECODE_MAX_SPLITS, max_keys // DECODE_SPLIT_KEYS, DECODE_BUSY_BLOCKS // (batch * kv_heads)))
+    return max(1, min(DECODE_MAX_SPLITS, max_keys // DECODE_SPLIT_KEYS, busy_blocks // (batch * kv_heads)))
 
 
 struct QkvRope[dtype: DType](ImplicitlyCopyable):
@@ -354,7 +362,8 @@ def decode_attention_gpu[dtype: DType, cache_type: DType, from_qkv: Bool = False
     """Enqueues the split-KV decode kernel (decode_supported batches), then the merge when the keys are split.
     from_qkv: q is the fused projection's output qkv, with `rope`'s inputs (given)."""
     var group = q_heads // kv_heads
-    var splits = decode_splits(batch, kv_heads, max_pages * page_size)
+    var sms = ctx.get_attribute(DeviceAttribute.MULTIPROCESSOR_COUNT)
+    var splits = decode_splits(batch, kv_heads, max_pages * page_size, sms * decode_blocks_per_sm(group))
     var partial = ctx.enqueue_create_buffer[DType.float32](batch * q_heads * splits * (head_dim + 2) if splits > 1 else 1)
     var p = partial.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
     var qkv_rope = rope.value() if rope else QkvRope[dtype].unread(q, scale, context_lens)
