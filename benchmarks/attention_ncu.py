@@ -6,7 +6,8 @@ system's throughput.
 
 gpu_session.sh's `ncu-attention` step runs it under
 `ncu --nvtx --clock-control none --kernel-name regex:attention|flash|mha --section ...` (the card's clocks left as
-they are), with MAX's memory pool small, since ncu saves and restores the device's memory between its passes.
+they are), a case a run, with MAX's memory pool small, since ncu saves and restores the device's memory between its
+passes.
 Alone it runs the same launches, prints what it ran and checks each result against bindings/reference.py's: the
 dry run a machine without ncu can do, and a CPU test (tests/kernels/test_attention_ncu.py)."""
 

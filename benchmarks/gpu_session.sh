@@ -42,7 +42,8 @@
 #                compiles in the step unless gpu_lease.sh's precompiled graphs hold
 #   ncu-attention  Nsight Compute's counters of MILI's attention kernels and SDPA's on the attention benchmark's
 #                prefill of 2,048 tokens and decode at 4,096 keys, batch 1 and 64 (benchmarks/attention_ncu.py): where
-#                the warps stall; the card's clocks left as they are (--clock-control none)
+#                the warps stall; the card's clocks left as they are (--clock-control none); a case a run, logs
+#                ncu-CASE.log
 # SESSION_SECONDS (default 520): no step starts later than that after the start, and each step's time limit is cut
 # to what is left, so the run ends inside one device call (10 minutes). Logs and JSON go to $GPU_SESSION_LOGS
 # (/tmp/mili-gpu), packed at the end into $OUT/gpu-session.tar.gz, with gpu-summary.json beside it (the device tool
@@ -154,18 +155,22 @@ profile_decode() {  # profile_decode NAME [LIMIT]: where a decode step's time go
     --batches 1,64 $([ "$mili" = mili-sync ] && echo --no-overlap)
 }
 
-ncu_attention() {  # Nsight Compute over benchmarks/attention_ncu.py's launches; MAX's pool at 10% of the GPU, since ncu
-  # saves and restores the device's memory around each of its passes over a kernel
+ncu_attention() {  # Nsight Compute over benchmarks/attention_ncu.py's launches, a case a run (ncu prints its report
+  # when the program ends: a run cut at its limit loses only its case), logs ncu-CASE.log; MAX's pool at 4% of the
+  # GPU, since ncu saves and restores the device's memory around each of its passes over a kernel
   local ncu
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -n 1)
   if [ -z "$ncu" ]; then summary+=("ncu-attention: not run (no ncu on this machine)"); status=1; return; fi
-  local args=(--nvtx --clock-control none --kernel-name "regex:attention|flash|mha") section
+  local args=(--nvtx --clock-control none --kernel-name "regex:attention|flash|mha") section case
   for section in SpeedOfLight Occupancy LaunchStats WarpStateStats SchedulerStats MemoryWorkloadAnalysis \
                  ComputeWorkloadAnalysis SourceCounters; do
     args+=(--section "$section")
   done
-  MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT=10 MILI_GPU_FLASH_ATTENTION=$flash run ncu-attention 240 \
-    "$ncu" "${args[@]}" python3 benchmarks/attention_ncu.py --device cuda
+  for case in "prefill ctx=2048 B=1" "decode ctx=4096 B=64" "decode ctx=4096 B=1"; do
+    MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT=4 MILI_GPU_FLASH_ATTENTION=$flash \
+      run "ncu-$(echo "${case% B=*}-b${case#* B=}" | tr ' =' '-')" 120 \
+      "$ncu" "${args[@]}" python3 benchmarks/attention_ncu.py --device cuda --cases "attention $case"
+  done
 }
 
 started=$(date +%Y%m%d-%H%M%S)

@@ -237,11 +237,14 @@ def test_ncu_reads_the_attention_launches_with_the_clocks_left_alone(tmp_path: P
     (stand_in / "ncu").chmod(0o755)
     monkeypatch.setenv("PATH", f"{stand_in}:/usr/bin:/bin")
     result = _session(tmp_path, "ncu-attention")
-    assert "ncu-attention: rc=0" in result.stdout, result.stdout
-    said = (tmp_path / "logs" / "ncu-attention.log").read_text()
-    assert said.startswith("pool=10 --nvtx --clock-control none --kernel-name regex:attention|flash|mha --section ")
-    assert "--section WarpStateStats" in said and "--section SourceCounters" in said
-    assert said.endswith(" python3 benchmarks/attention_ncu.py --device cuda\n")
+    # a case a run, so that a run cut at its limit loses only its case
+    for log, case in [("prefill-ctx-2048-b1", "prefill ctx=2048 B=1"), ("decode-ctx-4096-b64", "decode ctx=4096 B=64"),
+                      ("decode-ctx-4096-b1", "decode ctx=4096 B=1")]:
+        assert f"ncu-{log}: rc=0" in result.stdout, result.stdout
+        said = (tmp_path / "logs" / f"ncu-{log}.log").read_text()
+        assert said.startswith("pool=4 --nvtx --clock-control none --kernel-name regex:attention|flash|mha --section ")
+        assert "--section WarpStateStats" in said and "--section SourceCounters" in said
+        assert said.endswith(f" python3 benchmarks/attention_ncu.py --device cuda --cases attention {case}\n")
 
 
 def test_the_tests_step_runs_what_gpu_tests_k_selects(tmp_path: Path, monkeypatch) -> None:
