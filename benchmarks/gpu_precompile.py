@@ -106,7 +106,8 @@ def main() -> int:
         graphs = [(model_path(None), "bfloat16", "Qwen3-0.6B shape", True, False),
                   (tiny, "bfloat16", "tests' tiny model", True, False)]
         for name, shape in sorted(PARITY_SHAPES.items()):
-            graphs.append((build_random_checkpoint(Path(tmp) / name, **shape), "float32", f"parity {name}", True, False))
+            path = build_random_checkpoint(Path(tmp) / name, **shape)
+            graphs.append((path, "float32", f"parity {name}", True, False))
         # qk_norm_rope_store and attention apart: the decode profile's A/B, e2e's fallback, the one-op parity test;
         # then cuBLAS for the matmuls: gpu_session.sh's profile-cublas
         graphs += [(model_path(None), "bfloat16", "Qwen3-0.6B shape, two ops", False, False),

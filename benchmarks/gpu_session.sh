@@ -59,7 +59,9 @@ mkdir -p "$log_dir" "$kit/parts"
 budget=${SESSION_SECONDS:-520}
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=$kit/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-steps=${*:-setup build warm tests e2e profile profile-pdl ncu-attention attention-bench profile-cublas model e2e-rest profile-two-ops}
+default_steps="setup build warm tests e2e profile profile-pdl ncu-attention attention-bench profile-cublas model e2e-rest
+  profile-two-ops"
+steps=$(echo ${*:-$default_steps})
 # pytest-xdist (on the image): one op (and dtype) per worker, so each graph compiles once and in parallel
 xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12 --dist loadgroup")
 status=0
