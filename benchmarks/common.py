@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -28,6 +29,11 @@ def model_path(model: Optional[str]) -> str:
         print(f"building the random-weight Qwen3-0.6B-shaped checkpoint into {path} (first run only)", file=sys.stderr, flush=True)
         build_random_checkpoint(path, seed=0, dtype=torch.bfloat16, **QWEN3_0_6B_SHAPE)
     return str(path)
+
+
+def gpu_settings() -> dict[str, str]:
+    """The MILI_GPU_* variables a run had (the kernels and launches it chose: flash attention, PDL, cuBLAS, ...)."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("MILI_GPU_")}
 
 
 def device_argument(argv: Optional[Sequence[str]]) -> str:

@@ -75,6 +75,7 @@ def summary(results: Path, commit: str, since: str = "") -> dict:
         transformers_throughput_tok_s=_figure(throughput, "transformers", "output_tok_s"),
         transformers_decode_b1_ms_per_token=_figure(latency, "transformers", "decode_b1_ctx512_ms_per_token"),
         e2e_flash_kernels=next((run["meta"].get("flash_attention") for run in (latency, throughput) if run), None),
+        e2e_gpu_settings=next((run["meta"].get("gpu_settings") for run in (latency, throughput) if run), None),
         mili_device_graphs=_figure(latency, "mili", "device_graphs"),  # false: a capture failed, steps ran op by op
         max_pipeline_device_graph_capture=_figure(throughput, "max", "device_graphs"),
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,9 @@ def test_latency_and_throughput_of_each_system_started_once(small: list[str], tm
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """`python benchmarks/device_e2e.py` (a GPU lease's e2e step): both figures per system, each system opened once,
     its sequences as long as the longer of the two runs needs; one JSON per kind, as the single runs write."""
+    for name in [k for k in os.environ if k.startswith("MILI_GPU_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("MILI_GPU_VENDOR_BLAS", "0")
     opened = []
     real_open = device_e2e.open_system
     monkeypatch.setattr(device_e2e, "open_system", lambda name, *a: opened.append(name) or real_open(name, *a))
@@ -69,6 +73,8 @@ def test_latency_and_throughput_of_each_system_started_once(small: list[str], tm
                                     "--ttft-len", "30", "--num-requests", "6", "--prompt-len", "5", "30",
                                     "--output-len", "3", "40"]) == 0
     assert opened == ["mili", "transformers"]
+    (written,) = tmp_path.glob("latency-cpu-*.json")
+    assert json.loads(written.read_text())["meta"]["gpu_settings"] == {"MILI_GPU_VENDOR_BLAS": "0"}
     latency, throughput = _rows(tmp_path, "latency"), _rows(tmp_path, "throughput")
     assert sorted(latency) == sorted(throughput) == ["mili", "transformers"]
     assert all(row["ttft_30_ms"] > 0 and "error" not in row for row in latency.values())
@@ -109,7 +115,7 @@ def test_gpu_summary_takes_the_latest_runs(tmp_path: Path) -> None:
     prefill = dict(attention("attention prefill ctx=2048 B=1", 0.9), torch_us=100.0,
                    mojo_in_graph_us_by_prefill_pairs={"0": 120.0, "1": 90.0})
     write("kernels-cuda-bfloat16-20261102-000000.json", {}, [prefill, attention("attention decode ctx=4096 B=8", 0.8)])
-    write("latency-cuda-20261102-000000.json", dict(device_name="NVIDIA H100"), [
+    write("latency-cuda-20261102-000000.json", dict(device_name="NVIDIA H100", gpu_settings={"MILI_GPU_PDL": "1"}), [
         dict(system="mili", decode_b1_ctx512_ms_per_token=0.9, bandwidth_floor_ms=0.4, device_graphs=False),
         dict(system="max", decode_b1_ctx512_ms_per_token=1.2), dict(system="transformers", error="RuntimeError: x")])
     out = gpu_summary.summary(tmp_path, "abc123")
@@ -122,6 +128,7 @@ def test_gpu_summary_takes_the_latest_runs(tmp_path: Path) -> None:
     assert out["max_pipeline_decode_b1_ms_per_token"] == 1.2 and out["transformers_decode_b1_ms_per_token"] is None
     assert out["throughput_tok_s"] is None and out["max_pipeline_throughput_tok_s"] is None  # no throughput run
     assert out["max_pipeline_device_graph_capture"] is None and out["e2e_flash_kernels"] is None  # not in the meta
+    assert out["e2e_gpu_settings"] == {"MILI_GPU_PDL": "1"}  # what the e2e figures ran with
 
 
 def test_gpu_summary_takes_each_system_from_its_newest_run_of_the_lease(tmp_path: Path) -> None:
