@@ -10,8 +10,8 @@ The graphs: Qwen3-0.6B's shape in bfloat16 (the end-to-end runs, the decode prof
 bfloat16 (tests/gpu/test_decode_graphs.py, the bfloat16 parity test) and the parity shapes in float32
 (tests/integration/test_parity.py -k cuda), the 0.6B one in bfloat16 and the tiny one in float32 again with
 qk_norm_rope_store and attention as two ops (MILI_GPU_QKV_ATTENTION=0: gpu_session.sh's profile-two-ops and
-fallback, the one-op parity test), the 0.6B one with cuBLAS for its matmuls (MILI_GPU_VENDOR_BLAS=1:
-profile-cublas), each built from a model loaded on the CPU with the reference backend,
+fallback, the one-op parity test), the 0.6B and the tiny one in bfloat16 with cuBLAS for their matmuls
+(MILI_GPU_VENDOR_BLAS=1: profile-cublas, tests/gpu/test_vendor_blas.py), each built from a model loaded on the CPU with the reference backend,
 whose weights have the layout they have on a GPU (no CPU tiling); and every op's graph in both dtypes, as
 tests/gpu/test_gpu_ops.py's cases load them (bindings/ops.py CompiledOp.compiled); the kernel benchmark's
 attention graphs (compile_attention_bench_graphs); and MAX's own Qwen3 pipeline as the e2e step starts it, by its
@@ -112,7 +112,8 @@ def main() -> int:
         # then cuBLAS for the matmuls: gpu_session.sh's profile-cublas
         graphs += [(model_path(None), "bfloat16", "Qwen3-0.6B shape, two ops", False, False),
                    (tiny, "float32", "tests' tiny model, two ops", False, False),
-                   (model_path(None), "bfloat16", "Qwen3-0.6B shape, cuBLAS matmuls", True, True)]
+                   (model_path(None), "bfloat16", "Qwen3-0.6B shape, cuBLAS matmuls", True, True),
+                   (tiny, "bfloat16", "tests' tiny model, cuBLAS matmuls", True, True)]
         for path, dtype, what, one_op, cublas in graphs:
             seconds = compile_for_gpu(path, dtype, one_op, cublas)
             print(f"{what}, {dtype}: compiled for {ARCH} in {seconds:.1f} s", flush=True)

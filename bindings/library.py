@@ -154,9 +154,9 @@ VENDOR_BLAS_SETTING = "MILI_GPU_VENDOR_BLAS"
 
 
 def vendor_blas_setting() -> bool:
-    """MILI_GPU_VENDOR_BLAS=1: on a GPU, MAX's matmuls (the model's linear layers) call cuBLAS, MAX's
-    MODULE_USE_VENDOR_BLAS, instead of MAX's own kernels; 0 or unset: MAX's own. Off until a lease measures it: on
-    the H200 a batch-64 decode step spent 1.5 of its 3.3 ms in MAX's sm90_matmul at ~0.5 TB/s."""
+    """MILI_GPU_VENDOR_BLAS=1: on a GPU, the model graph's matmuls (its linear layers) call cuBLAS, MAX's
+    MODULE_USE_VENDOR_BLAS, instead of MAX's own kernels; 0 or unset: MAX's own. Read as each model loads. Off until a
+    lease measures it: on the H200 a batch-64 decode step spent 1.5 of its 3.3 ms in MAX's sm90_matmul at ~0.6 TB/s."""
     value = os.environ.get(VENDOR_BLAS_SETTING, "")
     if value not in ("", "0", "1"):
         raise ValueError(f"{VENDOR_BLAS_SETTING} is {value!r}: set 1 (MAX's matmuls call cuBLAS on a GPU) or 0 "
@@ -165,13 +165,13 @@ def vendor_blas_setting() -> bool:
 
 
 @lru_cache(maxsize=None)
-def session(device_key: str, vendor_blas: bool | None = None):
-    """One MAX inference session per device ("cpu", "cuda:0", ...) and matmul choice: on a GPU MAX's matmuls call
-    cuBLAS where `vendor_blas` is true (None: vendor_blas_setting()); a CPU session always runs MAX's own."""
+def session(device_key: str, vendor_blas: bool = False):
+    """One MAX inference session per device ("cpu", "cuda:0", ...) and matmul choice: with vendor_blas, on a GPU,
+    MAX's matmuls call cuBLAS (the model graph's choice, vendor_blas_setting()); a CPU session runs MAX's own."""
     from max.engine import InferenceSession
 
     session = InferenceSession(devices=[max_device(device_key)])
-    if device_key != "cpu" and (vendor_blas_setting() if vendor_blas is None else vendor_blas):
+    if vendor_blas and device_key != "cpu":
         session._use_vendor_blas("1")
     return session
 

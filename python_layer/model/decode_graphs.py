@@ -126,6 +126,10 @@ class DecodeGraphs:
             with self.torch_stream():
                 self._input_ids[rows][: len(input_ids)].copy_(input_ids)
         if logits is None:
+            if not self._captured_keys:
+                # once, outside any capture: what a kernel sets up on its first run (cuBLAS's handle, with
+                # MILI_GPU_VENDOR_BLAS=1) is not to be made inside one
+                self.compiled.execute(inputs, self.kv_cache)
             try:
                 captured = self.compiled.capture(self._key_base + rows, inputs, self.kv_cache)
             except Exception as e:

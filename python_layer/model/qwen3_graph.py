@@ -137,7 +137,8 @@ class CompiledQwen3:
         # MAX 26.7 enters its MLIR context for the main thread only; the server loads models on a worker thread
         with ensure_default_mlir_context():
             graph = model_graph(model, weights, self.device_key)
-            self.model = library.session(self.device_key).load(graph, weights_registry=weights)
+            cublas = self.device_key != "cpu" and library.vendor_blas_setting()
+            self.model = library.session(self.device_key, cublas).load(graph, weights_registry=weights)
         self.load_seconds = time.perf_counter() - started
         self._cache_buffers: tuple[Optional["PagedKVCache"], List[Buffer]] = (None, [])
 

@@ -1,5 +1,5 @@
-"""MILI_GPU_VENDOR_BLAS (bindings/library.py): a GPU session's MAX matmuls call cuBLAS when it is 1; a CPU session never
-does; any other value is refused with what to set."""
+"""MILI_GPU_VENDOR_BLAS (bindings/library.py): the model graph's matmuls call cuBLAS on a GPU when it is 1; a CPU
+session never does; any other value is refused with what to set."""
 
 from __future__ import annotations
 
@@ -16,13 +16,6 @@ class _FakeSession:
         self.vendor_blas.append(mode)
 
 
-@pytest.fixture
-def fake_sessions(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr("max.engine.InferenceSession", _FakeSession)
-    monkeypatch.setattr(library, "max_device", lambda key: f"device {key}")
-    return library.session.__wrapped__  # the uncached function: the real sessions stay cached
-
-
 @pytest.mark.parametrize("value, expected", [("", False), ("0", False), ("1", True)])
 def test_the_setting_reads_unset_0_and_1(monkeypatch: pytest.MonkeyPatch, value: str, expected: bool) -> None:
     monkeypatch.setenv(library.VENDOR_BLAS_SETTING, value)
@@ -35,17 +28,17 @@ def test_a_bad_value_is_refused_with_what_to_set(monkeypatch: pytest.MonkeyPatch
         library.vendor_blas_setting()
 
 
-def test_a_gpu_session_takes_cublas_only_when_asked(monkeypatch: pytest.MonkeyPatch, fake_sessions) -> None:
-    monkeypatch.setenv(library.VENDOR_BLAS_SETTING, "1")
-    assert fake_sessions("cuda:0").vendor_blas == ["1"]
-    assert fake_sessions("cuda:0", vendor_blas=False).vendor_blas == []
-    monkeypatch.setenv(library.VENDOR_BLAS_SETTING, "0")
-    assert fake_sessions("cuda:0").vendor_blas == []
-    assert fake_sessions("cuda:0", vendor_blas=True).vendor_blas == ["1"]
-    assert fake_sessions("cuda:0").devices == ["device cuda:0"]
+def test_only_a_gpu_session_asked_for_it_takes_cublas(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("max.engine.InferenceSession", _FakeSession)
+    monkeypatch.setattr(library, "max_device", lambda key: f"device {key}")
+    make = library.session.__wrapped__  # the uncached function: the real sessions stay cached
+    assert make("cuda:0", True).vendor_blas == ["1"] and make("cuda:0", True).devices == ["device cuda:0"]
+    assert make("cuda:0").vendor_blas == [] and make("cuda:0", False).vendor_blas == []
+    assert make("cpu", True).vendor_blas == []
 
 
-def test_a_cpu_session_runs_maxs_own_matmuls(monkeypatch: pytest.MonkeyPatch, fake_sessions) -> None:
-    monkeypatch.setenv(library.VENDOR_BLAS_SETTING, "bad")  # not even read for a CPU
-    assert fake_sessions("cpu").vendor_blas == []
-    assert fake_sessions("cpu", vendor_blas=True).vendor_blas == []
+def test_a_model_on_the_cpu_does_not_read_it(tiny_checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    from python_layer.model.loader import load_model
+
+    monkeypatch.setenv(library.VENDOR_BLAS_SETTING, "bad")  # a GPU-only setting: a CPU model loads regardless
+    assert load_model(tiny_checkpoint, device="cpu").config.num_hidden_layers > 0
