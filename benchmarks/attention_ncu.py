@@ -25,6 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels  # noqa: E402
 
+from bindings import reference as ref  # noqa: E402
+
 DEFAULT_CASES = "attention prefill ctx=2048 B=1,attention decode ctx=4096 B=64,attention decode ctx=4096 B=1"
 
 
@@ -65,8 +67,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated names of the kernel benchmark's rows")
     args = parser.parse_args(argv)
     dtype = getattr(torch, args.dtype)
-    from bindings import reference as ref
-
     for case, system, call in launches(args.cases.split(","), args.device, dtype):
         for run in ("warm-up", "read"):
             with nvtx_range(f"{case} {system} {run}", args.device):
