@@ -26,7 +26,7 @@ from torch.profiler import ProfilerActivity, profile
 from common import model_path, print_table, write_json
 from e2e_systems import load_mili
 
-from bindings import graph, library
+from bindings import graph
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.device_memory import MAX_POOL_PERCENT
 
@@ -74,7 +74,7 @@ def profile_batch(engine: InferenceEngine, batch: int, args: argparse.Namespace)
     busy_us = sum(e.device_time_total for e in kernels)
     per_step = lambda n: n / args.steps
     summary = dict(batch=batch, context=args.context, steps=args.steps, overlap=engine.overlap, attention=attention_graph(),
-                   matmuls=matmul_kernels(args.device),
+                   matmuls="cuBLAS" if engine.model.forward_fn.vendor_blas else "MAX's own",
                    wall_ms_per_step=wall / args.steps * 1e3, profiled_wall_ms_per_step=profiled_wall / args.steps * 1e3,
                    device_busy_ms_per_step=busy_us / args.steps / 1e3, busy_fraction=busy_us / 1e6 / profiled_wall,
                    kernels_per_step=per_step(sum(e.count for e in kernels)), **device_gaps(prof.events(), args.steps))
@@ -125,12 +125,6 @@ def attention_graph() -> str:
     if not graph.FLASH_ATTENTION:
         return "plain kernels, two ops" + launch
     return "flash kernels, " + ("one op (qkv_attention)" if graph.model_runs_qkv_attention() else "two ops") + launch
-
-
-def matmul_kernels(device: str) -> str:
-    """Whose kernels run the model's matmuls: cuBLAS on a GPU with MILI_GPU_VENDOR_BLAS=1 (bindings/library.py),
-    else MAX's own."""
-    return "cuBLAS" if device.startswith("cuda") and library.vendor_blas_setting() else "MAX's own"
 
 
 def main(argv: list[str] | None = None) -> int:

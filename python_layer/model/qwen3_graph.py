@@ -125,7 +125,8 @@ def model_graph(model: "Qwen3Model", weights: Dict[str, torch.Tensor], device_ke
 
 class CompiledQwen3:
     """Qwen3Model.forward as one compiled MAX graph. Loading compiles it (or takes it from MAX's cache) and
-    binds the weights; `load_seconds` says how long that took."""
+    binds the weights; `load_seconds` says how long that took, `vendor_blas` whether its matmuls call cuBLAS (on a GPU
+    with MILI_GPU_VENDOR_BLAS=1, read as it loads)."""
 
     def __init__(self, model: "Qwen3Model") -> None:
         if model.dtype not in (torch.float32, torch.bfloat16):
@@ -137,8 +138,8 @@ class CompiledQwen3:
         # MAX 26.7 enters its MLIR context for the main thread only; the server loads models on a worker thread
         with ensure_default_mlir_context():
             graph = model_graph(model, weights, self.device_key)
-            cublas = self.device_key != "cpu" and library.vendor_blas_setting()
-            self.model = library.session(self.device_key, cublas).load(graph, weights_registry=weights)
+            self.vendor_blas = self.device_key != "cpu" and library.vendor_blas_setting()
+            self.model = library.session(self.device_key, self.vendor_blas).load(graph, weights_registry=weights)
         self.load_seconds = time.perf_counter() - started
         self._cache_buffers: tuple[Optional["PagedKVCache"], List[Buffer]] = (None, [])
 

@@ -31,6 +31,10 @@ def cublas_model(tiny_checkpoint: Path):
         return load_model(tiny_checkpoint, device="cuda", dtype="bfloat16")
 
 
+def test_the_model_loaded_with_the_setting_calls_cublas(cublas_model, cuda_model) -> None:
+    assert cublas_model.forward_fn.vendor_blas is True and cuda_model.forward_fn.vendor_blas is False
+
+
 def test_cublas_logits_drift_no_more_than_transformers_bfloat16(cublas_model, tiny_checkpoint: Path) -> None:
     hf_bf16 = Qwen3ForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.bfloat16, attn_implementation="eager").eval()
     prompt = _prompts(cublas_model.config.vocab_size)[2]

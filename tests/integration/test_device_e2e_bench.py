@@ -201,6 +201,4 @@ def test_decode_profile_times_the_decode_steps_of_each_batch(tiny_checkpoint: Pa
         assert decode_profile.attention_graph() == said
     monkeypatch.setenv("MILI_GPU_PDL", "1")
     assert decode_profile.attention_graph() == "plain kernels, two ops, PDL launches"
-    assert {r["matmuls"] for r in rows} == {"MAX's own"}
-    monkeypatch.setenv("MILI_GPU_VENDOR_BLAS", "1")
-    assert (decode_profile.matmul_kernels("cuda:0"), decode_profile.matmul_kernels("cpu")) == ("cuBLAS", "MAX's own")
+    assert {r["matmuls"] for r in rows} == {"MAX's own"}  # as the model loaded them (tests/gpu: cuBLAS)

@@ -41,4 +41,4 @@ def test_a_model_on_the_cpu_does_not_read_it(tiny_checkpoint, monkeypatch: pytes
     from python_layer.model.loader import load_model
 
     monkeypatch.setenv(library.VENDOR_BLAS_SETTING, "bad")  # a GPU-only setting: a CPU model loads regardless
-    assert load_model(tiny_checkpoint, device="cpu").config.num_hidden_layers > 0
+    assert load_model(tiny_checkpoint, device="cpu").forward_fn.vendor_blas is False
