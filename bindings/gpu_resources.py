@@ -30,12 +30,14 @@ KERNELS = {
         ("mojo_kernels.core.attention.gpu_decode", "_decode_attention_gpu[DType.bfloat16, DType.bfloat16, 2, False]"),
     "decode, bfloat16, 4 query heads a KV head, from qkv (Qwen3-8B)":
         ("mojo_kernels.core.attention.gpu_decode", "_decode_attention_gpu[DType.bfloat16, DType.bfloat16, 4, True]"),
+    "decode, bfloat16, 5 query heads a KV head, from qkv (Qwen3-14B)":
+        ("mojo_kernels.core.attention.gpu_decode", "_decode_attention_gpu[DType.bfloat16, DType.bfloat16, 5, True]"),
     "decode, bfloat16, 8 query heads a KV head, from qkv (Qwen3-32B)":
         ("mojo_kernels.core.attention.gpu_decode", "_decode_attention_gpu[DType.bfloat16, DType.bfloat16, 8, True]"),
     "decode, float32, 2 query heads a KV head, from qkv":
         ("mojo_kernels.core.attention.gpu_decode", "_decode_attention_gpu[DType.float32, DType.float32, 2, True]"),
-    "prefill, bfloat16, head_dim 128, 2 query heads a KV head":
-        ("mojo_kernels.core.attention.gpu_prefill", "_prefill_attention_gpu[128, 2]"),
+    "prefill, bfloat16, head_dim 128":
+        ("mojo_kernels.core.attention.gpu_prefill", "_prefill_attention_gpu[128]"),
     "split merge, bfloat16": ("mojo_kernels.core.attention.gpu", "merge_splits_gpu[DType.bfloat16]"),
 }
 
@@ -76,7 +78,7 @@ def _mojo_print(imports: str, printed: str, gpu: str = "sm_90") -> str:
     return built.stdout
 
 
-def decode_blocks_per_sm(groups: tuple[int, ...] = (1, 2, 4, 8)) -> dict[int, int]:
+def decode_blocks_per_sm(groups: tuple[int, ...] = (1, 2, 4, 5, 8)) -> dict[int, int]:
     """gpu_decode.mojo's decode_blocks_per_sm for each number of query heads a KV head, as the kernel computes it."""
     printed = _mojo_print("from mojo_kernels.core.attention.gpu_decode import decode_blocks_per_sm",
                           ", ".join(f"decode_blocks_per_sm({g})" for g in groups))

@@ -34,7 +34,8 @@ ATTENTION_BATCHES = [
 ]
 QKV_ATTENTION_BATCHES = [ATTENTION_BATCHES[i] for i in (0, 2, 3, 4, 5, 7)] + [([100, 2, 700], [1, 1, 1])]
 """Decode batches (the GPU's one-kernel path, long contexts split over blocks), prefill, extension and a mixed batch."""
-QKV_ATTENTION_HEADS = [(16, 8, 128), (8, 2, 64), (8, 8, 16)]  # 16: the narrowest row RoPE pairs across bfloat16 lanes
+QKV_ATTENTION_HEADS = [(16, 8, 128), (8, 2, 64), (8, 8, 16), (10, 2, 128)]
+"""16: the narrowest row RoPE pairs across bfloat16 lanes; 10 over 2: Qwen3-14B's 5 query heads a KV head."""
 # (M, K, N): decode (M <= 8) and prefill (M > 8) kernels; K past a vector width and a 128-column scale block;
 # N past the decode tile (4 rows) and the prefill panel (2 vector widths)
 LINEAR_SHAPES = [(1, 37, 5), (1, 1000, 130), (7, 200, 133), (8, 2048, 64), (9, 128, 33), (64, 301, 70), (130, 1024, 96)]
@@ -42,7 +43,8 @@ WEIGHT_DTYPES = [torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.int8]
 TILED_LINEAR_SHAPES = [(1, 64, 4), (1, 1024, 132), (7, 192, 36), (8, 2048, 64), (9, 128, 8), (64, 320, 68), (130, 1024, 96)]
 """(M, K, N) with N a multiple of 4 and K of 64: decode and panel paths, serial and parallel, partial panels and
 (int8, 128-column blocks) partial last blocks."""
-ATTENTION_HEADS = [(8, 8, 64), (16, 8, 128), (8, 2, 128), (16, 2, 128), (4, 2, 44)]  # GQA ratios 1, 2, 4, 8; 44: vector tails
+ATTENTION_HEADS = [(8, 8, 64), (16, 8, 128), (8, 2, 128), (16, 2, 128), (4, 2, 44), (10, 2, 128)]
+"""GQA ratios 1, 2, 4, 8 and 5 (Qwen3-14B); 44: vector tails."""
 KV_DTYPES = {torch.float32: [torch.float32, torch.bfloat16], torch.bfloat16: [torch.bfloat16]}
 """The caches' dtypes under each activation dtype (ops.KV_DTYPES)."""
 

@@ -14,19 +14,21 @@ def expect(found: Bool, wanted: Bool, what: String) raises:
 
 
 def main() raises:
-    for group in [1, 2, 4, 8]:
+    for group in [1, 2, 4, 5, 8]:
         expect(decode_supported[BF16](3, 3, 128, group), True, String("decode, group ", group))
         expect(decode_supported[BF16](4, 3, 128, group), False, String("a prefill to decode, group ", group))
-        expect(prefill_supported[BF16, BF16](4, 3, 128, group), True, String("prefill, group ", group))
-        expect(prefill_supported[BF16, BF16](3, 3, 128, group), False, String("a decode to prefill, group ", group))
+        expect(prefill_supported[BF16, BF16](4, 3, 128), True, String("prefill, group ", group))
+        expect(prefill_supported[BF16, BF16](3, 3, 128), False, String("a decode to prefill, group ", group))
     expect(decode_supported[BF16](1, 1, 128, 16), False, "decode, 16 query heads a KV head")
+    expect(decode_supported[BF16](1, 1, 128, 3), False, "decode, 3 query heads a KV head (no kernel built)")
+    expect(prefill_supported[BF16, BF16](4, 3, 128), True, "prefill, any number of query heads a KV head")
     expect(decode_supported[BF16](1, 1, 44, 2), False, "decode, head_dim 44 (not 16-byte lanes)")
     expect(decode_supported[BF16](1, 1, 512, 2), False, "decode, head_dim 512 (over a warp of lanes)")
     expect(decode_supported[BF16](1, 1, 8, 2), True, "decode, head_dim 8 (a lane a row)")
     expect(decode_supported[BF16](1, 1, 8, 2, from_qkv=True), False, "decode from qkv, a lane a row")
     expect(decode_supported[BF16](1, 1, 16, 2, from_qkv=True), True, "decode from qkv, two lanes a row")
     expect(decode_supported[DType.float32](1, 1, 8, 2, from_qkv=True), True, "decode from qkv, float32, two lanes")
-    expect(prefill_supported[DType.float32, DType.float32](4, 3, 128, 2), False, "prefill, float32")
-    expect(prefill_supported[DType.float32, BF16](4, 3, 128, 2), False, "prefill, float32 over bfloat16 caches")
-    expect(prefill_supported[BF16, BF16](4, 3, 96, 2), False, "prefill, head_dim 96")
+    expect(prefill_supported[DType.float32, DType.float32](4, 3, 128), False, "prefill, float32")
+    expect(prefill_supported[DType.float32, BF16](4, 3, 128), False, "prefill, float32 over bfloat16 caches")
+    expect(prefill_supported[BF16, BF16](4, 3, 96), False, "prefill, head_dim 96")
     print("ok: attention dispatch")

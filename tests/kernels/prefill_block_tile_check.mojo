@@ -2,25 +2,15 @@
 # random ragged batches (prefills alone, decodes with a few prefills, empty sequences), with one and with two row
 # tiles a block, every row tile of every sequence goes to exactly one of a KV head's prefill_blocks, a block's
 # first tile is its sequence's heaviest left (the last row tiles first) and with two its second is that tile's
-# mirror. Then prefill_tiles_per_block's choice and its setting.
+# mirror; 1 to 8 query heads a KV head. Where the masked key tiles start, prefill_tiles_per_block's choice and its
+# setting.
 from std.math import ceildiv
 from std.random import random_ui64, seed
 
 from mojo_kernels.core.attention.gpu_prefill import (
-    BLOCK_ROWS, prefill_block_tile, prefill_blocks, prefill_row_tile, prefill_tiles_per_block
+    BLOCK_KEYS, BLOCK_ROWS, prefill_block_tile, prefill_blocks, prefill_diagonal_start, prefill_row_tile,
+    prefill_tiles_per_block,
 )
-
-
-def block_tile(mut starts: List[Int32], group: Int, i: Int, per_block: Int) -> Tuple[Int, Int, Int]:
-    var p = starts.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
-    var batch = len(starts) - 1
-    if group == 1:
-        return prefill_block_tile[1](p, batch, i, per_block)
-    if group == 2:
-        return prefill_block_tile[2](p, batch, i, per_block)
-    if group == 4:
-        return prefill_block_tile[4](p, batch, i, per_block)
-    return prefill_block_tile[8](p, batch, i, per_block)
 
 
 def check_blocks() raises -> Int:
@@ -28,7 +18,7 @@ def check_blocks() raises -> Int:
     var blocks_checked = 0
     for trial in range(3000):
         var batch = Int(random_ui64(1, 40))
-        var group = 1 << Int(random_ui64(0, 3))
+        var group = Int(random_ui64(1, 8))
         var kind = Int(random_ui64(0, 2))
         var per_block = Int(random_ui64(1, 2))
         var starts = List[Int32](length=batch + 1, fill=0)
@@ -47,7 +37,9 @@ def check_blocks() raises -> Int:
             seen.append(List[Bool](length=tiles, fill=False))
             heaviest_left.append(tiles - 1)
         for i in range(blocks):
-            var b, j, tiles = block_tile(starts, group, i, per_block)
+            var b, j, tiles = prefill_block_tile(
+                starts.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](), batch, i, per_block, group
+            )
             if b < 0 or b >= batch or tiles != len(seen[b]):
                 raise Error(String("trial ", trial, ": block ", i, " -> sequence ", b, " of ", tiles, " row tiles"))
             var first = -1
@@ -85,7 +77,17 @@ def check_choice() raises:
     raise Error("MILI_GPU_PREFILL_PAIRS=yes accepted")
 
 
+def check_diagonal() raises:
+    """The key tiles before prefill_diagonal_start hold no key after the block's first row's position; the one
+    at it holds one (else it could have run unmasked too)."""
+    for first in range(5000):
+        var start = prefill_diagonal_start(first)
+        if start % BLOCK_KEYS != 0 or start - 1 > first or start + BLOCK_KEYS - 1 <= first:
+            raise Error(String("first row at ", first, ": the masked key tiles start at ", start))
+
+
 def main() raises:
     var blocks = check_blocks()
+    check_diagonal()
     check_choice()
     print("ok:", blocks, "blocks")

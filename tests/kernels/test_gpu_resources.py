@@ -23,6 +23,7 @@ def _blocks_per_sm() -> dict[int, int]:
     ("decode, bfloat16, 2 query heads a KV head, from qkv (Qwen3-0.6B)", 2),
     ("decode, bfloat16, 2 query heads a KV head", 2),
     ("decode, bfloat16, 4 query heads a KV head, from qkv (Qwen3-8B)", 4),
+    ("decode, bfloat16, 5 query heads a KV head, from qkv (Qwen3-14B)", 5),
     ("decode, bfloat16, 8 query heads a KV head, from qkv (Qwen3-32B)", 8),
     ("decode, float32, 2 query heads a KV head, from qkv", 2),
 ])

@@ -13,6 +13,7 @@ from max.gpu import thread_idx, block_idx, WARP_SIZE
 from max.gpu.primitives import warp
 from max.gpu.primitives.grid_controls import launch_dependent_grids, wait_on_dependent_grids
 from max.gpu.sync import barrier
+from std.bit import next_power_of_two
 from std.math import exp, rsqrt
 from std.memory import stack_allocation
 from std.sys import size_of
@@ -41,30 +42,37 @@ def decode_vector[cache_type: DType]() -> Int:
     return 16 // size_of[cache_type]()
 
 
+def decode_group_supported(group: Int) -> Bool:
+    """Query heads a KV head that the decode kernel is built for (their states are kept in registers, a kernel for
+    each count): Qwen3's 2 (0.6B, 1.7B), 4 (4B, 8B), 5 (14B) and 8 (32B), and 1."""
+    return group in (1, 2, 4, 5, 8)
+
+
 def decode_supported[cache_type: DType](
     tokens: Int, batch: Int, head_dim: Int, group: Int, from_qkv: Bool = False
 ) -> Bool:
     """Whether the split-KV decode kernel takes this batch: a decode batch (as many tokens as sequences: each has
-    exactly one query token), a row in 1-32 lanes of 16 bytes (a power of two), and 1, 2, 4 or 8 query heads per KV
-    head (their state is kept in registers). From qkv, a row spans 2 lanes at least: RoPE pairs element i with
-    i + D/2, held by the lane lanes/2 away."""
+    exactly one query token), a row in 1-32 lanes of 16 bytes (a power of two), and a decode_group_supported number
+    of query heads a KV head. From qkv, a row spans 2 lanes at least: RoPE pairs element i with i + D/2, held by
+    the lane lanes/2 away."""
     if tokens != batch:
         return False
     comptime VEC = decode_vector[cache_type]()
     var lanes = head_dim // VEC
     var pow2 = lanes > 0 and (lanes & (lanes - 1)) == 0
-    var fits = head_dim % VEC == 0 and pow2 and lanes <= WARP_SIZE and group in (1, 2, 4, 8)
+    var fits = head_dim % VEC == 0 and pow2 and lanes <= WARP_SIZE and decode_group_supported(group)
     return fits and (lanes >= 2 or not from_qkv)
 
 
 def decode_blocks_per_sm(group: Int) -> Int:
     """Blocks of DECODE_THREADS an SM runs at once, as the kernel's registers allow with `group` query heads a KV head
-    (their states are kept in registers; ptxas, sm_90a, bfloat16: 114, 128, 168 and 255 registers a thread for 1, 2,
-    4 and 8 heads, so 4, 4, 3 and 2 blocks of an SM's 65,536 registers). tests/kernels/test_gpu_resources.py holds
-    each kernel to its count, and checks that one block more would not fit."""
+    (their states are kept in registers, as many as the next power of two; ptxas, sm_90a, bfloat16: 114, 128, 168 and
+    255 registers a thread for 1, 2, 4 and 8 heads, so 4, 4, 3 and 2 blocks of an SM's 65,536 registers).
+    tests/kernels/test_gpu_resources.py holds each kernel to its count, and checks that one block more would not
+    fit."""
     if group <= 2:
         return 4
-    return 3 if group == 4 else 2
+    return 3 if group <= 4 else 2
 
 
 def decode_splits(batch: Int, kv_heads: Int, max_keys: Int, busy_blocks: Int) -> Int:
@@ -197,6 +205,7 @@ def _decode_attention_gpu[dtype: DType, cache_type: DType, group: Int, from_qkv:
     """Block (b, g, split): sequence b's one query token, the `group` query heads of KV head g, split `split` of
     its keys. from_qkv: q is qkv, and q_norm ..< cache_slots are QkvRope's (else unused)."""
     comptime VEC = decode_vector[cache_type]()
+    comptime HEADS = next_power_of_two(group)  # a SIMD's width: heads past `group` stay 0 and are never stored
     var b = Int(block_idx.x)
     var g = Int(block_idx.y)
     var split = Int(block_idx.z)
@@ -233,7 +242,7 @@ def _decode_attention_gpu[dtype: DType, cache_type: DType, group: Int, from_qkv:
 
     var scale = scale_ptr.unsafe_load(0)
     # this thread's elements of every query head of the group (head h in lanes h * VEC ..), and their accumulators
-    var qv = SIMD[F32, group * VEC](0)
+    var qv = SIMD[F32, HEADS * VEC](0)
     comptime if from_qkv:
         var qkv_row = t * (hq + 2 * hk) * d
         var eps, rope_scale = eps_ptr.unsafe_load(0), rope_scale_ptr.unsafe_load(0)
@@ -258,48 +267,48 @@ def _decode_attention_gpu[dtype: DType, cache_type: DType, group: Int, from_qkv:
         comptime for h in range(group):
             qv = qv.insert[offset = h * VEC](load_f32[dtype, VEC](q, (t * hq + g * group + h) * d + part) * scale)
     # a state that saw no key: max MIN_FINITE (not -inf: merging two such states must not give -inf - -inf = nan)
-    var m = SIMD[F32, group](Float32.MIN_FINITE)
-    var l = SIMD[F32, group](0)
-    var acc = SIMD[F32, group * VEC](0)
+    var m = SIMD[F32, HEADS](Float32.MIN_FINITE)
+    var l = SIMD[F32, HEADS](0)
+    var acc = SIMD[F32, HEADS * VEC](0)
     for base in range(k_begin, k_end, step):
         var k_rows, v_rows = _load_rows[cache_type, VEC, ROWS](k_cache, v_cache, pages, base + slot, slots, last, ps,
                                                                row_len, col)
         pages = _row_pages[ROWS](page_table, table_row, base + step + slot, slots, last, ps)
-        # the rows' scores (row u's heads at u * group ..), then one rescale of the state for all of them
-        var scores = SIMD[F32, ROWS * group](0)
+        # the rows' scores (row u's heads at u * HEADS ..), then one rescale of the state for all of them
+        var scores = SIMD[F32, ROWS * HEADS](0)
         comptime for u in range(ROWS):
             var kv = k_rows.slice[VEC, offset = u * VEC]().cast[F32]()
-            var s = SIMD[F32, group](0)
+            var s = SIMD[F32, HEADS](0)
             comptime for h in range(group):
                 s[h] = (qv.slice[VEC, offset = h * VEC]() * kv).reduce_add()
             var offset = 1
             while offset < lanes:  # the row's dot products, summed over its lanes
                 s += _shuffle_xor(s, offset)
                 offset *= 2
-            scores = scores.insert[offset = u * group](s)
+            scores = scores.insert[offset = u * HEADS](s)
         var m_new = m
         comptime for u in range(ROWS):
             if base + u * slots + slot < k_end:
-                m_new = max(m_new, scores.slice[group, offset = u * group]())
+                m_new = max(m_new, scores.slice[HEADS, offset = u * HEADS]())
         var keep = exp(m - m_new)
         l *= keep
-        acc *= _per_head[group, VEC](keep)
+        acc *= _per_head[HEADS, VEC](keep)
         comptime for u in range(ROWS):
             if base + u * slots + slot < k_end:
-                var p = exp(scores.slice[group, offset = u * group]() - m_new)
+                var p = exp(scores.slice[HEADS, offset = u * HEADS]() - m_new)
                 l += p
                 var vv = v_rows.slice[VEC, offset = u * VEC]().cast[F32]()
-                var vv_all = SIMD[F32, group * VEC](0)
+                var vv_all = SIMD[F32, HEADS * VEC](0)
                 comptime for h in range(group):
                     vv_all = vv_all.insert[offset = h * VEC](vv)
-                acc += vv_all * _per_head[group, VEC](p)
+                acc += vv_all * _per_head[HEADS, VEC](p)
         m = m_new
     launch_dependent_grids()  # the merge may launch: it waits for this kernel's writes
 
     # the slots of a warp into its first slot
     var offset = lanes
     while offset < WARP_SIZE:
-        _combine[group, VEC](m, l, acc, _shuffle_xor(m, offset), _shuffle_xor(l, offset), _shuffle_xor(acc, offset))
+        _combine[HEADS, VEC](m, l, acc, _shuffle_xor(m, offset), _shuffle_xor(l, offset), _shuffle_xor(acc, offset))
         offset *= 2
     # the warps into shared memory: warp w's state of head h at [(w * group + h) * (D + 2):], max and sum last
     comptime STATE = DECODE_MAX_HEAD_DIM + 2
@@ -367,12 +376,12 @@ def decode_attention_gpu[dtype: DType, cache_type: DType, from_qkv: Bool = False
     var partial = ctx.enqueue_create_buffer[DType.float32](batch * q_heads * splits * (head_dim + 2) if splits > 1 else 1)
     var p = partial.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
     var qkv_rope = rope.value() if rope else QkvRope[dtype].unread(q, scale, context_lens)
-    comptime for i in range(4):
-        comptime gr = 1 << i
-        if group == gr:
-            _enqueue_decode[dtype, cache_type, gr, from_qkv](ctx, output, p, q, k_cache, v_cache, page_table,
-                                                            context_lens, query_start, scale, qkv_rope, batch, max_pages,
-                                                            kv_heads, head_dim, page_size, splits)
+    comptime for gr in range(1, 9):
+        comptime if decode_group_supported(gr):
+            if group == gr:
+                _enqueue_decode[dtype, cache_type, gr, from_qkv](ctx, output, p, q, k_cache, v_cache, page_table,
+                                                                context_lens, query_start, scale, qkv_rope, batch,
+                                                                max_pages, kv_heads, head_dim, page_size, splits)
     if splits > 1:
         ctx.enqueue_function[merge_splits_gpu[dtype]](
             output, p, Int32(q_heads), Int32(head_dim), Int32(splits), grid_dim=(batch, q_heads), block_dim=GPU_BLOCK,

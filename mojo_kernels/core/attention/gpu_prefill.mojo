@@ -9,7 +9,9 @@
 # S's fragments (in log2 units, the scale folded into one fma per score), and O += P V with P reused from S's
 # registers (V's fragments by ldmatrix.trans).
 # Key tiles past the block's last visible position are skipped (causal), and by each warp those past its own rows'
-# (the warps of a partial last row tile with no rows skip all); only the tiles on the diagonal are masked per row.
+# (the warps of a partial last row tile with no rows skip all). The key loop runs twice, as FlashAttention-2's: the
+# tiles before the block's first row see every key unmasked, then those on the diagonal mask each row's later keys
+# (one loop with the mask behind a branch ran its compares and selects, predicated, in every tile).
 # The grid has a block per row tile of the step's sequences (prefill_block_tile), not per sequence and row tile the
 # longest sequence has; within a sequence the row tiles with the most key tiles start first, those of every KV head
 # before any lighter one. Where there are more row tiles than SMs, a block takes two of its sequence's row tiles in
@@ -45,10 +47,11 @@ comptime SharedTile = Pointer[Scalar[BF16], MutUntrackedOrigin, address_space=Ad
 comptime SharedOffsets = Pointer[Scalar[DType.int64], MutUntrackedOrigin, address_space=AddressSpace.SHARED]
 
 
-def prefill_supported[dtype: DType, cache_type: DType](tokens: Int, batch: Int, head_dim: Int, group: Int) -> Bool:
+def prefill_supported[dtype: DType, cache_type: DType](tokens: Int, batch: Int, head_dim: Int) -> Bool:
     """Whether the tensor-core kernel takes this batch: some sequence has more than one query token (a decode batch
-    goes to the decode kernel), bfloat16, head_dim 64 or 128, 1, 2, 4 or 8 query heads per KV head."""
-    return tokens > batch and dtype == BF16 and cache_type == BF16 and head_dim in (64, 128) and group in (1, 2, 4, 8)
+    goes to the decode kernel), bfloat16, head_dim 64 or 128. Any number of query heads a KV head: a block's rows
+    are (query token, head) pairs, however many heads there are."""
+    return tokens > batch and dtype == BF16 and cache_type == BF16 and head_dim in (64, 128)
 
 
 @always_inline
@@ -83,14 +86,27 @@ def prefill_tiles_per_block(row_tiles: Int, sms: Int, setting: String) raises ->
     return 2 if row_tiles > sms else 1
 
 
+def prefill_diagonal_start(first_position: Int) -> Int:
+    """The first key of the first key tile that a block whose first row is at `first_position` must mask: the
+    tiles before it hold only keys at or before every row's position."""
+    return (first_position + 1) // BLOCK_KEYS * BLOCK_KEYS
+
+
 def prefill_blocks(tokens: Int, batch: Int, group: Int, tiles_per_block: Int) -> Int:
     """Blocks per KV head: enough for every sequence's row tiles, however the tokens split (prefill_block_tile)."""
     return ceildiv(tokens * group, BLOCK_ROWS * tiles_per_block) + batch
 
 
 @always_inline
-def prefill_block_tile[group: Int](
-    query_start: Ptr[DType.int32], batch: Int, i: Int, tiles_per_block: Int
+def _token_of(row: Int, group: Int) -> Int:
+    """The query token of block row `row` (a row per query head of the token's KV head group): in 32 bits, as
+    token_offset (a GPU divides 64-bit integers in a called routine)."""
+    return Int(UInt32(row) // UInt32(group))
+
+
+@always_inline
+def prefill_block_tile(
+    query_start: Ptr[DType.int32], batch: Int, i: Int, tiles_per_block: Int, group: Int
 ) -> Tuple[Int, Int, Int]:
     """(b, j, tiles): a KV head's block i is the j-th of sequence b, which has `tiles` row tiles; j may be past the
     blocks b needs (prefill_row_tile says which tiles a block takes). Sequence b's blocks start at first(b) =
@@ -98,7 +114,7 @@ def prefill_block_tile[group: Int](
     (first(b + 1) - first(b) >= b's blocks) and end within prefill_blocks. A block per sequence and row tile of the
     longest one left most blocks empty in a mixed step (a prefill among 255 decodes: 99%)."""
     # in 32 bits, as token_offset: a GPU's 64-bit arithmetic takes register pairs
-    comptime G = Int32(group)
+    var G = Int32(group)
     comptime ROWS = Int32(BLOCK_ROWS)
     var span = ROWS * Int32(tiles_per_block)
     var at, lo, hi = Int32(i), Int32(0), Int32(batch)  # the last b with first(b) <= i is in lo ..< hi
@@ -155,15 +171,16 @@ def _stage_tile[D: Int](tile: SharedTile, cache: Ptr[BF16], key_at: SharedOffset
 
 
 @always_inline
-def _row_at[D: Int, group: Int](q_begin: Int, row: Int, q_heads: Int, g: Int) -> Int:
+def _row_at[D: Int](q_begin: Int, row: Int, q_heads: Int, g: Int, group: Int) -> Int:
     """Where block row `row` of KV head g (query token row // group, head g * group + row % group) starts in Q and
     in the output; in 32 bits, as token_offset."""
-    return Int(((Int32(q_begin) + Int32(row // group)) * Int32(q_heads) + Int32(g * group + row % group)) * Int32(D))
+    var token = _token_of(row, group)
+    return Int(((Int32(q_begin) + Int32(token)) * Int32(q_heads) + Int32(g * group + row - token * group)) * Int32(D))
 
 
 @always_inline
-def _stage_queries[D: Int, group: Int](
-    q_sh: SharedTile, q: Ptr[BF16], q_begin: Int, first_row: Int, rows: Int, q_heads: Int, g: Int, tid: Int
+def _stage_queries[D: Int](
+    q_sh: SharedTile, q: Ptr[BF16], q_begin: Int, first_row: Int, rows: Int, q_heads: Int, g: Int, group: Int, tid: Int
 ):
     """Starts copying the block's BLOCK_ROWS query rows into shared memory (one commit group); rows past the
     sequence's copy its last row: finite, and never stored."""
@@ -173,7 +190,7 @@ def _stage_queries[D: Int, group: Int](
         var c = tid + i * PREFILL_THREADS
         var r = c // CHUNKS
         var x = (c % CHUNKS) * 8
-        var at = _row_at[D, group](q_begin, min(first_row + r, rows - 1), q_heads, g)
+        var at = _row_at[D](q_begin, min(first_row + r, rows - 1), q_heads, g, group)
         async_copy[16](
             q.unsafe_offset(at + x).unsafe_address_space_cast[AddressSpace.GLOBAL](),
             q_sh.unsafe_offset(r * ROW + x),
@@ -189,31 +206,31 @@ def prefill_shared_bytes[D: Int]() -> Int:
 # at most 255 registers, so that 2 blocks fit in an SM's registers
 @__llvm_metadata(MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(PREFILL_THREADS)),
                  `nvvm.minctasm`=SIMDLength(2))
-def _prefill_attention_gpu[D: Int, group: Int](
+def _prefill_attention_gpu[D: Int](
     output: Ptr[BF16], q: Ptr[BF16], k_cache: Ptr[BF16], v_cache: Ptr[BF16], page_table: Ptr[DType.int32],
     context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale_ptr: Ptr[F32], batch: Int32,
-    max_pages: Int32, kv_heads: Int32, page_size: Int32, tiles_per_block: Int32,
+    max_pages: Int32, kv_heads: Int32, group: Int32, page_size: Int32, tiles_per_block: Int32,
 ):
     """Block (g, i): the row tiles prefill_row_tile gives the j-th block of sequence b, one after another, (b, j) =
     prefill_block_tile(i). Blocks start in the order of their index, x fastest: the KV heads side by side (with the
     heads outermost, the heavy tiles of the last heads waited behind the light ones of the first)."""
     var per_block = Int(tiles_per_block)
-    var b, j, tiles = prefill_block_tile[group](query_start, Int(batch), Int(block_idx.y), per_block)
+    var b, j, tiles = prefill_block_tile(query_start, Int(batch), Int(block_idx.y), per_block, Int(group))
     for k in range(per_block):
         var tile = prefill_row_tile(j, k, tiles, per_block)
         if tile < 0:
             return
         # shared memory is free: every warp met the previous tile's last barrier after its last read of Q, K and
         # the key offsets (which a tile writes first), and meets this tile's first before V and K are staged
-        _attend_row_tile[D, group](output, q, k_cache, v_cache, page_table, context_lens, query_start, scale_ptr,
-                                   Int(max_pages), Int(kv_heads), Int(page_size), Int(block_idx.x), b, tile)
+        _attend_row_tile[D](output, q, k_cache, v_cache, page_table, context_lens, query_start, scale_ptr,
+                            Int(max_pages), Int(kv_heads), Int(group), Int(page_size), Int(block_idx.x), b, tile)
 
 
 @always_inline
-def _attend_row_tile[D: Int, group: Int](
+def _attend_row_tile[D: Int](
     output: Ptr[BF16], q: Ptr[BF16], k_cache: Ptr[BF16], v_cache: Ptr[BF16], page_table: Ptr[DType.int32],
     context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale_ptr: Ptr[F32], max_pages: Int,
-    kv_heads: Int, page_size: Int, g: Int, b: Int, tile: Int,
+    kv_heads: Int, group: Int, page_size: Int, g: Int, b: Int, tile: Int,
 ):
     """Rows tile * BLOCK_ROWS ..< + BLOCK_ROWS of sequence b's (query token, head of KV head g), a row tile it has;
     warp w takes WARP_ROWS of them, as M_TILES m-tiles."""
@@ -242,7 +259,7 @@ def _attend_row_tile[D: Int, group: Int](
     var v_sh = k_sh.unsafe_offset(BLOCK_KEYS * ROW)
     # the cache offsets of two tiles' keys: tile j's in key_at[j % 2], found during tile j - 1
     var key_at = v_sh.unsafe_offset(BLOCK_KEYS * ROW).unsafe_bitcast[Int64]()
-    _stage_queries[D, group](q_sh, q, q_begin, first_row, n_rows, kv_heads * group, g, tid)
+    _stage_queries[D](q_sh, q, q_begin, first_row, n_rows, kv_heads * group, g, group, tid)
 
     # this thread's rows, m-tile mt's gid and gid + 8 at 2 mt and 2 mt + 1; position -1 past the sequence's queries
     var warp_row = first_row + wid * WARP_ROWS
@@ -250,10 +267,9 @@ def _attend_row_tile[D: Int, group: Int](
     comptime for r in range(R):
         var row = warp_row + (r // 2) * 16 + gid + (r % 2) * 8
         if row < n_rows:
-            pos[r] = Int32(offset + row // group)
+            pos[r] = Int32(offset + _token_of(row, group))
     # the warp's visible keys end after its last row's position (-1: no rows, nothing to compute)
-    var warp_last = offset + (min(warp_row + WARP_ROWS, n_rows) - 1) // group if warp_row < n_rows else -1
-    var warp_first = offset + warp_row // group
+    var warp_last = offset + _token_of(min(warp_row + WARP_ROWS, n_rows) - 1, group) if warp_row < n_rows else -1
     # ldmatrix.x4 of an m-tile's A fragment (Q): lane l gives row l % 8 + 8 (l // 8 % 2), dims 8 (l // 16) on
     var q_lane = q_sh.unsafe_offset((wid * WARP_ROWS + lane % 8 + ((lane // 8) % 2) * 8) * ROW + (lane // 16) * 8)
 
@@ -261,109 +277,113 @@ def _attend_row_tile[D: Int, group: Int](
     var m = SIMD[F32, R](Float32.MIN_FINITE)  # MIN_FINITE, not -inf: a fully masked tile keeps 2^(m - m) = 1
     var l = SIMD[F32, R](0)
     # keys up to the block's last visible position
-    var key_end = offset + (min(first_row + BLOCK_ROWS, n_rows) - 1) // group + 1
+    var key_end = offset + _token_of(min(first_row + BLOCK_ROWS, n_rows) - 1, group) + 1
+    var diagonal = prefill_diagonal_start(offset + _token_of(first_row, group))
     var table_row = b * max_pages
     var row_len = kv_heads * D
     var head_at = g * D  # KV head g's elements in a cache row
     _find_tile_keys(key_at, page_table, table_row, 0, key_end, page_size, row_len, tid)
     barrier()
     _stage_tile[D](k_sh, k_cache, key_at, head_at, tid)
-    for key_start in range(0, key_end, BLOCK_KEYS):
-        var here_at = ((key_start // BLOCK_KEYS) % 2) * BLOCK_KEYS
-        var here = key_at.unsafe_offset(here_at)
-        var next = key_at.unsafe_offset(BLOCK_KEYS - here_at)
-        async_copy_wait_group(0)
-        barrier()  # Q's and K's tiles are in; every warp is done with the previous V tile and its keys' offsets
-        _stage_tile[D](v_sh, v_cache, here, head_at, tid)
-        if key_start + BLOCK_KEYS < key_end:
-            _find_tile_keys(next, page_table, table_row, key_start + BLOCK_KEYS, key_end, page_size, row_len, tid)
-        # a warp whose rows see none of the tile's keys skips it (it still stages tiles and meets the barriers)
-        var visible = key_start <= warp_last
+    comptime for on_diagonal in range(2):  # the tiles before the diagonal, then those on it
+        comptime masked = on_diagonal == 1
+        for key_start in range(diagonal if masked else 0, key_end if masked else diagonal, BLOCK_KEYS):
+            var here_at = ((key_start // BLOCK_KEYS) % 2) * BLOCK_KEYS
+            var here = key_at.unsafe_offset(here_at)
+            var next = key_at.unsafe_offset(BLOCK_KEYS - here_at)
+            async_copy_wait_group(0)
+            barrier()  # Q's and K's tiles are in; every warp is done with the previous V tile and its keys' offsets
+            _stage_tile[D](v_sh, v_cache, here, head_at, tid)
+            if key_start + BLOCK_KEYS < key_end:
+                _find_tile_keys(next, page_table, table_row, key_start + BLOCK_KEYS, key_end, page_size, row_len, tid)
+            # a warp whose rows see none of the tile's keys skips it (it still stages tiles and meets the barriers)
+            var visible = key_start <= warp_last
 
-        # S = Q K^T: m-tile mt's n-tile nt holds keys nt * 8 + tig * 2 + {0, 1} of rows gid (s0 s1) and gid + 8
-        # (s2 s3). K's B fragments of two k-steps come from one ldmatrix.x4: matrix i is keys nt * 8 ..< + 8, dims
-        # 8 i ..< 8 i + 8 of the pair, and lane l gives the address of row l % 8 of matrix l // 8; each serves the
-        # warp's M_TILES m-tiles
-        var s = SIMD[F32, 4 * KTILES * M_TILES](0)
-        if visible:
-            comptime for kp in range(KSTEPS // 2):
-                var qa = SIMD[BF16, 16 * M_TILES](0)
-                comptime for mt in range(M_TILES):
-                    comptime for half in range(2):
-                        qa = qa.insert[offset = (mt * 2 + half) * 8](
-                            ld_matrix[8](q_lane.unsafe_offset(mt * 16 * ROW + (kp * 2 + half) * 16))
-                        )
-                comptime for nt in range(KTILES):
-                    var bf = ld_matrix[8](k_sh.unsafe_offset((nt * 8 + lane % 8) * ROW + kp * 32 + (lane // 8) * 8))
+            # S = Q K^T: m-tile mt's n-tile nt holds keys nt * 8 + tig * 2 + {0, 1} of rows gid (s0 s1) and gid + 8
+            # (s2 s3). K's B fragments of two k-steps come from one ldmatrix.x4: matrix i is keys nt * 8 ..< + 8, dims
+            # 8 i ..< 8 i + 8 of the pair, and lane l gives the address of row l % 8 of matrix l // 8; each serves the
+            # warp's M_TILES m-tiles
+            var s = SIMD[F32, 4 * KTILES * M_TILES](0)
+            if visible:
+                comptime for kp in range(KSTEPS // 2):
+                    var qa = SIMD[BF16, 16 * M_TILES](0)
                     comptime for mt in range(M_TILES):
                         comptime for half in range(2):
-                            comptime at = (mt * KTILES + nt) * 4
-                            var d = SIMD[F32, 4](0)
-                            mma(d, qa.slice[8, offset = (mt * 2 + half) * 8](), bf.slice[4, offset = half * 4](),
-                                s.slice[4, offset=at]())
-                            s = s.insert[offset=at](d)
-            if key_start + BLOCK_KEYS - 1 > warp_first:  # a tile on the diagonal: each row's later keys out
+                            qa = qa.insert[offset = (mt * 2 + half) * 8](
+                                ld_matrix[8](q_lane.unsafe_offset(mt * 16 * ROW + (kp * 2 + half) * 16))
+                            )
+                    comptime for nt in range(KTILES):
+                        var bf = ld_matrix[8](k_sh.unsafe_offset((nt * 8 + lane % 8) * ROW + kp * 32 + (lane // 8) * 8))
+                        comptime for mt in range(M_TILES):
+                            comptime for half in range(2):
+                                comptime at = (mt * KTILES + nt) * 4
+                                var d = SIMD[F32, 4](0)
+                                mma(d, qa.slice[8, offset = (mt * 2 + half) * 8](), bf.slice[4, offset = half * 4](),
+                                    s.slice[4, offset=at]())
+                                s = s.insert[offset=at](d)
+                comptime if masked:  # each row's later keys out
+                    comptime for mt in range(M_TILES):
+                        comptime for nt in range(KTILES):
+                            comptime for i in range(4):
+                                if key_start + nt * 8 + tig * 2 + i % 2 > Int(pos[mt * 2 + i // 2]):
+                                    s[(mt * KTILES + nt) * 4 + i] = -Float32.MAX
+                # the online softmax of each of the thread's rows
+                var row_max = SIMD[F32, R](Float32.MIN_FINITE)
                 comptime for mt in range(M_TILES):
                     comptime for nt in range(KTILES):
                         comptime for i in range(4):
-                            if key_start + nt * 8 + tig * 2 + i % 2 > Int(pos[mt * 2 + i // 2]):
-                                s[(mt * KTILES + nt) * 4 + i] = -Float32.MAX
-            # the online softmax of each of the thread's rows
-            var row_max = SIMD[F32, R](Float32.MIN_FINITE)
-            comptime for mt in range(M_TILES):
-                comptime for nt in range(KTILES):
-                    comptime for i in range(4):
-                        comptime r = mt * 2 + i // 2
-                        row_max[r] = max(row_max[r], s[(mt * KTILES + nt) * 4 + i])
-            var m_new = m
-            comptime for r in range(R):
-                m_new[r] = max(m[r], _row_reduce_max(row_max[r]))
-            var keep = exp2((m - m_new) * scale_log2)
-            var m_scaled = m_new * scale_log2
-            var row_sum = SIMD[F32, R](0)
-            comptime for mt in range(M_TILES):
-                comptime for nt in range(KTILES):
-                    comptime for i in range(4):
-                        comptime r = mt * 2 + i // 2
-                        comptime at = (mt * KTILES + nt) * 4 + i
-                        var p = exp2(s[at].fma(scale_log2, -m_scaled[r]))
-                        s[at] = p
-                        row_sum[r] += p
-            comptime for r in range(R):
-                l[r] = l[r] * keep[r] + _row_reduce_sum(row_sum[r])
-            m = m_new
-            comptime for mt in range(M_TILES):
-                comptime for dt in range(DTILES):
-                    comptime for i in range(4):
-                        o[(mt * DTILES + dt) * 4 + i] *= keep[mt * 2 + i // 2]
-
-        async_copy_wait_group(0)
-        barrier()  # V's tile is in; every warp is done with K's
-        if key_start + BLOCK_KEYS < key_end:
-            _stage_tile[D](k_sh, k_cache, next, head_at, tid)
-        if visible:
-            # O += P V: P's A fragment for keys 16 kk .. is S's n-tiles 2 kk and 2 kk + 1; V's B fragment holds
-            # keys 16 kk + tig * 2 + {0, 1} (b0 b1) and + 8 (b2 b3) of dim dt * 8 + gid. Those of two n-tiles come
-            # from one ldmatrix.x4.trans: matrix i is keys 16 kk + 8 (i % 2) ..< + 8, dims 8 (2 dp + i // 2) ..< + 8
-            comptime for kk in range(BLOCK_KEYS // 16):
-                var pa = SIMD[BF16, 8 * M_TILES](0)
+                            comptime r = mt * 2 + i // 2
+                            row_max[r] = max(row_max[r], s[(mt * KTILES + nt) * 4 + i])
+                var m_new = m
+                comptime for r in range(R):
+                    m_new[r] = max(m[r], _row_reduce_max(row_max[r]))
+                var keep = exp2((m - m_new) * scale_log2)
+                var m_scaled = m_new * scale_log2
+                var row_sum = SIMD[F32, R](0)
                 comptime for mt in range(M_TILES):
-                    pa = pa.insert[offset = mt * 8](s.slice[8, offset = (mt * KTILES + kk * 2) * 4]().cast[BF16]())
-                var key = kk * 16 + ((lane // 8) % 2) * 8 + lane % 8
-                comptime for dp in range(DTILES // 2):
-                    var vf = ld_matrix[8, transpose=True](v_sh.unsafe_offset(key * ROW + (dp * 2 + lane // 16) * 8))
+                    comptime for nt in range(KTILES):
+                        comptime for i in range(4):
+                            comptime r = mt * 2 + i // 2
+                            comptime at = (mt * KTILES + nt) * 4 + i
+                            var p = exp2(s[at].fma(scale_log2, -m_scaled[r]))
+                            s[at] = p
+                            row_sum[r] += p
+                comptime for r in range(R):
+                    l[r] = l[r] * keep[r] + _row_reduce_sum(row_sum[r])
+                m = m_new
+                comptime for mt in range(M_TILES):
+                    comptime for dt in range(DTILES):
+                        comptime for i in range(4):
+                            o[(mt * DTILES + dt) * 4 + i] *= keep[mt * 2 + i // 2]
+
+            async_copy_wait_group(0)
+            barrier()  # V's tile is in; every warp is done with K's
+            if key_start + BLOCK_KEYS < key_end:
+                _stage_tile[D](k_sh, k_cache, next, head_at, tid)
+            if visible:
+                # O += P V: P's A fragment for keys 16 kk .. is S's n-tiles 2 kk and 2 kk + 1; V's B fragment holds
+                # keys 16 kk + tig * 2 + {0, 1} (b0 b1) and + 8 (b2 b3) of dim dt * 8 + gid. Those of two n-tiles come
+                # from one ldmatrix.x4.trans: matrix i is keys 16 kk + 8 (i % 2) ..< + 8, dims 8 (2 dp + i // 2) ..< + 8
+                comptime for kk in range(BLOCK_KEYS // 16):
+                    var pa = SIMD[BF16, 8 * M_TILES](0)
                     comptime for mt in range(M_TILES):
-                        comptime for half in range(2):
-                            comptime at = (mt * DTILES + dp * 2 + half) * 4
-                            var d = SIMD[F32, 4](0)
-                            mma(d, pa.slice[8, offset = mt * 8](), vf.slice[4, offset = half * 4](), o.slice[4, offset=at]())
-                            o = o.insert[offset=at](d)
+                        pa = pa.insert[offset = mt * 8](s.slice[8, offset = (mt * KTILES + kk * 2) * 4]().cast[BF16]())
+                    var key = kk * 16 + ((lane // 8) % 2) * 8 + lane % 8
+                    comptime for dp in range(DTILES // 2):
+                        var vf = ld_matrix[8, transpose=True](v_sh.unsafe_offset(key * ROW + (dp * 2 + lane // 16) * 8))
+                        comptime for mt in range(M_TILES):
+                            comptime for half in range(2):
+                                comptime at = (mt * DTILES + dp * 2 + half) * 4
+                                var d = SIMD[F32, 4](0)
+                                mma(d, pa.slice[8, offset = mt * 8](), vf.slice[4, offset = half * 4](),
+                                    o.slice[4, offset=at]())
+                                o = o.insert[offset=at](d)
 
     # O / l, rows gid (o0 o1) and gid + 8 (o2 o3) of each m-tile, dims dt * 8 + tig * 2 + {0, 1}
     var inv_l = 1 / l
     comptime for r in range(R):
         if pos[r] >= 0:
-            var at = _row_at[D, group](q_begin, warp_row + (r // 2) * 16 + gid + (r % 2) * 8, kv_heads * group, g)
+            var at = _row_at[D](q_begin, warp_row + (r // 2) * 16 + gid + (r % 2) * 8, kv_heads * group, g, group)
             comptime for dt in range(DTILES):
                 var pair = o.slice[2, offset = ((r // 2) * DTILES + dt) * 4 + (r % 2) * 2]() * inv_l[r]
                 output.unsafe_store(at + dt * 8 + tig * 2, pair.cast[BF16]())
@@ -381,13 +401,11 @@ def prefill_attention_gpu(
     var grid = (kv_heads, prefill_blocks(tokens, batch, group, per_block))
     comptime for i in range(2):
         comptime d = 64 << i
-        comptime for j in range(4):
-            comptime gr = 1 << j
-            if head_dim == d and group == gr:
-                ctx.enqueue_function[_prefill_attention_gpu[d, gr]](
-                    output, q, k_cache, v_cache, page_table, context_lens, query_start, scale, Int32(batch),
-                    Int32(max_pages), Int32(kv_heads), Int32(page_size), Int32(per_block), grid_dim=grid,
-                    block_dim=PREFILL_THREADS,
-                    shared_mem_bytes=prefill_shared_bytes[d](),
-                    func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(UInt32(prefill_shared_bytes[d]())),
-                )
+        if head_dim == d:
+            ctx.enqueue_function[_prefill_attention_gpu[d]](
+                output, q, k_cache, v_cache, page_table, context_lens, query_start, scale, Int32(batch),
+                Int32(max_pages), Int32(kv_heads), Int32(group), Int32(page_size), Int32(per_block), grid_dim=grid,
+                block_dim=PREFILL_THREADS,
+                shared_mem_bytes=prefill_shared_bytes[d](),
+                func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(UInt32(prefill_shared_bytes[d]())),
+            )

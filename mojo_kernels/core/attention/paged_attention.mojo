@@ -67,7 +67,7 @@ def attention_on_gpu[dtype: DType, cache_type: DType, //, flash: Bool](
                                                     page_size)
             return
         comptime if dtype == DType.bfloat16 and cache_type == DType.bfloat16:
-            if prefill_supported[dtype, cache_type](tokens, batch, head_dim, q_heads // kv_heads):
+            if prefill_supported[dtype, cache_type](tokens, batch, head_dim):
                 prefill_attention_gpu(
                     ctx, rebind[Ptr[DType.bfloat16]](output), rebind[Ptr[DType.bfloat16]](q),
                     rebind[Ptr[DType.bfloat16]](k_cache), rebind[Ptr[DType.bfloat16]](v_cache), page_table,
