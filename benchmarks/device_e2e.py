@@ -13,7 +13,8 @@
 
 "mili" replays its decode steps as device graphs and gives the device the next decode step before it reads the
 last one's tokens (overlap), "mili-sync" replays them without overlap (--no-overlap), "mili-eager" runs them op by
-op (--no-device-graphs). All also print the bandwidth floor of a decode step: the bytes it reads (every weight
+op (--no-device-graphs), "mili-cublas" is "mili" with the model's matmuls through cuBLAS (run with
+MILI_GPU_VENDOR_BLAS=1, in a process of its own: the setting is read as the model loads). All also print the bandwidth floor of a decode step: the bytes it reads (every weight
 once) over the device's copy bandwidth measured in the run. Prints a table and writes JSON under benchmarks/results/."""
 
 from __future__ import annotations
@@ -33,13 +34,14 @@ from kernels import copy_bandwidth
 from bindings import graph
 from python_layer.model.config import Qwen3Config
 
-SYSTEMS = ("mili", "mili-sync", "mili-eager", "transformers", "max")
+DEFAULT_SYSTEMS = ("mili", "mili-sync", "mili-eager", "transformers", "max")
+SYSTEMS = (*DEFAULT_SYSTEMS, "mili-cublas")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--model", default=None, help="checkpoint (default: random weights of Qwen3-0.6B's shape)")
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
+    parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-python", default="", help="a Python with max[serve] for MAX's pipeline (default: this one)")

@@ -2,7 +2,8 @@
 `generate(prompts, max_tokens) -> (seconds, output tokens)`: every prompt (token ids) submitted at once, greedy,
 ignore_eos, each producing exactly its max_tokens; wall-clock seconds until the last token is on the host.
 
-- MILI: its engine in bfloat16, prefix caching off (the runs repeat their prompts), with or without device graphs;
+- MILI: its engine in bfloat16, prefix caching off (the runs repeat their prompts), with or without device graphs,
+  overlap, or (mili-cublas) MAX's own matmul kernels;
 - transformers: bfloat16, sdpa attention, its own `generate` on left-padded batches of prompts of similar length
   (each batch runs to its longest output; only the tokens asked for are counted);
 - MAX's own Qwen3 pipeline: benchmarks/peers/max_pipeline.py in a Python that has `max[serve]`."""
@@ -19,6 +20,7 @@ from typing import Optional, Protocol, Sequence
 
 import torch
 
+from bindings.library import VENDOR_BLAS_SETTING
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.device_memory import MAX_POOL_PERCENT
 from python_layer.model.loader import load_model
@@ -44,15 +46,24 @@ def _check_counts(name: str, got: Sequence[int], wanted: Sequence[int]) -> None:
 
 
 class Mili:
-    VARIANTS = {"mili": {}, "mili-sync": dict(overlap=False), "mili-eager": dict(device_graphs=False)}
+    VARIANTS = {"mili": {}, "mili-sync": dict(overlap=False), "mili-eager": dict(device_graphs=False), "mili-cublas": {}}
+    CUBLAS = "mili-cublas"
 
     def __init__(self, model: Qwen3Model, name: str, max_num_seqs: int, max_num_batched_tokens: int,
                  kv_cache_gb: float, max_model_len: int) -> None:
-        """name: one of VARIANTS (the engine's defaults, without overlap, without device graphs). max_model_len: the
-        workload's longest sequence, as MAX's pipeline is given it (it also sets how wide a replayed decode step's
-        page table is)."""
+        """name: one of VARIANTS (the engine's defaults, without overlap, without device graphs; mili-cublas: the
+        defaults, the model's matmuls through cuBLAS, which it must have loaded with: MILI_GPU_VENDOR_BLAS=1 on a
+        GPU). max_model_len: the workload's longest sequence, as MAX's pipeline is given it (it also sets how wide a
+        replayed decode step's page table is)."""
         if name not in self.VARIANTS:
             raise ValueError(f"unknown MILI variant {name!r}: choose from {', '.join(self.VARIANTS)}")
+        vendor_blas = getattr(model.forward_fn, "vendor_blas", False)
+        if name == self.CUBLAS and not vendor_blas:
+            raise ValueError(f"{name} times MILI with its matmuls through cuBLAS: load the model on a GPU with "
+                             f"{VENDOR_BLAS_SETTING}=1 (run {name} in a process of its own)")
+        if name != self.CUBLAS and vendor_blas:
+            raise ValueError(f"{name} times MILI with MAX's own matmuls, but the model was loaded with "
+                             f"{VENDOR_BLAS_SETTING}=1: time it as {self.CUBLAS}, or unset the setting")
         self.name = name
         self.engine = InferenceEngine(model, kv_cache_memory_gb=kv_cache_gb, max_num_seqs=max_num_seqs,
                                       max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=False,

@@ -4,7 +4,7 @@
 # end against MAX's own Qwen3 pipeline and transformers (then benchmarks/results/gpu-summary.json).
 # Usage: benchmarks/gpu_session.sh [STEP...]
 #   (default: setup build warm tests e2e profile profile-pdl ncu-attention attention-bench profile-cublas model
-#    e2e-rest profile-two-ops)
+#    e2e-rest profile-two-ops e2e-cublas)
 #   setup        unpack benchmarks/device_kit.sh's parts (carried now in .devkit/pN, or before to /tmp/mili-kit/parts)
 #   build        load the kernel package (precompiled here: carry .modular_cache/mili_kernels)
 #   warm         in the background, while the tests run: MILI's 0.6B graphs as e2e and profile-two-ops load them
@@ -30,6 +30,9 @@
 #   e2e-rest     the same for E2E_REST_SYSTEMS (default: MILI without overlap, transformers, MILI without device
 #                graphs; less the MILI e2e took), then the summary again: each system's figures from its newest run
 #                of the lease
+#   e2e-cublas   the same for mili-cublas: MILI with MILI_GPU_VENDOR_BLAS=1 (the model's matmuls through cuBLAS), the
+#                end-to-end A/B of profile-cublas; only where e2e's MILI is mili (its graph compiles in the step unless
+#                gpu_lease.sh's precompiled graphs hold)
 #   profile      where a decode step's time goes at batch 1 and 64 (benchmarks/decode_profile.py: kernels, device
 #                busy time against the step's wall time), with the kernels e2e used
 #   profile-pdl  the same with MILI_GPU_PDL=1: the norms, decode attention and its split merge launched with Hopper's
@@ -60,7 +63,7 @@ budget=${SESSION_SECONDS:-520}
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=$kit/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 default_steps="setup build warm tests e2e profile profile-pdl ncu-attention attention-bench profile-cublas model e2e-rest
-  profile-two-ops"
+  profile-two-ops e2e-cublas"
 steps=$(echo ${*:-$default_steps})
 # pytest-xdist (on the image): one op (and dtype) per worker, so each graph compiles once and in parallel
 xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12 --dist loadgroup")
@@ -195,6 +198,10 @@ for step in $steps; do
          summary+=("e2e: MILI's attention kernels $([ "$flash" = 1 ] && echo flash || echo plain)${MILI_GPU_QKV_ATTENTION:+,\
  MILI_GPU_QKV_ATTENTION=$MILI_GPU_QKV_ATTENTION}${MILI_GPU_PREFILL_PAIRS:+, MILI_GPU_PREFILL_PAIRS=$MILI_GPU_PREFILL_PAIRS}")
          e2e "${E2E_SYSTEMS:-$(mili_system),max}" ;;  # what the issue compares first
+    e2e-cublas) e2e_kernels
+                if [ "$(mili_system)" = mili ]; then MILI_GPU_VENDOR_BLAS=1 e2e mili-cublas
+                else summary+=("e2e-cublas: not run (e2e's MILI is $(mili_system))")
+                fi ;;
     e2e-rest) e2e_kernels
               rest=$(echo mili-sync,transformers,mili-eager | tr , '\n' | grep -vx "$(mili_system)" | paste -sd,)
               e2e "${E2E_REST_SYSTEMS:-$rest}" ;;

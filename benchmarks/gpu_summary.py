@@ -35,12 +35,13 @@ def merged(results: Path, pattern: str, since: str = "") -> Optional[dict]:
     one run); a row with an error never replaces one with figures."""
     found = runs(results, pattern, since)
     rows: dict[str, dict] = {}
+    metas: dict[str, dict] = {}  # the meta of the run each system's row came from
     for run in found:
         for row in run["rows"]:
             old = rows.get(row["system"])
             if old is None or "error" in old or "error" not in row:
-                rows[row["system"]] = row
-    return dict(meta=found[-1]["meta"], rows=list(rows.values())) if found else None
+                rows[row["system"]], metas[row["system"]] = row, run["meta"]
+    return dict(meta=found[-1]["meta"], rows=list(rows.values()), meta_by_system=metas) if found else None
 
 
 def _figure(run: Optional[dict], system: str, key: str) -> Optional[float]:
@@ -75,7 +76,11 @@ def summary(results: Path, commit: str, since: str = "") -> dict:
         transformers_throughput_tok_s=_figure(throughput, "transformers", "output_tok_s"),
         transformers_decode_b1_ms_per_token=_figure(latency, "transformers", "decode_b1_ctx512_ms_per_token"),
         e2e_flash_kernels=next((run["meta"].get("flash_attention") for run in (latency, throughput) if run), None),
-        e2e_gpu_settings=next((run["meta"].get("gpu_settings") for run in (latency, throughput) if run), None),
+        decode_b1_ms_per_token_cublas=_figure(latency, "mili-cublas", "decode_b1_ctx512_ms_per_token"),
+        throughput_tok_s_cublas=_figure(throughput, "mili-cublas", "output_tok_s"),
+        # MILI's (mili's) run's: a later run of mili-cublas has MILI_GPU_VENDOR_BLAS=1
+        e2e_gpu_settings=next((run["meta_by_system"]["mili"].get("gpu_settings") for run in (latency, throughput)
+                               if run and "mili" in run["meta_by_system"]), None),
         mili_device_graphs=_figure(latency, "mili", "device_graphs"),  # false: a capture failed, steps ran op by op
         max_pipeline_device_graph_capture=_figure(throughput, "max", "device_graphs"),
     )

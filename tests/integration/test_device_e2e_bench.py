@@ -106,6 +106,18 @@ def test_max_pool_set_for_mili_stays_out_of_maxs_worker(monkeypatch: pytest.Monk
     assert e2e_systems.max_worker_env()[e2e_systems.MAX_POOL_PERCENT] == "20"
 
 
+def test_mili_cublas_times_only_a_model_whose_matmuls_call_cublas() -> None:
+    """mili-cublas must have loaded its model with MILI_GPU_VENDOR_BLAS=1 (on a GPU), and the other MILI variants
+    without: a row named for one setting never holds the figures of the other."""
+    plain, cublas = (SimpleNamespace(forward_fn=SimpleNamespace(vendor_blas=v)) for v in (False, True))
+    with pytest.raises(ValueError, match="mili-cublas times MILI with its matmuls through cuBLAS: load the model on "
+                                         "a GPU with MILI_GPU_VENDOR_BLAS=1"):
+        e2e_systems.Mili(plain, "mili-cublas", 8, 64, 0.05, 64)
+    with pytest.raises(ValueError, match="mili-sync times MILI with MAX's own matmuls, but the model was loaded with "
+                                         "MILI_GPU_VENDOR_BLAS=1: time it as mili-cublas"):
+        e2e_systems.Mili(cublas, "mili-sync", 8, 64, 0.05, 64)
+
+
 def test_gpu_summary_takes_the_latest_runs(tmp_path: Path) -> None:
     def write(name: str, meta: dict, rows: list) -> None:
         (tmp_path / name).write_text(json.dumps(dict(meta=meta, rows=rows)))
@@ -129,6 +141,13 @@ def test_gpu_summary_takes_the_latest_runs(tmp_path: Path) -> None:
     assert out["throughput_tok_s"] is None and out["max_pipeline_throughput_tok_s"] is None  # no throughput run
     assert out["max_pipeline_device_graph_capture"] is None and out["e2e_flash_kernels"] is None  # not in the meta
     assert out["e2e_gpu_settings"] == {"MILI_GPU_PDL": "1"}  # what the e2e figures ran with
+    assert out["decode_b1_ms_per_token_cublas"] is None  # not in the run
+    # then a run of mili-cublas: its figures beside MILI's, whose settings stay those of MILI's own run
+    write("latency-cuda-20261102-000100.json", dict(gpu_settings={"MILI_GPU_VENDOR_BLAS": "1"}), [
+        dict(system="mili-cublas", decode_b1_ctx512_ms_per_token=0.8)])
+    out = gpu_summary.summary(tmp_path, "abc123")
+    assert out["decode_b1_ms_per_token_cublas"] == 0.8 and out["decode_b1_ms_per_token"] == 0.9
+    assert out["e2e_gpu_settings"] == {"MILI_GPU_PDL": "1"}
 
 
 def test_gpu_summary_takes_each_system_from_its_newest_run_of_the_lease(tmp_path: Path) -> None:

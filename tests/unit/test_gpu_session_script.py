@@ -227,6 +227,23 @@ def test_the_cublas_profile_takes_cublas_for_the_matmuls_with_time_to_compile(tm
     assert (logs / "profile-cublas.log").read_text() == "ran benchmarks/decode_profile.py MILI_GPU_VENDOR_BLAS=1\n"
 
 
+def test_the_cublas_end_to_end_run_is_mili_with_cublas_in_a_process_of_its_own(tmp_path: Path, monkeypatch) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    stand_in = tmp_path / "bin"
+    stand_in.mkdir()
+    (stand_in / "python3").write_text("#!/bin/sh\necho \"ran $* MILI_GPU_VENDOR_BLAS=$MILI_GPU_VENDOR_BLAS\"\n")
+    (stand_in / "python3").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stand_in}:{os.environ['PATH']}")
+    monkeypatch.delenv("MILI_GPU_VENDOR_BLAS", raising=False)
+    assert _session(tmp_path, "e2e-cublas").returncode == 0
+    said = (logs / "e2e-mili-cublas.log").read_text()
+    assert said.startswith("ran benchmarks/device_e2e.py --device cuda --systems mili-cublas ")
+    assert said.endswith(" MILI_GPU_VENDOR_BLAS=1\n")
+    (logs / "tests.log").write_text("FAILED tests/gpu/test_decode_graphs.py::test_replay_with_arrivals_and_aborts\n")
+    assert "e2e-cublas: not run (e2e's MILI is mili-eager)" in _session(tmp_path, "e2e-cublas").stdout
+
+
 def test_ncu_reads_the_attention_launches_with_the_clocks_left_alone(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "logs").mkdir()
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no ncu
