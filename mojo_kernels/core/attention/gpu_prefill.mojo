@@ -272,6 +272,9 @@ def _attend_row_tile[D: Int](
     var warp_last = offset + _token_of(min(warp_row + WARP_ROWS, n_rows) - 1, group) if warp_row < n_rows else -1
     # ldmatrix.x4 of an m-tile's A fragment (Q): lane l gives row l % 8 + 8 (l // 8 % 2), dims 8 (l // 16) on
     var q_lane = q_sh.unsafe_offset((wid * WARP_ROWS + lane % 8 + ((lane // 8) % 2) * 8) * ROW + (lane // 16) * 8)
+    # ldmatrix.x4 of two n-tiles' B fragments (K) of a k-step: matrix i is keys 8 (i // 2) ..< + 8 of the pair, dims
+    # 8 (i % 2) ..< + 8 of the k-step; lane l gives row l % 8 of matrix l // 8
+    var k_lane = k_sh.unsafe_offset(((lane // 16) * 8 + lane % 8) * ROW + ((lane // 8) % 2) * 8)
 
     var o = SIMD[F32, 4 * DTILES * M_TILES](0)
     var m = SIMD[F32, R](Float32.MIN_FINITE)  # MIN_FINITE, not -inf: a fully masked tile keeps 2^(m - m) = 1
@@ -299,28 +302,26 @@ def _attend_row_tile[D: Int](
             # a warp whose rows see none of the tile's keys skips it (it still stages tiles and meets the barriers)
             var visible = key_start <= warp_last
 
-            # S = Q K^T: m-tile mt's n-tile nt holds keys nt * 8 + tig * 2 + {0, 1} of rows gid (s0 s1) and gid + 8
-            # (s2 s3). K's B fragments of two k-steps come from one ldmatrix.x4: matrix i is keys nt * 8 ..< + 8, dims
-            # 8 i ..< 8 i + 8 of the pair, and lane l gives the address of row l % 8 of matrix l // 8; each serves the
-            # warp's M_TILES m-tiles
+            # S = Q K^T, a k-step (16 dims) at a time: m-tile mt's n-tile nt holds keys nt * 8 + tig * 2 + {0, 1} of
+            # rows gid (s0 s1) and gid + 8 (s2 s3). A k-step's mmas go over every (n-tile, m-tile) before the next
+            # k-step's, so an mma's result is needed 16 mmas later, not at once (as FlashAttention-2's gemm); the
+            # k-step's A fragments (Q, an ldmatrix.x4 an m-tile) and B fragments (K, an ldmatrix.x4 two n-tiles:
+            # k_lane) are all a warp holds of them
             var s = SIMD[F32, 4 * KTILES * M_TILES](0)
             if visible:
-                comptime for kp in range(KSTEPS // 2):
-                    var qa = SIMD[BF16, 16 * M_TILES](0)
+                comptime for ks in range(KSTEPS):
+                    var qa = SIMD[BF16, 8 * M_TILES](0)
                     comptime for mt in range(M_TILES):
-                        comptime for half in range(2):
-                            qa = qa.insert[offset = (mt * 2 + half) * 8](
-                                ld_matrix[8](q_lane.unsafe_offset(mt * 16 * ROW + (kp * 2 + half) * 16))
-                            )
+                        qa = qa.insert[offset = mt * 8](ld_matrix[8](q_lane.unsafe_offset(mt * 16 * ROW + ks * 16)))
+                    var kb = SIMD[BF16, 4 * KTILES](0)
+                    comptime for np in range(KTILES // 2):
+                        kb = kb.insert[offset = np * 8](ld_matrix[8](k_lane.unsafe_offset(np * 16 * ROW + ks * 16)))
                     comptime for nt in range(KTILES):
-                        var bf = ld_matrix[8](k_sh.unsafe_offset((nt * 8 + lane % 8) * ROW + kp * 32 + (lane // 8) * 8))
                         comptime for mt in range(M_TILES):
-                            comptime for half in range(2):
-                                comptime at = (mt * KTILES + nt) * 4
-                                var d = SIMD[F32, 4](0)
-                                mma(d, qa.slice[8, offset = (mt * 2 + half) * 8](), bf.slice[4, offset = half * 4](),
-                                    s.slice[4, offset=at]())
-                                s = s.insert[offset=at](d)
+                            comptime at = (mt * KTILES + nt) * 4
+                            var d = SIMD[F32, 4](0)
+                            mma(d, qa.slice[8, offset = mt * 8](), kb.slice[4, offset = nt * 4](), s.slice[4, offset=at]())
+                            s = s.insert[offset=at](d)
                 comptime if masked:  # each row's later keys out
                     comptime for mt in range(M_TILES):
                         comptime for nt in range(KTILES):
