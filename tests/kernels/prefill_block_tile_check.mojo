@@ -2,14 +2,14 @@
 # random ragged batches (prefills alone, decodes with a few prefills, empty sequences), with one and with two row
 # tiles a block, every row tile of every sequence goes to exactly one of a KV head's prefill_blocks, a block's
 # first tile is its sequence's heaviest left (the last row tiles first) and with two its second is that tile's
-# mirror; 1 to 8 query heads a KV head. Where the masked key tiles start, prefill_tiles_per_block's choice and its
-# setting.
+# mirror; 1 to 8 query heads a KV head. Where the masked key tiles start, that two blocks' shared memory fits an
+# SM, prefill_tiles_per_block's choice and its setting.
 from std.math import ceildiv
 from std.random import random_ui64, seed
 
 from mojo_kernels.core.attention.gpu_prefill import (
     BLOCK_KEYS, BLOCK_ROWS, prefill_block_tile, prefill_blocks, prefill_diagonal_start, prefill_row_tile,
-    prefill_tiles_per_block,
+    prefill_shared_bytes, prefill_tiles_per_block,
 )
 
 
@@ -86,8 +86,18 @@ def check_diagonal() raises:
             raise Error(String("first row at ", first, ": the masked key tiles start at ", start))
 
 
+def check_shared_memory() raises:
+    """Two blocks' shared memory fits an H100's / H200's SM (228 KB, 1 KB of it reserved a block), as the launch's
+    two blocks an SM (its registers) and prefill_tiles_per_block's count of them assume."""
+    comptime SM_SHARED = 228 * 1024
+    var need = 2 * (prefill_shared_bytes[128]() + 1024)
+    if need > SM_SHARED:
+        raise Error(String("two prefill blocks take ", need, " bytes of shared memory, an SM has ", SM_SHARED))
+
+
 def main() raises:
     var blocks = check_blocks()
     check_diagonal()
+    check_shared_memory()
     check_choice()
     print("ok:", blocks, "blocks")

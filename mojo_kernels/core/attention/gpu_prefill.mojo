@@ -3,11 +3,12 @@
 # 128-row blocks: each K and V fragment read from shared memory feeds two mmas, where 16 rows a warp fed one and
 # spent shared memory's bandwidth twice as fast). Row r is query token r // group and query head r % group of one
 # KV head's group, so the query heads that share a KV head share every K/V tile. The block stages its Q rows and
-# tiles of 64 keys of K and V in shared memory (70 KB at head_dim 128: dynamic shared memory), straight from the
-# paged cache with cp.async: V's tile loads while the warps compute S = Q K^T and the softmax, the next K tile while
-# they compute O += P V. Each warp computes S for its rows (Q's and K's fragments by ldmatrix), the online softmax on
-# S's fragments (in log2 units, the scale folded into one fma per score), and O += P V with P reused from S's
-# registers (V's fragments by ldmatrix.trans).
+# tiles of 64 keys of K and V in shared memory, two of each (103 KB at head_dim 128: dynamic shared memory; two blocks
+# fit an SM), straight from the paged cache with cp.async: the next tile's K and V load while the warps compute on
+# this one's, a whole tile's time (one barrier a tile; with one K and one V buffer, V loaded behind S = Q K^T and the
+# next K behind O += P V, two barriers a tile, each load behind half a tile). Each warp computes S for its rows (Q's
+# and K's fragments by ldmatrix), the online softmax on S's fragments (in log2 units, the scale folded into one fma
+# per score), and O += P V with P reused from S's registers (V's fragments by ldmatrix.trans).
 # Key tiles past the block's last visible position are skipped (causal), and by each warp those past its own rows'
 # (the warps of a partial last row tile with no rows skip all). The key loop runs twice, as FlashAttention-2's: the
 # tiles before the block's first row see every key unmasked, then those on the diagonal mask each row's later keys
@@ -199,8 +200,8 @@ def _stage_queries[D: Int](
 
 
 def prefill_shared_bytes[D: Int]() -> Int:
-    """The kernel's shared memory: Q's tile, K's and V's, the cache offsets of two key tiles."""
-    return (BLOCK_ROWS + 2 * BLOCK_KEYS) * (D + 8) * size_of[Scalar[BF16]]() + 2 * BLOCK_KEYS * size_of[Int64]()
+    """The kernel's shared memory: Q's tile, two stages of K's and V's, the cache offsets of two key tiles."""
+    return (BLOCK_ROWS + 4 * BLOCK_KEYS) * (D + 8) * size_of[Scalar[BF16]]() + 2 * BLOCK_KEYS * size_of[Int64]()
 
 
 # at most 255 registers, so that 2 blocks fit in an SM's registers
@@ -220,8 +221,8 @@ def _prefill_attention_gpu[D: Int](
         var tile = prefill_row_tile(j, k, tiles, per_block)
         if tile < 0:
             return
-        # shared memory is free: every warp met the previous tile's last barrier after its last read of Q, K and
-        # the key offsets (which a tile writes first), and meets this tile's first before V and K are staged
+        if k > 0:
+            barrier()  # every warp is done with the previous row tile's Q, K, V and key offsets, which this one stages
         _attend_row_tile[D](output, q, k_cache, v_cache, page_table, context_lens, query_start, scale_ptr,
                             Int(max_pages), Int(kv_heads), Int(group), Int(page_size), Int(block_idx.x), b, tile)
 
@@ -255,10 +256,11 @@ def _attend_row_tile[D: Int](
 
     # 16-byte aligned: cp.async's 16-byte copies and ldmatrix's row addresses
     var q_sh = external_memory[Scalar[BF16], address_space=AddressSpace.SHARED, alignment=16]()
-    var k_sh = q_sh.unsafe_offset(BLOCK_ROWS * ROW)
-    var v_sh = k_sh.unsafe_offset(BLOCK_KEYS * ROW)
-    # the cache offsets of two tiles' keys: tile j's in key_at[j % 2], found during tile j - 1
-    var key_at = v_sh.unsafe_offset(BLOCK_KEYS * ROW).unsafe_bitcast[Int64]()
+    # key tile j's K rows at stage j % 2 (BLOCK_KEYS rows at 2 (j % 2) BLOCK_KEYS), its V rows after them
+    var kv_sh = q_sh.unsafe_offset(BLOCK_ROWS * ROW)
+    comptime STAGE = 2 * BLOCK_KEYS * ROW
+    # the cache offsets of two tiles' keys: tile j's in key_at[j % 2], found during tile j - 2
+    var key_at = kv_sh.unsafe_offset(2 * STAGE).unsafe_bitcast[Int64]()
     _stage_queries[D](q_sh, q, q_begin, first_row, n_rows, kv_heads * group, g, group, tid)
 
     # this thread's rows, m-tile mt's gid and gid + 8 at 2 mt and 2 mt + 1; position -1 past the sequence's queries
@@ -274,7 +276,7 @@ def _attend_row_tile[D: Int](
     var q_lane = q_sh.unsafe_offset((wid * WARP_ROWS + lane % 8 + ((lane // 8) % 2) * 8) * ROW + (lane // 16) * 8)
     # ldmatrix.x4 of two n-tiles' B fragments (K) of a k-step: matrix i is keys 8 (i // 2) ..< + 8 of the pair, dims
     # 8 (i % 2) ..< + 8 of the k-step; lane l gives row l % 8 of matrix l // 8
-    var k_lane = k_sh.unsafe_offset(((lane // 16) * 8 + lane % 8) * ROW + ((lane // 8) % 2) * 8)
+    var k_lane = ((lane // 16) * 8 + lane % 8) * ROW + ((lane // 8) % 2) * 8
 
     var o = SIMD[F32, 4 * DTILES * M_TILES](0)
     var m = SIMD[F32, R](Float32.MIN_FINITE)  # MIN_FINITE, not -inf: a fully masked tile keeps 2^(m - m) = 1
@@ -287,18 +289,29 @@ def _attend_row_tile[D: Int](
     var head_at = g * D  # KV head g's elements in a cache row
     _find_tile_keys(key_at, page_table, table_row, 0, key_end, page_size, row_len, tid)
     barrier()
-    _stage_tile[D](k_sh, k_cache, key_at, head_at, tid)
+    _stage_tile[D](kv_sh, k_cache, key_at, head_at, tid)
+    _stage_tile[D](kv_sh.unsafe_offset(BLOCK_KEYS * ROW), v_cache, key_at, head_at, tid)
+    if BLOCK_KEYS < key_end:
+        _find_tile_keys(key_at.unsafe_offset(BLOCK_KEYS), page_table, table_row, BLOCK_KEYS, key_end, page_size,
+                        row_len, tid)
     comptime for on_diagonal in range(2):  # the tiles before the diagonal, then those on it
         comptime masked = on_diagonal == 1
         for key_start in range(diagonal if masked else 0, key_end if masked else diagonal, BLOCK_KEYS):
-            var here_at = ((key_start // BLOCK_KEYS) % 2) * BLOCK_KEYS
-            var here = key_at.unsafe_offset(here_at)
-            var next = key_at.unsafe_offset(BLOCK_KEYS - here_at)
+            var stage = (key_start // BLOCK_KEYS) % 2
+            var k_sh = kv_sh.unsafe_offset(stage * STAGE)
+            var v_sh = k_sh.unsafe_offset(BLOCK_KEYS * ROW)
             async_copy_wait_group(0)
-            barrier()  # Q's and K's tiles are in; every warp is done with the previous V tile and its keys' offsets
-            _stage_tile[D](v_sh, v_cache, here, head_at, tid)
+            # this tile's K and V (and Q) are in, and the next tile's key offsets; every warp is done with the
+            # previous tile, whose stage the next tile takes
+            barrier()
             if key_start + BLOCK_KEYS < key_end:
-                _find_tile_keys(next, page_table, table_row, key_start + BLOCK_KEYS, key_end, page_size, row_len, tid)
+                var next_sh = kv_sh.unsafe_offset((1 - stage) * STAGE)
+                var next_at = key_at.unsafe_offset((1 - stage) * BLOCK_KEYS)
+                _stage_tile[D](next_sh, k_cache, next_at, head_at, tid)
+                _stage_tile[D](next_sh.unsafe_offset(BLOCK_KEYS * ROW), v_cache, next_at, head_at, tid)
+                if key_start + 2 * BLOCK_KEYS < key_end:  # over this tile's offsets, read when it was staged
+                    _find_tile_keys(key_at.unsafe_offset(stage * BLOCK_KEYS), page_table, table_row,
+                                    key_start + 2 * BLOCK_KEYS, key_end, page_size, row_len, tid)
             # a warp whose rows see none of the tile's keys skips it (it still stages tiles and meets the barriers)
             var visible = key_start <= warp_last
 
@@ -315,7 +328,8 @@ def _attend_row_tile[D: Int](
                         qa = qa.insert[offset = mt * 8](ld_matrix[8](q_lane.unsafe_offset(mt * 16 * ROW + ks * 16)))
                     var kb = SIMD[BF16, 4 * KTILES](0)
                     comptime for np in range(KTILES // 2):
-                        kb = kb.insert[offset = np * 8](ld_matrix[8](k_lane.unsafe_offset(np * 16 * ROW + ks * 16)))
+                        var at = k_lane + np * 16 * ROW + ks * 16
+                        kb = kb.insert[offset = np * 8](ld_matrix[8](k_sh.unsafe_offset(at)))
                     comptime for nt in range(KTILES):
                         comptime for mt in range(M_TILES):
                             comptime at = (mt * KTILES + nt) * 4
@@ -357,10 +371,6 @@ def _attend_row_tile[D: Int](
                         comptime for i in range(4):
                             o[(mt * DTILES + dt) * 4 + i] *= keep[mt * 2 + i // 2]
 
-            async_copy_wait_group(0)
-            barrier()  # V's tile is in; every warp is done with K's
-            if key_start + BLOCK_KEYS < key_end:
-                _stage_tile[D](k_sh, k_cache, next, head_at, tid)
             if visible:
                 # O += P V: P's A fragment for keys 16 kk .. is S's n-tiles 2 kk and 2 kk + 1; V's B fragment holds
                 # keys 16 kk + tig * 2 + {0, 1} (b0 b1) and + 8 (b2 b3) of dim dt * 8 + gid. Those of two n-tiles come
