@@ -66,10 +66,10 @@ def decode_supported[cache_type: DType](
 
 def decode_blocks_per_sm(group: Int) -> Int:
     """Blocks of DECODE_THREADS an SM runs at once, as the kernel's registers allow with `group` query heads a KV head
-    (their states are kept in registers, as many as the next power of two; ptxas, sm_90a, bfloat16: 114, 128, 168 and
-    255 registers a thread for 1, 2, 4 and 8 heads, so 4, 4, 3 and 2 blocks of an SM's 65,536 registers).
-    tests/kernels/test_gpu_resources.py holds each kernel to its count, and checks that one block more would not
-    fit."""
+    (their states are kept in registers, as many as the next power of two; ptxas, sm_90a, bfloat16: 114, 125, 168,
+    229 and 255 registers a thread for 1, 2, 4, 5 and 8 heads, so 4, 4, 3, 2 and 2 blocks of an SM's 65,536
+    registers). tests/kernels/test_gpu_resources.py holds each kernel to its count, and checks that one block more
+    would not fit."""
     if group <= 2:
         return 4
     return 3 if group <= 4 else 2
