@@ -371,6 +371,7 @@ def _attend_row_tile[D: Int](
                         comptime for i in range(4):
                             o[(mt * DTILES + dt) * 4 + i] *= keep[mt * 2 + i // 2]
 
+            # a block of its own: in the one above, ptxas spilled in the loop (11 local loads and 4 stores a tile)
             if visible:
                 # O += P V: P's A fragment for keys 16 kk .. is S's n-tiles 2 kk and 2 kk + 1; V's B fragment holds
                 # keys 16 kk + tig * 2 + {0, 1} (b0 b1) and + 8 (b2 b3) of dim dt * 8 + gid. Those of two n-tiles come
