@@ -2,8 +2,8 @@
 `generate(prompts, max_tokens) -> (seconds, output tokens)`: every prompt (token ids) submitted at once, greedy,
 ignore_eos, each producing exactly its max_tokens; wall-clock seconds until the last token is on the host.
 
-- MILI: its engine in bfloat16, prefix caching off (the runs repeat their prompts), with or without device graphs,
-  overlap, or (mili-cublas) MAX's own matmul kernels;
+- MILI: its engine in bfloat16, prefix caching off (the runs repeat their prompts), with or without device graphs
+  and overlap, and (mili-cublas) with cuBLAS for the matmuls in place of MAX's own kernels;
 - transformers: bfloat16, sdpa attention, its own `generate` on left-padded batches of prompts of similar length
   (each batch runs to its longest output; only the tokens asked for are counted);
 - MAX's own Qwen3 pipeline: benchmarks/peers/max_pipeline.py in a Python that has `max[serve]`."""

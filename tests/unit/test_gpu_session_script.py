@@ -20,6 +20,17 @@ def _session(tmp_path: Path, *steps: str, seconds: int = 300) -> subprocess.Comp
     return subprocess.run(["bash", str(SCRIPT), *steps], env=env, capture_output=True, text=True, timeout=300)
 
 
+def _stand_in(tmp_path: Path, monkeypatch, command: str, script: str) -> Path:
+    """A `command` (python3, ncu) first on the PATH, that runs the shell `script` in the real one's place."""
+    folder = tmp_path / "bin"
+    folder.mkdir(exist_ok=True)
+    path = folder / command
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
+    return path
+
+
 def _write_parts(devkit: Path, folder: str, files: dict[str, str], pieces: int) -> None:
     """The folder as device_kit.sh writes it: a tar, xz-compressed, split into .devkit/pN/FOLDER.tar.xz.NN."""
     raw = io.BytesIO()
@@ -128,11 +139,7 @@ def test_end_to_end_times_mili_as_the_decode_step_tests_passed_it(tmp_path: Path
         "FAILED tests/gpu/test_decode_graphs.py::test_overlapped_decode_steps_give_the_tokens_of_steps_read_at_once\n")
     result = _session(tmp_path, *steps, seconds=0).stdout
     assert _e2e_runs(result) == ["mili-sync", "max", "transformers", "mili-eager"]
-    stand_in = tmp_path / "bin"  # a python3 that only says it ran
-    stand_in.mkdir()
-    (stand_in / "python3").write_text("#!/bin/sh\necho ran python3 \"$@\"\n")
-    (stand_in / "python3").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{stand_in}:{os.environ['PATH']}")
+    _stand_in(tmp_path, monkeypatch, "python3", "echo ran python3 \"$@\"\n")  # only says it ran
     _session(tmp_path, "profile", seconds=300)
     assert "--batches 1,64 --no-overlap" in (logs / "profile.log").read_text()
     # replayed steps failed (or their model did not come up): MILI op by op first, no profiles of replayed steps
@@ -163,18 +170,15 @@ def test_warm_loads_the_model_graphs_while_the_tests_run_and_later_steps_wait_fo
     """warm loads e2e's graph (flash, one op), then profile-two-ops' (two ops) where that step runs, in the background;
     the tests step runs beside it, and the next step starts only once they are loaded."""
     loaded = tmp_path / "loaded"
-    stand_in = tmp_path / "bin"  # a python3 that 'loads' a graph in 2 s, and otherwise says which graphs were loaded
-    stand_in.mkdir()
-    (stand_in / "python3").write_text(
-        "#!/bin/sh\n"
+    # a python3 that 'loads' a graph in 2 s, and otherwise says which graphs were loaded
+    python3 = _stand_in(
+        tmp_path, monkeypatch, "python3",
         'case "$*" in\n'
         '  *load_mili*) sleep 2; echo "flash=$MILI_GPU_FLASH_ATTENTION qkv=$MILI_GPU_QKV_ATTENTION" >>"$LOADED"\n'
         '               echo "MILI loaded its graph in 1.5 s" >&2 ;;\n'
         '  "-c import xdist") exit 1 ;;\n'
         '  *) echo "$1 $2 $3 after: $(paste -sd, "$LOADED" 2>/dev/null)" ;;\n'
         "esac\n")
-    (stand_in / "python3").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{stand_in}:{os.environ['PATH']}")
     monkeypatch.setenv("LOADED", str(loaded))
     result = _session(tmp_path, "warm", "tests", "attention-bench", "profile-two-ops")
     logs = tmp_path / "logs"
@@ -189,7 +193,7 @@ def test_warm_loads_the_model_graphs_while_the_tests_run_and_later_steps_wait_fo
     assert (logs / "attention-bench.log").read_text() == "benchmarks/kernels.py --device cuda after: flash=1 qkv=1\n"
     assert re.search(r"warm: rc=0 in \d+ s \(graphs loaded in 1\.5 s\)", result.stdout), result.stdout
     # a graph that fails to load fails the session, and the summary shows warm's log
-    (stand_in / "python3").write_text("#!/bin/sh\necho 'RuntimeError: no GPU' >&2\nexit 1\n")
+    python3.write_text("#!/bin/sh\necho 'RuntimeError: no GPU' >&2\nexit 1\n")
     result = _session(tmp_path, "warm")
     assert result.returncode == 1
     assert "warm: rc=1" in result.stdout and "RuntimeError: no GPU" in result.stdout
@@ -198,11 +202,8 @@ def test_warm_loads_the_model_graphs_while_the_tests_run_and_later_steps_wait_fo
 def test_the_pdl_profile_launches_with_pdl_unless_its_test_failed(tmp_path: Path, monkeypatch) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
-    stand_in = tmp_path / "bin"  # a python3 that says what it ran and with which PDL setting
-    stand_in.mkdir()
-    (stand_in / "python3").write_text("#!/bin/sh\necho \"ran $1 $2 $3 MILI_GPU_PDL=$MILI_GPU_PDL\"\n")
-    (stand_in / "python3").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{stand_in}:{os.environ['PATH']}")
+    # a python3 that says what it ran and with which PDL setting
+    _stand_in(tmp_path, monkeypatch, "python3", "echo \"ran $1 $2 $3 MILI_GPU_PDL=$MILI_GPU_PDL\"\n")
     monkeypatch.delenv("MILI_GPU_PDL", raising=False)
     _session(tmp_path, "profile", "profile-pdl")
     assert (logs / "profile.log").read_text() == "ran benchmarks/decode_profile.py --device cuda MILI_GPU_PDL=\n"
@@ -214,11 +215,7 @@ def test_the_pdl_profile_launches_with_pdl_unless_its_test_failed(tmp_path: Path
 
 def test_the_cublas_profile_takes_cublas_for_the_matmuls_with_time_to_compile(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "logs").mkdir()
-    stand_in = tmp_path / "bin"
-    stand_in.mkdir()
-    (stand_in / "python3").write_text("#!/bin/sh\necho \"ran $1 MILI_GPU_VENDOR_BLAS=$MILI_GPU_VENDOR_BLAS\"\n")
-    (stand_in / "python3").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{stand_in}:{os.environ['PATH']}")
+    _stand_in(tmp_path, monkeypatch, "python3", "echo \"ran $1 MILI_GPU_VENDOR_BLAS=$MILI_GPU_VENDOR_BLAS\"\n")
     monkeypatch.delenv("MILI_GPU_VENDOR_BLAS", raising=False)
     result = _session(tmp_path, "profile", "profile-cublas", seconds=600)
     assert "== profile (at most 150 s)" in result.stdout and "== profile-cublas (at most 420 s)" in result.stdout
@@ -230,11 +227,7 @@ def test_the_cublas_profile_takes_cublas_for_the_matmuls_with_time_to_compile(tm
 def test_the_cublas_end_to_end_run_is_mili_with_cublas_in_a_process_of_its_own(tmp_path: Path, monkeypatch) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
-    stand_in = tmp_path / "bin"
-    stand_in.mkdir()
-    (stand_in / "python3").write_text("#!/bin/sh\necho \"ran $* MILI_GPU_VENDOR_BLAS=$MILI_GPU_VENDOR_BLAS\"\n")
-    (stand_in / "python3").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{stand_in}:{os.environ['PATH']}")
+    _stand_in(tmp_path, monkeypatch, "python3", "echo \"ran $* MILI_GPU_VENDOR_BLAS=$MILI_GPU_VENDOR_BLAS\"\n")
     monkeypatch.delenv("MILI_GPU_VENDOR_BLAS", raising=False)
     assert _session(tmp_path, "e2e-cublas").returncode == 0
     said = (logs / "e2e-mili-cublas.log").read_text()
@@ -248,11 +241,8 @@ def test_ncu_reads_the_attention_launches_with_the_clocks_left_alone(tmp_path: P
     (tmp_path / "logs").mkdir()
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no ncu
     assert "ncu-attention: not run (no ncu on this machine)" in _session(tmp_path, "ncu-attention").stdout
-    stand_in = tmp_path / "bin"  # an ncu that says how it was called
-    stand_in.mkdir()
-    (stand_in / "ncu").write_text("#!/bin/sh\necho \"pool=$MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT $*\"\n")
-    (stand_in / "ncu").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{stand_in}:/usr/bin:/bin")
+    # an ncu that says how it was called, on a PATH of /usr/bin and /bin
+    _stand_in(tmp_path, monkeypatch, "ncu", "echo \"pool=$MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT $*\"\n")
     result = _session(tmp_path, "ncu-attention")
     # a case a run, so that a run cut at its limit loses only its case
     for log, case in [("prefill-ctx-2048-b1", "prefill ctx=2048 B=1"), ("decode-ctx-4096-b64", "decode ctx=4096 B=64"),
@@ -266,11 +256,8 @@ def test_ncu_reads_the_attention_launches_with_the_clocks_left_alone(tmp_path: P
 
 def test_the_tests_step_runs_what_gpu_tests_k_selects(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "logs").mkdir()
-    stand_in = tmp_path / "bin"  # a python3 that gives each argument in brackets
-    stand_in.mkdir()
-    (stand_in / "python3").write_text("#!/bin/sh\n[ \"$1\" = -c ] && exit 1\nprintf '[%s]' \"$@\"\n")
-    (stand_in / "python3").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{stand_in}:{os.environ['PATH']}")
+    # a python3 that gives each argument in brackets
+    _stand_in(tmp_path, monkeypatch, "python3", "[ \"$1\" = -c ] && exit 1\nprintf '[%s]' \"$@\"\n")
     monkeypatch.setenv("GPU_TESTS_K", "attention or decode")
     _session(tmp_path, "tests")
     log = tmp_path / "logs" / "tests.log"
