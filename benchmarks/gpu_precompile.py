@@ -70,7 +70,8 @@ def compile_op_graphs() -> int:
 def compile_attention_bench_graphs() -> int:
     """The in-graph rows of the kernel benchmark's attention and qk_norm_rope_store cases in bfloat16 (gpu_session.sh's
     attention-bench): MILI's two ops applied REPEAT times, and MAX's flash attention on each attention shape (~50 s
-    each here); returns how many."""
+    each here); then the two forms of gemv_forms.py's step (gemv-forms); returns how many."""
+    import gemv_forms
     import kernels
 
     session = library.session("cuda:0")
@@ -79,6 +80,7 @@ def compile_attention_bench_graphs() -> int:
               for op in ops.ALL_OPS if op.fn.__name__ in chains]
     graphs += [kernels.max_flash_graph(*kernels.dense_shapes(*shape), torch.bfloat16, "cuda:0", kernels.REPEAT)
                for shape in kernels.GPU_ATTENTION_SHAPES]
+    graphs += [gemv_forms.step_graph(form, gemv_forms.LAYERS, gemv_forms.SHAPES, "cuda:0") for form in gemv_forms.FORMS]
     for graph in graphs:
         session.compile(graph)
     return len(graphs)

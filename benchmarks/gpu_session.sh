@@ -3,8 +3,8 @@
 # tests, the model on the GPU against transformers, the kernel benchmark against PyTorch's own GPU ops, and end to
 # end against MAX's own Qwen3 pipeline and transformers (then benchmarks/results/gpu-summary.json).
 # Usage: benchmarks/gpu_session.sh [STEP...]
-#   (default: setup build warm tests e2e profile profile-pdl ncu-attention attention-bench profile-cublas model
-#    e2e-rest profile-two-ops e2e-cublas)
+#   (default: setup build warm tests e2e profile profile-pdl ncu-attention attention-bench gemv-forms profile-cublas
+#    model e2e-rest profile-two-ops e2e-cublas)
 #   setup        unpack benchmarks/device_kit.sh's parts (carried now in .devkit/pN, or before to /tmp/mili-kit/parts)
 #   build        load the kernel package (precompiled here: carry .modular_cache/mili_kernels)
 #   warm         in the background, while the tests run: MILI's 0.6B graphs as e2e and profile-two-ops load them
@@ -21,6 +21,8 @@
 #   bench        the kernel benchmark, bfloat16 and float32 (BENCH_ONLY=attention,rope: only the ops whose name has one)
 #   attention-bench  the kernel benchmark's attention rows and the fused q/k norm + RoPE + KV store op, bfloat16
 #                (ATTENTION_BENCH_ONLY: only the rows whose name has one, e.g. "attention decode")
+#   gemv-forms   a batch-1 decode step's 112 matmuls (Qwen3-0.6B's shapes) in MAX's two forms, x W^T (the model's: its
+#                split-K GEMV) and W x^T (its vector GEMV), and through cuBLAS (benchmarks/gemv_forms.py)
 #   e2e          benchmarks/device_e2e.py (mili bench latency and throughput --device cuda, each system started once
 #                for both): MILI against MAX's pipeline (E2E_SYSTEMS, default mili,max; mili-eager or mili-sync
 #                in place of mili where the tests step failed replayed or overlapped decode steps), MILI with the plain
@@ -62,8 +64,8 @@ mkdir -p "$log_dir" "$kit/parts"
 budget=${SESSION_SECONDS:-520}
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=$kit/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-default_steps="setup build warm tests e2e profile profile-pdl ncu-attention attention-bench profile-cublas model e2e-rest
-  profile-two-ops e2e-cublas"
+default_steps="setup build warm tests e2e profile profile-pdl ncu-attention attention-bench gemv-forms profile-cublas model
+  e2e-rest profile-two-ops e2e-cublas"
 steps=$(echo ${*:-$default_steps})
 # pytest-xdist (on the image): one op (and dtype) per worker, so each graph compiles once and in parallel
 xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12 --dist loadgroup")
@@ -194,6 +196,7 @@ for step in $steps; do
            done ;;
     attention-bench) run attention-bench 300 python3 benchmarks/kernels.py --device cuda --dtype bfloat16 \
                        --only "${ATTENTION_BENCH_ONLY:-attention,qk_norm_rope_store}" ;;
+    gemv-forms) run gemv-forms 120 python3 benchmarks/gemv_forms.py --device cuda ;;
     e2e) e2e_kernels
          summary+=("e2e: MILI's attention kernels $([ "$flash" = 1 ] && echo flash || echo plain)${MILI_GPU_QKV_ATTENTION:+,\
  MILI_GPU_QKV_ATTENTION=$MILI_GPU_QKV_ATTENTION}${MILI_GPU_PREFILL_PAIRS:+, MILI_GPU_PREFILL_PAIRS=$MILI_GPU_PREFILL_PAIRS}")

@@ -265,3 +265,9 @@ def test_the_tests_step_runs_what_gpu_tests_k_selects(tmp_path: Path, monkeypatc
     monkeypatch.delenv("GPU_TESTS_K")
     _session(tmp_path, "tests")
     assert log.read_text() == "[-m][pytest][-q][-p][no:cacheprovider][tests/gpu]"
+
+
+def test_the_gemv_forms_step_times_the_matmul_forms_on_the_gpu(tmp_path: Path, monkeypatch) -> None:
+    _stand_in(tmp_path, monkeypatch, "python3", "echo \"ran $*\"\n")
+    assert _session(tmp_path, "gemv-forms").returncode == 0
+    assert (tmp_path / "logs" / "gemv-forms.log").read_text() == "ran benchmarks/gemv_forms.py --device cuda\n"
