@@ -165,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_serve)
 
     bench = sub.add_parser("bench", help="run a benchmark of benchmarks/; extra arguments go to it")
-    bench.add_argument("what", nargs="?", default="kernels", choices=["kernels", "throughput", "shared_prefix", "host_overhead", "latency", "decode_profile", "peers", "serving"])
+    bench.add_argument("what", nargs="?", default="kernels", choices=["kernels", "throughput", "shared_prefix", "host_overhead", "latency", "decode_profile", "gemv_forms", "peers", "serving"])
     bench.add_argument("args", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_bench)
     return parser
