@@ -33,6 +33,11 @@ FORMS = ("x_wt", "w_xt")
 """x_wt: x @ W^T, as the model graph has it; w_xt: W @ x^T, reshaped to [1, N] (the same bytes at batch 1)."""
 
 
+def _widths(shapes: dict) -> list[int]:
+    """The distinct K of `shapes`, sorted: the step's inputs x come first, one of each width."""
+    return sorted({k for _, k in shapes.values()})
+
+
 def step_graph(form: str, layers: int, shapes: dict, device_key: str):
     """A graph of `layers` x len(shapes) batch-1 matmuls in `form`: inputs x for each K (sorted), then each layer's
     weights in `shapes`' order; outputs [1, N] each, in the same order."""
@@ -40,7 +45,7 @@ def step_graph(form: str, layers: int, shapes: dict, device_key: str):
     from max.graph import Graph, TensorType, ops
 
     dev = library.device_ref(device_key)
-    ks = sorted({k for _, k in shapes.values()})
+    ks = _widths(shapes)
     types = [TensorType(DType.bfloat16, [1, k], dev) for k in ks]
     types += [TensorType(DType.bfloat16, [n, k], dev) for _ in range(layers) for n, k in shapes.values()]
     with Graph(f"mili_gemv_{form}_{layers}x{len(shapes)}", input_types=types) as g:
@@ -60,21 +65,22 @@ def step_graph(form: str, layers: int, shapes: dict, device_key: str):
 
 def step_inputs(layers: int, shapes: dict, device: str) -> list[torch.Tensor]:
     """step_graph's inputs, random bfloat16: x of unit scale, weights scaled so that each output is too."""
-    ks = sorted({k for _, k in shapes.values()})
+    ks = _widths(shapes)
     rnd = lambda *s: torch.randn(*s, device=device).to(torch.bfloat16)
     return [rnd(1, k) for k in ks] + [rnd(n, k) / k**0.5 for _ in range(layers) for n, k in shapes.values()]
 
 
 def torch_step(inputs: list[torch.Tensor], layers: int, shapes: dict) -> list[torch.Tensor]:
     """The same matmuls through F.linear (cuBLAS on a GPU)."""
-    ks = sorted({k for _, k in shapes.values()})
+    ks = _widths(shapes)
     xs = dict(zip(ks, inputs))
     weights = iter(inputs[len(ks):])
     return [F.linear(xs[k], next(weights)) for _ in range(layers) for _, k in shapes.values()]
 
 
 def max_step(form: str, inputs: list[torch.Tensor], layers: int, shapes: dict) -> tuple[Callable[[], object], list]:
-    """A callable running the step in `form` (replaying its device graph on a GPU) and the outputs it writes."""
+    """A callable running the step in `form` (replaying its device graph on a GPU) and the outputs it writes, which
+    hold its results once it has run."""
     from max.driver import Buffer
 
     device_key = library.device_key(inputs[0].device)
@@ -84,7 +90,6 @@ def max_step(form: str, inputs: list[torch.Tensor], layers: int, shapes: dict) -
         outputs = []
         def run() -> None:
             outputs[:] = model.execute(*buffers)
-        run()
         return run, outputs
     key = FORMS.index(form)
     model.execute(*buffers)  # once outside the capture, as the engine does before its captures
