@@ -6,12 +6,31 @@ import time
 
 import pytest
 import torch
+from max.dtype import DType
 
 from bindings import reference as ref
 from tests.attention_cases import attention_case
 from tests.kernel_cases import kernel_cases, run_attention
 
 ops = pytest.importorskip("bindings.ops", reason="MAX is not installed")
+from tests.op_graphs import compile_in_parallel  # noqa: E402
+
+_OWN_GRAPHS = ops.CompiledOp.compiled
+_COMPILED_IN_PARALLEL: set[torch.dtype] = set()
+
+
+@pytest.fixture(autouse=True)
+def parallel_cpu_graphs(monkeypatch) -> None:
+    """The first CPU graph call of a dtype compiles the CPU graphs of every op in that dtype on all cores
+    (tests/op_graphs.py) before it loads its own from MAX's cache."""
+    def compiled(op, dtype: torch.dtype, device: str):
+        if device == "cpu" and dtype not in _COMPILED_IN_PARALLEL:
+            twin = ops._kv_variant(DType.bfloat16)  # under bfloat16 activations the caches' bfloat16 twins are unused
+            used = [i for i, o in enumerate(ops.ALL_OPS) if not (dtype == torch.bfloat16 and o.variant == twin)]
+            compile_in_parallel(used, dtype)
+            _COMPILED_IN_PARALLEL.add(dtype)
+        return _OWN_GRAPHS(op, dtype, device)
+    monkeypatch.setattr(ops.CompiledOp, "compiled", compiled)
 
 
 @pytest.fixture(params=["eager", "graph"])
@@ -96,10 +115,10 @@ def test_eager_calls_check_their_arguments() -> None:
 
 
 def test_eager_cpu_calls_compile_nothing() -> None:
-    before = ops.CompiledOp.compiled.cache_info().currsize
+    before = _OWN_GRAPHS.cache_info().currsize
     ops.head_rms_norm(torch.randn(2, 4, 64, dtype=torch.bfloat16), torch.ones(64, dtype=torch.bfloat16), 1e-6)
     run_attention(ops, "cpu", torch.float32, (([20, 3], [20, 1]), (4, 2, 64), torch.float32))
-    assert ops.CompiledOp.compiled.cache_info().currsize == before
+    assert _OWN_GRAPHS.cache_info().currsize == before
 
 
 def test_new_sizes_do_not_recompile(monkeypatch) -> None:
@@ -109,12 +128,12 @@ def test_new_sizes_do_not_recompile(monkeypatch) -> None:
     bf16 = torch.bfloat16
     ops.rms_norm(torch.randn(3, 64, dtype=bf16), torch.ones(64, dtype=bf16), 1e-6)
     run_attention(ops, "cpu", bf16, (([20], [20]), (4, 2, 64), bf16))
-    before = ops.CompiledOp.compiled.cache_info().currsize
+    before = _OWN_GRAPHS.cache_info().currsize
     start = time.perf_counter()
     for tokens in (1, 17, 555):
         ops.rms_norm(torch.randn(tokens, 96, dtype=bf16), torch.ones(96, dtype=bf16), 1e-6)
     run_attention(ops, "cpu", bf16, (([300, 5, 70], [1, 5, 70]), (4, 2, 64), bf16))
-    assert ops.CompiledOp.compiled.cache_info().currsize == before
+    assert _OWN_GRAPHS.cache_info().currsize == before
     assert time.perf_counter() - start < 5, "a call with new sizes took compile time"
 
 
@@ -185,7 +204,8 @@ def test_flash_attention_op_is_the_cpu_kernel_on_a_cpu(monkeypatch) -> None:
     """The op mili_paged_attention_flash differs on GPUs only (the split-KV decode and FlashAttention-2 kernels): a
     model graph built with it (the default) runs the same CPU kernel as one built without."""
     monkeypatch.setattr(ops, "EAGER_CPU", False)
-    q, kc, vc, table, lens, starts, expected = attention_case([300, 40, 7], [1, 1, 7], 16, 8, 128, torch.float32)
+    bf16 = torch.bfloat16  # the dtype whose graphs the default run compiles
+    q, kc, vc, table, lens, starts, expected = attention_case([300, 40, 7], [1, 1, 7], 16, 8, 128, bf16)
     out = torch.empty_like(q)
     ops._PAGED_ATTENTION_FLASH[ops.SAME](out, q, kc, vc, table, lens, starts, ops._scalar(128**-0.5, q))
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.float(), expected, rtol=1e-2, atol=1e-2)
