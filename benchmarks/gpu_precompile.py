@@ -14,16 +14,18 @@ fallback, the one-op parity test), the 0.6B and the tiny one in bfloat16 with cu
 (MILI_GPU_VENDOR_BLAS=1: profile-cublas, tests/gpu/test_vendor_blas.py), each built from a model loaded on the CPU with the reference backend,
 whose weights have the layout they have on a GPU (no CPU tiling); and every op's graph in both dtypes, as
 tests/gpu/test_gpu_ops.py's cases load them (bindings/ops.py CompiledOp.compiled); the kernel benchmark's
-attention graphs (compile_attention_bench_graphs); and MAX's own Qwen3 pipeline as the e2e step starts it, by its
+attention graphs (attention_bench_graphs); and MAX's own Qwen3 pipeline as the e2e step starts it, by its
 worker script in $MAX_PYTHON (default /tmp/mili-kit/max-python; its graphs' keys do not hold the checkpoint's
-path)."""
+path). The compiles run in one worker process per core (a compile keeps about one busy)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from unittest import mock
 
@@ -58,32 +60,34 @@ def compile_for_gpu(path: Path | str, dtype: str, qkv_attention: bool = True, ve
     return time.perf_counter() - started
 
 
-def compile_op_graphs() -> int:
-    """Every op's graph in both dtypes; returns how many."""
-    session = library.session("cuda:0")
-    for op in ops.ALL_OPS:
-        for dtype in (torch.float32, torch.bfloat16):
-            session.compile(op.graph(dtype, "cuda:0"))
-    return 2 * len(ops.ALL_OPS)
+def compile_op_graph(index: int, dtype: torch.dtype) -> float:
+    """ops.ALL_OPS[index]'s graph in `dtype`, as tests/gpu/test_gpu_ops.py's cases load it; returns the seconds."""
+    started = time.perf_counter()
+    library.session("cuda:0").compile(ops.ALL_OPS[index].graph(dtype, "cuda:0"))
+    return time.perf_counter() - started
 
 
-def compile_attention_bench_graphs() -> int:
+def attention_bench_graphs() -> list:
     """The in-graph rows of the kernel benchmark's attention and qk_norm_rope_store cases in bfloat16 (gpu_session.sh's
     attention-bench): MILI's two ops applied REPEAT times, and MAX's flash attention on each attention shape (~50 s
-    each here); then the two forms of gemv_forms.py's step (gemv-forms); returns how many."""
+    each here); then the two forms of gemv_forms.py's step (gemv-forms)."""
     import gemv_forms
     import kernels
 
-    session = library.session("cuda:0")
     chains = {"paged_attention_flash": kernels.CHAINS["attention"], "qk_norm_rope_store": kernels.CHAINS["qk_norm_rope_store"]}
     graphs = [op.graph(torch.bfloat16, "cuda:0", kernels.REPEAT, chains[op.fn.__name__])
               for op in ops.ALL_OPS if op.fn.__name__ in chains]
     graphs += [kernels.max_flash_graph(*kernels.dense_shapes(*shape), torch.bfloat16, "cuda:0", kernels.REPEAT)
                for shape in kernels.GPU_ATTENTION_SHAPES]
-    graphs += [gemv_forms.step_graph(form, gemv_forms.LAYERS, gemv_forms.SHAPES, "cuda:0") for form in gemv_forms.FORMS]
-    for graph in graphs:
-        session.compile(graph)
-    return len(graphs)
+    return graphs + [gemv_forms.step_graph(form, gemv_forms.LAYERS, gemv_forms.SHAPES, "cuda:0") for form in gemv_forms.FORMS]
+
+
+def compile_attention_bench_graph(index: int) -> float:
+    """attention_bench_graphs()[index]; returns the seconds."""
+    graph = attention_bench_graphs()[index]
+    started = time.perf_counter()
+    library.session("cuda:0").compile(graph)
+    return time.perf_counter() - started
 
 
 def compile_max_pipeline(max_python: str) -> float:
@@ -102,35 +106,42 @@ def compile_max_pipeline(max_python: str) -> float:
     return time.perf_counter() - started
 
 
-def main() -> int:
-    with tempfile.TemporaryDirectory() as tmp:
-        tiny = build_random_checkpoint(Path(tmp) / "tiny", **TINY)
-        graphs = [(model_path(None), "bfloat16", "Qwen3-0.6B shape", True, False),
-                  (tiny, "bfloat16", "tests' tiny model", True, False)]
-        for name, shape in sorted(PARITY_SHAPES.items()):
-            path = build_random_checkpoint(Path(tmp) / name, **shape)
-            graphs.append((path, "float32", f"parity {name}", True, False))
-        # qk_norm_rope_store and attention apart: the decode profile's A/B, e2e's fallback, the one-op parity test;
-        # then cuBLAS for the matmuls: gpu_session.sh's profile-cublas
-        graphs += [(model_path(None), "bfloat16", "Qwen3-0.6B shape, two ops", False, False),
-                   (tiny, "float32", "tests' tiny model, two ops", False, False),
-                   (model_path(None), "bfloat16", "Qwen3-0.6B shape, cuBLAS matmuls", True, True),
-                   (tiny, "bfloat16", "tests' tiny model, cuBLAS matmuls", True, True)]
-        for path, dtype, what, one_op, cublas in graphs:
-            seconds = compile_for_gpu(path, dtype, one_op, cublas)
-            print(f"{what}, {dtype}: compiled for {ARCH} in {seconds:.1f} s", flush=True)
-    started = time.perf_counter()
-    print(f"{compile_op_graphs()} op graphs compiled for {ARCH} in {time.perf_counter() - started:.1f} s", flush=True)
-    started = time.perf_counter()
-    print(f"{compile_attention_bench_graphs()} kernel benchmark graphs compiled for {ARCH} in "
-          f"{time.perf_counter() - started:.1f} s", flush=True)
+def jobs(tmp: Path) -> list[tuple]:
+    """(what, function, args) of every compile, the longest first."""
+    model, tiny = model_path(None), build_random_checkpoint(tmp / "tiny", **TINY)
+    found = [("Qwen3-0.6B shape, bfloat16", compile_for_gpu, (model, "bfloat16")),
+             # qk_norm_rope_store and attention apart: the decode profile's A/B, e2e's fallback, the one-op parity test;
+             # then cuBLAS for the matmuls: gpu_session.sh's profile-cublas
+             ("Qwen3-0.6B shape, bfloat16, two ops", compile_for_gpu, (model, "bfloat16", False)),
+             ("Qwen3-0.6B shape, bfloat16, cuBLAS matmuls", compile_for_gpu, (model, "bfloat16", True, True)),
+             ("tests' tiny model, bfloat16", compile_for_gpu, (tiny, "bfloat16")),
+             ("tests' tiny model, float32, two ops", compile_for_gpu, (tiny, "float32", False)),
+             ("tests' tiny model, bfloat16, cuBLAS matmuls", compile_for_gpu, (tiny, "bfloat16", True, True))]
+    found += [(f"parity {name}, float32", compile_for_gpu, (build_random_checkpoint(tmp / name, **shape), "float32"))
+              for name, shape in sorted(PARITY_SHAPES.items())]
     max_python = os.environ.get("MAX_PYTHON", "/tmp/mili-kit/max-python")
     if Path(max_python).is_file():
-        print(f"MAX's Qwen3 pipeline compiled for {ARCH} in {compile_max_pipeline(max_python):.1f} s", flush=True)
+        found.insert(0, ("MAX's Qwen3 pipeline", compile_max_pipeline, (max_python,)))
     else:
         print(f"no {max_python} (MAX_PYTHON: a Python with max[serve], e.g. the kit's peers unpacked by "
               "benchmarks/device_unpack.sh peers): MAX's pipeline is not compiled", flush=True)
-    print(f"MAX's compile cache: {os.environ['MODULAR_CACHE_DIR']}/.max_cache", flush=True)
+    found += [(f"kernel benchmark graph {i}", compile_attention_bench_graph, (i,)) for i in range(len(attention_bench_graphs()))]
+    return found + [(f"{op.fn.__name__}{op.variant} op graph, {str(dtype).split('.')[-1]}", compile_op_graph, (i, dtype))
+                    for i, op in enumerate(ops.ALL_OPS) for dtype in (torch.float32, torch.bfloat16)]
+
+
+def main() -> int:
+    """Spawned workers import this file again, which sets MAX's virtual device up in each."""
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        found = jobs(Path(tmp))
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=os.cpu_count() or 1, mp_context=context) as pool:
+            running = {pool.submit(function, *args): what for what, function, args in found}
+            for done in as_completed(running):
+                print(f"{running[done]}: compiled for {ARCH} in {done.result():.1f} s", flush=True)
+    print(f"{len(found)} graphs compiled for {ARCH} in {time.perf_counter() - started:.1f} s; MAX's compile cache: "
+          f"{os.environ['MODULAR_CACHE_DIR']}/.max_cache", flush=True)
     return 0
 
 

@@ -18,7 +18,7 @@ def _compile(index: int, dtype: torch.dtype) -> None:
     from bindings import library, ops
 
     op = ops.ALL_OPS[index]
-    library.session("cpu").load(op.graph(dtype, "cpu"))
+    library.session("cpu").compile(op.graph(dtype, "cpu"))
 
 
 def compile_in_parallel(indices: list[int], dtype: torch.dtype) -> None:
