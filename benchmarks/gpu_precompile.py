@@ -14,7 +14,7 @@ fallback, the one-op parity test), the 0.6B and the tiny one in bfloat16 with cu
 (MILI_GPU_VENDOR_BLAS=1: profile-cublas, tests/gpu/test_vendor_blas.py), each built from a model loaded on the CPU with the reference backend,
 whose weights have the layout they have on a GPU (no CPU tiling); and every op's graph in both dtypes, as
 tests/gpu/test_gpu_ops.py's cases load them (bindings/ops.py CompiledOp.compiled); the kernel benchmark's
-attention graphs (attention_bench_graphs); and MAX's own Qwen3 pipeline as the e2e step starts it, by its
+attention graphs (attention_bench_keys); and MAX's own Qwen3 pipeline as the e2e step starts it, by its
 worker script in $MAX_PYTHON (default /tmp/mili-kit/max-python; its graphs' keys do not hold the checkpoint's
 path). The compiles run in one worker process per core (a compile keeps about one busy)."""
 
@@ -55,39 +55,49 @@ def compile_for_gpu(path: Path | str, dtype: str, qkv_attention: bool = True, ve
     model = load_model(path, device="cpu", dtype=dtype, backend="reference")
     with mock.patch.object(graph_settings, "QKV_ATTENTION", qkv_attention):
         graph = model_graph(model, graph_weights(model), "cuda:0")
+    return _compile_seconds(library.session("cuda:0", vendor_blas), graph)
+
+
+def _compile_seconds(session, graph) -> float:
     started = time.perf_counter()
-    library.session("cuda:0", vendor_blas).compile(graph)
+    session.compile(graph)
     return time.perf_counter() - started
 
 
 def compile_op_graph(index: int, dtype: torch.dtype) -> float:
     """ops.ALL_OPS[index]'s graph in `dtype`, as tests/gpu/test_gpu_ops.py's cases load it; returns the seconds."""
-    started = time.perf_counter()
-    library.session("cuda:0").compile(ops.ALL_OPS[index].graph(dtype, "cuda:0"))
-    return time.perf_counter() - started
+    return _compile_seconds(library.session("cuda:0"), ops.ALL_OPS[index].graph(dtype, "cuda:0"))
 
 
-def attention_bench_graphs() -> list:
-    """The in-graph rows of the kernel benchmark's attention and qk_norm_rope_store cases in bfloat16 (gpu_session.sh's
-    attention-bench): MILI's two ops applied REPEAT times, and MAX's flash attention on each attention shape (~50 s
-    each here); then the two forms of gemv_forms.py's step (gemv-forms)."""
+def attention_bench_keys() -> list[tuple]:
+    """(kind, key) of each in-graph row of the kernel benchmark's attention and qk_norm_rope_store cases in bfloat16
+    (gpu_session.sh's attention-bench): "op", MILI's op ops.ALL_OPS[key] applied REPEAT times; "max_flash", MAX's
+    flash attention on attention shape `key` (~50 s each here); then "gemv", gemv_forms.py's step in form `key`
+    (gemv-forms)."""
     import gemv_forms
     import kernels
 
-    chains = {"paged_attention_flash": kernels.CHAINS["attention"], "qk_norm_rope_store": kernels.CHAINS["qk_norm_rope_store"]}
-    graphs = [op.graph(torch.bfloat16, "cuda:0", kernels.REPEAT, chains[op.fn.__name__])
-              for op in ops.ALL_OPS if op.fn.__name__ in chains]
-    graphs += [kernels.max_flash_graph(*kernels.dense_shapes(*shape), torch.bfloat16, "cuda:0", kernels.REPEAT)
-               for shape in kernels.GPU_ATTENTION_SHAPES]
-    return graphs + [gemv_forms.step_graph(form, gemv_forms.LAYERS, gemv_forms.SHAPES, "cuda:0") for form in gemv_forms.FORMS]
+    keys = [("op", i) for i, op in enumerate(ops.ALL_OPS) if op.fn.__name__ in ("paged_attention_flash", "qk_norm_rope_store")]
+    keys += [("max_flash", shape) for shape in kernels.GPU_ATTENTION_SHAPES]
+    return keys + [("gemv", form) for form in gemv_forms.FORMS]
 
 
-def compile_attention_bench_graph(index: int) -> float:
-    """attention_bench_graphs()[index]; returns the seconds."""
-    graph = attention_bench_graphs()[index]
-    started = time.perf_counter()
-    library.session("cuda:0").compile(graph)
-    return time.perf_counter() - started
+def attention_bench_graph(kind: str, key):
+    import gemv_forms
+    import kernels
+
+    if kind == "op":
+        op = ops.ALL_OPS[key]
+        chain = kernels.CHAINS["attention" if op.fn.__name__ == "paged_attention_flash" else "qk_norm_rope_store"]
+        return op.graph(torch.bfloat16, "cuda:0", kernels.REPEAT, chain)
+    if kind == "max_flash":
+        return kernels.max_flash_graph(*kernels.dense_shapes(*key), torch.bfloat16, "cuda:0", kernels.REPEAT)
+    return gemv_forms.step_graph(key, gemv_forms.LAYERS, gemv_forms.SHAPES, "cuda:0")
+
+
+def compile_attention_bench_graph(kind: str, key) -> float:
+    """attention_bench_graph(kind, key); returns the seconds."""
+    return _compile_seconds(library.session("cuda:0"), attention_bench_graph(kind, key))
 
 
 def compile_max_pipeline(max_python: str) -> float:
@@ -125,7 +135,8 @@ def jobs(tmp: Path) -> list[tuple]:
     else:
         print(f"no {max_python} (MAX_PYTHON: a Python with max[serve], e.g. the kit's peers unpacked by "
               "benchmarks/device_unpack.sh peers): MAX's pipeline is not compiled", flush=True)
-    found += [(f"kernel benchmark graph {i}", compile_attention_bench_graph, (i,)) for i in range(len(attention_bench_graphs()))]
+    found += [(f"kernel benchmark graph {kind} {key}", compile_attention_bench_graph, (kind, key))
+              for kind, key in attention_bench_keys()]
     return found + [(f"{op.fn.__name__}{op.variant} op graph, {str(dtype).split('.')[-1]}", compile_op_graph, (i, dtype))
                     for i, op in enumerate(ops.ALL_OPS) for dtype in (torch.float32, torch.bfloat16)]
 
