@@ -74,7 +74,8 @@ def profile_batch(engine: InferenceEngine, batch: int, args: argparse.Namespace)
     busy_us = sum(e.device_time_total for e in kernels)
     per_step = lambda n: n / args.steps
     summary = dict(batch=batch, context=args.context, steps=args.steps, overlap=engine.overlap, attention=attention_graph(),
-                   matmuls="cuBLAS" if engine.model.forward_fn.vendor_blas else "MAX's own",
+                   matmuls=("cuBLAS" if engine.model.forward_fn.vendor_blas else "MAX's own")
+                   + (", batch-1 graph: W x^T" if batch == 1 and engine.model.forward_fn.batch_one_model is not None else ""),
                    wall_ms_per_step=wall / args.steps * 1e3, profiled_wall_ms_per_step=profiled_wall / args.steps * 1e3,
                    device_busy_ms_per_step=busy_us / args.steps / 1e3, busy_fraction=busy_us / 1e6 / profiled_wall,
                    kernels_per_step=per_step(sum(e.count for e in kernels)), **device_gaps(prof.events(), args.steps))

@@ -11,7 +11,8 @@ bfloat16 (tests/gpu/test_decode_graphs.py, the bfloat16 parity test) and the par
 (tests/integration/test_parity.py -k cuda), the 0.6B one in bfloat16 and the tiny one in float32 again with
 qk_norm_rope_store and attention as two ops (MILI_GPU_QKV_ATTENTION=0: gpu_session.sh's profile-two-ops and
 fallback, the one-op parity test), the 0.6B and the tiny one in bfloat16 with cuBLAS for their matmuls
-(MILI_GPU_VENDOR_BLAS=1: profile-cublas, tests/gpu/test_vendor_blas.py), each built from a model loaded on the CPU with the reference backend,
+(MILI_GPU_VENDOR_BLAS=1: profile-cublas, tests/gpu/test_matmul_settings.py) and their batch-1 graphs
+(MILI_GPU_BATCH1_GRAPH=1: profile-batch1, the same tests), each built from a model loaded on the CPU with the reference backend,
 whose weights have the layout they have on a GPU (no CPU tiling); and every op's graph in both dtypes, as
 tests/gpu/test_gpu_ops.py's cases load them (bindings/ops.py CompiledOp.compiled); the kernel benchmark's
 attention graphs (attention_bench_keys); and MAX's own Qwen3 pipeline as the e2e step starts it, by its
@@ -49,12 +50,14 @@ from python_layer.model.random_checkpoint import TINY, build_random_checkpoint  
 from tests.conftest import PARITY_SHAPES  # noqa: E402
 
 
-def compile_for_gpu(path: Path | str, dtype: str, qkv_attention: bool = True, vendor_blas: bool = False) -> float:
+def compile_for_gpu(path: Path | str, dtype: str, qkv_attention: bool = True, vendor_blas: bool = False,
+                    batch_one: bool = False) -> float:
     """Compiles the graph that load_model(path, device="cuda", dtype=dtype) loads (with MILI_GPU_QKV_ATTENTION=0
-    where qkv_attention is false, MILI_GPU_VENDOR_BLAS=1 where vendor_blas is true); returns the seconds it took."""
+    where qkv_attention is false, MILI_GPU_VENDOR_BLAS=1 where vendor_blas is true; with batch_one, the batch-1 graph
+    it loads beside it with MILI_GPU_BATCH1_GRAPH=1); returns the seconds it took."""
     model = load_model(path, device="cpu", dtype=dtype, backend="reference")
     with mock.patch.object(graph_settings, "QKV_ATTENTION", qkv_attention):
-        graph = model_graph(model, graph_weights(model), "cuda:0")
+        graph = model_graph(model, graph_weights(model), "cuda:0", batch_one)
     return _compile_seconds(library.session("cuda:0", vendor_blas), graph)
 
 
@@ -121,12 +124,14 @@ def jobs(tmp: Path) -> list[tuple]:
     model, tiny = model_path(None), build_random_checkpoint(tmp / "tiny", **TINY)
     found = [("Qwen3-0.6B shape, bfloat16", compile_for_gpu, (model, "bfloat16")),
              # qk_norm_rope_store and attention apart: the decode profile's A/B, e2e's fallback, the one-op parity test;
-             # then cuBLAS for the matmuls: gpu_session.sh's profile-cublas
+             # then cuBLAS for the matmuls: gpu_session.sh's profile-cublas; then the batch-1 graph: profile-batch1
              ("Qwen3-0.6B shape, bfloat16, two ops", compile_for_gpu, (model, "bfloat16", False)),
              ("Qwen3-0.6B shape, bfloat16, cuBLAS matmuls", compile_for_gpu, (model, "bfloat16", True, True)),
+             ("Qwen3-0.6B shape, bfloat16, batch-1 graph", compile_for_gpu, (model, "bfloat16", True, False, True)),
              ("tests' tiny model, bfloat16", compile_for_gpu, (tiny, "bfloat16")),
              ("tests' tiny model, float32, two ops", compile_for_gpu, (tiny, "float32", False)),
-             ("tests' tiny model, bfloat16, cuBLAS matmuls", compile_for_gpu, (tiny, "bfloat16", True, True))]
+             ("tests' tiny model, bfloat16, cuBLAS matmuls", compile_for_gpu, (tiny, "bfloat16", True, True)),
+             ("tests' tiny model, bfloat16, batch-1 graph", compile_for_gpu, (tiny, "bfloat16", True, False, True))]
     found += [(f"parity {name}, float32", compile_for_gpu, (build_random_checkpoint(tmp / name, **shape), "float32"))
               for name, shape in sorted(PARITY_SHAPES.items())]
     max_python = os.environ.get("MAX_PYTHON", "/tmp/mili-kit/max-python")

@@ -3,8 +3,8 @@
 # tests, the model on the GPU against transformers, the kernel benchmark against PyTorch's own GPU ops, and end to
 # end against MAX's own Qwen3 pipeline and transformers (then benchmarks/results/gpu-summary.json).
 # Usage: benchmarks/gpu_session.sh [STEP...]
-#   (default: setup build warm tests e2e profile profile-pdl ncu-attention attention-bench gemv-forms profile-cublas
-#    model e2e-rest profile-two-ops e2e-cublas)
+#   (default: setup build warm tests e2e profile profile-pdl ncu-attention attention-bench gemv-forms profile-batch1
+#    profile-cublas model e2e-rest profile-two-ops e2e-cublas)
 #   setup        unpack benchmarks/device_kit.sh's parts (carried now in .devkit/pN, or before to /tmp/mili-kit/parts)
 #   build        load the kernel package (precompiled here: carry .modular_cache/mili_kernels)
 #   warm         in the background, while the tests run: MILI's 0.6B graphs as e2e and profile-two-ops load them
@@ -45,6 +45,9 @@
 #   profile-cublas  the same with MILI_GPU_VENDOR_BLAS=1: the model's matmuls through cuBLAS (MAX's vendor BLAS), the
 #                A/B of MAX's own matmul kernels (at batch 64 they took 1.5 of a step's 3.3 ms on the H200); its graph
 #                compiles in the step unless gpu_lease.sh's precompiled graphs hold
+#   profile-batch1  the same with MILI_GPU_BATCH1_GRAPH=1: batch-1 steps on a graph of their own whose matmuls are
+#                W x^T (MAX's vector GEMV), the end-to-end A/B of gemv-forms; its graph compiles in the step unless
+#                gpu_lease.sh's precompiled graphs hold
 #   ncu-attention  Nsight Compute's counters of MILI's attention kernels and SDPA's on the attention benchmark's
 #                prefill of 2,048 tokens and decode at 4,096 keys, batch 1 and 64 (benchmarks/attention_ncu.py): where
 #                the warps stall; the card's clocks left as they are (--clock-control none); a case a run, logs
@@ -64,8 +67,8 @@ mkdir -p "$log_dir" "$kit/parts"
 budget=${SESSION_SECONDS:-520}
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=$kit/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-default_steps="setup build warm tests e2e profile profile-pdl ncu-attention attention-bench gemv-forms profile-cublas model
-  e2e-rest profile-two-ops e2e-cublas"
+default_steps="setup build warm tests e2e profile profile-pdl ncu-attention attention-bench gemv-forms profile-batch1
+  profile-cublas model e2e-rest profile-two-ops e2e-cublas"
 steps=$(echo ${*:-$default_steps})
 # pytest-xdist (on the image): one op (and dtype) per worker, so each graph compiles once and in parallel
 xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12 --dist loadgroup")
@@ -217,6 +220,8 @@ for step in $steps; do
                  fi ;;
     profile-cublas) e2e_kernels
                     MILI_GPU_VENDOR_BLAS=1 profile_decode profile-cublas 420 ;;
+    profile-batch1) e2e_kernels
+                    MILI_GPU_BATCH1_GRAPH=1 profile_decode profile-batch1 420 ;;
     ncu-attention) e2e_kernels
                    ncu_attention ;;
     profile-two-ops) e2e_kernels

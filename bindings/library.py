@@ -151,17 +151,31 @@ def kernel_library():
 
 
 VENDOR_BLAS_SETTING = "MILI_GPU_VENDOR_BLAS"
+BATCH1_GRAPH_SETTING = "MILI_GPU_BATCH1_GRAPH"
+
+
+def _switch(name: str, on: str, off: str) -> bool:
+    """Environment variable `name` as a switch: 1 is on, 0 or unset off; any other value is refused, naming both."""
+    value = os.environ.get(name, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{name} is {value!r}: set 1 ({on}) or 0 ({off}), or unset it")
+    return value == "1"
 
 
 def vendor_blas_setting() -> bool:
     """MILI_GPU_VENDOR_BLAS=1: on a GPU, the model graph's matmuls (its linear layers) call cuBLAS, MAX's
     MODULE_USE_VENDOR_BLAS, instead of MAX's own kernels; 0 or unset: MAX's own. Read as each model loads. Off until a
     lease measures it: on the H200 a batch-64 decode step spent 1.5 of its 3.3 ms in MAX's sm90_matmul at ~0.6 TB/s."""
-    value = os.environ.get(VENDOR_BLAS_SETTING, "")
-    if value not in ("", "0", "1"):
-        raise ValueError(f"{VENDOR_BLAS_SETTING} is {value!r}: set 1 (MAX's matmuls call cuBLAS on a GPU) or 0 "
-                         "(MAX's own matmul kernels), or unset it")
-    return value == "1"
+    return _switch(VENDOR_BLAS_SETTING, "MAX's matmuls call cuBLAS on a GPU", "MAX's own matmul kernels")
+
+
+def batch1_graph_setting() -> bool:
+    """MILI_GPU_BATCH1_GRAPH=1: on a GPU, steps of one token of one sequence (batch-1 decode) run on a model graph of
+    their own, static in its batch, whose matmuls are W @ x^T: MAX sends those to its vector GEMV, which read the LM
+    head at ~4.2 TB/s on the H200, where the layers' x @ W^T went to its split-K GEMV at ~1.9. 0 or unset: every step
+    runs on the one dynamic graph. Read as each model loads. Off until a lease measures it (gpu_session.sh's
+    profile-batch1)."""
+    return _switch(BATCH1_GRAPH_SETTING, "batch-1 steps run on a graph of their own on a GPU", "one graph for all steps")
 
 
 @lru_cache(maxsize=None)

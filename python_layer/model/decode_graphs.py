@@ -69,7 +69,7 @@ class DecodeGraphs:
         self._key_base = next(_instances) << 32
         self._captured_keys: List[int] = []
         # the captures hold device memory on the (maybe shared) model: released when these graphs go
-        weakref.finalize(self, _release, compiled.model, self._captured_keys)
+        weakref.finalize(self, _release, compiled, self._captured_keys)
 
     def bucket(self, batch: int) -> int:
         for size in self.buckets:
@@ -174,6 +174,6 @@ def _torch_view_of_stream(device, torch_device: torch.device) -> Optional[torch.
         return None
 
 
-def _release(model, keys: List[int]) -> None:
-    for key in keys:  # one at a time: a list of keys names one graph's key on each device
-        model.release_captured_graph(key)
+def _release(compiled: CompiledQwen3, keys: List[int]) -> None:
+    for key in keys:
+        compiled.release(key)

@@ -58,17 +58,22 @@ def _block_k(model: "Qwen3Model") -> int:
 
 
 def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: torch.dtype, device_key: str,
-                block_k: int = 0, kv_cache_dtype: Optional[torch.dtype] = None) -> Graph:
+                block_k: int = 0, kv_cache_dtype: Optional[torch.dtype] = None, batch_one: bool = False) -> Graph:
+    """batch_one: the graph of a step of one token of one sequence (T = B = L = 1, static), its linears W @ x^T
+    through MAX's matmul: see library.batch1_graph_setting. It takes the weights as a GPU holds them, dense [N, K]."""
     c, dev = config, library.device_ref(device_key)
     kv_dtype = kv_cache_dtype or dtype
     i32 = lambda *dims: TensorType(DType.int32, list(dims), dev)
     cache = BufferType(torch_dtype_to_max(kv_dtype), ["pages", "page_size", c.num_key_value_heads, c.head_dim], dev)
-    inputs = [i32("T"), i32("T"), i32("B_plus_1"), i32("B"), i32("B", "max_pages"), i32("T"), i32("L")]
+    tokens, batch, batch_plus_1, rows = (1, 1, 2, 1) if batch_one else ("T", "B", "B_plus_1", "L")
+    inputs = [i32(tokens), i32(tokens), i32(batch_plus_1), i32(batch), i32(batch, "max_pages"), i32(tokens), i32(rows)]
     inputs += [cache] * (2 * c.num_hidden_layers)
     weight_dtype = str(weights["lm_head"].dtype).split(".")[-1]
     name = f"mili_qwen3_{c.num_hidden_layers}x{c.hidden_size}_{str(dtype).split('.')[-1]}_w{weight_dtype}"
     if kv_dtype != dtype:
         name += "_kv" + str(kv_dtype).split(".")[-1]
+    if batch_one:
+        name += "_batch1"
     with Graph(name, input_types=inputs, kernel_library=library.kernel_library()) as g:
         # on a GPU the weights are already there (torch tensors): without _has_alias MAX expects them on the host
         # and copies them over when it loads the graph
@@ -84,7 +89,13 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
         block_k_value = ops.constant(np.array([block_k], np.int32), DType.int32, dev)
 
         def linear(x: TensorValue, name: str, bias: Optional[TensorValue] = None) -> TensorValue:
-            if device_key == "cpu":  # MILI's kernel for every weight format
+            if batch_one:  # x is [1, K] by its type, so both reshapes move nothing, and no transpose kernel runs
+                if block_k or len(w[name].shape) != 2:
+                    raise ValueError(f"the batch-1 graph takes dense [N, K] weights (as a GPU holds them), not {name}'s "
+                                     f"{'quantized' if block_k else 'tiled'} ones")
+                n, k = w[name].shape
+                y = ops.reshape(ops.matmul(w[name], ops.reshape(x, [k, 1])), [1, n])
+            elif device_key == "cpu":  # MILI's kernel for every weight format
                 y = mili.linear(x, w[name], w.get(name + ".scales", no_scales), block_k_value)
             else:  # weights and activations are both `dtype` on a GPU: MAX's matmul takes the transposed operand directly
                 y = ops.matmul(x, ops.transpose(w[name], 0, 1))
@@ -117,31 +128,67 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
     return g
 
 
-def model_graph(model: "Qwen3Model", weights: Dict[str, torch.Tensor], device_key: str) -> Graph:
-    """The graph of `model` (its graph_weights) on device_key: what CompiledQwen3 compiles, and
-    benchmarks/gpu_precompile.py for a GPU lease."""
-    return build_graph(model.config, weights, model.dtype, device_key, _block_k(model), model.kv_cache_dtype)
+def model_graph(model: "Qwen3Model", weights: Dict[str, torch.Tensor], device_key: str, batch_one: bool = False) -> Graph:
+    """The graph of `model` (its graph_weights) on device_key (batch_one: its batch-1 graph): what CompiledQwen3
+    compiles, and benchmarks/gpu_precompile.py for a GPU lease."""
+    return build_graph(model.config, weights, model.dtype, device_key, _block_k(model), model.kv_cache_dtype, batch_one)
+
+
+BATCH_ONE_TOLERANCE = 0.05
+"""How far the batch-1 graph's logits may be from the dynamic graph's, as a share of their largest magnitude: its
+matmuls sum in another order (bfloat16 rounding apart), where a wrong graph is off by ~100%."""
 
 
 class CompiledQwen3:
     """Qwen3Model.forward as one compiled MAX graph. Loading compiles it (or takes it from MAX's cache) and
     binds the weights; `load_seconds` says how long that took, `vendor_blas` whether its matmuls call cuBLAS (on a GPU
-    with MILI_GPU_VENDOR_BLAS=1, read as it loads)."""
+    with MILI_GPU_VENDOR_BLAS=1, read as it loads). With a batch-1 graph beside it (`batch_one_model`), the steps of
+    one token of one sequence whose logits are asked for run on that one."""
 
-    def __init__(self, model: "Qwen3Model") -> None:
+    def __init__(self, model: "Qwen3Model", batch_one_graph: Optional[bool] = None) -> None:
+        """batch_one_graph: load the batch-1 graph too (None: on a GPU with MILI_GPU_BATCH1_GRAPH=1, read as it loads);
+        it must give the dynamic graph's logits on a one-token step, else RuntimeError."""
         if model.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"the mojo backend runs float32 or bfloat16, not {model.dtype}: pass dtype='bfloat16' "
                              "or backend='reference'")
         self.config, self.device_key = model.config, library.device_key(model.device)
+        if batch_one_graph is None:
+            batch_one_graph = self.device_key != "cpu" and library.batch1_graph_setting()
         weights = graph_weights(model)
         started = time.perf_counter()
         # MAX 26.7 enters its MLIR context for the main thread only; the server loads models on a worker thread
         with ensure_default_mlir_context():
-            graph = model_graph(model, weights, self.device_key)
             self.vendor_blas = self.device_key != "cpu" and library.vendor_blas_setting()
-            self.model = library.session(self.device_key, self.vendor_blas).load(graph, weights_registry=weights)
+            session = library.session(self.device_key, self.vendor_blas)
+            self.model = session.load(model_graph(model, weights, self.device_key), weights_registry=weights)
+            self.batch_one_model = None
+            if batch_one_graph:
+                self.batch_one_model = session.load(model_graph(model, weights, self.device_key, batch_one=True),
+                                                    weights_registry=weights)
         self.load_seconds = time.perf_counter() - started
         self._cache_buffers: tuple[Optional["PagedKVCache"], List[Buffer]] = (None, [])
+        self._captured: Dict[int, object] = {}  # device graph key -> the loaded graph that captured it
+        if self.batch_one_model is not None:
+            self._check_batch_one(model)
+
+    def _check_batch_one(self, model: "Qwen3Model") -> None:
+        # one step of token 0 at position 0 on both graphs, into a KV cache of one page of its own
+        kv_cache = model.new_kv_cache(1)
+        caches = [Buffer.from_dlpack(t) for t in kv_cache.k_caches + kv_cache.v_caches]
+        step = [[0], [0], [0, 1], [1], [[0]], [0], [0]]
+        inputs = [Buffer.from_dlpack(torch.tensor(a, dtype=torch.int32, device=model.device)) for a in step]
+        one, dynamic = (torch.from_dlpack(m.execute(*inputs, *caches)[0]) for m in (self.batch_one_model, self.model))
+        worst, scale = float((one - dynamic).abs().max()), float(dynamic.abs().max())
+        if not worst <= BATCH_ONE_TOLERANCE * scale:
+            raise RuntimeError(f"the batch-1 graph's logits differ from the dynamic graph's by up to {worst:.3g} (of "
+                               f"{scale:.3g}) on a one-token step: unset {library.BATCH1_GRAPH_SETTING}")
+
+    def graph_for(self, inputs: Sequence[object]):
+        """The loaded graph that runs a step on `inputs` (the seven, in _METADATA's order): the batch-1 graph for one
+        token of one sequence whose logits are asked for, where it is loaded; else the dynamic graph."""
+        if self.batch_one_model is not None and tuple(inputs[0].shape) == (1,) and tuple(inputs[6].shape) == (1,):
+            return self.batch_one_model
+        return self.model
 
     def _kv_buffers(self, kv_cache: "PagedKVCache") -> List[Buffer]:
         # MAX buffers that alias the cache's torch tensors: made once per cache, then reused every step
@@ -165,13 +212,20 @@ class CompiledQwen3:
 
     def execute(self, inputs: Sequence[Buffer], kv_cache: "PagedKVCache") -> Buffer:
         """The logits of one step from the graph's seven int32 inputs (in _METADATA's order) as MAX buffers."""
-        return self.model.execute(*inputs, *self._kv_buffers(kv_cache))[0]
+        return self.graph_for(inputs).execute(*inputs, *self._kv_buffers(kv_cache))[0]
 
     def capture(self, key: int, inputs: Sequence[Buffer], kv_cache: "PagedKVCache") -> Buffer:
         """Record the step on `inputs` as device graph `key` (GPU only); returns the logits buffer every replay
         of it writes."""
-        return self.model.capture(key, *inputs, *self._kv_buffers(kv_cache))[0]
+        graph = self.graph_for(inputs)
+        logits = graph.capture(key, *inputs, *self._kv_buffers(kv_cache))[0]
+        self._captured[key] = graph
+        return logits
 
     def replay(self, key: int, inputs: Sequence[Buffer], kv_cache: "PagedKVCache") -> None:
         """Run device graph `key` again: `inputs` must be the buffers it was captured with (refreshed in place)."""
-        self.model.replay(key, *inputs, *self._kv_buffers(kv_cache))
+        self._captured[key].replay(key, *inputs, *self._kv_buffers(kv_cache))
+
+    def release(self, key: int) -> None:
+        """Free the device memory device graph `key` holds."""
+        self._captured.pop(key).release_captured_graph(key)

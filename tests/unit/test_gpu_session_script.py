@@ -10,6 +10,8 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_session.sh"
 
 
@@ -213,15 +215,18 @@ def test_the_pdl_profile_launches_with_pdl_unless_its_test_failed(tmp_path: Path
     assert "profile-pdl: not run (PDL launches failed their test)" in _session(tmp_path, "profile-pdl").stdout
 
 
-def test_the_cublas_profile_takes_cublas_for_the_matmuls_with_time_to_compile(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("step, setting", [("profile-cublas", "MILI_GPU_VENDOR_BLAS"),
+                                           ("profile-batch1", "MILI_GPU_BATCH1_GRAPH")])
+def test_a_matmul_profile_takes_its_setting_with_time_to_compile(tmp_path: Path, monkeypatch, step: str,
+                                                                 setting: str) -> None:
     (tmp_path / "logs").mkdir()
-    _stand_in(tmp_path, monkeypatch, "python3", "echo \"ran $1 MILI_GPU_VENDOR_BLAS=$MILI_GPU_VENDOR_BLAS\"\n")
-    monkeypatch.delenv("MILI_GPU_VENDOR_BLAS", raising=False)
-    result = _session(tmp_path, "profile", "profile-cublas", seconds=600)
-    assert "== profile (at most 150 s)" in result.stdout and "== profile-cublas (at most 420 s)" in result.stdout
+    _stand_in(tmp_path, monkeypatch, "python3", f"echo \"ran $1 {setting}=${setting}\"\n")
+    monkeypatch.delenv(setting, raising=False)
+    result = _session(tmp_path, "profile", step, seconds=600)
+    assert "== profile (at most 150 s)" in result.stdout and f"== {step} (at most 420 s)" in result.stdout
     logs = tmp_path / "logs"
-    assert (logs / "profile.log").read_text() == "ran benchmarks/decode_profile.py MILI_GPU_VENDOR_BLAS=\n"
-    assert (logs / "profile-cublas.log").read_text() == "ran benchmarks/decode_profile.py MILI_GPU_VENDOR_BLAS=1\n"
+    assert (logs / "profile.log").read_text() == f"ran benchmarks/decode_profile.py {setting}=\n"
+    assert (logs / f"{step}.log").read_text() == f"ran benchmarks/decode_profile.py {setting}=1\n"
 
 
 def test_the_cublas_end_to_end_run_is_mili_with_cublas_in_a_process_of_its_own(tmp_path: Path, monkeypatch) -> None:
