@@ -25,6 +25,8 @@ from .config import Qwen3Config
 from .quantization import QuantizedWeight
 
 if TYPE_CHECKING:
+    from max.engine import Model
+
     from ..memory.kv_cache_manager import PagedKVCache
     from .attention_metadata import AttentionMetadata
     from .qwen3_model import Qwen3Model
@@ -167,7 +169,7 @@ class CompiledQwen3:
                                                     weights_registry=weights)
         self.load_seconds = time.perf_counter() - started
         self._cache_buffers: tuple[Optional["PagedKVCache"], List[Buffer]] = (None, [])
-        self._captured: Dict[int, object] = {}  # device graph key -> the loaded graph that captured it
+        self._captured: Dict[int, "Model"] = {}  # device graph key -> the loaded graph that captured it
         if self.batch_one_model is not None:
             self._check_batch_one(model)
 
@@ -183,7 +185,7 @@ class CompiledQwen3:
             raise RuntimeError(f"the batch-1 graph's logits differ from the dynamic graph's by up to {worst:.3g} (of "
                                f"{scale:.3g}) on a one-token step: unset {library.BATCH1_GRAPH_SETTING}")
 
-    def graph_for(self, inputs: Sequence[object]):
+    def graph_for(self, inputs: Sequence[Buffer]) -> "Model":
         """The loaded graph that runs a step on `inputs` (the seven, in _METADATA's order): the batch-1 graph for one
         token of one sequence whose logits are asked for, where it is loaded; else the dynamic graph."""
         if self.batch_one_model is not None and tuple(inputs[0].shape) == (1,) and tuple(inputs[6].shape) == (1,):
