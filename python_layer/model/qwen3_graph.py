@@ -21,6 +21,7 @@ from max.experimental.torch import torch_dtype_to_max  # noqa: E402
 from max.dtype import DType  # noqa: E402
 from max.graph import BufferType, Graph, TensorType, TensorValue, Weight, ops  # noqa: E402
 
+from .attention_metadata import SequenceChunk, build_step_inputs, int32_tensor
 from .config import Qwen3Config
 from .quantization import QuantizedWeight
 
@@ -176,9 +177,9 @@ class CompiledQwen3:
     def _check_batch_one(self, model: "Qwen3Model") -> None:
         # one step of token 0 at position 0 on both graphs, into a KV cache of one page of its own
         kv_cache = model.new_kv_cache(1)
-        caches = [Buffer.from_dlpack(t) for t in kv_cache.k_caches + kv_cache.v_caches]
-        step = [[0], [0], [0, 1], [1], [[0]], [0], [0]]
-        inputs = [Buffer.from_dlpack(torch.tensor(a, dtype=torch.int32, device=model.device)) for a in step]
+        step = build_step_inputs([SequenceChunk([0], 0, [0])], kv_cache.page_size, model.device)
+        inputs = self._buffers(step.input_ids, step.positions, step.attn, int32_tensor([0], model.device))
+        caches = _aliasing_buffers(kv_cache)
         one, dynamic = (torch.from_dlpack(m.execute(*inputs, *caches)[0]) for m in (self.batch_one_model, self.model))
         worst, scale = float((one - dynamic).abs().max()), float(dynamic.abs().max())
         if not worst <= BATCH_ONE_TOLERANCE * scale:
@@ -195,22 +196,24 @@ class CompiledQwen3:
     def _kv_buffers(self, kv_cache: "PagedKVCache") -> List[Buffer]:
         # MAX buffers that alias the cache's torch tensors: made once per cache, then reused every step
         if self._cache_buffers[0] is not kv_cache:
-            tensors = kv_cache.k_caches + kv_cache.v_caches
-            self._cache_buffers = (kv_cache, [Buffer.from_dlpack(t) for t in tensors])
+            self._cache_buffers = (kv_cache, _aliasing_buffers(kv_cache))
         return self._cache_buffers[1]
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: "AttentionMetadata",
                  kv_cache: "PagedKVCache", logits_indices: torch.Tensor) -> torch.Tensor:
+        return torch.from_dlpack(self.execute(self._buffers(input_ids, positions, attn, logits_indices), kv_cache))
+
+    def _buffers(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: "AttentionMetadata",
+                 logits_indices: torch.Tensor) -> List[Buffer]:
+        """A step's seven int32 inputs, in _METADATA's order, as MAX buffers."""
         metadata = [input_ids, positions, attn.query_start, attn.context_lens, attn.page_table, attn.slot_mapping,
                     logits_indices]
         for name, t in zip(_METADATA, metadata):
             if t.dtype != torch.int32:
                 raise TypeError(f"{name} must be int32, got {t.dtype}")
         if self.device_key == "cpu":  # through numpy: a third of from_dlpack's time, seven times a step
-            args = [Buffer.from_numpy(t.contiguous().numpy()) for t in metadata]
-        else:
-            args = [Buffer.from_dlpack(t.contiguous()) for t in metadata]
-        return torch.from_dlpack(self.execute(args, kv_cache))
+            return [Buffer.from_numpy(t.contiguous().numpy()) for t in metadata]
+        return [Buffer.from_dlpack(t.contiguous()) for t in metadata]
 
     def execute(self, inputs: Sequence[Buffer], kv_cache: "PagedKVCache") -> Buffer:
         """The logits of one step from the graph's seven int32 inputs (in _METADATA's order) as MAX buffers."""
@@ -231,3 +234,8 @@ class CompiledQwen3:
     def release(self, key: int) -> None:
         """Free the device memory device graph `key` holds."""
         self._captured.pop(key).release_captured_graph(key)
+
+
+def _aliasing_buffers(kv_cache: "PagedKVCache") -> List[Buffer]:
+    """MAX buffers that alias the cache's torch tensors: K of every layer, then V."""
+    return [Buffer.from_dlpack(t) for t in kv_cache.k_caches + kv_cache.v_caches]
