@@ -108,10 +108,6 @@ class Qwen3Config:
         """(rows, columns) of an FP8 checkpoint's scale blocks; None for unquantized checkpoints."""
         return tuple(self.quantization_config["weight_block_size"]) if self.quantization_config else None
 
-    @property
-    def num_kv_groups(self) -> int:
-        return self.num_attention_heads // self.num_key_value_heads
-
     def to_dict(self) -> dict:
         """Hugging Face config.json keys (plus MILI's eos_token_ids and generation_defaults)."""
         d = dataclasses.asdict(self)
