@@ -137,9 +137,20 @@ def model_graph(model: "Qwen3Model", weights: Dict[str, torch.Tensor], device_ke
     return build_graph(model.config, weights, model.dtype, device_key, _block_k(model), model.kv_cache_dtype, batch_one)
 
 
-BATCH_ONE_TOLERANCE = 0.05
-"""How far the batch-1 graph's logits may be from the dynamic graph's, as a share of their largest magnitude: its
-matmuls sum in another order (bfloat16 rounding apart), where a wrong graph is off by ~100%."""
+BATCH_ONE_TOLERANCE = 0.07
+"""How far the batch-1 graph's logits may be from the dynamic graph's, as a share of their largest magnitude. Its
+matmuls sum in another order, and in bfloat16 a rounding one ulp apart grows over the layers: on Qwen3-0.6B's shape
+with random weights, float32 sums in other orders rounded once to bfloat16 put the logits 1.7-3.5% apart (token 0,
+as the check runs it: 1.8%), and one wrong matmul (the middle layer's o_proj, its output rows permuted) 14-20%
+(benchmarks/matmul_order_drift.py): 0.07 is 2x from both."""
+
+
+def check_batch_one_logits(one: torch.Tensor, dynamic: torch.Tensor) -> None:
+    """RuntimeError unless the batch-1 graph's logits `one` are within BATCH_ONE_TOLERANCE of the dynamic graph's."""
+    worst, scale = float((one.float() - dynamic.float()).abs().max()), float(dynamic.float().abs().max())
+    if not worst <= BATCH_ONE_TOLERANCE * scale:
+        raise RuntimeError(f"the batch-1 graph's logits differ from the dynamic graph's by up to {worst:.3g} (of "
+                           f"{scale:.3g}) on a one-token step: unset {library.BATCH1_GRAPH_SETTING}")
 
 
 class CompiledQwen3:
@@ -180,11 +191,8 @@ class CompiledQwen3:
         step = build_step_inputs([SequenceChunk([0], 0, [0])], kv_cache.page_size, model.device)
         inputs = self._buffers(step.input_ids, step.positions, step.attn, int32_tensor([0], model.device))
         caches = _aliasing_buffers(kv_cache)
-        one, dynamic = (torch.from_dlpack(m.execute(*inputs, *caches)[0]) for m in (self.batch_one_model, self.model))
-        worst, scale = float((one - dynamic).abs().max()), float(dynamic.abs().max())
-        if not worst <= BATCH_ONE_TOLERANCE * scale:
-            raise RuntimeError(f"the batch-1 graph's logits differ from the dynamic graph's by up to {worst:.3g} (of "
-                               f"{scale:.3g}) on a one-token step: unset {library.BATCH1_GRAPH_SETTING}")
+        check_batch_one_logits(*(torch.from_dlpack(m.execute(*inputs, *caches)[0])
+                                 for m in (self.batch_one_model, self.model)))
 
     def graph_for(self, inputs: Sequence[Buffer]) -> "Model":
         """The loaded graph that runs a step on `inputs` (the seven, in _METADATA's order): the batch-1 graph for one

@@ -5,7 +5,9 @@ run is a slow test; tests/gpu/test_matmul_settings.py runs it on a GPU."""
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,15 @@ import torch
 from bindings.reference import tile_weight
 from python_layer import SamplingParams
 from python_layer.model.loader import load_model
-from python_layer.model.qwen3_graph import CompiledQwen3, graph_weights, model_graph
+from python_layer.model.qwen3_graph import (
+    BATCH_ONE_TOLERANCE, CompiledQwen3, check_batch_one_logits, graph_weights, model_graph,
+)
 from tests.engine_checks import no_request_holds_pages, padded_engine, random_prompts
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import common  # noqa: E402
+import matmul_order_drift  # noqa: E402
 
 
 @pytest.mark.parametrize("device_key", ["cpu", "cuda:0"])  # built for a GPU without one: the graph a GPU loads
@@ -42,6 +51,28 @@ def test_it_refuses_weights_not_held_dense(tiny_checkpoint: Path, held: str) -> 
         weights = {name: tile_weight(t) if name.endswith("_proj") else t for name, t in weights.items()}
     with pytest.raises(ValueError, match=rf"the batch-1 graph takes dense \[N, K\] weights .* not layers.0.qkv_proj's {held}"):
         model_graph(model, weights, "cpu", batch_one=True)
+
+
+def test_the_load_check_takes_rounding_apart_and_refuses_a_wrong_graph() -> None:
+    torch.manual_seed(0)
+    dynamic = torch.randn(151_936) * 4
+    rounded_apart = dynamic + (torch.rand_like(dynamic) - 0.5) * 2 * 0.035 * dynamic.abs().max()
+    check_batch_one_logits(rounded_apart.bfloat16(), dynamic.bfloat16())
+    with pytest.raises(RuntimeError, match="differ from the dynamic graph's by up to .* unset MILI_GPU_BATCH1_GRAPH"):
+        check_batch_one_logits(dynamic[torch.randperm(len(dynamic))], dynamic)
+
+
+def test_the_drift_benchmark_tells_summation_order_from_a_wrong_matmul(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """benchmarks/matmul_order_drift.py, whose figures on Qwen3-0.6B's shape set BATCH_ONE_TOLERANCE: on the tiny
+    model too, other summation orders stay inside it and one wrong matmul falls outside."""
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    assert matmul_order_drift.main(["--model", str(tiny_checkpoint), "--tokens", "0,5"]) == 0
+    rows = json.loads(next(tmp_path.glob("matmul-order-drift-*.json")).read_text())["rows"]
+    assert {(r["token"], r["form"]) for r in rows} == {(t, f) for t in (0, 5) for f in ("split_k", "reversed", "one_wrong")}
+    for row in rows:
+        assert (row["max_diff_share"] > BATCH_ONE_TOLERANCE) == (row["form"] == "one_wrong"), row
 
 
 @pytest.mark.slow
