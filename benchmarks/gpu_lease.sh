@@ -15,6 +15,11 @@
 #       copy's compiled graphs are kept while the kernel package is the same one (~35 minutes on 2 cores from none).
 #       The key holds the CPU the graphs' host code is compiled for: MILI_VIRTUAL_CPU_TARGET, x86-64-v3 unless set,
 #       here and in the run `start` begins, so that it matches whatever the machine's CPU is (start notes that CPU)
+#   benchmarks/gpu_lease.sh prepare  all of it in one go, in MILI's venv: benchmarks/device_kit.sh --peers (unless
+#       .devkit has its parts), a venv at $KIT_DIR/py312 from python3.12 (or $PYTHON312) with numpy, torch, psutil
+#       and rich for MAX's worker (the kit's wheels are the machine's Python's, and so is what they import from its
+#       image), the kit unpacked into $KIT_DIR, then precompile with MAX_PYTHON (unless set) the kit's max-python
+#       under that venv, so that MAX's pipeline compiles too (~45 minutes from none)
 # The calls of a 15-minute lease (benchmarks/device_kit.sh --peers prints the parts): `start` in the call that
 # carries the site's last part, .modular_cache/mili_kernels and .devkit/graphs.tar.xz, then `wait` with the peers'
 # parts, then `wait` again until the run ends. Between two calls the machine stays only ~30 s.
@@ -26,8 +31,8 @@ export MILI_VIRTUAL_CPU_TARGET=${MILI_VIRTUAL_CPU_TARGET:-x86-64-v3}
 kit=${KIT_DIR:-/tmp/mili-kit}
 repo=${LEASE_REPO:-/tmp/mili-repo}
 logs=${GPU_SESSION_LOGS:-/tmp/mili-gpu}
-usage="usage: $0 start SECONDS [STEP...] | wait SECONDS [FOLDER...] | precompile"
-[ $# -ge 2 ] || [ "${1:-}" = precompile ] || { echo "$usage" >&2; exit 2; }
+usage="usage: $0 start SECONDS [STEP...] | wait SECONDS [FOLDER...] | precompile | prepare"
+[ $# -ge 2 ] || [[ "${1:-}" =~ ^(precompile|prepare)$ ]] || { echo "$usage" >&2; exit 2; }
 verb=$1 seconds=${2:-0}
 shift $(($# < 2 ? $# : 2))
 
@@ -86,5 +91,22 @@ case $verb in
     rmdir "$kept" 2>/dev/null
     (cd "$repo" && python3 benchmarks/gpu_precompile.py) || exit 1
     mkdir -p "$(dirname "$graphs")" && tar -cJf "$graphs" -C "$repo/.modular_cache" .max_cache && du -sh "$graphs" ;;
+  prepare)
+    python3 -c "import max, mojo" 2>/dev/null ||
+      { echo "prepare runs in MILI's venv (MAX and mojo for the kit)" >&2; exit 1; }
+    py312=${PYTHON312:-python3.12}
+    "$py312" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null ||
+      { echo "prepare needs python3.12 (the machine's Python) for MAX's worker: put it on the PATH or set PYTHON312" >&2
+        exit 1; }
+    ls .devkit/p*/* >/dev/null 2>&1 || benchmarks/device_kit.sh --peers || exit 1  # it writes .devkit
+    [ -x "$kit/py312/bin/python3" ] || "$py312" -m venv "$kit/py312" || exit 1
+    # what MAX imports that the device image holds and the kit leaves out
+    "$kit/py312/bin/python3" -m pip -q install numpy torch==2.13.0 psutil rich 2>&1 | grep -v "is ignored: it is neither"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
+    # device_unpack.sh checks MAX's import with the kit's Python, as the machine's python3 runs it there
+    PATH=$kit/py312/bin:$PATH KIT_DIR=$kit benchmarks/device_unpack.sh site peers || exit 1
+    printf '#!/bin/sh\nPATH=%s/py312/bin:$PATH exec %s/max-python "$@"\n' "$kit" "$kit" >"$kit/max-python312"
+    chmod +x "$kit/max-python312"
+    MAX_PYTHON=${MAX_PYTHON:-$kit/max-python312} bash benchmarks/gpu_lease.sh precompile ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac

@@ -126,3 +126,28 @@ def test_start_notes_the_machines_cpu(tmp_path: Path) -> None:
     assert started.stdout.startswith("model name: ")
     fields = [line.split(":")[0] for line in (tmp_path / "logs" / "host-cpu.log").read_text().splitlines()]
     assert fields == ["vendor_id", "cpu family", "model", "model name", "flags"]
+
+
+def test_prepare_says_what_it_needs_before_building_anything(tmp_path: Path) -> None:
+    """Outside MILI's venv (no MAX, no mojo to pack the kit with) or with no python3.12 (the machine's Python, for
+    MAX's worker), prepare stops at once with what is missing, and builds nothing."""
+    checkout = _stand_in_checkout(tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "dirname").symlink_to(shutil.which("dirname"))  # all the script runs before its checks
+    env = dict(os.environ, PATH=str(bin_dir), KIT_DIR=str(tmp_path / "kit"))
+    python3 = bin_dir / "python3"
+
+    def prepare() -> subprocess.CompletedProcess:
+        script = checkout / "benchmarks" / "gpu_lease.sh"
+        return subprocess.run([shutil.which("bash"), str(script), "prepare"], cwd=checkout,
+                              env=env, capture_output=True, text=True, timeout=60)
+
+    python3.write_text("#!/bin/sh\nexit 1\n")  # MAX does not import
+    python3.chmod(0o755)
+    outside = prepare()
+    assert outside.returncode == 1 and "prepare runs in MILI's venv" in outside.stderr
+    python3.write_text("#!/bin/sh\nexit 0\n")  # MAX imports, and no python3.12 is on the PATH
+    without_312 = prepare()
+    assert without_312.returncode == 1 and "needs python3.12" in without_312.stderr
+    assert not (checkout / ".devkit").exists() and not (tmp_path / "kit").exists()
