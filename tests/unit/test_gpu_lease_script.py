@@ -136,6 +136,7 @@ def test_prepare_says_what_it_needs_before_building_anything(tmp_path: Path) -> 
     bin_dir.mkdir()
     (bin_dir / "dirname").symlink_to(shutil.which("dirname"))  # all the script runs before its checks
     env = dict(os.environ, PATH=str(bin_dir), KIT_DIR=str(tmp_path / "kit"))
+    env.pop("PYTHON312", None)
     python3 = bin_dir / "python3"
 
     def prepare() -> subprocess.CompletedProcess:
