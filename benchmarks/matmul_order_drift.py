@@ -7,8 +7,9 @@ there and the difference grows over the layers. This runs transformers' Qwen3 on
 Qwen3-0.6B-shaped random one) in bfloat16 with every linear computed in float32 and rounded once, in the order torch
 sums (`f32`), as four K-chunks summed (`split_k`), with K reversed (`reversed`), and with one matmul's output rows
 permuted (`one_wrong`: the middle layer's o_proj, the kind of mistake the check is for), each against `f32`: the
-largest logit difference as a share of the largest logit (what the check bounds), and 1 - the logits' cosine. CPU; prints a table, writes JSON.
-`python benchmarks/matmul_order_drift.py [--model DIR] [--tokens 0,1,7,1000]`
+largest logit difference as a share of the largest logit (what the check bounds), and 1 - the logits' cosine.
+CPU; prints a table, writes JSON.
+`python benchmarks/matmul_order_drift.py [--model DIR] [--tokens 0,1,7,1000,151643]`
 """
 
 from __future__ import annotations

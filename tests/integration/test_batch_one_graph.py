@@ -70,7 +70,8 @@ def test_the_drift_benchmark_tells_summation_order_from_a_wrong_matmul(
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     assert matmul_order_drift.main(["--model", str(tiny_checkpoint), "--tokens", "0,5"]) == 0
     rows = json.loads(next(tmp_path.glob("matmul-order-drift-*.json")).read_text())["rows"]
-    assert {(r["token"], r["form"]) for r in rows} == {(t, f) for t in (0, 5) for f in ("split_k", "reversed", "one_wrong")}
+    forms = ("split_k", "reversed", "one_wrong")
+    assert {(r["token"], r["form"]) for r in rows} == {(t, f) for t in (0, 5) for f in forms}
     for row in rows:
         assert (row["max_diff_share"] > BATCH_ONE_TOLERANCE) == (row["form"] == "one_wrong"), row
 
