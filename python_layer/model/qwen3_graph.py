@@ -147,7 +147,8 @@ as the check runs it: 1.8%), and one wrong matmul (the middle layer's o_proj, it
 
 def check_batch_one_logits(one: torch.Tensor, dynamic: torch.Tensor) -> None:
     """RuntimeError unless the batch-1 graph's logits `one` are within BATCH_ONE_TOLERANCE of the dynamic graph's."""
-    worst, scale = float((one.float() - dynamic.float()).abs().max()), float(dynamic.float().abs().max())
+    one, dynamic = one.float(), dynamic.float()
+    worst, scale = float((one - dynamic).abs().max()), float(dynamic.abs().max())
     if not worst <= BATCH_ONE_TOLERANCE * scale:
         raise RuntimeError(f"the batch-1 graph's logits differ from the dynamic graph's by up to {worst:.3g} (of "
                            f"{scale:.3g}) on a one-token step: unset {library.BATCH1_GRAPH_SETTING}")
