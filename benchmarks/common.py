@@ -13,11 +13,9 @@ from typing import Optional, Sequence
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from python_layer.model.random_checkpoint import QWEN3_0_6B_SHAPE, build_random_checkpoint, cache_dir  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def model_path(model: Optional[str]) -> str:

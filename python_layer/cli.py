@@ -30,21 +30,38 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+BENCHMARKS = {  # `mili bench WHAT`: each folder of benchmarks/ has one entry point
+    "kernels": "benchmarks.kernels.run",
+    "engine": "benchmarks.engine.run",
+    "peers": "benchmarks.peers.run",
+    "serving": "benchmarks.serving.run",
+    "gpu": "benchmarks/gpu/suite.sh",
+    "gpu-bundle": "benchmarks/gpu/bundle.sh",
+}
+
+
 def _bench(args: argparse.Namespace) -> int:
     import runpy
+    import subprocess
     from pathlib import Path
 
-    benchmarks = Path(__file__).resolve().parents[1] / "benchmarks"
-    script = benchmarks / args.what / "run.py" if args.what in ("peers", "serving") else benchmarks / f"{args.what}.py"
-    if not script.is_file():
-        print(f"mili bench: {script} not found: the benchmarks ship with the source checkout", file=sys.stderr)
+    root = Path(__file__).resolve().parents[1]
+    entry = BENCHMARKS[args.what]
+    if not (root / "benchmarks").is_dir():
+        print(f"mili bench: {root / 'benchmarks'} not found: the benchmarks ship with the source checkout",
+              file=sys.stderr)
         return 2
-    sys.argv = [str(script), *args.args]
-    sys.path.insert(0, str(script.parent))  # the benchmarks import their shared helpers (benchmarks/common.py)
+    if entry.endswith(".sh"):
+        return subprocess.run(["bash", str(root / entry), *args.args]).returncode
+    sys.argv = [entry, *args.args]
+    sys.path.insert(0, str(root))
     try:
-        runpy.run_path(str(script), run_name="__main__")
+        runpy.run_module(entry, run_name="__main__", alter_sys=True)
     except SystemExit as done:
-        return int(done.code or 0)
+        if isinstance(done.code, str):
+            print(done.code, file=sys.stderr)
+            return 1
+        return done.code or 0
     return 0
 
 
@@ -164,8 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve_arguments(serve)
     serve.set_defaults(func=_serve)
 
-    bench = sub.add_parser("bench", help="run a benchmark of benchmarks/; extra arguments go to it")
-    bench.add_argument("what", nargs="?", default="kernels", choices=["kernels", "throughput", "shared_prefix", "host_overhead", "latency", "decode_profile", "gemv_forms", "peers", "serving"])
+    bench = sub.add_parser("bench", help="run a benchmark of benchmarks/ (benchmarks/README.md); extra arguments go to it")
+    bench.add_argument("what", choices=list(BENCHMARKS), help="kernels | engine NAME | peers | serving | gpu [STEP...] "
+                                                             "| gpu-bundle")
     bench.add_argument("args", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_bench)
     return parser

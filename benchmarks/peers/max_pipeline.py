@@ -1,5 +1,5 @@
 """MAX's own Qwen3 pipeline as a benchmark peer. Runs in a Python that has `max[serve]` (a venv of its own: it pins
-other versions than MILI's), started by benchmarks/e2e_systems.py:
+other versions than MILI's), started by benchmarks/gpu/systems.py:
 
     python benchmarks/peers/max_pipeline.py --model CHECKPOINT [--devices gpu] [--max-batch-size 256]
 
@@ -9,7 +9,7 @@ answers one line per request line on stdin:
 {"prompts": [[token ids]...], "max_tokens": [n...]} -> {"seconds": s, "output_tokens": n}: every prompt
 submitted at once, greedy, ignore_eos, seconds until the last one finished. No min_new_tokens: MAX, not configured
 with enable_min_tokens, logs a warning for it per request and step on its model worker's path (148,569 lines in the
-second H200 lease's e2e run). A line of its own starts with REPLY; anything else MAX prints goes to stderr."""
+second H200 run's e2e step). A line of its own starts with REPLY; anything else MAX prints goes to stderr."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import time
 
 REPLY = "REPLY "
 
-# MILI_VIRTUAL_CPU_TARGET (bindings/library.py; gpu_lease.sh sets it): the graphs' host code compiled for that CPU,
+# MILI_VIRTUAL_CPU_TARGET (bindings/library.py; benchmarks/gpu/bundle.sh sets it): the graphs' host code compiled for that CPU,
 # so that MAX's compile cache holds on another host. At module level: the model worker MAX spawns imports this file
 # again, and compiles the graphs there
 if os.environ.get("MILI_VIRTUAL_CPU_TARGET"):
@@ -47,7 +47,7 @@ def pipeline_config(args: argparse.Namespace):
 def compile_only(args: argparse.Namespace) -> None:
     """Builds the pipeline for a virtual GPU of architecture args.compile_for (MAX's virtual-device mode): its graphs
     compile into MAX's cache, where a GPU machine's worker given the same arguments finds them
-    (benchmarks/gpu_precompile.py)."""
+    (benchmarks/gpu/precompile.py)."""
     from max import driver
 
     driver.set_virtual_device_api("cuda")  # before any device exists

@@ -1,4 +1,4 @@
-"""MILI beside its peers on the CPU, one run, one benchmark definition (benchmarks/latency.py's: prefill of one
+"""MILI beside its peers on the CPU, one run, one benchmark definition (benchmarks/engine/latency.py's: prefill of one
 512-token prompt; greedy decode of 128 tokens from 32-token prompts at batch 1 and 8; medians of 3 runs after a
 warm-up; 2 threads everywhere):
 - MILI in each weight format (float32 activations; latency.open_mili);
@@ -28,14 +28,13 @@ from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 PEERS = HERE / ".peers"  # setup.sh's work folder (git-ignored)
-sys.path.insert(0, str(HERE.parent))  # benchmarks/: common, latency
 sys.path.insert(0, str(PEERS / "site"))  # llama_cpp, built by setup.sh
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from common import model_path, print_table, write_json  # noqa: E402
+from benchmarks.common import model_path, print_table, write_json  # noqa: E402
 
-import latency  # noqa: E402
+from benchmarks.engine import latency
 
 THREADS = 2
 # MILI weight format -> the llama.cpp format with the same bits per weight

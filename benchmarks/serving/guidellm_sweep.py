@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Dict, List, Sequence
 
-from cpu_meter import CpuMeter
+from benchmarks.serving.cpu_meter import CpuMeter
 
 GUIDELLM = Path(__file__).resolve().parent / ".loadgen" / "bin" / "guidellm"
 GENERATOR_ENV = {"GUIDELLM__MAX_WORKER_PROCESSES": "1"}

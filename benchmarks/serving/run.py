@@ -22,16 +22,13 @@ from typing import List
 
 from transformers import AutoTokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import guidellm_sweep  # noqa: E402
-import light_client  # noqa: E402
-import plots  # noqa: E402
-from common import print_table, write_json  # noqa: E402
-from cpu_meter import CpuMeter  # noqa: E402
-from latency import SETTLE_S  # noqa: E402  (the pause mili bench latency takes before each run, for the same reason)
-from servers import PEERS, Server, start_llama, start_mili  # noqa: E402
+from benchmarks.serving import guidellm_sweep
+from benchmarks.serving import light_client
+from benchmarks.serving import plots
+from benchmarks.common import print_table, write_json  # noqa: E402
+from benchmarks.serving.cpu_meter import CpuMeter  # noqa: E402
+from benchmarks.engine.latency import SETTLE_S  # noqa: E402  (the pause `mili bench engine latency` takes before each run, for the same reason)
+from benchmarks.serving.servers import PEERS, Server, start_llama, start_mili  # noqa: E402
 
 from python_layer.model.random_checkpoint import builtin_model_path  # noqa: E402
 

@@ -21,10 +21,8 @@ from python_layer.model.qwen3_graph import (
 )
 from tests.engine_checks import no_request_holds_pages, padded_engine, random_prompts
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import common  # noqa: E402
-import matmul_order_drift  # noqa: E402
+from benchmarks import common
+from benchmarks.engine import matmul_order_drift
 
 
 @pytest.mark.parametrize("device_key", ["cpu", "cuda:0"])  # built for a GPU without one: the graph a GPU loads
@@ -65,7 +63,7 @@ def test_the_load_check_takes_rounding_apart_and_refuses_a_wrong_graph() -> None
 def test_the_drift_benchmark_tells_summation_order_from_a_wrong_matmul(
     tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """benchmarks/matmul_order_drift.py, whose figures on Qwen3-0.6B's shape set BATCH_ONE_TOLERANCE: on the tiny
+    """benchmarks/engine/matmul_order_drift.py, whose figures on Qwen3-0.6B's shape set BATCH_ONE_TOLERANCE: on the tiny
     model too, other summation orders stay inside it and one wrong matmul falls outside."""
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     assert matmul_order_drift.main(["--model", str(tiny_checkpoint), "--tokens", "0,5"]) == 0

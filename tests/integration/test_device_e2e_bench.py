@@ -1,5 +1,5 @@
-"""The end-to-end device benchmark (benchmarks/device_e2e.py, `mili bench latency|throughput --device cuda`) and
-gpu-summary.json, run here on a CPU with the tiny checkpoint: the harness a GPU session runs, checked where CI
+"""The end-to-end device benchmark (benchmarks/gpu/e2e.py, `mili bench engine latency|throughput --device cuda`) and
+gpu-summary.json, run here on a CPU with the tiny checkpoint: the harness the GPU suite runs, checked where CI
 runs. (MAX's own Qwen3 pipeline, its third peer, does not run on a CPU: benchmarks/peers/max_pipeline.py.)"""
 
 from __future__ import annotations
@@ -15,12 +15,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import common  # noqa: E402
-import device_e2e  # noqa: E402
-import e2e_systems  # noqa: E402
-import gpu_summary  # noqa: E402
+from benchmarks import common
+from benchmarks.gpu import e2e as device_e2e
+from benchmarks.gpu import summary as gpu_summary
+from benchmarks.gpu import systems as e2e_systems
 
 from bindings import graph  # noqa: E402
 
@@ -61,7 +59,7 @@ def test_throughput_runs_the_same_workload_on_each_system(small: list[str], tmp_
 
 def test_latency_and_throughput_of_each_system_started_once(small: list[str], tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """`python benchmarks/device_e2e.py` (a GPU lease's e2e step): both figures per system, each system opened once,
+    """`python -m benchmarks.gpu.e2e` (the GPU suite's e2e step): both figures per system, each system opened once,
     its sequences as long as the longer of the two runs needs; one JSON per kind, as the single runs write."""
     for name in [k for k in os.environ if k.startswith("MILI_GPU_")]:
         monkeypatch.delenv(name)
@@ -150,11 +148,11 @@ def test_gpu_summary_takes_the_latest_runs(tmp_path: Path) -> None:
     assert out["e2e_gpu_settings"] == {"MILI_GPU_PDL": "1"}
 
 
-def test_gpu_summary_takes_each_system_from_its_newest_run_of_the_lease(tmp_path: Path) -> None:
+def test_gpu_summary_takes_each_system_from_its_newest_run_of_the_suite(tmp_path: Path) -> None:
     def write(name: str, rows: list) -> None:
         (tmp_path / name).write_text(json.dumps(dict(meta=dict(device_name=name), rows=rows)))
 
-    write("throughput-cuda-20261101-000000.json", [dict(system="transformers", output_tok_s=50.0)])  # an older lease
+    write("throughput-cuda-20261101-000000.json", [dict(system="transformers", output_tok_s=50.0)])  # an older suite run
     write("throughput-cuda-20261126-100000.json", [dict(system="mili", output_tok_s=900.0),
                                                    dict(system="max", output_tok_s=800.0)])
     write("throughput-cuda-20261126-100500.json", [dict(system="mili-sync", output_tok_s=700.0),
@@ -189,7 +187,7 @@ def test_decode_profile_splits_the_devices_idle_time_into_launch_gaps_and_waits(
 
 def test_decode_profile_times_the_decode_steps_of_each_batch(tiny_checkpoint: Path, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """benchmarks/decode_profile.py (a GPU lease's view of where a step's time goes), run here on a CPU: the steps
+    """benchmarks/engine/decode_profile.py (the GPU suite's view of where a step's time goes), run here on a CPU: the steps
     of each batch are timed after its prefill; no CUDA kernel is seen on a CPU; the host's own time per Python
     function (on a CPU the model's execution, inside MAX, is the host's)."""
     import decode_profile

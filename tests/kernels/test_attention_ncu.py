@@ -1,4 +1,4 @@
-"""benchmarks/attention_ncu.py, the launches a lease's ncu-attention step reads, run alone on a CPU: each case's
+"""benchmarks/gpu/attention_ncu.py, the launches the GPU suite's ncu-attention step reads, run alone on a CPU: each case's
 launches run and MILI's result is checked against the reference; a case the kernel benchmark lacks is refused with the
 cases it has."""
 
@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import attention_ncu  # noqa: E402
+from benchmarks.gpu import attention_ncu
 
 
 def test_the_cases_launch_and_match_the_reference(capsys: pytest.CaptureFixture) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.kernels import CHAINS, captured_call, cases
+from benchmarks.kernels.run import CHAINS, captured_call, cases
 from bindings import ops
 
 
@@ -19,8 +19,8 @@ def test_every_benchmarked_call_is_captured() -> None:
 
 def test_max_flash_attention_graph_builds_for_a_gpu_named_without_an_index() -> None:
     """The MAX flash attention row (a GPU's kernel benchmark): its graph is built for the q tensor's device key, never
-    for --device as given ("cuda" names no index; the first H100 lease lost the row to that)."""
-    from benchmarks.kernels import max_flash_graph
+    for --device as given ("cuda" names no index: the row was once lost to that)."""
+    from benchmarks.kernels.run import max_flash_graph
     from bindings import library
 
     key = library.device_key(torch.device("cuda"))
@@ -30,9 +30,9 @@ def test_max_flash_attention_graph_builds_for_a_gpu_named_without_an_index() -> 
 
 
 def test_dense_shapes_are_those_of_the_benchmarks_dense_copies() -> None:
-    """benchmarks/gpu_precompile.py compiles MAX's flash attention graphs for a lease from dense_shapes: the shapes
-    of the dense copies the benchmark times them on (else the lease compiles them again)."""
-    from benchmarks.kernels import ATTENTION_SHAPES, _dense_qkv, dense_shapes
+    """benchmarks/gpu/precompile.py compiles MAX's flash attention graphs for the GPU suite from dense_shapes: the shapes
+    of the dense copies the benchmark times them on (else the GPU host compiles them again)."""
+    from benchmarks.kernels.run import ATTENTION_SHAPES, _dense_qkv, dense_shapes
 
     seen = []
     for name, _, mojo, _, _ in cases(torch.float32, "cpu"):

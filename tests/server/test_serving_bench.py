@@ -12,12 +12,7 @@ import pytest
 
 from tests.server.live_server import MODEL_NAME, LiveServer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "serving"))
-
-import cpu_meter  # noqa: E402
-import guidellm_sweep  # noqa: E402
-import light_client  # noqa: E402
-import plots  # noqa: E402
+from benchmarks.serving import cpu_meter, guidellm_sweep, light_client, plots
 
 SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
 

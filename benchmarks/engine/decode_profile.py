@@ -5,7 +5,7 @@ kernels' time) and its idle time between kernels (short gaps: launches; long one
 kernels that take the most of it, and the host's side: the CUDA API calls and, from cProfile over the same steps,
 the Python functions that take the most of its own time.
 
-`mili bench decode_profile --device cuda [--batches 1,64] [--context 512] [--steps 32] [--no-overlap]`. Prints a
+`mili bench engine decode_profile --device cuda [--batches 1,64] [--context 512] [--steps 32] [--no-overlap]`. Prints a
 table per batch and writes JSON under benchmarks/results/. On a CPU the engine runs but no kernel is seen."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import ContextManager, Iterable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from common import model_path, print_table, write_json
-from e2e_systems import load_mili
+from benchmarks.common import model_path, print_table, write_json
+from benchmarks.gpu.systems import load_mili
 
 from bindings import graph
 from python_layer import InferenceEngine, SamplingParams
@@ -109,7 +109,7 @@ def device_gaps(events: Iterable, steps: int) -> dict:
 def device_memory(device: str, stage: str) -> dict:
     """The GPU's free memory against what torch holds, at a stage of the run: what MAX's pool and the weights take
     beside MILI's KV cache, and the pool's percent as load_model set it (device_memory.py), to check that rule
-    against a real GPU (the H200 leases: captures failed beside a 40 GB KV cache under MAX's default pool)."""
+    against a real GPU (on the H200: captures failed beside a 40 GB KV cache under MAX's default pool)."""
     if not device.startswith("cuda"):
         return dict(stage=stage)
     gb = lambda n: round(n / 2**30, 2)

@@ -9,7 +9,7 @@ sums (`f32`), as four K-chunks summed (`split_k`), with K reversed (`reversed`),
 permuted (`one_wrong`: the middle layer's o_proj, the kind of mistake the check is for), each against `f32`: the
 largest logit difference as a share of the largest logit (what the check bounds), and 1 - the logits' cosine.
 CPU; prints a table, writes JSON.
-`python benchmarks/matmul_order_drift.py [--model DIR] [--tokens 0,1,7,1000,151643]`
+`mili bench engine matmul_order_drift [--model DIR] [--tokens 0,1,7,1000,151643]`
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from common import model_path, print_table, write_json
+from benchmarks.common import model_path, print_table, write_json
 
 from python_layer.model.qwen3_graph import BATCH_ONE_TOLERANCE
 

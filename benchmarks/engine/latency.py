@@ -1,5 +1,5 @@
 """CPU latency of one request and of small batches, in each weight format:
-`mili bench latency [--weight-dtypes float32,bfloat16,int8,fp8] [--batches 1,8] [--runs 3]`.
+`mili bench engine latency [--weight-dtypes float32,bfloat16,int8,fp8] [--batches 1,8] [--runs 3]`.
 
 The definition, shared with benchmarks/peers/run.py (which times llama.cpp and transformers the same way):
 - prefill: one 512-token prompt; seconds from submitting it until its first new token is produced;
@@ -24,7 +24,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from common import device_argument, model_path, print_table, write_json
+from benchmarks.common import device_argument, model_path, print_table, write_json
 
 from python_layer import InferenceEngine, SamplingParams
 
@@ -193,7 +193,7 @@ def columns(args: argparse.Namespace) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     if device_argument(argv) != "cpu":  # on a GPU: MILI against MAX's pipeline and transformers
-        from device_e2e import latency_main
+        from benchmarks.gpu.e2e import latency_main
 
         return latency_main(argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

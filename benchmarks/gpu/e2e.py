@@ -1,15 +1,15 @@
 """End to end on a GPU: MILI against MAX's own Qwen3 pipeline and transformers on the same random-weight checkpoint
 (Qwen3-0.6B's shape, bfloat16), in one run. The systems run one after another: each takes most of the GPU.
 
-  mili bench latency --device cuda [--systems mili,mili-sync,mili-eager,transformers,max] [--contexts 512,4096]
+  mili bench engine latency --device cuda [--systems mili,mili-sync,mili-eager,transformers,max] [--contexts 512,4096]
       batch-1 decode, ms per token at each context: (T(prompt, n + 1) - T(prompt, 1)) / n, T being one generate
       call's wall time (so the prompt's processing drops out), n = --new-tokens; time to first token of a
       --ttft-len (2,048) token prompt: T(prompt, 1). Medians of --runs after a warm-up.
-  mili bench throughput --device cuda [--systems ...]
+  mili bench engine throughput --device cuda [--systems ...]
       nano-vllm's workload: --num-requests (256) random prompts, prompt and output lengths uniform in [100, 1024],
       ignore_eos, all submitted at once; output tokens per second of one run after a warm-up.
-  python benchmarks/device_e2e.py [--systems ...]
-      both, each system started once for the two (a GPU lease's time: MAX's pipeline takes a minute to come up).
+  python -m benchmarks.gpu.e2e [--systems ...]
+      both, each system started once for the two (MAX's pipeline takes a minute to come up).
 
 "mili" replays its decode steps as device graphs and gives the device the next decode step before it reads the
 last one's tokens (overlap), "mili-sync" replays them without overlap (--no-overlap), "mili-eager" runs them op by
@@ -27,9 +27,9 @@ from typing import Callable, Iterable
 
 import torch
 
-from common import gpu_settings, model_path, print_table, write_json
-from e2e_systems import MaxPipeline, Mili, System, Transformers, load_mili, python_with_max_serve
-from kernels import copy_bandwidth
+from benchmarks.common import gpu_settings, model_path, print_table, write_json
+from benchmarks.gpu.systems import MaxPipeline, Mili, System, Transformers, load_mili, python_with_max_serve
+from benchmarks.kernels.run import copy_bandwidth
 
 from bindings import graph
 from python_layer.model.config import Qwen3Config
@@ -184,8 +184,8 @@ def add_throughput_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def argument_parser(measures: Iterable[str] = ("latency", "throughput")) -> argparse.ArgumentParser:
-    """The command line of these measures (by default `python benchmarks/device_e2e.py`'s, which
-    gpu_precompile.py reads for the MAX pipeline a lease starts)."""
+    """The command line of these measures (by default `python -m benchmarks.gpu.e2e`'s, which
+    benchmarks/gpu/precompile.py reads for the MAX pipeline the GPU suite starts)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     if "latency" in measures:

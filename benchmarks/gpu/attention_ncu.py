@@ -1,10 +1,10 @@
 """The attention kernels' launches for Nsight Compute to read: MILI's kernels and SDPA's (FlashAttention-2) on the
-kernel benchmark's inputs (benchmarks/kernels.py), each case twice (a warm-up, then the launch to read), under NVTX
+kernel benchmark's inputs (benchmarks/kernels/run.py), each case twice (a warm-up, then the launch to read), under NVTX
 ranges that name them. The attention benchmark says how far MILI is from SDPA (prefill of 2,048 tokens 1.83x, decode
 at batch 64 1.21x on the H200); the counters say why: the warps' stall reasons, issue slots, occupancy, the memory
 system's throughput.
 
-gpu_session.sh's `ncu-attention` step runs it under
+benchmarks/gpu/suite.sh's `ncu-attention` step runs it under
 `ncu --nvtx --clock-control none --kernel-name regex:attention|flash|mha --section ...` (the card's clocks left as
 they are), a case a run, with MAX's memory pool small, since ncu saves and restores the device's memory between its
 passes.
@@ -21,9 +21,7 @@ from typing import Callable, Iterator
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import kernels  # noqa: E402
+from benchmarks.kernels import run as kernels
 
 from bindings import reference as ref  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Engine host time per decode step early and late in the output: what the engine does around the model (scheduling,
 inputs, sampling, detokenizing, stop checks, deltas) must not grow with the output's length.
-`mili bench host_overhead [--batch 8] [--early 100] [--late 4000]`.
+`mili bench engine host_overhead [--batch 8] [--early 100] [--late 4000]`.
 
 Host time of a step = the step's wall time minus the time inside the model's forward. Prints a table (median
 host ms per step at both positions, and late / early) and writes JSON under benchmarks/results/."""
@@ -11,7 +11,7 @@ import argparse
 import statistics
 import time
 
-from common import print_table, write_json
+from benchmarks.common import print_table, write_json
 
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.loader import load_model

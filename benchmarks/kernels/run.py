@@ -1,6 +1,6 @@
 """Kernel benchmark: each Mojo op against its PyTorch reference on the same inputs, at Qwen3-0.6B shapes.
 
-`mili bench kernels [--dtype float32] [--device cpu]` (or `python benchmarks/kernels.py`). Prints a table with
+`mili bench kernels [--dtype float32] [--device cpu]`. Prints a table with
 the median time of each side and their ratio (Mojo / reference: below 1 means Mojo is faster) and, for the
 memory-bound ops, the achieved bytes/s against the machine's copy bandwidth measured in the same run.
 Writes JSON under benchmarks/results/. On a GPU the peer is PyTorch's own ops instead of bindings/reference.py
@@ -36,13 +36,11 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from bindings import graph, ops  # noqa: E402
 from bindings import reference as ref  # noqa: E402
 
 HIDDEN, INTER, Q_HEADS, KV_HEADS, HEAD_DIM, PAGE = 1024, 3072, 16, 8, 128, 16  # Qwen3-0.6B
-RESULTS = Path(__file__).parent / "results"
+from benchmarks.common import RESULTS  # noqa: E402
 REPEAT = 20
 ATTENTION_SHAPES = [(64, 1, 64), (2048, 1, 2048), (512, 1, 1), (4096, 1, 1), (4096, 8, 1)]
 """(context, batch, query tokens a sequence): prefill of a 64- and a 2048-token prompt (causal), then decode of one

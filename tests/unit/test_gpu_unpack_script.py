@@ -1,5 +1,5 @@
-"""benchmarks/device_unpack.sh's copy of the carried kit parts, checked on a CPU: a part already there with the same
-bytes is never written again (an unpack of the H200 lease read one while a later call copied it over, and failed)."""
+"""benchmarks/gpu/unpack.sh's copy of the bundle's parts, checked on a CPU: a part already there with the same bytes is
+never written again (an unpack once read one while a later copy wrote it over, and failed)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,17 @@ import os
 import subprocess
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "device_unpack.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "unpack.sh"
 
 
 def _copy_parts(tmp_path: Path) -> None:
-    env = dict(os.environ, KIT_DIR=str(tmp_path / "kit"), DEVKIT=str(tmp_path / "devkit"))
+    env = dict(os.environ, KIT_DIR=str(tmp_path / "kit"), BUNDLE_DIR=str(tmp_path / "bundle"))
     done = subprocess.run(["bash", str(SCRIPT), "--parts-only"], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
 
 
 def test_a_part_with_the_same_bytes_stays_and_a_changed_one_is_replaced(tmp_path: Path) -> None:
-    carried = tmp_path / "devkit" / "p1" / "site.tar.xz.00"
+    carried = tmp_path / "bundle" / "p1" / "site.tar.xz.00"
     carried.parent.mkdir(parents=True)
     carried.write_bytes(b"first")
     _copy_parts(tmp_path)

@@ -1,6 +1,6 @@
 """Shared-prefix benchmark: many requests that share one long system prompt, all submitted at once, with the
 prefix cache on and off, in the same run on the same loaded model.
-`mili bench shared_prefix [--system-len 2000] [--num-requests 16]`.
+`mili bench engine shared_prefix [--system-len 2000] [--num-requests 16]`.
 
 With the cache, the first request's system prompt enters the prefix cache as it is computed and the others wait
 for it instead of computing it again; without, each computes it. The table gives the time to first token
@@ -13,7 +13,7 @@ import random
 import statistics
 import time
 
-from common import model_path, print_table, write_json
+from benchmarks.common import model_path, print_table, write_json
 
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.loader import load_model

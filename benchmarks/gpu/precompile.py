@@ -1,15 +1,13 @@
-"""Compiles, on a machine without a GPU, the graphs a GPU lease loads, into MAX's compile cache (MAX's
-virtual-device mode, for $GPU_ARCH: sm_90a unless set): the lease then reads them from the cache where it would
-compile them (minutes of its 15). The architecture must be the one MAX names the lease's GPU by, as its cache keys
-hold it: the lease's setup step prints it. sm_90a is a lead, not yet seen: code built on MAX tells an H100 by
-`architecture_name == "sm_90a"`, and on the H200 lease of 2026-11-27 no graph compiled here for sm_90 held. Run by
-`benchmarks/gpu_lease.sh precompile`, in a copy of the checkout at the path the lease runs from: MAX's cache key
-holds the kernel package's path.
+"""Compiles, on a machine without a GPU, the graphs the GPU suite loads, into MAX's compile cache (MAX's
+virtual-device mode, for $GPU_ARCH: sm_90a unless set): the GPU host then reads them from the cache instead of
+compiling them. The architecture must be the one MAX names the host's GPU by, as its cache keys hold it (the suite's
+setup step prints it; MAX names an H100 or H200 sm_90a). Run by benchmarks/gpu/bundle.sh, in a copy of the checkout at
+the path the suite runs from: MAX's cache key holds the kernel package's path.
 
 The graphs: Qwen3-0.6B's shape in bfloat16 (the end-to-end runs, the decode profile), the tests' tiny model in
 bfloat16 (tests/gpu/test_decode_graphs.py, the bfloat16 parity test) and the parity shapes in float32
 (tests/integration/test_parity.py -k cuda), the 0.6B one in bfloat16 and the tiny one in float32 again with
-qk_norm_rope_store and attention as two ops (MILI_GPU_QKV_ATTENTION=0: gpu_session.sh's profile-two-ops and
+qk_norm_rope_store and attention as two ops (MILI_GPU_QKV_ATTENTION=0: benchmarks/gpu/suite.sh's profile-two-ops and
 fallback, the one-op parity test), the 0.6B and the tiny one in bfloat16 with cuBLAS for their matmuls
 (MILI_GPU_VENDOR_BLAS=1: profile-cublas, tests/gpu/test_matmul_settings.py) and their batch-1 graphs
 (MILI_GPU_BATCH1_GRAPH=1: profile-batch1, the same tests), each built from a model loaded on the CPU with the reference backend,
@@ -39,9 +37,7 @@ driver.set_virtual_device_api("cuda")  # before any device exists
 driver.set_virtual_device_target_arch(ARCH)
 driver.set_virtual_device_count(1)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from common import model_path  # noqa: E402
+from benchmarks.common import model_path  # noqa: E402
 
 from bindings import graph as graph_settings, library, ops  # noqa: E402
 from python_layer.model.loader import load_model  # noqa: E402
@@ -74,11 +70,11 @@ def compile_op_graph(index: int, dtype: torch.dtype) -> float:
 
 def attention_bench_keys() -> list[tuple]:
     """(kind, key) of each in-graph row of the kernel benchmark's attention and qk_norm_rope_store cases in bfloat16
-    (gpu_session.sh's attention-bench): "op", MILI's op ops.ALL_OPS[key] applied REPEAT times; "max_flash", MAX's
+    (benchmarks/gpu/suite.sh's attention-bench): "op", MILI's op ops.ALL_OPS[key] applied REPEAT times; "max_flash", MAX's
     flash attention on attention shape `key` (~50 s each here); then "gemv", gemv_forms.py's step in form `key`
     (gemv-forms)."""
-    import gemv_forms
-    import kernels
+    from benchmarks.gpu import gemv_forms
+    from benchmarks.kernels import run as kernels
 
     keys = [("op", i) for i, op in enumerate(ops.ALL_OPS) if op.fn.__name__ in ("paged_attention_flash", "qk_norm_rope_store")]
     keys += [("max_flash", shape) for shape in kernels.GPU_ATTENTION_SHAPES]
@@ -86,8 +82,8 @@ def attention_bench_keys() -> list[tuple]:
 
 
 def attention_bench_graph(kind: str, key):
-    import gemv_forms
-    import kernels
+    from benchmarks.gpu import gemv_forms
+    from benchmarks.kernels import run as kernels
 
     if kind == "op":
         op = ops.ALL_OPS[key]
@@ -104,12 +100,12 @@ def compile_attention_bench_graph(kind: str, key) -> float:
 
 
 def compile_max_pipeline(max_python: str) -> float:
-    """MAX's own Qwen3 pipeline as the lease's e2e step starts it (device_e2e.py's default arguments), compiled by
+    """MAX's own Qwen3 pipeline as the GPU suite's e2e step starts it (benchmarks/gpu/e2e.py's default arguments), compiled by
     its worker script under max_python (a Python with max[serve]: the kit's max-python); returns the seconds."""
     import subprocess
 
-    import device_e2e
-    from e2e_systems import max_worker_command, max_worker_env
+    from benchmarks.gpu import e2e as device_e2e
+    from benchmarks.gpu.systems import max_worker_command, max_worker_env
 
     args = device_e2e.argument_parser().parse_args([])
     command = max_worker_command(max_python, model_path(None), device_e2e.max_devices(args.device), args.max_num_seqs,
@@ -124,7 +120,7 @@ def jobs(tmp: Path) -> list[tuple]:
     model, tiny = model_path(None), build_random_checkpoint(tmp / "tiny", **TINY)
     found = [("Qwen3-0.6B shape, bfloat16", compile_for_gpu, (model, "bfloat16")),
              # qk_norm_rope_store and attention apart: the decode profile's A/B, e2e's fallback, the one-op parity test;
-             # then cuBLAS for the matmuls: gpu_session.sh's profile-cublas; then the batch-1 graph: profile-batch1
+             # then cuBLAS for the matmuls: benchmarks/gpu/suite.sh's profile-cublas; then the batch-1 graph: profile-batch1
              ("Qwen3-0.6B shape, bfloat16, two ops", compile_for_gpu, (model, "bfloat16", False)),
              ("Qwen3-0.6B shape, bfloat16, cuBLAS matmuls", compile_for_gpu, (model, "bfloat16", True, True)),
              ("Qwen3-0.6B shape, bfloat16, batch-1 graph", compile_for_gpu, (model, "bfloat16", True, False, True)),
@@ -139,7 +135,7 @@ def jobs(tmp: Path) -> list[tuple]:
         found.insert(0, ("MAX's Qwen3 pipeline", compile_max_pipeline, (max_python,)))
     else:
         print(f"no {max_python} (MAX_PYTHON: a Python with max[serve], e.g. the kit's peers unpacked by "
-              "benchmarks/device_unpack.sh peers): MAX's pipeline is not compiled", flush=True)
+              "benchmarks/gpu/unpack.sh peers): MAX's pipeline is not compiled", flush=True)
     found += [(f"kernel benchmark graph {kind} {key}", compile_attention_bench_graph, (kind, key))
               for kind, key in attention_bench_keys()]
     return found + [(f"{op.fn.__name__}{op.variant} op graph, {str(dtype).split('.')[-1]}", compile_op_graph, (i, dtype))

@@ -6,7 +6,7 @@ kernels. The vector GEMV is the one that read the LM head at ~4.2 TB/s on the H2
 read at ~1.9. This times a step's 4 x LAYERS matmuls with distinct weights (881 MB, past any L2) in each form, each
 step replayed as one device graph, against torch's F.linear (cuBLAS) in a CUDA graph. Each form's results are
 checked against F.linear's before it is timed. Prints a table and writes JSON under benchmarks/results/.
-`python benchmarks/gemv_forms.py [--device cuda] [--layers 28]`
+`python -m benchmarks.gpu.gemv_forms [--device cuda] [--layers 28]`
 """
 
 from __future__ import annotations
@@ -21,10 +21,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from bindings import library  # noqa: E402
-from benchmarks.kernels import RESULTS, copy_bandwidth, median_seconds  # noqa: E402
+from benchmarks.kernels.run import RESULTS, copy_bandwidth, median_seconds  # noqa: E402
 
 SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)}
 """(N, K) of a Qwen3-0.6B layer's matmuls: its 16 + 2 x 8 heads of 128, hidden 1024, intermediate 3072."""

@@ -1,7 +1,7 @@
 """benchmarks/results/gpu-summary.json from the latest GPU runs of the kernel benchmark (bfloat16) and of the
-end-to-end latency and throughput benchmarks (benchmarks/gpu_session.sh runs them, then this): each system's
+end-to-end latency and throughput benchmarks (benchmarks/gpu/suite.sh runs them, then this): each system's
 figures from its newest run. A figure whose run is missing or whose system failed is null.
-`python benchmarks/gpu_summary.py [--results DIR] [--since YYYYmmdd-HHMMSS]`"""
+`python -m benchmarks.gpu.summary [--results DIR] [--since YYYYmmdd-HHMMSS]`"""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Optional
 
-RESULTS = Path(__file__).parent / "results"
+from benchmarks.common import RESULTS  # noqa: E402
 ATTENTION = {"attention_prefill_2048_ratio_vs_sdpa": "attention prefill ctx=2048 B=1",
              "attention_decode_ctx4096_b1_ratio_vs_sdpa": "attention decode ctx=4096 B=1",
              "attention_decode_ctx4096_b8_ratio_vs_sdpa": "attention decode ctx=4096 B=8",
@@ -31,7 +31,7 @@ def latest(results: Path, pattern: str, since: str = "") -> Optional[dict]:
 
 
 def merged(results: Path, pattern: str, since: str = "") -> Optional[dict]:
-    """The newest run's meta with each system's newest row from all the runs (a lease times its systems in more than
+    """The newest run's meta with each system's newest row from all the runs (the suite times its systems in more than
     one run); a row with an error never replaces one with figures."""
     found = runs(results, pattern, since)
     rows: dict[str, dict] = {}

@@ -1,4 +1,4 @@
-"""The systems the end-to-end device benchmarks (benchmarks/device_e2e.py) time, behind one call:
+"""The systems the end-to-end device benchmarks (benchmarks/gpu/e2e.py) time, behind one call:
 `generate(prompts, max_tokens) -> (seconds, output tokens)`: every prompt (token ids) submitted at once, greedy,
 ignore_eos, each producing exactly its max_tokens; wall-clock seconds until the last token is on the host.
 
@@ -26,7 +26,7 @@ from python_layer.model.device_memory import MAX_POOL_PERCENT
 from python_layer.model.loader import load_model
 from python_layer.model.qwen3_model import Qwen3Model
 
-MAX_WORKER = Path(__file__).parent / "peers" / "max_pipeline.py"
+MAX_WORKER = Path(__file__).resolve().parents[1] / "peers" / "max_pipeline.py"
 # MAX's pool size as the operator set it, if they did: load_model sets one for MILI's own MAX otherwise
 OPERATOR_POOL_PERCENT = os.environ.get(MAX_POOL_PERCENT)
 
@@ -87,7 +87,7 @@ def load_mili(path: str, device: str, kv_cache_gb: Optional[float] = None) -> Qw
     """The model in bfloat16; on a GPU, MAX's pool leaves room for a KV cache of kv_cache_gb (None: the engine's
     default; see device_memory.py)."""
     model = load_model(path, device=device, dtype="bfloat16", kv_cache_memory_gb=kv_cache_gb)
-    # seconds, not minutes: its graph came from the compile cache (gpu_lease.sh precompile)
+    # seconds, not minutes: its graph came from the compile cache (benchmarks/gpu/bundle.sh)
     print(f"MILI loaded its graph in {model.forward_fn.load_seconds:.1f} s", file=sys.stderr, flush=True)
     return model
 
@@ -169,7 +169,7 @@ class MaxPipeline:
 
 def max_worker_command(python: str, path: str, devices: str, max_batch_size: int, max_length: int,
                        capture: str = "on") -> list[str]:
-    """benchmarks/peers/max_pipeline.py's command line (gpu_precompile.py adds --compile-for)."""
+    """benchmarks/peers/max_pipeline.py's command line (benchmarks/gpu/precompile.py adds --compile-for)."""
     return [python, str(MAX_WORKER), "--model", path, "--devices", devices, "--max-batch-size", str(max_batch_size),
             "--max-length", str(max_length), "--device-graph-capture", capture]
 

@@ -1,7 +1,7 @@
 """Offline throughput: N requests with random prompt and output lengths (ignore_eos), all submitted at once,
-on each backend and weight format in the same run. `mili bench throughput [--num-requests 32]
+on each backend and weight format in the same run. `mili bench engine throughput [--num-requests 32]
 [--backends mojo,reference] [--weight-dtypes float32,int8]`. With `--device cuda`: nano-vllm's workload against
-MAX's own pipeline and transformers (benchmarks/device_e2e.py). Prints a table (output and total tokens/s, and
+MAX's own pipeline and transformers (benchmarks/gpu/e2e.py). Prints a table (output and total tokens/s, and
 each row's throughput relative to the first row of the reference backend, else the first row) and writes JSON
 under benchmarks/results/."""
 
@@ -11,7 +11,7 @@ import argparse
 import random
 import time
 
-from common import device_argument, model_path, print_table, write_json
+from benchmarks.common import device_argument, model_path, print_table, write_json
 
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.loader import load_model
@@ -31,7 +31,7 @@ def run(engine: InferenceEngine, prompts: list[list[int]], max_tokens: list[int]
 
 def main(argv: list[str] | None = None) -> int:
     if device_argument(argv) != "cpu":  # on a GPU: nano-vllm's workload, against MAX's pipeline and transformers
-        from device_e2e import throughput_main
+        from benchmarks.gpu.e2e import throughput_main
 
         return throughput_main(argv)
     parser = argparse.ArgumentParser(description=__doc__)
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", default="mojo,reference")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--weight-dtypes", default="auto", help="comma-separated: auto, float32, bfloat16, fp8, int8")
-    parser.add_argument("--device", default="cpu", help="cpu; a GPU runs nano-vllm's workload against peers (device_e2e.py)")
+    parser.add_argument("--device", default="cpu", help="cpu; a GPU runs nano-vllm's workload against peers (benchmarks/gpu/e2e.py)")
     parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
