@@ -8,11 +8,13 @@ import os
 import platform
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
 
+from bindings.gpu_options import GpuOptions
 from python_layer.model.random_checkpoint import QWEN3_0_6B_SHAPE, build_random_checkpoint, cache_dir  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -29,9 +31,9 @@ def model_path(model: Optional[str]) -> str:
     return str(path)
 
 
-def gpu_settings() -> dict[str, str]:
-    """The MILI_GPU_* variables a run had (the kernels and launches it chose: flash attention, PDL, cuBLAS, ...)."""
-    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("MILI_GPU_")}
+def gpu_settings() -> dict[str, bool | None]:
+    """The GpuOptions a run's models load with (bindings/gpu_options.py: flash attention, PDL, cuBLAS, ...)."""
+    return asdict(GpuOptions.from_environment())
 
 
 def device_argument(argv: Optional[Sequence[str]]) -> str:

@@ -24,26 +24,31 @@ def main(arch: str = "sm_90") -> int:
     from max.graph import DeviceRef, Graph
 
     from bindings import library, ops
+    from bindings.gpu_options import GpuOptions
 
     session = InferenceSession(devices=[driver.Accelerator()])
     dev = DeviceRef.GPU(0)
     failures = 0
+    # the ops with GpuOptions again with every kernel parameter off its default (PDL launches, prefill pairs)
+    others = GpuOptions(pdl=True, prefill_pairs=True)
     for dtype in (DType.float32, DType.bfloat16):
-        per_op = [op.input_types(dtype, dev) for op in ops.ALL_OPS]
-        with Graph(f"mili_gpu_check_{dtype}", input_types=[t for types in per_op for t in types],
-                   kernel_library=library.kernel_library()) as graph:
-            offset = 0
-            for op, types in zip(ops.ALL_OPS, per_op):
-                op.emit(graph.inputs[offset : offset + len(types)])
-                offset += len(types)
-            graph.output()
-        start = time.perf_counter()
-        try:
-            session.compile(graph)
-            print(f"cuda:{arch} {dtype}: {len(ops.ALL_OPS)} ops compiled in {time.perf_counter() - start:.1f} s", flush=True)
-        except Exception as e:  # the Mojo diagnostic is in the cause
-            failures += 1
-            print(f"cuda:{arch} {dtype}: FAILED\n{e.__cause__ or e}", flush=True)
+        for options, chosen in ((GpuOptions(), ops.ALL_OPS), (others, [op for op in ops.ALL_OPS if op.takes_options])):
+            per_op = [op.input_types(dtype, dev) for op in chosen]
+            with Graph(f"mili_gpu_check_{dtype}", input_types=[t for types in per_op for t in types],
+                       kernel_library=library.kernel_library()) as graph:
+                offset = 0
+                for op, types in zip(chosen, per_op):
+                    op.emit(graph.inputs[offset : offset + len(types)], options=options)
+                    offset += len(types)
+                graph.output()
+            what = f"cuda:{arch} {dtype}: {len(chosen)} ops" + ("" if chosen is ops.ALL_OPS else f" with {others}")
+            start = time.perf_counter()
+            try:
+                session.compile(graph)
+                print(f"{what} compiled in {time.perf_counter() - start:.1f} s", flush=True)
+            except Exception as e:  # the Mojo diagnostic is in the cause
+                failures += 1
+                print(f"{what}: FAILED\n{e.__cause__ or e}", flush=True)
     return 1 if failures else 0
 
 

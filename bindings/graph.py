@@ -1,37 +1,24 @@
 """MILI's Mojo ops as MAX graph nodes, for building the model graph: the signatures of bindings/reference.py
 on graph values. Float parameters may be Python floats (baked into the graph as constants) or 1-element
 float32 tensor values (one compiled graph for every value). The KV caches are buffer values, updated and
-read in place."""
+read in place. The ops that launch a decode step's GPU kernels take the GpuOptions the graph is built with
+(bindings/gpu_options.py) as compile-time parameters."""
 
 from __future__ import annotations
 
-import os
 from typing import Optional, Union
 
 import numpy as np
 
 from . import library  # noqa: F401  (sets MODULAR_CACHE_DIR before max is imported)
+from .gpu_options import GpuOptions
 from .reference import rope_inv_freq
 
 from max.dtype import DType  # noqa: E402
 from max.graph import BufferValue, TensorType, TensorValue, ops  # noqa: E402
 
 Scalar = Union[float, TensorValue]
-FLASH_ATTENTION = os.environ.get("MILI_GPU_FLASH_ATTENTION") != "0"
-"""On a GPU, attention takes the split-KV decode kernel and the tensor-core FlashAttention-2 kernel (the op
-mili_paged_attention_flash): the default since they passed every attention case of tests/gpu on an H100
-(2026-11-26); the model graph then runs qkv_attention, which on a GPU also folds qk_norm_rope_store into the decode
-kernel. MILI_GPU_FLASH_ATTENTION=0 takes the plain kernels (a block per query token and head), and the model graph
-the two ops apart (on a CPU both graphs run the same kernels)."""
-QKV_ATTENTION = os.environ.get("MILI_GPU_QKV_ATTENTION") != "0"
-"""With the flash kernels, the model graph runs qkv_attention (the default); MILI_GPU_QKV_ATTENTION=0 keeps
-qk_norm_rope_store and the flash attention op apart, for an A/B of the two on a GPU, or to step around the one-kernel
-decode path should it fail there."""
-
-
-def model_runs_qkv_attention() -> bool:
-    """Whether the model graph runs qkv_attention (else qk_norm_rope_store, then paged_attention)."""
-    return FLASH_ATTENTION and QKV_ATTENTION
+DEFAULT_OPTIONS = GpuOptions()
 
 
 def _f32(value: Scalar, like: TensorValue) -> TensorValue:
@@ -40,22 +27,29 @@ def _f32(value: Scalar, like: TensorValue) -> TensorValue:
     return ops.constant(np.array([value], dtype=np.float32), DType.float32, like.device)
 
 
-def _custom(name: str, like: TensorValue, args: list, out_shapes: list) -> list[TensorValue]:
+def _custom(name: str, like: TensorValue, args: list, out_shapes: list,
+            parameters: Optional[dict] = None) -> list[TensorValue]:
     out_types = [TensorType(like.dtype, shape, like.device) for shape in out_shapes]
-    return [r.tensor for r in ops.custom(name, like.device, args, out_types=out_types)]
+    return [r.tensor for r in ops.custom(name, like.device, args, out_types=out_types, parameters=parameters)]
 
 
-def rms_norm(x: TensorValue, weight: TensorValue, eps: Scalar) -> TensorValue:
-    return _custom("mili_rms_norm", x, [x, weight, _f32(eps, x)], [x.shape])[0]
+def _launch(options: GpuOptions) -> dict:
+    return {"pdl": options.pdl}
 
 
-def fused_add_rms_norm(x: TensorValue, residual: TensorValue, weight: TensorValue, eps: Scalar) -> tuple[TensorValue, TensorValue]:
-    normed, residual_out = _custom("mili_fused_add_rms_norm", x, [x, residual, weight, _f32(eps, x)], [x.shape, x.shape])
+def rms_norm(x: TensorValue, weight: TensorValue, eps: Scalar, options: GpuOptions = DEFAULT_OPTIONS) -> TensorValue:
+    return _custom("mili_rms_norm", x, [x, weight, _f32(eps, x)], [x.shape], _launch(options))[0]
+
+
+def fused_add_rms_norm(x: TensorValue, residual: TensorValue, weight: TensorValue, eps: Scalar,
+                       options: GpuOptions = DEFAULT_OPTIONS) -> tuple[TensorValue, TensorValue]:
+    normed, residual_out = _custom("mili_fused_add_rms_norm", x, [x, residual, weight, _f32(eps, x)],
+                                   [x.shape, x.shape], _launch(options))
     return normed, residual_out
 
 
-def head_rms_norm(x: TensorValue, weight: TensorValue, eps: Scalar) -> TensorValue:
-    return _custom("mili_head_rms_norm", x, [x, weight, _f32(eps, x)], [x.shape])[0]
+def head_rms_norm(x: TensorValue, weight: TensorValue, eps: Scalar, options: GpuOptions = DEFAULT_OPTIONS) -> TensorValue:
+    return _custom("mili_head_rms_norm", x, [x, weight, _f32(eps, x)], [x.shape], _launch(options))[0]
 
 
 def rope_with_table(q: TensorValue, k: TensorValue, positions: TensorValue, inv_freq: TensorValue,
@@ -127,26 +121,34 @@ def qk_norm_rope_store(qkv: TensorValue, q_norm: TensorValue, k_norm: TensorValu
 def qkv_attention(qkv: TensorValue, q_norm: TensorValue, k_norm: TensorValue, eps: Scalar, positions: TensorValue,
                   inv_freq: TensorValue, rope_scale: Scalar, k_cache: BufferValue, v_cache: BufferValue,
                   slot_mapping: TensorValue, page_table: TensorValue, context_lens: TensorValue,
-                  query_start: TensorValue, scale: Scalar) -> TensorValue:
+                  query_start: TensorValue, scale: Scalar, options: GpuOptions = DEFAULT_OPTIONS) -> TensorValue:
     """qk_norm_rope_store then paged_attention_flash in one op: on a GPU, a decode batch in one kernel."""
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     out_type = TensorType(qkv.dtype, [qkv.shape[0], qkv.shape[1] // head_dim - 2 * kv_heads, head_dim], qkv.device)
     args = [k_cache, v_cache, qkv, q_norm, k_norm, _f32(eps, qkv), positions, inv_freq, _f32(rope_scale, qkv),
             slot_mapping, page_table, context_lens, query_start, _f32(scale, qkv)]
-    return ops.inplace_custom("mili_qkv_attention", qkv.device, args, out_types=[out_type])[0].tensor
+    return ops.inplace_custom("mili_qkv_attention", qkv.device, args, out_types=[out_type],
+                              parameters=options.kernel_parameters())[0].tensor
 
 
 def paged_attention(q: TensorValue, k_cache: BufferValue, v_cache: BufferValue, page_table: TensorValue,
-                    context_lens: TensorValue, query_start: TensorValue, scale: Scalar,
-                    flash: Optional[bool] = None) -> TensorValue:
-    """flash (None: FLASH_ATTENTION): on a GPU, the split-KV decode and FlashAttention-2 kernels."""
-    flash = FLASH_ATTENTION if flash is None else flash
-    out_type = TensorType(q.dtype, q.shape, q.device)
-    args = [k_cache, v_cache, q, page_table, context_lens, query_start, _f32(scale, q)]
-    name = "mili_paged_attention_flash" if flash else "mili_paged_attention"
-    return ops.inplace_custom(name, q.device, args, out_types=[out_type])[0].tensor
+                    context_lens: TensorValue, query_start: TensorValue, scale: Scalar) -> TensorValue:
+    """On a GPU, the plain kernels (a block per query token and head); paged_attention_flash takes the split-KV decode
+    and FlashAttention-2 kernels. On a CPU both run the same kernel."""
+    return _paged_attention("mili_paged_attention", q, k_cache, v_cache, page_table, context_lens, query_start, scale,
+                            None)
 
 
 def paged_attention_flash(q: TensorValue, k_cache: BufferValue, v_cache: BufferValue, page_table: TensorValue,
-                          context_lens: TensorValue, query_start: TensorValue, scale: Scalar) -> TensorValue:
-    return paged_attention(q, k_cache, v_cache, page_table, context_lens, query_start, scale, flash=True)
+                          context_lens: TensorValue, query_start: TensorValue, scale: Scalar,
+                          options: GpuOptions = DEFAULT_OPTIONS) -> TensorValue:
+    return _paged_attention("mili_paged_attention_flash", q, k_cache, v_cache, page_table, context_lens, query_start,
+                            scale, options.kernel_parameters())
+
+
+def _paged_attention(name: str, q: TensorValue, k_cache: BufferValue, v_cache: BufferValue, page_table: TensorValue,
+                     context_lens: TensorValue, query_start: TensorValue, scale: Scalar,
+                     parameters: Optional[dict]) -> TensorValue:
+    out_type = TensorType(q.dtype, q.shape, q.device)
+    args = [k_cache, v_cache, q, page_table, context_lens, query_start, _f32(scale, q)]
+    return ops.inplace_custom(name, q.device, args, out_types=[out_type], parameters=parameters)[0].tensor

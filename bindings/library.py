@@ -28,7 +28,7 @@ os.environ.setdefault("MODULAR_CACHE_DIR", str(_default_cache_root() / ".modular
 VIRTUAL_CPU_TARGET = "MILI_VIRTUAL_CPU_TARGET"
 """A portable CPU (x86-64-v3, say) that graphs' host code is compiled for instead of this host's CPU
 (max.driver.set_virtual_cpu_target): MAX's compile-cache keys hold the host CPU, GPU graphs' included, so a cache
-compiled elsewhere (benchmarks/gpu_lease.sh precompile) holds here only with the same setting. Unset: this host's
+compiled elsewhere (benchmarks/gpu/bundle.sh) holds here only with the same setting. Unset: this host's
 CPU (CPU kernels need it to be fast)."""
 PORTABLE_CPUS = {"x86_64": ("generic", "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"), "aarch64": ("generic",)}
 
@@ -150,38 +150,10 @@ def kernel_library():
     return library
 
 
-VENDOR_BLAS_SETTING = "MILI_GPU_VENDOR_BLAS"
-BATCH1_GRAPH_SETTING = "MILI_GPU_BATCH1_GRAPH"
-
-
-def _switch(name: str, on: str, off: str) -> bool:
-    """Environment variable `name` as a switch: 1 is on, 0 or unset off; any other value is refused, naming both."""
-    value = os.environ.get(name, "")
-    if value not in ("", "0", "1"):
-        raise ValueError(f"{name} is {value!r}: set 1 ({on}) or 0 ({off}), or unset it")
-    return value == "1"
-
-
-def vendor_blas_setting() -> bool:
-    """MILI_GPU_VENDOR_BLAS=1: on a GPU, the model graph's matmuls (its linear layers) call cuBLAS, MAX's
-    MODULE_USE_VENDOR_BLAS, instead of MAX's own kernels; 0 or unset: MAX's own. Read as each model loads. Off until a
-    lease measures it: on the H200 a batch-64 decode step spent 1.5 of its 3.3 ms in MAX's sm90_matmul at ~0.6 TB/s."""
-    return _switch(VENDOR_BLAS_SETTING, "MAX's matmuls call cuBLAS on a GPU", "MAX's own matmul kernels")
-
-
-def batch1_graph_setting() -> bool:
-    """MILI_GPU_BATCH1_GRAPH=1: on a GPU, steps of one token of one sequence (batch-1 decode) run on a model graph of
-    their own, static in its batch, whose matmuls are W @ x^T: MAX sends those to its vector GEMV, which read the LM
-    head at ~4.2 TB/s on the H200, where the layers' x @ W^T went to its split-K GEMV at ~1.9. 0 or unset: every step
-    runs on the one dynamic graph. Read as each model loads. Off until a lease measures it (gpu_session.sh's
-    profile-batch1)."""
-    return _switch(BATCH1_GRAPH_SETTING, "batch-1 steps run on a graph of their own on a GPU", "one graph for all steps")
-
-
 @lru_cache(maxsize=None)
 def session(device_key: str, vendor_blas: bool = False):
     """One MAX inference session per device ("cpu", "cuda:0", ...) and matmul choice: with vendor_blas, on a GPU,
-    MAX's matmuls call cuBLAS (the model graph's choice, vendor_blas_setting()); a CPU session runs MAX's own."""
+    MAX's matmuls call cuBLAS (the model graph's choice, GpuOptions.vendor_blas); a CPU session runs MAX's own."""
     from max.engine import InferenceSession
 
     session = InferenceSession(devices=[max_device(device_key)])

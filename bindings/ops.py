@@ -5,17 +5,19 @@ On CPU, float32 and bfloat16 tensors go straight to the Mojo kernels through a P
 or EAGER_CPU = False) each op is a small MAX graph (built with bindings/graph.py) compiled once per (dtype,
 device) with symbolic sizes, so a new number of tokens, sequences or pages never recompiles; each execution
 costs tens of microseconds. Float parameters (eps, theta, scale) travel as 1-element float32 tensors, not as
-compile-time constants: one graph serves every value.
+compile-time constants: one graph serves every value. GPU calls build their graphs with GPU_OPTIONS.
 """
 
 from __future__ import annotations
 
+import inspect
 from functools import lru_cache
 from typing import Callable, Optional, Sequence
 
 import torch
 
 from . import graph, library  # library sets MODULAR_CACHE_DIR before max is imported
+from .gpu_options import GpuOptions
 from .reference import TILED_DTYPES, rope_inv_freq
 
 from max.driver import Buffer  # noqa: E402
@@ -29,6 +31,8 @@ ALL_OPS: list["CompiledOp"] = []
 EAGER_CPU = True
 """CPU calls use the Mojo extension module; False sends them through MAX graphs like GPU calls (tests do both)."""
 EAGER_DTYPES = (torch.float32, torch.bfloat16)
+GPU_OPTIONS = GpuOptions()
+"""The options GPU calls' graphs are built with (the measured defaults; tests and the kernel benchmark set others)."""
 _OPENMP = library.openmp_entry_points()
 """The eager kernels' first argument: they run on torch's OpenMP threads (mojo_kernels/utils/parallel.mojo)."""
 
@@ -52,6 +56,7 @@ class CompiledOp:
         self.fn, self.outputs, self.inputs, self.variant = fn, list(outputs), list(inputs), variant
         self._specs: dict = {}
         self._eager_kernels: dict = {}
+        self.takes_options = "options" in inspect.signature(fn).parameters
         ALL_OPS.append(self)
 
     def input_types(self, dtype: DType, dev: DeviceRef) -> list:
@@ -59,31 +64,34 @@ class CompiledOp:
         types = [BufferType(resolve(d), dims, dev) for _, d, dims in self.outputs]
         return types + [(BufferType if kind == "buffer" else TensorType)(resolve(d), dims, dev) for kind, d, dims in self.inputs]
 
-    def emit(self, values: Sequence, repeat: int = 1, chain: Optional[dict[int, int]] = None) -> None:
+    def emit(self, values: Sequence, repeat: int = 1, chain: Optional[dict[int, int]] = None,
+             options: GpuOptions = GpuOptions()) -> None:
         """Add the op to the graph being built; values are graph inputs matching input_types(). For kernel
         benchmarks, `repeat` applies it several times, result chain[i] feeding argument i of the next one."""
         n = len(self.outputs)
         args = [v.buffer if kind == "buffer" else v.tensor for v, (kind, _, _) in zip(values[n:], self.inputs)]
+        extra = {"options": options} if self.takes_options else {}
         for _ in range(repeat):
-            results = self.fn(*args)
+            results = self.fn(*args, **extra)
             results = [] if results is None else list(results) if isinstance(results, tuple) else [results]
             for arg, result in (chain or {}).items():
                 args[arg] = results[result]
         for value, result in zip(values[:n], results, strict=True):
             value.buffer[...] = ops.rebind(result, value.buffer.shape)  # e.g. "two_I // 2" is the buffer's "I"
 
-    def graph(self, dtype: torch.dtype, device: str, repeat: int = 1, chain: Optional[dict[int, int]] = None) -> Graph:
+    def graph(self, dtype: torch.dtype, device: str, repeat: int = 1, chain: Optional[dict[int, int]] = None,
+              options: GpuOptions = GpuOptions()) -> Graph:
         dev = library.device_ref(device)
         name = f"mili_{self.fn.__name__}_{str(dtype).split('.')[-1]}{self.variant}" + (f"_x{repeat}" if repeat > 1 else "")
         with Graph(name, input_types=self.input_types(torch_dtype_to_max(dtype), dev),
                    kernel_library=library.kernel_library()) as g:
-            self.emit(g.inputs, repeat, chain)
+            self.emit(g.inputs, repeat, chain, options)
             g.output()
         return g
 
     @lru_cache(maxsize=None)
-    def compiled(self, dtype: torch.dtype, device: str):
-        return library.session(device).load(self.graph(dtype, device))
+    def compiled(self, dtype: torch.dtype, device: str, options: GpuOptions = GpuOptions()):
+        return library.session(device).load(self.graph(dtype, device, options=options))
 
     def _spec(self, dtype: torch.dtype) -> tuple:
         """(rank, dtype) of every argument when the op's dtype is `dtype`."""
@@ -117,7 +125,7 @@ class CompiledOp:
         if kernel is not None:  # raises ValueError, as MAX does
             kernel(_OPENMP, *flat)
         else:  # (MAX checks that GPU tensors are on the session's GPU)
-            self.compiled(dtype, library.device_key(args[0].device)).execute(*[Buffer.from_dlpack(a) for a in args])
+            self.compiled(dtype, library.device_key(args[0].device), GPU_OPTIONS).execute(*[Buffer.from_dlpack(a) for a in args])
 
 
 def _flatten(args: Sequence[torch.Tensor], spec: tuple, on_cpu: bool) -> Optional[list[int]]:
@@ -336,7 +344,7 @@ _PAGED_ATTENTION, _PAGED_ATTENTION_FLASH = ({kv: CompiledOp(
     fn, [T(SAME, "T", "Hq", "D")], [_ATTENTION_ARGS[0], _cache(kv), _cache(kv), *_ATTENTION_ARGS[1:]], variant=_kv_variant(kv),
 ) for kv in KV_DTYPES} for fn in (graph.paged_attention, graph.paged_attention_flash))
 """The op with the plain GPU kernels, and its twin with the GPU flash kernels (GPU calls use the twin unless
-MILI_GPU_FLASH_ATTENTION=0, CPU calls never: its CPU kernel is the same)."""
+GPU_OPTIONS.flash_attention is off, CPU calls never: its CPU kernel is the same)."""
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
@@ -344,7 +352,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("paged_attention reads the caches in place: they must be contiguous")
-    twins = _PAGED_ATTENTION_FLASH if graph.FLASH_ATTENTION and not q.is_cpu else _PAGED_ATTENTION
+    twins = _PAGED_ATTENTION_FLASH if GPU_OPTIONS.flash_attention and not q.is_cpu else _PAGED_ATTENTION
     _with_caches(twins, q, k_cache, v_cache)(out, _c(q), k_cache, v_cache, _i32(page_table), _i32(context_lens),
                                              _i32(query_start), _scalar(scale, q))
     return out

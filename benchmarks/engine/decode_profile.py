@@ -26,7 +26,7 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks.common import model_path, print_table, write_json
 from benchmarks.gpu.systems import load_mili
 
-from bindings import graph
+from bindings.gpu_options import GpuOptions
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.device_memory import MAX_POOL_PERCENT
 
@@ -73,7 +73,7 @@ def profile_batch(engine: InferenceEngine, batch: int, args: argparse.Namespace)
     kernels.sort(key=lambda e: -e.device_time_total)
     busy_us = sum(e.device_time_total for e in kernels)
     per_step = lambda n: n / args.steps
-    summary = dict(batch=batch, context=args.context, steps=args.steps, overlap=engine.overlap, attention=attention_graph(),
+    summary = dict(batch=batch, context=args.context, steps=args.steps, overlap=engine.overlap, attention=attention_graph(engine.model.gpu_options),
                    matmuls=("cuBLAS" if engine.model.forward_fn.vendor_blas else "MAX's own")
                    + (", batch-1 graph: W x^T" if batch == 1 and engine.model.forward_fn.batch_one_model is not None else ""),
                    wall_ms_per_step=wall / args.steps * 1e3, profiled_wall_ms_per_step=profiled_wall / args.steps * 1e3,
@@ -119,13 +119,13 @@ def device_memory(device: str, stage: str) -> dict:
                 max_pool_percent=os.environ.get(MAX_POOL_PERCENT, "MAX's default"))
 
 
-def attention_graph() -> str:
-    """How the model graph runs attention (bindings/graph.py's settings), and how the decode step's kernels launch
-    (MILI_GPU_PDL, mojo_kernels/utils/dependent_launch.mojo)."""
-    launch = ", PDL launches" if os.environ.get("MILI_GPU_PDL") == "1" else ""
-    if not graph.FLASH_ATTENTION:
+def attention_graph(options: GpuOptions) -> str:
+    """How the model graph runs attention, and how the decode step's kernels launch (GpuOptions.pdl,
+    mojo_kernels/utils/dependent_launch.mojo)."""
+    launch = ", PDL launches" if options.pdl else ""
+    if not options.flash_attention:
         return "plain kernels, two ops" + launch
-    return "flash kernels, " + ("one op (qkv_attention)" if graph.model_runs_qkv_attention() else "two ops") + launch
+    return "flash kernels, " + ("one op (qkv_attention)" if options.runs_qkv_attention else "two ops") + launch
 
 
 def main(argv: list[str] | None = None) -> int:

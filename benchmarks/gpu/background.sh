@@ -7,7 +7,7 @@
 # Usage, on the GPU host, in the checkout with the bundle's parts in $BUNDLE_DIR (gpu-bundle/):
 #   benchmarks/gpu/background.sh start SECONDS [STEP...]  copy the bundle's parts to $KIT_DIR/parts, copy the
 #       checkout to $SUITE_REPO with the bundle's kernel package and graphs, start suite.sh there with
-#       SUITE_SECONDS=SECONDS (and MILI_COMMIT), and return
+#       SUITE_SECONDS=SECONDS, and return
 #   benchmarks/gpu/background.sh wait SECONDS [FOLDER...]  unpack the bundle's FOLDERs (default: peers) once their
 #       parts are all there, then wait until the suite ends or SECONDS pass, putting its logs and results into $OUT
 #       every 15 s (a command cut short still brings back the latest)
@@ -18,7 +18,7 @@ export MILI_VIRTUAL_CPU_TARGET=${MILI_VIRTUAL_CPU_TARGET:-x86-64-v3}
 kit=${KIT_DIR:-/tmp/mili-kit}
 repo=${SUITE_REPO:-/tmp/mili-repo}
 logs=${GPU_SUITE_LOGS:-/tmp/mili-gpu}
-bundle=${BUNDLE_DIR:-gpu-bundle}
+bundle=$(realpath -m "${BUNDLE_DIR:-gpu-bundle}")
 usage="usage: $0 start SECONDS [STEP...] | wait SECONDS [FOLDER...]"
 [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }
 verb=$1 seconds=$2
@@ -51,7 +51,7 @@ case $verb in
     copy_checkout
     host_cpu >"$logs/host-cpu.log" && grep "^model name" "$logs/host-cpu.log"
     cd "$repo" || exit 1
-    env -u OUT KIT_DIR="$kit" GPU_SUITE_LOGS="$logs" SUITE_SECONDS="$seconds" setsid -f bash -c \
+    env -u OUT KIT_DIR="$kit" BUNDLE_DIR="$bundle" GPU_SUITE_LOGS="$logs" SUITE_SECONDS="$seconds" setsid -f bash -c \
       'benchmarks/gpu/suite.sh "$@"; echo $? >"$GPU_SUITE_LOGS/suite.rc"' suite "$@" \
       >"$logs/suite.log" 2>&1 </dev/null
     echo "started: suite.sh ${*:-(its default steps)} for at most $seconds s; log $logs/suite.log" ;;

@@ -6,7 +6,7 @@
 #   `import max.nn` builds (built here for any x86-64-v3 CPU); the `mojo` CLI and lld are left out (~250 MB);
 # - peers (unless --no-max-pipeline): what MAX's own Qwen3 pipeline (max[serve]) needs beyond the image, for the
 #   suite's MILI-against-MAX steps (benchmarks/peers/max_pipeline.py);
-# - mili_kernels/: the kernel package, precompiled here (the host has no `mojo` CLI);
+# - mili_kernels/: the kernel package, precompiled here (the host has no `mojo` CLI), and `commit`, the checkout's;
 # - graphs.tar.xz (unless --no-graphs): the graphs the suite loads, compiled here for $GPU_ARCH (sm_90a unless set)
 #   with MAX's virtual device (benchmarks/gpu/precompile.py), so that the host reads them from MAX's compile cache
 #   instead of compiling them (~45 minutes on 2 cores from nothing; graphs of the same kernel package are kept).
@@ -109,6 +109,9 @@ fi
 
 python3 -c "from bindings import library; library.package_path()"
 rm -rf "$bundle/mili_kernels" && cp -r .modular_cache/mili_kernels "$bundle/"
+# the commit the suite's results name (the GPU host's copy of the checkout has no git)
+echo "$(git rev-parse --short HEAD)$(git status --porcelain --untracked-files=no | grep -q . && echo -dirty)" \
+  >"$bundle/commit"
 
 copy_checkout() {  # this checkout's files, with its kernel package, to $repo
   rm -rf "$repo" && mkdir -p "$repo/.modular_cache"

@@ -31,7 +31,6 @@ from benchmarks.common import gpu_settings, model_path, print_table, write_json
 from benchmarks.gpu.systems import MaxPipeline, Mili, System, Transformers, load_mili, python_with_max_serve
 from benchmarks.kernels.run import copy_bandwidth
 
-from bindings import graph
 from python_layer.model.config import Qwen3Config
 
 DEFAULT_SYSTEMS = ("mili", "mili-sync", "mili-eager", "transformers", "max")
@@ -135,7 +134,6 @@ def run(args: argparse.Namespace, measures: dict[str, Figures]) -> dict[str, lis
           f"{floor_ms:.3f} ms/token", flush=True)
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
     meta = dict(vars(args), model=path, device_name=device, copy_bandwidth_bytes_per_s=bandwidth,
-                flash_attention=graph.FLASH_ATTENTION, qkv_attention=graph.model_runs_qkv_attention(),
                 gpu_settings=gpu_settings())
     rows: dict[str, list[dict]] = {kind: [] for kind in measures}
     outs: dict = dict.fromkeys(measures)

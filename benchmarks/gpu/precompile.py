@@ -7,10 +7,10 @@ the path the suite runs from: MAX's cache key holds the kernel package's path.
 The graphs: Qwen3-0.6B's shape in bfloat16 (the end-to-end runs, the decode profile), the tests' tiny model in
 bfloat16 (tests/gpu/test_decode_graphs.py, the bfloat16 parity test) and the parity shapes in float32
 (tests/integration/test_parity.py -k cuda), the 0.6B one in bfloat16 and the tiny one in float32 again with
-qk_norm_rope_store and attention as two ops (MILI_GPU_QKV_ATTENTION=0: benchmarks/gpu/suite.sh's profile-two-ops and
+qk_norm_rope_store and attention as two ops (GpuOptions.qkv_attention off: benchmarks/gpu/suite.sh's profile-two-ops and
 fallback, the one-op parity test), the 0.6B and the tiny one in bfloat16 with cuBLAS for their matmuls
-(MILI_GPU_VENDOR_BLAS=1: profile-cublas, tests/gpu/test_matmul_settings.py) and their batch-1 graphs
-(MILI_GPU_BATCH1_GRAPH=1: profile-batch1, the same tests), each built from a model loaded on the CPU with the reference backend,
+(GpuOptions.vendor_blas: profile-cublas, tests/gpu/test_matmul_settings.py) and their batch-1 graphs
+(GpuOptions.batch1_graph: profile-batch1, the same tests), each built from a model loaded on the CPU with the reference backend,
 whose weights have the layout they have on a GPU (no CPU tiling); and every op's graph in both dtypes, as
 tests/gpu/test_gpu_ops.py's cases load them (bindings/ops.py CompiledOp.compiled); the kernel benchmark's
 attention graphs (attention_bench_keys); and MAX's own Qwen3 pipeline as the e2e step starts it, by its
@@ -26,7 +26,6 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from unittest import mock
 
 import torch
 
@@ -39,7 +38,8 @@ driver.set_virtual_device_count(1)
 
 from benchmarks.common import model_path  # noqa: E402
 
-from bindings import graph as graph_settings, library, ops  # noqa: E402
+from bindings import library, ops  # noqa: E402
+from bindings.gpu_options import GpuOptions  # noqa: E402
 from python_layer.model.loader import load_model  # noqa: E402
 from python_layer.model.qwen3_graph import graph_weights, model_graph  # noqa: E402
 from python_layer.model.random_checkpoint import TINY, build_random_checkpoint  # noqa: E402
@@ -48,12 +48,11 @@ from tests.conftest import PARITY_SHAPES  # noqa: E402
 
 def compile_for_gpu(path: Path | str, dtype: str, qkv_attention: bool = True, vendor_blas: bool = False,
                     batch_one: bool = False) -> float:
-    """Compiles the graph that load_model(path, device="cuda", dtype=dtype) loads (with MILI_GPU_QKV_ATTENTION=0
-    where qkv_attention is false, MILI_GPU_VENDOR_BLAS=1 where vendor_blas is true; with batch_one, the batch-1 graph
-    it loads beside it with MILI_GPU_BATCH1_GRAPH=1); returns the seconds it took."""
-    model = load_model(path, device="cpu", dtype=dtype, backend="reference")
-    with mock.patch.object(graph_settings, "QKV_ATTENTION", qkv_attention):
-        graph = model_graph(model, graph_weights(model), "cuda:0", batch_one)
+    """Compiles the graph that load_model(path, device="cuda", dtype=dtype) loads with these GpuOptions (with
+    batch_one, the batch-1 graph it loads beside it with GpuOptions.batch1_graph); returns the seconds it took."""
+    options = GpuOptions(qkv_attention=qkv_attention, vendor_blas=vendor_blas, batch1_graph=batch_one)
+    model = load_model(path, device="cpu", dtype=dtype, backend="reference", gpu_options=options)
+    graph = model_graph(model, graph_weights(model), "cuda:0", batch_one)
     return _compile_seconds(library.session("cuda:0", vendor_blas), graph)
 
 

@@ -153,7 +153,7 @@ e2e() {  # e2e SYSTEMS: the latency and throughput figures of those systems, eac
     MILI_GPU_FLASH_ATTENTION=$flash run "e2e-$system" 900 python3 -m benchmarks.gpu.e2e --device cuda \
       --systems "$system" --max-python "$max_python"
   done
-  run summary 60 python3 -m benchmarks.gpu.summary --commit "${MILI_COMMIT:-}" --since "$started"
+  run summary 60 python3 -m benchmarks.gpu.summary --commit "$(cat "${BUNDLE_DIR:-gpu-bundle}/commit" 2>/dev/null)" --since "$started"
 }
 
 profile_decode() {  # profile_decode NAME [LIMIT]: where a decode step's time goes at batch 1 and 64, the steps run

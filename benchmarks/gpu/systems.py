@@ -20,7 +20,7 @@ from typing import Optional, Protocol, Sequence
 
 import torch
 
-from bindings.library import VENDOR_BLAS_SETTING
+from bindings.gpu_options import ENVIRONMENT
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.device_memory import MAX_POOL_PERCENT
 from python_layer.model.loader import load_model
@@ -60,10 +60,10 @@ class Mili:
         vendor_blas = getattr(model.forward_fn, "vendor_blas", False)
         if name == self.CUBLAS and not vendor_blas:
             raise ValueError(f"{name} times MILI with its matmuls through cuBLAS: load the model on a GPU with "
-                             f"{VENDOR_BLAS_SETTING}=1 (run {name} in a process of its own)")
+                             f"{ENVIRONMENT['vendor_blas']}=1 (run {name} in a process of its own)")
         if name != self.CUBLAS and vendor_blas:
             raise ValueError(f"{name} times MILI with MAX's own matmuls, but the model was loaded with "
-                             f"{VENDOR_BLAS_SETTING}=1: time it as {self.CUBLAS}, or unset the setting")
+                             f"{ENVIRONMENT['vendor_blas']}=1: time it as {self.CUBLAS}, or unset the setting")
         self.name = name
         self.engine = InferenceEngine(model, kv_cache_memory_gb=kv_cache_gb, max_num_seqs=max_num_seqs,
                                       max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=False,

@@ -11,7 +11,7 @@ The attention rows on a GPU also time MAX's own flash attention kernel (max.nn.k
 graph on the same dense copies. MAX's paged kernel (mo.mha.ragged.paged, what its pipeline runs) reads only MAX's own
 cache: K and V of every layer interleaved in each page, pages of 128 tokens or more (max.pipelines.kv_cache refuses
 smaller; MILI's are 16), with dispatch metadata its KV cache manager packs on the host. The prefill rows on a GPU also time MILI's
-kernel made to take one and two row tiles a block (MILI_GPU_PREFILL_PAIRS=0 and 1), beside its own choice.
+kernel made to take one and two row tiles a block (GpuOptions.prefill_pairs False and True), beside its own choice.
 
 Two Mojo times: "call" is one standalone `bindings.ops` call from torch as users make it (on CPU the Mojo
 extension module, about a microsecond of dispatch; on GPU a MAX graph execution); "in-graph" is the op's time inside one graph that applies it REPEAT times in a chain (each
@@ -28,15 +28,16 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
 from typing import Callable, Sequence
-from unittest import mock
 
 import torch
 import torch.nn.functional as F
 
 from bindings import graph, ops  # noqa: E402
+from bindings.gpu_options import GpuOptions  # noqa: E402
 from bindings import reference as ref  # noqa: E402
 
 HIDDEN, INTER, Q_HEADS, KV_HEADS, HEAD_DIM, PAGE = 1024, 3072, 16, 8, 128, 16  # Qwen3-0.6B
@@ -94,7 +95,8 @@ def captured_call(fn: Callable[[], object]) -> tuple:
 _repeated: dict = {}
 
 
-def in_graph_seconds(name: str, fn: Callable[[], object], device: str) -> float | None:
+def in_graph_seconds(name: str, fn: Callable[[], object], device: str,
+                     options: GpuOptions = ops.GPU_OPTIONS) -> float | None:
     chain = CHAINS[name.split()[0]]
     if chain is None:
         return None
@@ -102,22 +104,20 @@ def in_graph_seconds(name: str, fn: Callable[[], object], device: str) -> float 
     from bindings import library
 
     op, args = captured_call(fn)
-    key = (id(op), args[0].dtype, device)
+    key = (id(op), args[0].dtype, device, options)
     if key not in _repeated:
-        _repeated[key] = library.session(library.device_key(args[0].device)).load(op.graph(args[0].dtype, library.device_key(args[0].device), REPEAT, chain))
+        device_key = library.device_key(args[0].device)
+        _repeated[key] = library.session(device_key).load(op.graph(args[0].dtype, device_key, REPEAT, chain, options))
     model = _repeated[key]
     buffers = [Buffer.from_dlpack(a) for a in args]
     return median_seconds(lambda: model.execute(*buffers), device) / REPEAT
 
 
 def prefill_tiles_a_block_us(name: str, fn: Callable[[], object], device: str) -> dict[str, float]:
-    """In-graph µs of an attention prefill with one and with two row tiles a GPU block (MILI_GPU_PREFILL_PAIRS, read
-    by the kernel's host code at each run), by the variable's value."""
-    times = {}
-    for setting in ("0", "1"):
-        with mock.patch.dict(os.environ, {"MILI_GPU_PREFILL_PAIRS": setting}):
-            times[setting] = in_graph_seconds(name, fn, device) * 1e6
-    return times
+    """In-graph µs of an attention prefill with one ("0") and with two ("1") row tiles a GPU block
+    (GpuOptions.prefill_pairs)."""
+    return {str(int(pairs)): in_graph_seconds(name, fn, device, replace(ops.GPU_OPTIONS, prefill_pairs=pairs)) * 1e6
+            for pairs in (False, True)}
 
 
 def copy_bandwidth(device: str) -> float:
@@ -261,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--only", default="", help="run only the ops whose name contains one of these (comma-separated)")
     args = parser.parse_args(argv)
+    ops.GPU_OPTIONS = GpuOptions.from_environment()  # as the models of the same run load
     dtype = getattr(torch, args.dtype)
     bandwidth = copy_bandwidth(args.device)
     print(f"device {args.device}, {args.dtype}, {torch.get_num_threads()} threads; copy bandwidth {bandwidth / 1e9:.1f} GB/s")
@@ -295,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"kernels-{args.device.replace(':', '')}-{args.dtype}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     meta = dict(device=args.device, dtype=args.dtype, threads=torch.get_num_threads(), machine=platform.processor() or platform.machine(),
-                copy_bandwidth_bytes_per_s=bandwidth, flash_attention=graph.FLASH_ATTENTION)
+                copy_bandwidth_bytes_per_s=bandwidth, gpu_options=asdict(ops.GPU_OPTIONS))
     out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     print(f"wrote {out}")
     return 0

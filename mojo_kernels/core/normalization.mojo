@@ -112,7 +112,7 @@ def check_norm[what: StaticString](weight_size: Int, cols: Int, cols_name: Stati
     check_same[what](residual_size, x_size, "residual size", "x size")
 
 
-def _norm_rows[dtype: DType, fused: Bool, target: StaticString](
+def _norm_rows[dtype: DType, fused: Bool, target: StaticString, pdl: Bool](
     y: Ptr[dtype], res_out: Ptr[dtype], x: Ptr[dtype], res: Ptr[dtype], w: Ptr[dtype],
     rows: Int, cols: Int, eps: Ptr[F32], ctx: DeviceContext,
 ) raises:
@@ -125,19 +125,19 @@ def _norm_rows[dtype: DType, fused: Bool, target: StaticString](
         if cols % VEC == 0 and aligned_16(y, res_out, x, res, w):
             ctx.enqueue_function[_norm_rows_gpu[dtype, fused, VEC]](
                 y, res_out, x, res, w, Int32(cols), eps, grid_dim=rows, block_dim=GPU_BLOCK,
-                attributes=dependent_launch(),
+                attributes=dependent_launch[pdl](),
             )
         else:
             ctx.enqueue_function[_norm_rows_gpu[dtype, fused, 1]](
                 y, res_out, x, res, w, Int32(cols), eps, grid_dim=rows, block_dim=GPU_BLOCK,
-                attributes=dependent_launch(),
+                attributes=dependent_launch[pdl](),
             )
 
 
 @register("mili_rms_norm")
 struct RmsNorm:
     @staticmethod
-    def execute[dtype: DType, //, target: StaticString](
+    def execute[dtype: DType, //, target: StaticString, pdl: Bool](
         y: OutputTensor[dtype=dtype, rank=2, ...],
         x: InputTensor[dtype=dtype, rank=2, ...],
         weight: InputTensor[dtype=dtype, rank=1, ...],
@@ -147,14 +147,14 @@ struct RmsNorm:
         var cols = x.dim_size[1]()
         check_norm["rms_norm"](weight.dim_size[0](), cols, "hidden size", x.size(), x.size())
         var xp = x.unsafe_ptr()
-        _norm_rows[dtype, False, target](y.unsafe_ptr(), y.unsafe_ptr(), xp, xp, weight.unsafe_ptr(),
+        _norm_rows[dtype, False, target, pdl](y.unsafe_ptr(), y.unsafe_ptr(), xp, xp, weight.unsafe_ptr(),
                                          x.dim_size[0](), cols, eps.unsafe_ptr(), ctx)
 
 
 @register("mili_fused_add_rms_norm")
 struct FusedAddRmsNorm:
     @staticmethod
-    def execute[dtype: DType, //, target: StaticString](
+    def execute[dtype: DType, //, target: StaticString, pdl: Bool](
         y: OutputTensor[dtype=dtype, rank=2, ...],
         residual_out: OutputTensor[dtype=dtype, rank=2, ...],
         x: InputTensor[dtype=dtype, rank=2, ...],
@@ -165,14 +165,14 @@ struct FusedAddRmsNorm:
     ) raises:
         var cols = x.dim_size[1]()
         check_norm["fused_add_rms_norm"](weight.dim_size[0](), cols, "hidden size", residual.size(), x.size())
-        _norm_rows[dtype, True, target](y.unsafe_ptr(), residual_out.unsafe_ptr(), x.unsafe_ptr(), residual.unsafe_ptr(),
+        _norm_rows[dtype, True, target, pdl](y.unsafe_ptr(), residual_out.unsafe_ptr(), x.unsafe_ptr(), residual.unsafe_ptr(),
                                         weight.unsafe_ptr(), x.dim_size[0](), cols, eps.unsafe_ptr(), ctx)
 
 
 @register("mili_head_rms_norm")
 struct HeadRmsNorm:
     @staticmethod
-    def execute[dtype: DType, //, target: StaticString](
+    def execute[dtype: DType, //, target: StaticString, pdl: Bool](
         y: OutputTensor[dtype=dtype, rank=3, ...],
         x: InputTensor[dtype=dtype, rank=3, ...],
         weight: InputTensor[dtype=dtype, rank=1, ...],
@@ -182,5 +182,5 @@ struct HeadRmsNorm:
         var head_dim = x.dim_size[2]()
         check_norm["head_rms_norm"](weight.dim_size[0](), head_dim, "head_dim", x.size(), x.size())
         var xp = x.unsafe_ptr()
-        _norm_rows[dtype, False, target](y.unsafe_ptr(), y.unsafe_ptr(), xp, xp, weight.unsafe_ptr(),
+        _norm_rows[dtype, False, target, pdl](y.unsafe_ptr(), y.unsafe_ptr(), xp, xp, weight.unsafe_ptr(),
                                          x.dim_size[0]() * x.dim_size[1](), head_dim, eps.unsafe_ptr(), ctx)

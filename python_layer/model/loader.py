@@ -10,6 +10,8 @@ from typing import Callable, ContextManager, Optional
 
 import torch
 
+from bindings.gpu_options import GpuOptions
+
 from ..memory.heap import return_free_heap
 from ..memory.kv_cache_manager import DEFAULT_PAGE_SIZE, kv_page_bytes, kv_pages_for
 from .config import Qwen3Config
@@ -34,6 +36,7 @@ def load_model(
     num_kv_pages: Optional[int] = None,
     kv_cache_memory_gb: Optional[float] = None,
     page_size: int = DEFAULT_PAGE_SIZE,
+    gpu_options: Optional[GpuOptions] = None,
 ) -> Qwen3Model:
     """A checkpoint directory or Hugging Face Hub id (None: MILI's built-in random-weight model) as a model
     ready to run. dtype (activations, KV cache) "auto" is float32 on a CPU, bfloat16 on a GPU. weight_dtype
@@ -41,13 +44,15 @@ def load_model(
     else dtype. kv_cache_dtype "auto" is dtype; a CPU may keep a bfloat16 cache under float32 activations.
     On a GPU, MAX's memory pool leaves room for the weights and the KV cache the model will serve with:
     num_kv_pages pages of page_size tokens, else kv_cache_memory_gb GiB, else the engine's default (InferenceEngine's
-    arguments of the same names; device_memory.py)."""
+    arguments of the same names; device_memory.py). gpu_options: how it runs on a GPU (bindings/gpu_options.py; None:
+    GpuOptions.from_environment(), read here once)."""
     phase = on_phase or (lambda _: contextlib.nullcontext())
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"device {device!r}: torch sees no CUDA GPU here (a CPU-only torch build, or no GPU "
                            "driver); use device 'cpu'")
     check_backend(backend)
     parse_weight_dtype(weight_dtype)
+    gpu_options = gpu_options or GpuOptions.from_environment()
     with phase("resolving the checkpoint"):
         if path is None:
             from .random_checkpoint import builtin_model_path
@@ -69,6 +74,6 @@ def load_model(
     with phase(f"loading the weights ({torch_dtype} on {device}) and building the model graph (compiled once, then "
                "read from the compile cache)" if backend == "mojo" else f"loading the weights ({torch_dtype} on {device})"):
         model = Qwen3Model(config, weights, device=device, backend=backend, weight_dtype=weight_dtype,
-                           kv_cache_dtype=kv_cache_dtype)
+                           kv_cache_dtype=kv_cache_dtype, gpu_options=gpu_options)
     return_free_heap()
     return model

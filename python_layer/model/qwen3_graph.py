@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from bindings import graph as mili, library  # library sets MODULAR_CACHE_DIR before max is imported
+from bindings.gpu_options import ENVIRONMENT, GpuOptions
 from bindings.reference import rope_inv_freq
 
 from max._mlir_context import ensure_default_mlir_context  # noqa: E402
@@ -61,9 +62,11 @@ def _block_k(model: "Qwen3Model") -> int:
 
 
 def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: torch.dtype, device_key: str,
-                block_k: int = 0, kv_cache_dtype: Optional[torch.dtype] = None, batch_one: bool = False) -> Graph:
+                block_k: int = 0, kv_cache_dtype: Optional[torch.dtype] = None, batch_one: bool = False,
+                options: GpuOptions = GpuOptions()) -> Graph:
     """batch_one: the graph of a step of one token of one sequence (T = B = L = 1, static), its linears W @ x^T
-    through MAX's matmul: see library.batch1_graph_setting. It takes the weights as a GPU holds them, dense [N, K]."""
+    through MAX's matmul: see GpuOptions.batch1_graph. It takes the weights as a GPU holds them, dense [N, K].
+    options: the GPU kernels the graph's ops launch (bindings/gpu_options.py)."""
     c, dev = config, library.device_ref(device_key)
     kv_dtype = kv_cache_dtype or dtype
     i32 = lambda *dims: TensorType(DType.int32, list(dims), dev)
@@ -108,33 +111,38 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
         for i in range(c.num_hidden_layers):
             p = f"layers.{i}."
             if residual is None:
-                residual, x = hidden, mili.rms_norm(hidden, w[p + "input_norm"], c.rms_norm_eps)
+                residual, x = hidden, mili.rms_norm(hidden, w[p + "input_norm"], c.rms_norm_eps, options)
             else:
-                x, residual = mili.fused_add_rms_norm(hidden, residual, w[p + "input_norm"], c.rms_norm_eps)
+                x, residual = mili.fused_add_rms_norm(hidden, residual, w[p + "input_norm"], c.rms_norm_eps, options)
             qkv = linear(x, p + "qkv_proj", w.get(p + "qkv_bias"))
             # q/k slices, head norms, RoPE and the KV store in one op, and with the flash kernels attention too: on
             # a GPU a decode step's in one kernel
             norm_rope_store = (qkv, w[p + "q_norm"], w[p + "k_norm"], c.rms_norm_eps, positions, inv_freq, rope_scale,
                                k_caches[i], v_caches[i], slots)
             attention = (page_table, context_lens, query_start, c.head_dim**-0.5)
-            if mili.model_runs_qkv_attention():
-                o = mili.qkv_attention(*norm_rope_store, *attention)
+            if options.runs_qkv_attention:
+                o = mili.qkv_attention(*norm_rope_store, *attention, options)
             else:
                 q = mili.qk_norm_rope_store(*norm_rope_store)
-                o = mili.paged_attention(q, k_caches[i], v_caches[i], *attention)
+                if options.flash_attention:
+                    o = mili.paged_attention_flash(q, k_caches[i], v_caches[i], *attention, options)
+                else:
+                    o = mili.paged_attention(q, k_caches[i], v_caches[i], *attention)
             hidden = linear(ops.reshape(o, [-1, q_size]), p + "o_proj")
-            x, residual = mili.fused_add_rms_norm(hidden, residual, w[p + "post_attention_norm"], c.rms_norm_eps)
+            x, residual = mili.fused_add_rms_norm(hidden, residual, w[p + "post_attention_norm"], c.rms_norm_eps,
+                                                  options)
             hidden = linear(mili.silu_and_mul(linear(x, p + "gate_up_proj")), p + "down_proj")
         hidden, residual = ops.gather(hidden, logits_indices, axis=0), ops.gather(residual, logits_indices, axis=0)
-        x, _ = mili.fused_add_rms_norm(hidden, residual, w["final_norm"], c.rms_norm_eps)
+        x, _ = mili.fused_add_rms_norm(hidden, residual, w["final_norm"], c.rms_norm_eps, options)
         g.output(ops.cast(linear(x, "lm_head"), DType.float32))
     return g
 
 
 def model_graph(model: "Qwen3Model", weights: Dict[str, torch.Tensor], device_key: str, batch_one: bool = False) -> Graph:
-    """The graph of `model` (its graph_weights) on device_key (batch_one: its batch-1 graph): what CompiledQwen3
-    compiles, and benchmarks/gpu_precompile.py for a GPU lease."""
-    return build_graph(model.config, weights, model.dtype, device_key, _block_k(model), model.kv_cache_dtype, batch_one)
+    """The graph of `model` (its graph_weights) on device_key (batch_one: its batch-1 graph), with the model's
+    GpuOptions: what CompiledQwen3 compiles, and benchmarks/gpu/precompile.py for the GPU suite."""
+    return build_graph(model.config, weights, model.dtype, device_key, _block_k(model), model.kv_cache_dtype, batch_one,
+                       model.gpu_options)
 
 
 BATCH_ONE_TOLERANCE = 0.07
@@ -142,7 +150,7 @@ BATCH_ONE_TOLERANCE = 0.07
 matmuls sum in another order, and in bfloat16 a rounding one ulp apart grows over the layers: on Qwen3-0.6B's shape
 with random weights, float32 sums in other orders rounded once to bfloat16 put the logits 1.7-3.5% apart (token 0,
 as the check runs it: 1.8%), and one wrong matmul (the middle layer's o_proj, its output rows permuted) 14-20%
-(benchmarks/matmul_order_drift.py): 0.07 is 2x from both."""
+(benchmarks/engine/matmul_order_drift.py): 0.07 is 2x from both."""
 
 
 def check_batch_one_logits(one: torch.Tensor, dynamic: torch.Tensor) -> None:
@@ -151,29 +159,29 @@ def check_batch_one_logits(one: torch.Tensor, dynamic: torch.Tensor) -> None:
     worst, scale = float((one - dynamic).abs().max()), float(dynamic.abs().max())
     if not worst <= BATCH_ONE_TOLERANCE * scale:
         raise RuntimeError(f"the batch-1 graph's logits differ from the dynamic graph's by up to {worst:.3g} (of "
-                           f"{scale:.3g}) on a one-token step: unset {library.BATCH1_GRAPH_SETTING}")
+                           f"{scale:.3g}) on a one-token step: unset {ENVIRONMENT['batch1_graph']}")
 
 
 class CompiledQwen3:
     """Qwen3Model.forward as one compiled MAX graph. Loading compiles it (or takes it from MAX's cache) and
     binds the weights; `load_seconds` says how long that took, `vendor_blas` whether its matmuls call cuBLAS (on a GPU
-    with MILI_GPU_VENDOR_BLAS=1, read as it loads). With a batch-1 graph beside it (`batch_one_model`), the steps of
-    one token of one sequence whose logits are asked for run on that one."""
+    with the model's GpuOptions.vendor_blas). With a batch-1 graph beside it (`batch_one_model`), the steps of one
+    token of one sequence whose logits are asked for run on that one."""
 
     def __init__(self, model: "Qwen3Model", batch_one_graph: Optional[bool] = None) -> None:
-        """batch_one_graph: load the batch-1 graph too (None: on a GPU with MILI_GPU_BATCH1_GRAPH=1, read as it loads);
-        it must give the dynamic graph's logits on a one-token step, else RuntimeError."""
+        """batch_one_graph: load the batch-1 graph too (None: on a GPU with the model's GpuOptions.batch1_graph); it
+        must give the dynamic graph's logits on a one-token step, else RuntimeError."""
         if model.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"the mojo backend runs float32 or bfloat16, not {model.dtype}: pass dtype='bfloat16' "
                              "or backend='reference'")
         self.config, self.device_key = model.config, library.device_key(model.device)
         if batch_one_graph is None:
-            batch_one_graph = self.device_key != "cpu" and library.batch1_graph_setting()
+            batch_one_graph = self.device_key != "cpu" and model.gpu_options.batch1_graph
         weights = graph_weights(model)
         started = time.perf_counter()
         # MAX 26.7 enters its MLIR context for the main thread only; the server loads models on a worker thread
         with ensure_default_mlir_context():
-            self.vendor_blas = self.device_key != "cpu" and library.vendor_blas_setting()
+            self.vendor_blas = self.device_key != "cpu" and model.gpu_options.vendor_blas
             session = library.session(self.device_key, self.vendor_blas)
             self.model = session.load(model_graph(model, weights, self.device_key), weights_registry=weights)
             self.batch_one_model = None

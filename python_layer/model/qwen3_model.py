@@ -9,6 +9,7 @@ from typing import Optional, Protocol
 import torch
 
 from bindings import library
+from bindings.gpu_options import GpuOptions
 from bindings.ops import KV_CACHE_RULE, kv_cache_supported
 from bindings.reference import can_tile, tile_columns, tile_weight
 
@@ -90,8 +91,10 @@ class Qwen3Model:
     """Qwen3 causal LM. `forward` runs one step of a ragged batch and returns logits only where asked."""
 
     def __init__(self, config: Qwen3Config, weight_loader: WeightLoader, device: str = "cpu", backend: str = DEFAULT_BACKEND,
-                 weight_dtype: str = "auto", kv_cache_dtype: str = "auto") -> None:
+                 weight_dtype: str = "auto", kv_cache_dtype: str = "auto",
+                 gpu_options: GpuOptions = GpuOptions()) -> None:
         self.config = config
+        self.gpu_options = gpu_options
         self.device = torch.device(device)
         self.dtype = weight_loader.dtype
         self.backend = check_backend(backend)

@@ -16,6 +16,8 @@ from typing import Callable, Iterator, Optional
 
 import uvicorn
 
+from bindings.gpu_options import GpuOptions
+
 from ..inference.async_engine import AsyncEngine
 from ..inference.inference_engine import InferenceEngine
 from ..inference.metrics import EngineMetrics
@@ -66,7 +68,8 @@ def make_loader(args: argparse.Namespace) -> Callable[[EngineMetrics], AsyncEngi
         # --kv-memory-fraction's share of the memory free before the weights: more than after, as room to leave
         model = load_model(path, device=args.device, dtype=args.dtype, backend=args.backend, on_phase=_phase,
                            weight_dtype=args.weight_dtype, kv_cache_dtype=args.kv_cache_dtype,
-                           num_kv_pages=args.kv_pages, kv_cache_memory_gb=_kv_memory_gb(args), page_size=args.page_size)
+                           num_kv_pages=args.kv_pages, kv_cache_memory_gb=_kv_memory_gb(args), page_size=args.page_size,
+                           gpu_options=args.gpu_options)
         with _phase("allocating the KV cache and warming up"):
             engine = InferenceEngine(model, num_kv_pages=args.kv_pages, kv_cache_memory_gb=_kv_memory_gb(args),
                                      page_size=args.page_size, max_model_len=args.max_model_len,
@@ -117,6 +120,11 @@ class _Server(uvicorn.Server):
 def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args.served_model_name = args.served_model_name or served_name(args)
+    try:  # before the server starts: a bad value stops it here, naming the variable
+        args.gpu_options = GpuOptions.from_environment()
+    except ValueError as e:
+        print(f"mili: error: {e}", file=sys.stderr)
+        return 2
     api_key = args.api_key or os.environ.get("MILI_API_KEY")
     config = ServerConfig(model_name=args.served_model_name, api_key=api_key, max_queue_len=args.max_queue_len,
                           sampling_defaults=getattr(args, "sampling_defaults", {}))

@@ -9,7 +9,8 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
 
 ops = pytest.importorskip("bindings.ops", reason="MAX is not installed")
-from bindings import graph, reference as ref  # noqa: E402
+from bindings import reference as ref  # noqa: E402
+from bindings.gpu_options import GpuOptions  # noqa: E402
 
 
 GPU_CASES = [c for c in kernel_cases() if c.values[0] is not run_linear_tiled]  # tiled weights: a CPU layout
@@ -23,9 +24,9 @@ def test_op_matches_reference_on_gpu(runner, dtype: torch.dtype, case) -> None:
 
 @pytest.mark.parametrize("runner, dtype, case", [c for c in kernel_cases() if c.values[0] is run_attention])
 def test_plain_attention_kernels_match_reference_on_gpu(monkeypatch, runner, dtype: torch.dtype, case) -> None:
-    """The plain GPU attention kernels, which MILI_GPU_FLASH_ATTENTION=0 takes instead of the flash ones (the
+    """The plain GPU attention kernels, which GpuOptions(flash_attention=False) takes instead of the flash ones (the
     default, which the test above runs), on every attention case."""
-    monkeypatch.setattr(graph, "FLASH_ATTENTION", False)
+    monkeypatch.setattr(ops, "GPU_OPTIONS", GpuOptions(flash_attention=False))
     torch.manual_seed(hash(str(case)) % 2**31)
     runner(ops, "cuda", dtype, case)
 
@@ -34,9 +35,9 @@ def test_plain_attention_kernels_match_reference_on_gpu(monkeypatch, runner, dty
                                                   and c.values[1] == torch.bfloat16])
 def test_flash_prefill_with_two_row_tiles_a_block_matches_reference_on_gpu(monkeypatch, runner, dtype: torch.dtype,
                                                                           case) -> None:
-    """MILI_GPU_PREFILL_PAIRS=1: every block of the prefill kernel takes a heavy row tile and its mirror, which it
-    does by itself only where the row tiles outnumber the SMs (2,048 tokens and more, not the cases' sizes)."""
-    monkeypatch.setenv("MILI_GPU_PREFILL_PAIRS", "1")
+    """GpuOptions(prefill_pairs=True): every block of the prefill kernel takes a heavy row tile and its mirror, which
+    it does by itself only where the row tiles outnumber the SMs (2,048 tokens and more, not the cases' sizes)."""
+    monkeypatch.setattr(ops, "GPU_OPTIONS", GpuOptions(prefill_pairs=True))
     torch.manual_seed(hash(str(case)) % 2**31)
     runner(ops, "cuda", dtype, case)
 

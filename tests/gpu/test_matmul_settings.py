@@ -1,6 +1,6 @@
-"""The model's GPU matmul settings (bindings/library.py), each on a model loaded with it:
-- MILI_GPU_VENDOR_BLAS=1: the model graph's matmuls through cuBLAS;
-- MILI_GPU_BATCH1_GRAPH=1: steps of one token of one sequence on a batch-1 graph, its matmuls W @ x^T.
+"""The model's GPU matmul options (bindings/gpu_options.py), each on a model loaded with it:
+- vendor_blas: the model graph's matmuls through cuBLAS;
+- batch1_graph: steps of one token of one sequence on a batch-1 graph, its matmuls W @ x^T.
 Its bfloat16 logits, of a prefill and of the same prompt decoded a token at a time, drift from transformers' float32
 ones no more than transformers' own bfloat16 does, as with the default graph; and its decode steps replayed as device
 graphs (inside MAX's capture) give the tokens of the steps run op by op, down to batch 1 as requests finish."""
@@ -17,21 +17,20 @@ if not torch.cuda.is_available():
 
 from transformers import Qwen3ForCausalLM  # noqa: E402
 
-from bindings import library  # noqa: E402
+from bindings.gpu_options import GpuOptions  # noqa: E402
 from python_layer import InferenceEngine, SamplingParams  # noqa: E402
 from python_layer.model.loader import load_model  # noqa: E402
 from tests.engine_checks import no_request_holds_pages, random_prompts  # noqa: E402
 from tests.integration.test_parity import _Batch, _hf, _hf_logits, _prompts, _rel_err  # noqa: E402
 
-SETTINGS = {"vendor_blas": library.VENDOR_BLAS_SETTING, "batch1_graph": library.BATCH1_GRAPH_SETTING}
+SETTINGS = ("batch1_graph", "vendor_blas")
 pytestmark = pytest.mark.xdist_group("matmul_settings")
 
 
-@pytest.fixture(scope="module", params=sorted(SETTINGS))
+@pytest.fixture(scope="module", params=SETTINGS)
 def setting_model(request: pytest.FixtureRequest, tiny_checkpoint: Path):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(SETTINGS[request.param], "1")  # read as the model loads
-        return request.param, load_model(tiny_checkpoint, device="cuda", dtype="bfloat16")
+    options = GpuOptions(**{request.param: True})
+    return request.param, load_model(tiny_checkpoint, device="cuda", dtype="bfloat16", gpu_options=options)
 
 
 def test_the_model_loaded_with_the_setting_takes_it(setting_model, cuda_model) -> None:

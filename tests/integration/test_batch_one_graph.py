@@ -1,4 +1,4 @@
-"""The batch-1 graph (MILI_GPU_BATCH1_GRAPH=1, model/qwen3_graph.py): a step of one token of one sequence on a graph
+"""The batch-1 graph (GpuOptions.batch1_graph, model/qwen3_graph.py): a step of one token of one sequence on a graph
 static in its batch, whose linears are W @ x^T through MAX's matmul. A GPU setting; its graph is built and run here
 on a CPU (float32, whose weights stay [N, K] there) to check what it computes. Compiling it takes ~100 s, so that
 run is a slow test; tests/gpu/test_matmul_settings.py runs it on a GPU."""

@@ -4,6 +4,7 @@ runs. (MAX's own Qwen3 pipeline, its third peer, does not run on a CPU: benchmar
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -20,7 +21,7 @@ from benchmarks.gpu import e2e as device_e2e
 from benchmarks.gpu import summary as gpu_summary
 from benchmarks.gpu import systems as e2e_systems
 
-from bindings import graph  # noqa: E402
+from bindings.gpu_options import GpuOptions
 
 
 @pytest.fixture
@@ -72,7 +73,7 @@ def test_latency_and_throughput_of_each_system_started_once(small: list[str], tm
                                     "--output-len", "3", "40"]) == 0
     assert opened == ["mili", "transformers"]
     (written,) = tmp_path.glob("latency-cpu-*.json")
-    assert json.loads(written.read_text())["meta"]["gpu_settings"] == {"MILI_GPU_VENDOR_BLAS": "0"}
+    assert json.loads(written.read_text())["meta"]["gpu_settings"] == dataclasses.asdict(GpuOptions())
     latency, throughput = _rows(tmp_path, "latency"), _rows(tmp_path, "throughput")
     assert sorted(latency) == sorted(throughput) == ["mili", "transformers"]
     assert all(row["ttft_30_ms"] > 0 and "error" not in row for row in latency.values())
@@ -174,7 +175,7 @@ def test_gpu_summary_writes_the_commit_it_is_given(tmp_path: Path) -> None:
 def test_decode_profile_splits_the_devices_idle_time_into_launch_gaps_and_waits() -> None:
     """Gaps between a device's kernels (time ranges in us): under 10 us a launch, longer a wait for the host; a kernel
     inside another's span (another stream) leaves no gap; host events do not count."""
-    import decode_profile
+    from benchmarks.engine import decode_profile
 
     cuda = torch.autograd.DeviceType.CUDA
     event = lambda start, end, device=cuda: SimpleNamespace(time_range=SimpleNamespace(start=start, end=end),
@@ -190,7 +191,7 @@ def test_decode_profile_times_the_decode_steps_of_each_batch(tiny_checkpoint: Pa
     """benchmarks/engine/decode_profile.py (the GPU suite's view of where a step's time goes), run here on a CPU: the steps
     of each batch are timed after its prefill; no CUDA kernel is seen on a CPU; the host's own time per Python
     function (on a CPU the model's execution, inside MAX, is the host's)."""
-    import decode_profile
+    from benchmarks.engine import decode_profile
 
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     assert decode_profile.main(["--device", "cpu", "--model", str(tiny_checkpoint), "--batches", "1,3",
@@ -210,12 +211,9 @@ def test_decode_profile_times_the_decode_steps_of_each_batch(tiny_checkpoint: Pa
         "profiled"]
     assert all(r["wall_ms_per_step"] > 0 and r["profiled_wall_ms_per_step"] > 0 and r["device_busy_ms_per_step"] == 0
                and r["short_gaps_ms_per_step"] == r["long_gaps_ms_per_step"] == 0 for r in rows)
-    assert {r["attention"] for r in rows} == {decode_profile.attention_graph()}
+    assert {r["attention"] for r in rows} == {decode_profile.attention_graph(GpuOptions())}
     for flash, one_op, said in [(True, True, "flash kernels, one op (qkv_attention)"), (True, False, "flash kernels, two ops"),
                                 (False, True, "plain kernels, two ops")]:
-        monkeypatch.setattr(graph, "FLASH_ATTENTION", flash)
-        monkeypatch.setattr(graph, "QKV_ATTENTION", one_op)
-        assert decode_profile.attention_graph() == said
-    monkeypatch.setenv("MILI_GPU_PDL", "1")
-    assert decode_profile.attention_graph() == "plain kernels, two ops, PDL launches"
+        assert decode_profile.attention_graph(GpuOptions(flash_attention=flash, qkv_attention=one_op)) == said
+    assert decode_profile.attention_graph(GpuOptions(flash_attention=False, pdl=True)) == "plain kernels, two ops, PDL launches"
     assert {r["matmuls"] for r in rows} == {"MAX's own"}  # as the model loaded them (tests/gpu: cuBLAS)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import Qwen3ForCausalLM
 
-from bindings import graph
+from bindings.gpu_options import GpuOptions
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.attention_metadata import SequenceChunk, build_step_inputs
 from python_layer.model.loader import load_model
@@ -147,18 +147,15 @@ def test_qwen3_0_6b_shape_greedy_matches_transformers(qwen3_0_6b_checkpoint: Pat
 
 
 @DEVICES
-def test_one_op_attention_graph_equals_two_ops(tiny_checkpoint: Path, device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_op_attention_graph_equals_two_ops(tiny_checkpoint: Path, device: str) -> None:
     """The model graph's qkv_attention against qk_norm_rope_store then the flash attention op
-    (MILI_GPU_QKV_ATTENTION=0), over a prefill and decode steps: on a CPU the same kernels in the same order (equal),
+    (GpuOptions.qkv_attention off), over a prefill and decode steps: on a CPU the same kernels in the same order (equal),
     on a GPU the decode steps' one kernel against two (the sum of squares of the q/k norms adds in another order, and
     MAX's Hopper matmul rounds float32 inputs to TF32, where a last-bit difference can become a rounding step of 2^-11:
     the bound of the parity test above; a wrong kernel is off by far more)."""
-    if not graph.FLASH_ATTENTION:
-        pytest.skip("MILI_GPU_FLASH_ATTENTION=0: the model graph runs the two ops")
     logits = []
     for one_op in (True, False):
-        monkeypatch.setattr(graph, "QKV_ATTENTION", one_op)
-        model = load_model(tiny_checkpoint, device=device, dtype="float32")
+        model = load_model(tiny_checkpoint, device=device, dtype="float32", gpu_options=GpuOptions(qkv_attention=one_op))
         prompts = _prompts(model.config.vocab_size)
         batch = _Batch(model, len(prompts))
         steps = [batch.forward(prompts, all_logits=True)]

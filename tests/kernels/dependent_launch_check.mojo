@@ -1,25 +1,13 @@
 # Which launch the decode step's kernels get (utils/dependent_launch.mojo), run on a CPU
-# (tests/kernels/test_gpu_kernel_helpers.py) with MILI_GPU_PDL as the test sets it: one attribute (PDL) for 1, none
-# for 0 or unset, an error that names the setting for anything else. Built with --target-accelerator sm_90, as MAX
-# builds a graph's host code for an H100 (without an accelerator PDL is never asked for).
-from std.os import getenv
-
-from mojo_kernels.utils.dependent_launch import PDL_SETTING, dependent_launch
+# (tests/kernels/test_gpu_kernel_helpers.py): one attribute (PDL) with pdl, none without. Built with
+# --target-accelerator sm_90, as MAX builds a graph's host code for an H100 (without an accelerator PDL is never
+# asked for).
+from mojo_kernels.utils.dependent_launch import dependent_launch
 
 
 def main() raises:
-    var setting = getenv(PDL_SETTING)
-    var valid = setting == "" or setting == "0" or setting == "1"
-    var attributes: Int
-    try:
-        attributes = len(dependent_launch())
-    except e:
-        if valid or PDL_SETTING not in String(e):
-            raise e^
-        print("ok:", PDL_SETTING, "='", setting, "' refused", sep="")
-        return
-    if not valid:
-        raise Error("no error for ", PDL_SETTING, "='", setting, "'")
-    if attributes != (1 if setting == "1" else 0):
-        raise Error(PDL_SETTING, "='", setting, "': ", attributes, " launch attributes")
-    print("ok:", PDL_SETTING, "='", setting, "': ", attributes, " launch attributes", sep="")
+    var with_pdl = len(dependent_launch[True]())
+    var without = len(dependent_launch[False]())
+    if with_pdl != 1 or without != 0:
+        raise Error("launch attributes: ", with_pdl, " with pdl (want 1), ", without, " without (want 0)")
+    print("ok: 1 launch attribute with pdl, none without")

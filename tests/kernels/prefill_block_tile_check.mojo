@@ -3,7 +3,7 @@
 # tiles a block, every row tile of every sequence goes to exactly one of a KV head's prefill_blocks, a block's
 # first tile is its sequence's heaviest left (the last row tiles first) and with two its second is that tile's
 # mirror; 1 to 8 query heads a KV head. Where the masked key tiles start, that two blocks' shared memory fits an
-# SM, prefill_tiles_per_block's choice and its setting.
+# SM, prefill_tiles_per_block's choice and the choice forced by GpuOptions.prefill_pairs.
 from std.math import ceildiv
 from std.random import random_ui64, seed
 
@@ -64,17 +64,10 @@ def check_blocks() raises -> Int:
 
 
 def check_choice() raises:
-    if prefill_tiles_per_block(256, 132, "") != 2 or prefill_tiles_per_block(128, 132, "") != 1:
+    if prefill_tiles_per_block(256, 132, -1) != 2 or prefill_tiles_per_block(128, 132, -1) != 1:
         raise Error("two row tiles a block only where there are more row tiles than SMs")
-    if prefill_tiles_per_block(256, 132, "0") != 1 or prefill_tiles_per_block(8, 132, "1") != 2:
-        raise Error("MILI_GPU_PREFILL_PAIRS not followed")
-    try:
-        _ = prefill_tiles_per_block(8, 132, "yes")
-    except e:
-        if "MILI_GPU_PREFILL_PAIRS is 'yes'" not in String(e):
-            raise Error("unclear error: ", e)
-        return
-    raise Error("MILI_GPU_PREFILL_PAIRS=yes accepted")
+    if prefill_tiles_per_block(256, 132, 0) != 1 or prefill_tiles_per_block(8, 132, 1) != 2:
+        raise Error("prefill_pairs (0: one row tile a block, 1: two) not followed")
 
 
 def check_diagonal() raises:

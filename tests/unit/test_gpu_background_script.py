@@ -17,7 +17,7 @@ BUNDLE = SCRIPT.parent / "bundle.sh"
 
 def _background(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, OUT=str(tmp_path / "out"), KIT_DIR=str(tmp_path / "kit"), BUNDLE_DIR=str(tmp_path / "bundle"),
-               GPU_SUITE_LOGS=str(tmp_path / "logs"), SUITE_REPO=str(tmp_path / "repo"), MILI_COMMIT="abc1234")
+               GPU_SUITE_LOGS=str(tmp_path / "logs"), SUITE_REPO=str(tmp_path / "repo"))
     (tmp_path / "out").mkdir(exist_ok=True)
     return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=120)
 

@@ -347,7 +347,7 @@ def _decode_attention_gpu[dtype: DType, cache_type: DType, group: Int, from_qkv:
                 partial.unsafe_store(dst + d + 1, l_all)
 
 
-def _enqueue_decode[dtype: DType, cache_type: DType, group: Int, from_qkv: Bool](
+def _enqueue_decode[dtype: DType, cache_type: DType, group: Int, from_qkv: Bool, pdl: Bool](
     ctx: DeviceContext, output: Ptr[dtype], partial: Ptr[F32], q: Ptr[dtype], k_cache: Ptr[cache_type],
     v_cache: Ptr[cache_type], page_table: Ptr[DType.int32], context_lens: Ptr[DType.int32],
     query_start: Ptr[DType.int32], scale: Ptr[F32], rope: QkvRope[dtype], batch: Int, max_pages: Int, kv_heads: Int,
@@ -358,18 +358,19 @@ def _enqueue_decode[dtype: DType, cache_type: DType, group: Int, from_qkv: Bool]
         ptr(rope.k_norm), ptr(rope.eps), ptr(rope.positions), ptr(rope.inv_freq), ptr(rope.rope_scale), ptr(rope.slots),
         Int32(max_pages), Int32(kv_heads),
         Int32(head_dim), Int32(page_size), Int32(splits),
-        grid_dim=(batch, kv_heads, splits), block_dim=DECODE_THREADS, attributes=dependent_launch(),
+        grid_dim=(batch, kv_heads, splits), block_dim=DECODE_THREADS, attributes=dependent_launch[pdl](),
     )
 
 
-def decode_attention_gpu[dtype: DType, cache_type: DType, from_qkv: Bool = False](
+def decode_attention_gpu[dtype: DType, cache_type: DType, pdl: Bool, from_qkv: Bool = False](
     ctx: DeviceContext, output: Ptr[dtype], q: Ptr[dtype], k_cache: Ptr[cache_type], v_cache: Ptr[cache_type],
     page_table: Ptr[DType.int32], context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale: Ptr[F32],
     batch: Int, max_pages: Int, q_heads: Int, kv_heads: Int, head_dim: Int, page_size: Int,
     rope: Optional[QkvRope[dtype]] = None,
 ) raises:
     """Enqueues the split-KV decode kernel (decode_supported batches), then the merge when the keys are split.
-    from_qkv: q is the fused projection's output qkv, with `rope`'s inputs (given)."""
+    from_qkv: q is the fused projection's output qkv, with `rope`'s inputs (given). pdl: both launch with Hopper's
+    programmatic dependent launch (utils/dependent_launch.mojo)."""
     var group = q_heads // kv_heads
     var sms = ctx.get_attribute(DeviceAttribute.MULTIPROCESSOR_COUNT)
     var splits = decode_splits(batch, kv_heads, max_pages * page_size, sms * decode_blocks_per_sm(group))
@@ -379,12 +380,12 @@ def decode_attention_gpu[dtype: DType, cache_type: DType, from_qkv: Bool = False
     comptime for gr in range(1, 9):
         comptime if decode_group_supported(gr):
             if group == gr:
-                _enqueue_decode[dtype, cache_type, gr, from_qkv](ctx, output, p, q, k_cache, v_cache, page_table,
+                _enqueue_decode[dtype, cache_type, gr, from_qkv, pdl](ctx, output, p, q, k_cache, v_cache, page_table,
                                                                 context_lens, query_start, scale, qkv_rope, batch,
                                                                 max_pages, kv_heads, head_dim, page_size, splits)
     if splits > 1:
         ctx.enqueue_function[merge_splits_gpu[dtype]](
             output, p, Int32(q_heads), Int32(head_dim), Int32(splits), grid_dim=(batch, q_heads), block_dim=GPU_BLOCK,
-            attributes=dependent_launch(),
+            attributes=dependent_launch[pdl](),
         )
     _ = partial^  # freed in stream order, after the kernels that use it

@@ -26,7 +26,6 @@ from max.gpu.memory import async_copy, async_copy_commit_group, async_copy_wait_
 from max.gpu.primitives import warp
 from max.gpu.sync import barrier
 from std.math import ceildiv, exp2
-from std.os import getenv
 from std.sys import size_of
 from std.utils.static_tuple import StaticTuple
 
@@ -68,22 +67,17 @@ def _row_reduce_sum(x: Float32) -> Float32:
     return y + warp.shuffle_xor(y, UInt32(2))
 
 
-comptime PAIRS_SETTING = "MILI_GPU_PREFILL_PAIRS"
-"""1: a block always takes two row tiles, 0: one; unset: prefill_tiles_per_block chooses (for measuring both)."""
-
-
-def prefill_tiles_per_block(row_tiles: Int, sms: Int, setting: String) raises -> Int:
+def prefill_tiles_per_block(row_tiles: Int, sms: Int, pairs: Int) -> Int:
     """Row tiles per block: 2 where the step's row tiles (over all KV heads) outnumber the SMs, else 1.
     Causal row tile t takes t + 1 key tiles, and the blocks start heaviest first, so with two blocks an SM (i and
     i + SMs, in launch order) the heavy tiles share their SMs with the middle ones: at 2,048 tokens (256 blocks on
     132 SMs) the SM with the heaviest tile has 48 key tiles to run where the mean is 33. A block taking tile t and
-    its mirror T - 1 - t has T + 1, whichever it gets, at one block an SM. `setting` is PAIRS_SETTING's value."""
-    if setting == "1":
+    its mirror T - 1 - t has T + 1, whichever it gets, at one block an SM. `pairs` (GpuOptions.prefill_pairs,
+    bindings/gpu_options.py) forces the choice: 1 two row tiles a block, 0 one, -1 this rule."""
+    if pairs == 1:
         return 2
-    if setting == "0":
+    if pairs == 0:
         return 1
-    if setting != "":
-        raise Error(PAIRS_SETTING, " is '", setting, "': set 1 (a block takes two row tiles) or 0 (one), or unset it")
     return 2 if row_tiles > sms else 1
 
 
@@ -401,7 +395,7 @@ def _attend_row_tile[D: Int](
                 output.unsafe_store(at + dt * 8 + tig * 2, pair.cast[BF16]())
 
 
-def prefill_attention_gpu(
+def prefill_attention_gpu[pairs: Int](
     ctx: DeviceContext, output: Ptr[BF16], q: Ptr[BF16], k_cache: Ptr[BF16], v_cache: Ptr[BF16],
     page_table: Ptr[DType.int32], context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale: Ptr[F32],
     tokens: Int, batch: Int, max_pages: Int, q_heads: Int, kv_heads: Int, head_dim: Int, page_size: Int,
@@ -409,7 +403,7 @@ def prefill_attention_gpu(
     """Enqueues the tensor-core kernel (prefill_supported batches)."""
     var group = q_heads // kv_heads
     var per_block = prefill_tiles_per_block(kv_heads * ceildiv(tokens * group, BLOCK_ROWS),
-                                            ctx.get_attribute(DeviceAttribute.MULTIPROCESSOR_COUNT), getenv(PAIRS_SETTING))
+                                            ctx.get_attribute(DeviceAttribute.MULTIPROCESSOR_COUNT), pairs)
     var grid = (kv_heads, prefill_blocks(tokens, batch, group, per_block))
     comptime for i in range(2):
         comptime d = 64 << i

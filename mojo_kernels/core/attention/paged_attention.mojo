@@ -4,7 +4,7 @@
 # `mili_paged_attention_flash` is the same op, except that on a GPU a batch of decode tokens (one per sequence)
 # goes to the split-KV decode kernel (gpu_decode.mojo) and other bfloat16 batches to the tensor-core
 # FlashAttention-2 kernel (gpu_prefill.mojo), where they take the shape. The model graph uses it unless
-# MILI_GPU_FLASH_ATTENTION=0 (bindings/graph.py).
+# GpuOptions.flash_attention is off (bindings/gpu_options.py), whose pdl and prefill_pairs it takes as parameters.
 from extensibility import register, InputTensor, OutputTensor
 from extensibility import _MutableInputTensor as MutableInputTensor
 from max.gpu.host import DeviceContext
@@ -18,7 +18,7 @@ from .gpu_decode import decode_attention_gpu, decode_supported
 from .gpu_prefill import prefill_attention_gpu, prefill_supported
 
 
-def _paged_attention[dtype: DType, cache_type: DType, //, target: StaticString, flash: Bool](
+def _paged_attention[dtype: DType, cache_type: DType, //, target: StaticString, flash: Bool, pdl: Bool, pairs: Int](
     output: OutputTensor[dtype=dtype, rank=3, ...],
     k_cache: MutableInputTensor[dtype=cache_type, rank=4, ...],  # read only; mutable so graphs pass the caches by reference
     v_cache: MutableInputTensor[dtype=cache_type, rank=4, ...],
@@ -47,14 +47,14 @@ def _paged_attention[dtype: DType, cache_type: DType, //, target: StaticString, 
             q_heads, kv_heads, head_dim, page_size, rebind[CpuContext](ctx),
         )
         return
-    attention_on_gpu[flash](
+    attention_on_gpu[flash, pdl, pairs](
         ctx, output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), page_table.unsafe_ptr(),
         context_lens.unsafe_ptr(), query_start.unsafe_ptr(), scale.unsafe_ptr(), tokens, batch, max_pages, q_heads,
         kv_heads, head_dim, page_size,
     )
 
 
-def attention_on_gpu[dtype: DType, cache_type: DType, //, flash: Bool](
+def attention_on_gpu[dtype: DType, cache_type: DType, //, flash: Bool, pdl: Bool, pairs: Int](
     ctx: DeviceContext, output: Ptr[dtype], q: Ptr[dtype], k_cache: Ptr[cache_type], v_cache: Ptr[cache_type],
     page_table: Ptr[DType.int32], context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale: Ptr[F32],
     tokens: Int, batch: Int, max_pages: Int, q_heads: Int, kv_heads: Int, head_dim: Int, page_size: Int,
@@ -62,13 +62,13 @@ def attention_on_gpu[dtype: DType, cache_type: DType, //, flash: Bool](
     """Enqueues the op's GPU kernels (checked shapes, tokens > 0)."""
     comptime if flash:
         if decode_supported[cache_type](tokens, batch, head_dim, q_heads // kv_heads):
-            decode_attention_gpu[dtype, cache_type](ctx, output, q, k_cache, v_cache, page_table, context_lens,
+            decode_attention_gpu[dtype, cache_type, pdl](ctx, output, q, k_cache, v_cache, page_table, context_lens,
                                                     query_start, scale, batch, max_pages, q_heads, kv_heads, head_dim,
                                                     page_size)
             return
         comptime if dtype == DType.bfloat16 and cache_type == DType.bfloat16:
             if prefill_supported[dtype, cache_type](tokens, batch, head_dim):
-                prefill_attention_gpu(
+                prefill_attention_gpu[pairs](
                     ctx, rebind[Ptr[DType.bfloat16]](output), rebind[Ptr[DType.bfloat16]](q),
                     rebind[Ptr[DType.bfloat16]](k_cache), rebind[Ptr[DType.bfloat16]](v_cache), page_table,
                     context_lens, query_start, scale, tokens, batch, max_pages, q_heads, kv_heads, head_dim, page_size,
@@ -92,13 +92,13 @@ struct PagedAttention:
         scale: InputTensor[dtype=DType.float32, rank=1, ...],
         ctx: DeviceContext,
     ) raises:
-        _paged_attention[target, False](output, k_cache, v_cache, q, page_table, context_lens, query_start, scale, ctx)
+        _paged_attention[target, False, False, -1](output, k_cache, v_cache, q, page_table, context_lens, query_start, scale, ctx)
 
 
 @register("mili_paged_attention_flash")
 struct PagedAttentionFlash:
     @staticmethod
-    def execute[dtype: DType, cache_type: DType, //, target: StaticString](
+    def execute[dtype: DType, cache_type: DType, //, target: StaticString, pdl: Bool, prefill_pairs: Int](
         output: OutputTensor[dtype=dtype, rank=3, ...],
         k_cache: MutableInputTensor[dtype=cache_type, rank=4, ...],
         v_cache: MutableInputTensor[dtype=cache_type, rank=4, ...],
@@ -109,4 +109,4 @@ struct PagedAttentionFlash:
         scale: InputTensor[dtype=DType.float32, rank=1, ...],
         ctx: DeviceContext,
     ) raises:
-        _paged_attention[target, True](output, k_cache, v_cache, q, page_table, context_lens, query_start, scale, ctx)
+        _paged_attention[target, True, pdl, prefill_pairs](output, k_cache, v_cache, q, page_table, context_lens, query_start, scale, ctx)

@@ -45,7 +45,7 @@ def qkv_attention_cpu[dtype: DType, cache_type: DType, R: Runner](
     _ = q^
 
 
-def _qkv_attention_gpu[dtype: DType, cache_type: DType](
+def _qkv_attention_gpu[dtype: DType, cache_type: DType, pdl: Bool, pairs: Int](
     ctx: DeviceContext, output: Ptr[dtype], k_cache: Ptr[cache_type], v_cache: Ptr[cache_type], qkv: Ptr[dtype],
     rope: QkvRope[dtype], page_table: Ptr[DType.int32], context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32],
     scale: Ptr[F32], tokens: Int, batch: Int, max_pages: Int, q_heads: Int, kv_heads: Int, head_dim: Int,
@@ -53,7 +53,7 @@ def _qkv_attention_gpu[dtype: DType, cache_type: DType](
 ) raises:
     """Enqueues the op's GPU kernels (checked shapes, tokens > 0)."""
     if decode_supported[cache_type](tokens, batch, head_dim, q_heads // kv_heads, from_qkv=True):
-        decode_attention_gpu[dtype, cache_type, from_qkv=True](
+        decode_attention_gpu[dtype, cache_type, pdl, from_qkv=True](
             ctx, output, qkv, k_cache, v_cache, page_table, context_lens, query_start, scale, batch, max_pages,
             q_heads, kv_heads, head_dim, page_size, rope,
         )
@@ -64,7 +64,7 @@ def _qkv_attention_gpu[dtype: DType, cache_type: DType](
         ctx, q_ptr, k_cache, v_cache, qkv, ptr(rope.q_norm), ptr(rope.k_norm), ptr(rope.positions),
         ptr(rope.inv_freq), ptr(rope.slots), ptr(rope.eps), ptr(rope.rope_scale), tokens, q_heads, kv_heads, head_dim,
     )
-    attention_on_gpu[True](ctx, output, q_ptr, k_cache, v_cache, page_table, context_lens, query_start, scale, tokens,
+    attention_on_gpu[True, pdl, pairs](ctx, output, q_ptr, k_cache, v_cache, page_table, context_lens, query_start, scale, tokens,
                            batch, max_pages, q_heads, kv_heads, head_dim, page_size)
     _ = q^  # freed in stream order, after the kernels that use it
 
@@ -72,7 +72,7 @@ def _qkv_attention_gpu[dtype: DType, cache_type: DType](
 @register("mili_qkv_attention")
 struct QkvAttention:
     @staticmethod
-    def execute[dtype: DType, cache_type: DType, //, target: StaticString](
+    def execute[dtype: DType, cache_type: DType, //, target: StaticString, pdl: Bool, prefill_pairs: Int](
         output: OutputTensor[dtype=dtype, rank=3, ...],
         k_cache: MutableInputTensor[dtype=cache_type, rank=4, ...],
         v_cache: MutableInputTensor[dtype=cache_type, rank=4, ...],
@@ -109,7 +109,7 @@ struct QkvAttention:
                 max_pages, q_heads, kv_heads, head_dim, page_size,
             )
         else:
-            _qkv_attention_gpu[dtype, cache_type](
+            _qkv_attention_gpu[dtype, cache_type, pdl, prefill_pairs](
                 ctx, output.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), qkv.unsafe_ptr(),
                 QkvRope[dtype](q_norm.unsafe_ptr(), k_norm.unsafe_ptr(), eps.unsafe_ptr(), positions.unsafe_ptr(),
                                inv_freq.unsafe_ptr(), rope_scale.unsafe_ptr(), slot_mapping.unsafe_ptr()),
