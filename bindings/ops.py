@@ -124,7 +124,7 @@ class CompiledOp:
         kernel = self.eager_kernel(dtype, on_cpu)
         if kernel is not None:  # raises ValueError, as MAX does
             kernel(_OPENMP, *flat)
-        else:  # (MAX checks that GPU tensors are on the session's GPU)
+        else:  # (MAX checks that GPU tensors are on its InferenceSession's GPU)
             self.compiled(dtype, library.device_key(args[0].device), GPU_OPTIONS).execute(*[Buffer.from_dlpack(a) for a in args])
 
 

@@ -65,8 +65,18 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """--help gives each option's default, where it has a value of its own."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.option_strings and action.default not in (None, True, False, argparse.SUPPRESS):
+            text += (" " if text else "") + "(default: %(default)s)"
+        return text
+
+
 def serve_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mili serve")
+    parser = argparse.ArgumentParser(prog="mili serve", formatter_class=_DefaultsFormatter)
     _add_serve_arguments(parser)
     return parser
 
@@ -126,12 +136,13 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="options from a JSON or YAML file (python_layer/server/config_file.py); flags given here win")
     parser.add_argument("--print-config", action="store_true", help="print the merged configuration and exit")
     parser.add_argument("--model", default=None, help="checkpoint directory or Hugging Face id (default: the built-in random-weight model)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                         help="auto: bfloat16 on a GPU, float32 on the CPU")
-    parser.add_argument("--backend", default="mojo", choices=["mojo", "reference"])
+    parser.add_argument("--backend", default="mojo", choices=["mojo", "reference"],
+                        help="mojo: one compiled MAX graph on the Mojo kernels; reference: PyTorch op by op")
     _add_format_options(parser)
     parser.add_argument("--max-num-seqs", type=int, default=64, help="requests in the running batch at most")
     _add_device_graphs_option(parser)
@@ -150,7 +161,8 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health (or set MILI_API_KEY)")
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="seconds in-flight requests get to finish after SIGINT/SIGTERM before they are aborted")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                        help="the server's log level")
     parser.add_argument("--replicas", type=int, default=1,
                         help="N workers (ports PORT+1..PORT+N) behind SGLang's router on --host/--port (pip install -e '.[replicas]')")
 
@@ -159,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mili", description="MILI: a Qwen3 inference server")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    gen = sub.add_parser("generate", help="generate text for one or more prompts")
+    gen = sub.add_parser("generate", help="generate text for one or more prompts", formatter_class=_DefaultsFormatter)
     gen.add_argument("--model", default=None, help="checkpoint directory or Hugging Face id (default: the built-in random-weight model)")
     gen.add_argument("--prompt", action="append", required=True, help="a prompt; repeat for several (batched together)")
     gen.add_argument("--max-tokens", type=int, default=32)
@@ -177,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device_graphs_option(gen)
     gen.set_defaults(func=_generate)
 
-    serve = sub.add_parser("serve", help="start the HTTP server (design-document routes and an OpenAI-compatible API)")
+    serve = sub.add_parser("serve", help="start the HTTP server (design-document routes and an OpenAI-compatible API)",
+                           formatter_class=_DefaultsFormatter)
     _add_serve_arguments(serve)
     serve.set_defaults(func=_serve)
 

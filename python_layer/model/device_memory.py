@@ -3,7 +3,7 @@
 The weights and the KV cache are torch's memory. The compiled graph's activations and the decode steps' captured
 device graphs live in MAX's memory pool, which MAX sizes at ~90% of the GPU unless
 MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT says otherwise when the process makes its first MAX device. A
-capture backs that pool: on the H200 lease of 2026-11-27 every capture failed out of memory beside a 40 GB KV cache
+capture backs that pool: on an H200 every capture failed out of memory beside a 40 GB KV cache
 under MAX's default, and every one held with the pool at 66% (the GPU less the KV cache and 8 GB). So before the
 model loads, the pool is sized to leave room for what torch will hold."""
 

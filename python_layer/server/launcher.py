@@ -30,16 +30,15 @@ from .state import ServerConfig
 
 @contextlib.contextmanager
 def _phase(name: str, interval: float = 10.0) -> Iterator[None]:
-    """A loading phase on stderr: a live elapsed-time counter on a terminal; otherwise (a log file, a container)
-    a start line, a progress line every `interval` seconds, and an end line."""
-    started, tty, done = time.perf_counter(), sys.stderr.isatty(), threading.Event()
+    """A loading phase on stderr: a start line, a progress line every `interval` seconds, and an end line, each a line
+    of its own (the server's other log lines come between them)."""
+    started, done = time.perf_counter(), threading.Event()
 
     def tick() -> None:
-        while not done.wait(0.5 if tty else interval):
-            progress = f"[mili] {name} ... {time.perf_counter() - started:.0f} s"
-            print(f"\r{progress}" if tty else progress, end="" if tty else "\n", file=sys.stderr, flush=True)
+        while not done.wait(interval):
+            print(f"[mili] {name} ... {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
 
-    print(f"[mili] {name} ...", end="" if tty else "\n", file=sys.stderr, flush=True)
+    print(f"[mili] {name} ...", file=sys.stderr, flush=True)
     ticker = threading.Thread(target=tick, daemon=True)
     ticker.start()
     status = "failed"
@@ -49,8 +48,15 @@ def _phase(name: str, interval: float = 10.0) -> Iterator[None]:
     finally:
         done.set()
         ticker.join()
-        end = f"\r[mili] {name} ... " if tty else f"[mili] {name}: "
-        print(f"{end}{status} in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+        print(f"[mili] {name}: {status} in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+
+
+class _NotReadyYet(logging.Filter):
+    """Drops uvicorn's "Uvicorn running on ..." line: it comes as the socket opens, before the model has loaded.
+    MILI says when it listens, and `serving NAME on URL` when it answers."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Uvicorn running on")
 
 
 def served_name(args: argparse.Namespace) -> str:
@@ -137,6 +143,9 @@ def serve(args: argparse.Namespace) -> int:
     server = _Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
                                     timeout_graceful_shutdown=args.shutdown_timeout + 5))
     server.grace = args.shutdown_timeout
+    logging.getLogger("uvicorn.error").addFilter(_NotReadyYet())
+    print(f"[mili] listening on http://{args.host}:{args.port} (GET /health answers 503 until the model has loaded)",
+          file=sys.stderr, flush=True)
     server.run()
     state = app.state.mili
     if state.load_error:

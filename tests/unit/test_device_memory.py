@@ -1,6 +1,6 @@
 """MAX's memory pool on a GPU leaves room for what torch holds (the weights and the KV cache): the percent, the
 callers that size it before the model loads (load_model, the launcher, InferenceEngine.from_pretrained), and an
-operator's own setting, which stays. The GPU's size is faked here; the setting itself held on an H200 lease."""
+operator's own setting, which stays. The GPU's size is faked here; the setting itself held on an H200."""
 
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ class _FakeSession:
 def test_only_a_gpu_session_asked_for_it_takes_cublas(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("max.engine.InferenceSession", _FakeSession)
     monkeypatch.setattr(library, "max_device", lambda key: f"device {key}")
-    make = library.session.__wrapped__  # the uncached function: the real sessions stay cached
+    make = library.session.__wrapped__  # the uncached function: the cached InferenceSession objects stay
     assert make("cuda:0", True).vendor_blas == ["1"] and make("cuda:0", True).devices == ["device cuda:0"]
     assert make("cuda:0").vendor_blas == [] and make("cuda:0", False).vendor_blas == []
     assert make("cpu", True).vendor_blas == []

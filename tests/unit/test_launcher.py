@@ -1,16 +1,23 @@
-"""`mili serve`'s launcher: the loading phases show progress when stderr is a log rather than a terminal; the KV
-cache sizing the engine gets."""
+"""`mili serve`'s launcher: the loading phases' progress, each a line of its own; uvicorn's early "running on" line
+left out; --help with the defaults; the KV cache sizing the engine gets."""
 
+import logging
 import os
+import re
 import time
 
 import pytest
 
 from python_layer.cli import build_parser
-from python_layer.server.launcher import _kv_memory_gb, _phase
+from python_layer.server.launcher import _kv_memory_gb, _NotReadyYet, _phase
 
 
-def test_a_long_phase_prints_progress_lines_when_not_on_a_terminal(capsys: pytest.CaptureFixture) -> None:
+@pytest.mark.parametrize("terminal", [False, True])
+def test_a_long_phase_prints_progress_lines_each_a_line_of_its_own(capsys: pytest.CaptureFixture,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  terminal: bool) -> None:
+    """On a terminal too: another log line in the middle of a phase must not run into its line."""
+    monkeypatch.setattr("sys.stderr.isatty", lambda: terminal, raising=False)
     err = ""
     with _phase("building the model graph", interval=0.1):  # a body that lasts until two progress lines came
         deadline = time.monotonic() + 30
@@ -33,3 +40,18 @@ def test_the_kv_cache_size_given_reaches_the_engine_and_none_leaves_its_default(
     assert _kv_memory_gb(parse("--kv-cache-memory-gb", "40")) == 40.0
     available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
     assert _kv_memory_gb(parse("--kv-memory-fraction", "0.5")) == pytest.approx(0.5 * available, rel=0.2)
+
+
+def test_uvicorns_running_on_line_is_left_out_and_the_rest_kept() -> None:
+    make = lambda message: logging.LogRecord("uvicorn.error", logging.INFO, __file__, 1, message, (), None)
+    assert not _NotReadyYet().filter(make("Uvicorn running on http://127.0.0.1:8000 (Press CTRL+C to quit)"))
+    assert _NotReadyYet().filter(make("Started server process [1]"))
+
+
+def test_serve_help_gives_the_defaults(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    options = " ".join(capsys.readouterr().out.split("options:")[1].split())
+    for flag, default in [("--host", "127.0.0.1"), ("--port", "8000"), ("--max-num-seqs", "64"),
+                          ("--page-size", "16"), ("--shutdown-timeout", "10.0"), ("--log-level", "info")]:
+        assert re.search(rf"{flag} \S+ (?:(?! --).)*\(default: {re.escape(default)}\)", options), flag
