@@ -42,6 +42,7 @@ def build_random_checkpoint(
     from transformers import GenerationConfig
     from transformers import Qwen3Config as HFQwen3Config
     from transformers import Qwen3ForCausalLM
+    from transformers.utils import logging as hf_logging
 
     path = Path(path)
     config = HFQwen3Config(**{
@@ -57,6 +58,8 @@ def build_random_checkpoint(
     model = model.to(dtype)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=path.name + ".", dir=path.parent))
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a bar's carriage returns run into the server's log lines
     try:
         model.save_pretrained(staging, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
         GenerationConfig(
@@ -70,6 +73,8 @@ def build_random_checkpoint(
         staging.rename(path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        if bars:
+            hf_logging.enable_progress_bar()
     return path
 
 
