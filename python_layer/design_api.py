@@ -143,7 +143,7 @@ class KVCacheAllocator(PagedKVCache):
             cache[p, : chunk.shape[0]] = chunk.to(cache.dtype)
 
 
-class QwenTokenizer(qwen_tokenizer.QwenTokenizer):
+class QwenTokenizer(qwen_tokenizer.CheckpointTokenizer):
     """The engine's tokenizer plus the design documents' `batch_encode`."""
 
     def batch_encode(
@@ -188,7 +188,7 @@ def get_tokenizer() -> QwenTokenizer:
     return QwenTokenizer()
 
 
-class MessageFormatter(chat_template.MessageFormatter):
+class MessageFormatter(chat_template.ChatTemplate):
     """The engine's chat formatter plus the design documents' `parse_response` method."""
 
     def parse_response(self, text: str) -> Tuple[Optional[str], str]:
@@ -196,7 +196,7 @@ class MessageFormatter(chat_template.MessageFormatter):
         return chat_template.parse_response(text)
 
 
-class Qwen3Model(qwen3_model.Qwen3Model):
+class Qwen3Model(qwen3_model.Qwen3CausalLM):
     """The engine's model plus the design documents' one-call `generate`."""
 
     def generate(self, prompt: str, max_tokens: int = 128, temperature: float = 1.0, top_p: float = 0.95, top_k: int = 50) -> str:

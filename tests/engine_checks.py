@@ -5,7 +5,7 @@ import random
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.inference.model_runner import ModelRunner
 from python_layer.model.decode_graphs import DecodeGraphs
-from python_layer.model.qwen3_model import Qwen3Model
+from python_layer.model.qwen3_model import Qwen3CausalLM
 
 
 def random_prompts(n: int, seed: int, max_len: int) -> list[list[int]]:
@@ -14,7 +14,7 @@ def random_prompts(n: int, seed: int, max_len: int) -> list[list[int]]:
     return [[rng.randrange(1000) for _ in range(rng.randint(1, max_len))] for _ in range(n)]
 
 
-def padded_engine(model: Qwen3Model, decode_graphs: bool, **kwargs) -> InferenceEngine:
+def padded_engine(model: Qwen3CausalLM, decode_graphs: bool, **kwargs) -> InferenceEngine:
     """An engine (debug checks on) whose decode steps run on DecodeGraphs' padded fixed-shape inputs when
     decode_graphs, on a CPU too (which executes them where a GPU replays them). The padding page is reserved
     either way, so both leave the requests the same pages and preempt alike."""

@@ -24,7 +24,7 @@ from bindings.gpu_options import ENVIRONMENT
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.device_memory import MAX_POOL_PERCENT
 from python_layer.model.loader import load_model
-from python_layer.model.qwen3_model import Qwen3Model
+from python_layer.model.qwen3_model import Qwen3CausalLM
 
 MAX_WORKER = Path(__file__).resolve().parents[1] / "peers" / "max_pipeline.py"
 # MAX's pool size as the operator set it, if they did: load_model sets one for MILI's own MAX otherwise
@@ -49,7 +49,7 @@ class Mili:
     VARIANTS = {"mili": {}, "mili-sync": dict(overlap=False), "mili-eager": dict(device_graphs=False), "mili-cublas": {}}
     CUBLAS = "mili-cublas"
 
-    def __init__(self, model: Qwen3Model, name: str, max_num_seqs: int, max_num_batched_tokens: int,
+    def __init__(self, model: Qwen3CausalLM, name: str, max_num_seqs: int, max_num_batched_tokens: int,
                  kv_cache_gb: float, max_model_len: int) -> None:
         """name: one of VARIANTS (the engine's defaults, without overlap, without device graphs; mili-cublas: the
         defaults, the model's matmuls through cuBLAS, which it must have loaded with: MILI_GPU_VENDOR_BLAS=1 on a
@@ -83,7 +83,7 @@ class Mili:
         del self.engine
 
 
-def load_mili(path: str, device: str, kv_cache_gb: Optional[float] = None) -> Qwen3Model:
+def load_mili(path: str, device: str, kv_cache_gb: Optional[float] = None) -> Qwen3CausalLM:
     """The model in bfloat16; on a GPU, MAX's pool leaves room for a KV cache of kv_cache_gb (None: the engine's
     default; see device_memory.py)."""
     model = load_model(path, device=device, dtype="bfloat16", kv_cache_memory_gb=kv_cache_gb)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ..model.qwen3_model import Qwen3Model
+from ..model.qwen3_model import Qwen3CausalLM
 from ..tokenizer.qwen_tokenizer import tokenizer_for_checkpoint
 from .inference_engine import InferenceEngine
 from .sampling_params import SamplingParams
@@ -13,7 +13,7 @@ PAGE_SIZE = 16
 
 
 def generate_text(
-    model: Qwen3Model, prompt: str, max_tokens: int = 128, temperature: float = 1.0, top_p: float = 0.95, top_k: int = 50
+    model: Qwen3CausalLM, prompt: str, max_tokens: int = 128, temperature: float = 1.0, top_p: float = 0.95, top_k: int = 50
 ) -> str:
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens)
     tokenizer = tokenizer_for_checkpoint(model.model_path)

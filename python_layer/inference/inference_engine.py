@@ -17,9 +17,9 @@ from ..memory.radix_cache import RadixAttentionCache
 from ..model.decode_graphs import DecodeGraphs
 from ..model.device_memory import MAX_POOL_PERCENT
 from ..model.loader import load_model
-from ..model.qwen3_model import DEFAULT_BACKEND, Qwen3Model
+from ..model.qwen3_model import DEFAULT_BACKEND, Qwen3CausalLM
 from ..tokenizer.detokenizer import IncrementalDetokenizer
-from ..tokenizer.qwen_tokenizer import QwenTokenizer, tokenizer_for_checkpoint
+from ..tokenizer.qwen_tokenizer import CheckpointTokenizer, tokenizer_for_checkpoint
 from .model_runner import ModelRunner
 from .request import InferenceRequest, RequestDelta, RequestOutput, RequestStatus, new_request_id
 from .sampler import BatchSampler, DeviceTokens, SamplerOutput, TokenLogprobs, logits_only, to_device
@@ -49,8 +49,8 @@ class InferenceEngine:
 
     def __init__(
         self,
-        model: Qwen3Model,
-        tokenizer: Optional[QwenTokenizer] = None,
+        model: Qwen3CausalLM,
+        tokenizer: Optional[CheckpointTokenizer] = None,
         num_kv_pages: Optional[int] = None,
         kv_cache_memory_gb: Optional[float] = None,
         page_size: int = DEFAULT_PAGE_SIZE,

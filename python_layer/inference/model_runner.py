@@ -9,12 +9,12 @@ import torch
 from ..memory.kv_cache_manager import PagedKVCache
 from ..model.attention_metadata import SequenceChunk, build_step_inputs, int32_tensor
 from ..model.decode_graphs import DecodeGraphs
-from ..model.qwen3_model import Qwen3Model
+from ..model.qwen3_model import Qwen3CausalLM
 from .request import InferenceRequest
 
 
 class ModelRunner:
-    def __init__(self, model: Qwen3Model, kv_cache: PagedKVCache, decode_graphs: Optional[DecodeGraphs] = None) -> None:
+    def __init__(self, model: Qwen3CausalLM, kv_cache: PagedKVCache, decode_graphs: Optional[DecodeGraphs] = None) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.decode_graphs = decode_graphs  # runs the steps that only decode, when given

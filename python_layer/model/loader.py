@@ -18,7 +18,7 @@ from .config import Qwen3Config
 from .device_memory import leave_room_beside_max_pool
 from .hub import resolve_model_dir
 from .quantization import parse_weight_dtype
-from .qwen3_model import DEFAULT_BACKEND, Qwen3Model, check_backend, resolve_kv_cache_dtype
+from .qwen3_model import DEFAULT_BACKEND, Qwen3CausalLM, check_backend, resolve_kv_cache_dtype
 from .weight_loader import WeightLoader, expected_weight_shapes, parse_dtype
 
 # on_phase(description) returns a context manager around that phase (the server shows progress with it)
@@ -37,7 +37,7 @@ def load_model(
     kv_cache_memory_gb: Optional[float] = None,
     page_size: int = DEFAULT_PAGE_SIZE,
     gpu_options: Optional[GpuOptions] = None,
-) -> Qwen3Model:
+) -> Qwen3CausalLM:
     """A checkpoint directory or Hugging Face Hub id (None: MILI's built-in random-weight model) as a model
     ready to run. dtype (activations, KV cache) "auto" is float32 on a CPU, bfloat16 on a GPU. weight_dtype
     (the linear layers' weights on a CPU: float32, bfloat16, fp8, int8) "auto" is an FP8 checkpoint's FP8,
@@ -73,7 +73,7 @@ def load_model(
         weights.load_from_safetensors()  # each tensor is read when the model converts it, then let go
     with phase(f"loading the weights ({torch_dtype} on {device}) and building the model graph (compiled once, then "
                "read from the compile cache)" if backend == "mojo" else f"loading the weights ({torch_dtype} on {device})"):
-        model = Qwen3Model(config, weights, device=device, backend=backend, weight_dtype=weight_dtype,
+        model = Qwen3CausalLM(config, weights, device=device, backend=backend, weight_dtype=weight_dtype,
                            kv_cache_dtype=kv_cache_dtype, gpu_options=gpu_options)
     return_free_heap()
     return model

@@ -31,12 +31,12 @@ if TYPE_CHECKING:
 
     from ..memory.kv_cache_manager import PagedKVCache
     from .attention_metadata import AttentionMetadata
-    from .qwen3_model import Qwen3Model
+    from .qwen3_model import Qwen3CausalLM
 
 _METADATA = ("input_ids", "positions", "query_start", "context_lens", "page_table", "slot_mapping", "logits_indices")
 
 
-def graph_weights(model: "Qwen3Model") -> Dict[str, torch.Tensor]:
+def graph_weights(model: "Qwen3CausalLM") -> Dict[str, torch.Tensor]:
     """The model's weights by the names the graph gives them (the same tensors: nothing is copied here); a
     quantized weight `X` is `X` and `X.scales`."""
     named = {"embed_tokens": model.embed_tokens, "lm_head": model.lm_head, "final_norm": model.final_norm}
@@ -52,7 +52,7 @@ def graph_weights(model: "Qwen3Model") -> Dict[str, torch.Tensor]:
     return weights
 
 
-def _block_k(model: "Qwen3Model") -> int:
+def _block_k(model: "Qwen3CausalLM") -> int:
     """The column block of the model's quantized weights (0: none); one graph constant serves them all."""
     blocks = {w.block_k for w in [model.lm_head, *(t for l in model.layers for t in vars(l).values())]
               if isinstance(w, QuantizedWeight)}
@@ -138,7 +138,7 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
     return g
 
 
-def model_graph(model: "Qwen3Model", weights: Dict[str, torch.Tensor], device_key: str, batch_one: bool = False) -> Graph:
+def model_graph(model: "Qwen3CausalLM", weights: Dict[str, torch.Tensor], device_key: str, batch_one: bool = False) -> Graph:
     """The graph of `model` (its graph_weights) on device_key (batch_one: its batch-1 graph), with the model's
     GpuOptions: what CompiledQwen3 compiles, and benchmarks/gpu/precompile.py for the GPU suite."""
     return build_graph(model.config, weights, model.dtype, device_key, _block_k(model), model.kv_cache_dtype, batch_one,
@@ -163,12 +163,12 @@ def check_batch_one_logits(one: torch.Tensor, dynamic: torch.Tensor) -> None:
 
 
 class CompiledQwen3:
-    """Qwen3Model.forward as one compiled MAX graph. Loading compiles it (or takes it from MAX's cache) and
+    """Qwen3CausalLM.forward as one compiled MAX graph. Loading compiles it (or takes it from MAX's cache) and
     binds the weights; `load_seconds` says how long that took, `vendor_blas` whether its matmuls call cuBLAS (on a GPU
     with the model's GpuOptions.vendor_blas). With a batch-1 graph beside it (`batch_one_model`), the steps of one
     token of one sequence whose logits are asked for run on that one."""
 
-    def __init__(self, model: "Qwen3Model", batch_one_graph: Optional[bool] = None) -> None:
+    def __init__(self, model: "Qwen3CausalLM", batch_one_graph: Optional[bool] = None) -> None:
         """batch_one_graph: load the batch-1 graph too (None: on a GPU with the model's GpuOptions.batch1_graph); it
         must give the dynamic graph's logits on a one-token step, else RuntimeError."""
         if model.dtype not in (torch.float32, torch.bfloat16):
@@ -194,7 +194,7 @@ class CompiledQwen3:
         if self.batch_one_model is not None:
             self._check_batch_one(model)
 
-    def _check_batch_one(self, model: "Qwen3Model") -> None:
+    def _check_batch_one(self, model: "Qwen3CausalLM") -> None:
         # one step of token 0 at position 0 on both graphs, into a KV cache of one page of its own
         kv_cache = model.new_kv_cache(1)
         step = build_step_inputs([SequenceChunk([0], 0, [0])], kv_cache.page_size, model.device)

@@ -87,7 +87,7 @@ class DecoderLayerWeights:
     down_proj: LinearWeight
 
 
-class Qwen3Model:
+class Qwen3CausalLM:
     """Qwen3 causal LM. `forward` runs one step of a ragged batch and returns logits only where asked."""
 
     def __init__(self, config: Qwen3Config, weight_loader: WeightLoader, device: str = "cpu", backend: str = DEFAULT_BACKEND,

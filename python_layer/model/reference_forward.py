@@ -14,11 +14,11 @@ from .quantization import linear
 
 if TYPE_CHECKING:
     from ..memory.kv_cache_manager import PagedKVCache
-    from .qwen3_model import Qwen3Model
+    from .qwen3_model import Qwen3CausalLM
 
 
 class ReferenceQwen3:
-    def __init__(self, model: "Qwen3Model") -> None:
+    def __init__(self, model: "Qwen3CausalLM") -> None:
         self.model = model
 
     @torch.inference_mode()

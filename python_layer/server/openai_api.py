@@ -13,7 +13,7 @@ from fastapi.responses import StreamingResponse
 from ..inference.request import RequestOutput, new_request_id
 from ..inference.sampler import TokenLogprobs
 from ..tokenizer.chat_template import ReasoningStream
-from ..tokenizer.qwen_tokenizer import QwenTokenizer
+from ..tokenizer.qwen_tokenizer import CheckpointTokenizer
 from ..tokenizer.tool_calls import ToolCallStream, split_tool_calls
 from .errors import ApiError
 from .protocol import ChatCompletionRequest, CompletionRequest, _OpenAIRequest
@@ -93,7 +93,7 @@ class _Call:
     def __init__(self, state: ServerState, request: Request, body: _OpenAIRequest, prompts: List[List[int]],
                  kind: str, logprobs: Optional[int], max_tokens: Optional[int] = None) -> None:
         engine = state.require_engine().engine
-        self.tokenizer: QwenTokenizer = engine.tokenizer
+        self.tokenizer: CheckpointTokenizer = engine.tokenizer
         self.body, self.prompts = body, prompts
         self.id, self.created = new_request_id(kind), int(time.time())
         self.model = state.config.model_name

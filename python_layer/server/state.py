@@ -14,7 +14,7 @@ from ..inference.async_engine import AsyncEngine, EngineOverloaded, EngineStoppe
 from ..inference.metrics import EngineMetrics
 from ..inference.request import RequestDelta
 from ..inference.sampling_params import SamplingParams
-from ..tokenizer.chat_template import MessageFormatter
+from ..tokenizer.chat_template import ChatTemplate
 from .errors import ApiError
 
 logger = logging.getLogger("mili.server")
@@ -38,7 +38,7 @@ class ServerState:
         self.config = config
         self.engine: Optional[AsyncEngine] = None
         self.metrics = EngineMetrics(config.model_name)
-        self.formatter: Optional[MessageFormatter] = None
+        self.formatter: Optional[ChatTemplate] = None
         self.load_error: Optional[str] = None
         self.shutting_down = False
 
@@ -52,7 +52,7 @@ class ServerState:
             self.load_error = f"{type(e).__name__}: {e}"
             on_failure()
             return
-        self.formatter = MessageFormatter(engine.engine.tokenizer)
+        self.formatter = ChatTemplate(engine.engine.tokenizer)
         self.engine = engine
 
     @property

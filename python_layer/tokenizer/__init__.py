@@ -1,5 +1,5 @@
-from .chat_template import MessageFormatter, parse_response
+from .chat_template import ChatTemplate, parse_response
 from .detokenizer import IncrementalDetokenizer
-from .qwen_tokenizer import QwenTokenizer, get_tokenizer, tokenizer_for_checkpoint
+from .qwen_tokenizer import CheckpointTokenizer, get_tokenizer, tokenizer_for_checkpoint
 
-__all__ = ["QwenTokenizer", "get_tokenizer", "tokenizer_for_checkpoint", "MessageFormatter", "parse_response", "IncrementalDetokenizer"]
+__all__ = ["CheckpointTokenizer", "get_tokenizer", "tokenizer_for_checkpoint", "ChatTemplate", "parse_response", "IncrementalDetokenizer"]

@@ -10,7 +10,7 @@ import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .qwen_tokenizer import QwenTokenizer, get_tokenizer
+from .qwen_tokenizer import CheckpointTokenizer, get_tokenizer
 
 THINK_START, THINK_END = "<think>", "</think>"
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -34,10 +34,10 @@ def _compile(template: str) -> jinja2.Template:
     return env.from_string(template)
 
 
-class MessageFormatter:
+class ChatTemplate:
     """Renders OpenAI-style messages with the tokenizer's chat template."""
 
-    def __init__(self, tokenizer: Optional[QwenTokenizer] = None) -> None:
+    def __init__(self, tokenizer: Optional[CheckpointTokenizer] = None) -> None:
         self.tokenizer = tokenizer or get_tokenizer()
         if not self.tokenizer.chat_template:
             raise ValueError(f"The tokenizer in {self.tokenizer.path} has no chat_template")

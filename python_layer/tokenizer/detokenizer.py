@@ -6,7 +6,7 @@ from typing import List
 
 from tokenizers.decoders import DecodeStream
 
-from .qwen_tokenizer import QwenTokenizer
+from .qwen_tokenizer import CheckpointTokenizer
 
 
 class IncrementalDetokenizer:
@@ -17,7 +17,7 @@ class IncrementalDetokenizer:
     equal `tokenizer.decode(all_ids)`.
     """
 
-    def __init__(self, tokenizer: QwenTokenizer, skip_special_tokens: bool = True) -> None:
+    def __init__(self, tokenizer: CheckpointTokenizer, skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)

@@ -13,8 +13,8 @@ from tokenizers import Tokenizer
 ASSETS_DIR = Path(__file__).parent / "assets"
 
 
-class QwenTokenizer:
-    """`QwenTokenizer()` uses the vendored Qwen3 files; `QwenTokenizer(dir)` a checkpoint's own
+class CheckpointTokenizer:
+    """`CheckpointTokenizer()` uses the vendored Qwen3 files; `CheckpointTokenizer(dir)` a checkpoint's own
     tokenizer.json + tokenizer_config.json (a Hugging Face Hub id works too)."""
 
     def __init__(self, model_name: str | os.PathLike = "qwen3") -> None:
@@ -76,19 +76,19 @@ def _tokenizer_dir(model_name: str | os.PathLike) -> Path:
     return path
 
 
-def tokenizer_for_checkpoint(model_dir: str | os.PathLike) -> QwenTokenizer:
+def tokenizer_for_checkpoint(model_dir: str | os.PathLike) -> CheckpointTokenizer:
     """The checkpoint's own tokenizer files when it has them, else the vendored Qwen3 tokenizer."""
     path = Path(model_dir).resolve()
     return _checkpoint_tokenizer(str(path)) if (path / "tokenizer.json").is_file() else get_tokenizer()
 
 
 @lru_cache(maxsize=8)
-def _checkpoint_tokenizer(path: str) -> QwenTokenizer:
+def _checkpoint_tokenizer(path: str) -> CheckpointTokenizer:
     # engines of one checkpoint share it: loading tokenizer.json takes about a second
-    return QwenTokenizer(path)
+    return CheckpointTokenizer(path)
 
 
 @lru_cache(maxsize=1)
-def get_tokenizer() -> QwenTokenizer:
+def get_tokenizer() -> CheckpointTokenizer:
     """The shared vendored Qwen3 tokenizer (loaded once)."""
-    return QwenTokenizer()
+    return CheckpointTokenizer()

@@ -40,7 +40,7 @@ def test_its_batch_is_static_and_its_matmuls_take_w_times_x(tiny_checkpoint: Pat
 
 @pytest.mark.parametrize("held", ["tiled", "quantized"])
 def test_it_refuses_weights_not_held_dense(tiny_checkpoint: Path, held: str) -> None:
-    """A CPU holds bfloat16 weights tiled for its decode kernel (as Qwen3Model does for the mojo backend), and FP8
+    """A CPU holds bfloat16 weights tiled for its decode kernel (as Qwen3CausalLM does for the mojo backend), and FP8
     ones quantized: the batch-1 graph takes neither (a GPU holds them dense)."""
     model = load_model(tiny_checkpoint, backend="reference", dtype="bfloat16",
                        weight_dtype="fp8" if held == "quantized" else "auto")
@@ -87,7 +87,7 @@ def test_batch_one_steps_run_on_it_and_give_the_dynamic_graphs_tokens(tiny_check
     # outputs of different lengths: the batch shrinks to one as requests finish
     params = [SamplingParams(temperature=0.0, max_tokens=4 + 3 * i, ignore_eos=True, logprobs=2) for i in range(5)]
     expected = padded_engine(plain, False, max_num_seqs=4).generate(prompts, params)
-    for decode_graphs in (False, True):  # through Qwen3Model.forward, and through DecodeGraphs' bucket 1
+    for decode_graphs in (False, True):  # through Qwen3CausalLM.forward, and through DecodeGraphs' bucket 1
         taken.clear()
         engine = padded_engine(model, decode_graphs, max_num_seqs=4)
         got = engine.generate(prompts, params)

@@ -14,20 +14,20 @@ from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.attention_metadata import SequenceChunk
 from python_layer.model.decode_graphs import STAGING_BUFFERS, DecodeGraphs, _torch_view_of_stream
 from python_layer.model.loader import load_model
-from python_layer.model.qwen3_model import Qwen3Model
+from python_layer.model.qwen3_model import Qwen3CausalLM
 from tests.engine_checks import no_request_holds_pages, padded_engine, random_prompts, serve_arrivals_and_aborts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
 
 
 @pytest.fixture(scope="module")
-def model(tiny_checkpoint: Path) -> Qwen3Model:
+def model(tiny_checkpoint: Path) -> Qwen3CausalLM:
     return load_model(tiny_checkpoint, backend="mojo")
 
 
 
 @pytest.mark.parametrize("batch, bucket", [(1, 1), (3, 4), (6, 8), (8, 8)])
-def test_padded_decode_steps_match_unpadded(model: Qwen3Model, batch: int, bucket: int) -> None:
+def test_padded_decode_steps_match_unpadded(model: Qwen3CausalLM, batch: int, bucket: int) -> None:
     prompts = random_prompts(batch, seed=batch, max_len=70)
     plain = padded_engine(model, False, max_num_seqs=8).generate(prompts, GREEDY)
     engine = padded_engine(model, True, max_num_seqs=8)
@@ -44,7 +44,7 @@ def test_padded_decode_steps_match_unpadded(model: Qwen3Model, batch: int, bucke
     assert no_request_holds_pages(engine) and engine.kv_cache.reserved_pages == [graphs.pad_page]
 
 
-def test_arrivals_aborts_preemption_and_prefix_hits_match_unpadded(model: Qwen3Model) -> None:
+def test_arrivals_aborts_preemption_and_prefix_hits_match_unpadded(model: Qwen3CausalLM) -> None:
     """Requests come and go between steps, so each bucket's buffers are refreshed with ever different sequences;
     a 12-page pool preempts, and a shared prefix comes from the prefix cache."""
     system = random_prompts(1, seed=99, max_len=70)[0][:40] * 2
@@ -58,7 +58,7 @@ def test_arrivals_aborts_preemption_and_prefix_hits_match_unpadded(model: Qwen3M
     assert outputs[0] == outputs[1] and len(outputs[0]) == 24
 
 
-def test_decode_graphs_refuse_what_they_cannot_run(model: Qwen3Model) -> None:
+def test_decode_graphs_refuse_what_they_cannot_run(model: Qwen3CausalLM) -> None:
     engine = padded_engine(model, False, max_num_seqs=2)
     kv = engine.kv_cache
     with pytest.raises(ValueError, match="KV page 1 is not reserved"):
@@ -70,7 +70,7 @@ def test_decode_graphs_refuse_what_they_cannot_run(model: Qwen3Model) -> None:
         graphs([SequenceChunk([1], 70, [1, 2, 3, 4, 5])])
 
 
-def test_staged_inputs_hold_the_step_arrays(model: Qwen3Model) -> None:
+def test_staged_inputs_hold_the_step_arrays(model: Qwen3CausalLM) -> None:
     """A GPU copies a step's inputs from one page-locked buffer (DecodeGraphs._staged): its views must be the
     arrays, shapes included; each bucket writes its own STAGING_BUFFERS buffers in turn, made once (checked here on
     host memory)."""
@@ -89,7 +89,7 @@ def test_staged_inputs_hold_the_step_arrays(model: Qwen3Model) -> None:
                                                                    range(STAGING_BUFFERS, 2 * STAGING_BUFFERS)]
 
 
-def test_no_overlap_where_torch_cannot_run_on_the_replay_stream(model: Qwen3Model) -> None:
+def test_no_overlap_where_torch_cannot_run_on_the_replay_stream(model: Qwen3CausalLM) -> None:
     """A GPU overlaps steps only with torch on MAX's stream; where torch cannot use it, decode graphs still
     replay but every step is read at once (a warning says so). Here a CPU queue plays that stream."""
     with pytest.warns(RuntimeWarning, match="decode steps are not overlapped"):

@@ -13,12 +13,12 @@ import pytest
 
 from python_layer import SamplingParams
 from python_layer.model.loader import load_model
-from python_layer.model.qwen3_model import Qwen3Model
+from python_layer.model.qwen3_model import Qwen3CausalLM
 from tests.engine_checks import no_request_holds_pages, padded_engine, random_prompts
 
 
 @pytest.fixture(scope="module")
-def model(tiny_checkpoint: Path) -> Qwen3Model:
+def model(tiny_checkpoint: Path) -> Qwen3CausalLM:
     return load_model(tiny_checkpoint, backend="mojo")
 
 
@@ -30,7 +30,7 @@ def _count_following(engine) -> list:
     return sizes
 
 
-def _generate(model: Qwen3Model, overlap: bool, prompts: list, params: list, **kwargs):
+def _generate(model: Qwen3CausalLM, overlap: bool, prompts: list, params: list, **kwargs):
     engine = padded_engine(model, True, overlap=overlap, max_num_seqs=8, **kwargs)
     following = _count_following(engine)
     outputs = engine.generate(prompts, params)
@@ -38,7 +38,7 @@ def _generate(model: Qwen3Model, overlap: bool, prompts: list, params: list, **k
     return [(o.finish_reason, o.token_ids, o.text) for o in outputs], following
 
 
-def test_overlapped_steps_give_the_tokens_of_steps_read_at_once(model: Qwen3Model) -> None:
+def test_overlapped_steps_give_the_tokens_of_steps_read_at_once(model: Qwen3CausalLM) -> None:
     prompts = random_prompts(7, seed=1, max_len=60)
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (1, 2, 5, 9, 14, 20, 20)]
     at_once, following = _generate(model, False, prompts, params)
@@ -51,7 +51,7 @@ def test_overlapped_steps_give_the_tokens_of_steps_read_at_once(model: Qwen3Mode
     assert following == [5] * 3 + [4] * 4 + [3] * 5 + [2] * 6
 
 
-def test_sampled_requests_overlap_and_draw_what_they_draw_at_once(model: Qwen3Model) -> None:
+def test_sampled_requests_overlap_and_draw_what_they_draw_at_once(model: Qwen3CausalLM) -> None:
     """Rows that sample (temperature, top-k, top-p, min-p, a seed each) overlap too: a seed draws the same tokens
     either way. Rows that ask for logprobs or penalties need their tokens on the host: those steps are read at once."""
     prompts = random_prompts(6, seed=5, max_len=60)
@@ -66,7 +66,7 @@ def test_sampled_requests_overlap_and_draw_what_they_draw_at_once(model: Qwen3Mo
         assert following == [], extra
 
 
-def test_requests_ended_by_a_token_read_late(model: Qwen3Model) -> None:
+def test_requests_ended_by_a_token_read_late(model: Qwen3CausalLM) -> None:
     """A stop token or stop string is seen a step late: the step behind it computed one row for nothing."""
     prompts = random_prompts(6, seed=2, max_len=60)
     free = [SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True) for _ in prompts]
@@ -85,7 +85,7 @@ def test_requests_ended_by_a_token_read_late(model: Qwen3Model) -> None:
     assert {reason for reason, _, _ in overlapped} == {"stop", "length"}
 
 
-def test_aborts_and_preemption_with_overlap(model: Qwen3Model) -> None:
+def test_aborts_and_preemption_with_overlap(model: Qwen3CausalLM) -> None:
     """Requests arrive between steps and some are aborted while a step is in flight; a 12-page pool makes the
     engine preempt (the overlap stops where the free pages are short). Every request that finished has the tokens
     it has alone; an aborted one, the first of them."""

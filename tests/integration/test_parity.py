@@ -14,7 +14,7 @@ from bindings.gpu_options import GpuOptions
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.attention_metadata import SequenceChunk, build_step_inputs
 from python_layer.model.loader import load_model
-from python_layer.model.qwen3_model import Qwen3Model
+from python_layer.model.qwen3_model import Qwen3CausalLM
 
 PROMPT_LENGTHS = (5, 19, 33)  # inside one page, across one and two page boundaries (page size 16)
 
@@ -38,9 +38,9 @@ def _hf_logits(hf: Qwen3ForCausalLM, ids: list[int]) -> torch.Tensor:
 
 
 class _Batch:
-    """Drives Qwen3Model.forward directly: each sequence owns pages 0.. of its own range."""
+    """Drives Qwen3CausalLM.forward directly: each sequence owns pages 0.. of its own range."""
 
-    def __init__(self, model: Qwen3Model, num_seqs: int, pages_per_seq: int = 8) -> None:
+    def __init__(self, model: Qwen3CausalLM, num_seqs: int, pages_per_seq: int = 8) -> None:
         self.model, self.page_size = model, 16
         self.cache = model.new_kv_cache(num_seqs * pages_per_seq, self.page_size)
         # interleave page ids so that a sequence's pages are not contiguous in the pool

@@ -11,18 +11,18 @@ import torch
 
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.loader import load_model
-from python_layer.model.qwen3_model import Qwen3Model
+from python_layer.model.qwen3_model import Qwen3CausalLM
 from tests.engine_checks import no_request_holds_pages
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def model(tiny_checkpoint: Path) -> Qwen3Model:
+def model(tiny_checkpoint: Path) -> Qwen3CausalLM:
     return load_model(tiny_checkpoint, backend="mojo")
 
 
-def _engine(model: Qwen3Model, **kwargs) -> InferenceEngine:
+def _engine(model: Qwen3CausalLM, **kwargs) -> InferenceEngine:
     kwargs.setdefault("num_kv_pages", 64)
     return InferenceEngine(model, debug_checks=True, **kwargs)
 
@@ -38,7 +38,7 @@ def prompts() -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def alone(model: Qwen3Model, prompts: list[list[int]]) -> list[list[int]]:
+def alone(model: Qwen3CausalLM, prompts: list[list[int]]) -> list[list[int]]:
     """Each prompt's greedy tokens run alone, in one prefill, with no prefix cache."""
     engine = _engine(model, enable_prefix_caching=False)
     return [engine.generate([p], GREEDY)[0].token_ids for p in prompts]

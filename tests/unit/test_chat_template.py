@@ -3,7 +3,7 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from python_layer.tokenizer import MessageFormatter, get_tokenizer, parse_response
+from python_layer.tokenizer import ChatTemplate, get_tokenizer, parse_response
 from python_layer.tokenizer.chat_template import ReasoningStream
 from python_layer.tokenizer.qwen_tokenizer import ASSETS_DIR
 
@@ -49,22 +49,22 @@ def _hf_ids(hf, messages, **kw) -> list[int]:
 def test_chat_template_matches_transformers(hf_tokenizer, name: str, enable_thinking: bool, add_generation_prompt: bool) -> None:
     messages = CONVERSATIONS[name]
     tools = [WEATHER_TOOL] if name == "tool_calls" else None
-    fmt = MessageFormatter(get_tokenizer())
+    fmt = ChatTemplate(get_tokenizer())
     kw = dict(add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking, tools=tools)
     assert fmt.render_chat(messages, **kw) == hf_tokenizer.apply_chat_template(messages, tokenize=False, **kw)
     assert fmt.encode_chat(messages, **kw) == _hf_ids(hf_tokenizer, messages, **kw)
 
 
 def test_thinking_off_inserts_empty_think_block() -> None:
-    text = MessageFormatter().render_chat([{"role": "user", "content": "Hi"}], enable_thinking=False)
+    text = ChatTemplate().render_chat([{"role": "user", "content": "Hi"}], enable_thinking=False)
     assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
 def test_bad_messages_are_rejected() -> None:
     with pytest.raises(ValueError, match="at least one message"):
-        MessageFormatter().encode_chat([])
+        ChatTemplate().encode_chat([])
     with pytest.raises(ValueError, match=r"messages\[0\]"):
-        MessageFormatter().encode_chat([{"content": "no role"}])
+        ChatTemplate().encode_chat([{"content": "no role"}])
 
 
 @pytest.mark.parametrize("text, expected", [

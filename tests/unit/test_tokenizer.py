@@ -3,7 +3,7 @@ import hashlib
 import pytest
 from transformers import AutoTokenizer
 
-from python_layer.tokenizer import QwenTokenizer, get_tokenizer
+from python_layer.tokenizer import CheckpointTokenizer, get_tokenizer
 from python_layer.tokenizer.qwen_tokenizer import ASSETS_DIR
 
 TEXTS = [
@@ -55,7 +55,7 @@ def test_encode_decode_match_transformers(hf_tokenizer, text: str) -> None:
 
 
 def test_checkpoint_tokenizer_files_are_used(tiny_checkpoint) -> None:
-    tok = QwenTokenizer(tiny_checkpoint)
+    tok = CheckpointTokenizer(tiny_checkpoint)
     assert tok.path == tiny_checkpoint and tok.encode("Hello, world!") == [9707, 11, 1879, 0]
     with pytest.raises(FileNotFoundError):
-        QwenTokenizer(tiny_checkpoint / "missing")
+        CheckpointTokenizer(tiny_checkpoint / "missing")

@@ -114,10 +114,10 @@ def test_tensors_are_read_when_asked_for_and_let_go_when_released(tiny_checkpoin
 
 
 def test_a_built_model_holds_none_of_the_checkpoints_tensors(tiny_checkpoint: Path) -> None:
-    from python_layer.model.qwen3_model import Qwen3Model
+    from python_layer.model.qwen3_model import Qwen3CausalLM
 
     loader = _loader(tiny_checkpoint)
-    model = Qwen3Model(loader.config, loader, backend="reference")
+    model = Qwen3CausalLM(loader.config, loader, backend="reference")
     assert loader.weights.cached == set()
     raw = load_file(str(tiny_checkpoint / "model.safetensors"))
     assert torch.equal(model.layers[1].down_proj, raw["model.layers.1.mlp.down_proj.weight"].float())
