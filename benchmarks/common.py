@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import sys
 import time
@@ -15,7 +14,7 @@ from typing import Optional, Sequence
 import torch
 
 from bindings.gpu_options import GpuOptions
-from python_layer.model.random_checkpoint import QWEN3_0_6B_SHAPE, build_random_checkpoint, cache_dir  # noqa: E402
+from python_layer.model.random_checkpoint import QWEN3_0_6B_SHAPE, build_random_checkpoint, cache_dir
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -14,8 +14,8 @@ from . import library  # noqa: F401  (sets MODULAR_CACHE_DIR before max is impor
 from .gpu_options import GpuOptions
 from .reference import rope_inv_freq
 
-from max.dtype import DType  # noqa: E402
-from max.graph import BufferValue, TensorType, TensorValue, ops  # noqa: E402
+from max.dtype import DType
+from max.graph import BufferValue, TensorType, TensorValue, ops
 
 Scalar = Union[float, TensorValue]
 DEFAULT_OPTIONS = GpuOptions()

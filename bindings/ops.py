@@ -20,10 +20,10 @@ from . import graph, library  # library sets MODULAR_CACHE_DIR before max is imp
 from .gpu_options import GpuOptions
 from .reference import TILED_DTYPES, rope_inv_freq
 
-from max.driver import Buffer  # noqa: E402
-from max.dtype import DType  # noqa: E402
-from max.experimental.torch import max_dtype_to_torch, torch_dtype_to_max  # noqa: E402
-from max.graph import BufferType, DeviceRef, Graph, TensorType, ops  # noqa: E402
+from max.driver import Buffer
+from max.dtype import DType
+from max.experimental.torch import max_dtype_to_torch, torch_dtype_to_max
+from max.graph import BufferType, DeviceRef, Graph, TensorType, ops
 
 F32, I32 = DType.float32, DType.int32
 SAME = None  # in a spec: the op's own dtype
@@ -56,6 +56,7 @@ class CompiledOp:
         self.fn, self.outputs, self.inputs, self.variant = fn, list(outputs), list(inputs), variant
         self._specs: dict = {}
         self._eager_kernels: dict = {}
+        self._compiled: dict = {}
         self.takes_options = "options" in inspect.signature(fn).parameters
         ALL_OPS.append(self)
 
@@ -89,9 +90,12 @@ class CompiledOp:
             g.output()
         return g
 
-    @lru_cache(maxsize=None)
     def compiled(self, dtype: torch.dtype, device: str, options: GpuOptions = GpuOptions()):
-        return library.session(device).load(self.graph(dtype, device, options=options))
+        """The op's graph loaded on `device`, compiled once per dtype, device and options."""
+        key = (dtype, device, options)
+        if key not in self._compiled:
+            self._compiled[key] = library.session(device).load(self.graph(dtype, device, options=options))
+        return self._compiled[key]
 
     def _spec(self, dtype: torch.dtype) -> tuple:
         """(rank, dtype) of every argument when the op's dtype is `dtype`."""

@@ -14,16 +14,14 @@ dry run a machine without ncu can do, and a CPU test (tests/kernels/test_attenti
 from __future__ import annotations
 
 import argparse
-import sys
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
 
 from benchmarks.kernels import run as kernels
 
-from bindings import reference as ref  # noqa: E402
+from bindings import reference as ref
 
 DEFAULT_CASES = "attention prefill ctx=2048 B=1,attention decode ctx=4096 B=64,attention decode ctx=4096 B=1"
 

@@ -15,14 +15,13 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from bindings import library  # noqa: E402
-from benchmarks.kernels.run import RESULTS, copy_bandwidth, median_seconds  # noqa: E402
+from bindings import library
+from benchmarks.kernels.run import RESULTS, copy_bandwidth, median_seconds
 
 SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)}
 """(N, K) of a Qwen3-0.6B layer's matmuls: its 16 + 2 x 8 heads of 128, hidden 1024, intermediate 3072."""

@@ -36,14 +36,14 @@ driver.set_virtual_device_api("cuda")  # before any device exists
 driver.set_virtual_device_target_arch(ARCH)
 driver.set_virtual_device_count(1)
 
-from benchmarks.common import model_path  # noqa: E402
+from benchmarks.common import model_path
 
-from bindings import library, ops  # noqa: E402
-from bindings.gpu_options import GpuOptions  # noqa: E402
-from python_layer.model.loader import load_model  # noqa: E402
-from python_layer.model.qwen3_graph import graph_weights, model_graph  # noqa: E402
-from python_layer.model.random_checkpoint import TINY, build_random_checkpoint  # noqa: E402
-from tests.conftest import PARITY_SHAPES  # noqa: E402
+from bindings import library, ops
+from bindings.gpu_options import GpuOptions
+from python_layer.model.loader import load_model
+from python_layer.model.qwen3_graph import graph_weights, model_graph
+from python_layer.model.random_checkpoint import TINY, build_random_checkpoint
+from tests.conftest import PARITY_SHAPES
 
 
 def compile_for_gpu(path: Path | str, dtype: str, qkv_attention: bool = True, vendor_blas: bool = False,

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Optional
 
-from benchmarks.common import RESULTS  # noqa: E402
+from benchmarks.common import RESULTS
 ATTENTION = {"attention_prefill_2048_ratio_vs_sdpa": "attention prefill ctx=2048 B=1",
              "attention_decode_ctx4096_b1_ratio_vs_sdpa": "attention decode ctx=4096 B=1",
              "attention_decode_ctx4096_b8_ratio_vs_sdpa": "attention decode ctx=4096 B=8",

@@ -23,25 +23,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import sys
 import time
 from dataclasses import asdict, replace
 from functools import partial
-from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from bindings import graph, ops  # noqa: E402
-from bindings.gpu_options import GpuOptions  # noqa: E402
-from bindings import reference as ref  # noqa: E402
+from bindings import ops
+from bindings.gpu_options import GpuOptions
+from bindings import reference as ref
 
 HIDDEN, INTER, Q_HEADS, KV_HEADS, HEAD_DIM, PAGE = 1024, 3072, 16, 8, 128, 16  # Qwen3-0.6B
-from benchmarks.common import RESULTS  # noqa: E402
+from benchmarks.common import RESULTS
 REPEAT = 20
 ATTENTION_SHAPES = [(64, 1, 64), (2048, 1, 2048), (512, 1, 1), (4096, 1, 1), (4096, 8, 1)]
 """(context, batch, query tokens a sequence): prefill of a 64- and a 2048-token prompt (causal), then decode of one

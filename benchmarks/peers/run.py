@@ -30,9 +30,9 @@ HERE = Path(__file__).resolve().parent
 PEERS = HERE / ".peers"  # setup.sh's work folder (git-ignored)
 sys.path.insert(0, str(PEERS / "site"))  # llama_cpp, built by setup.sh
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from benchmarks.common import model_path, print_table, write_json  # noqa: E402
+import numpy as np
+import torch
+from benchmarks.common import model_path, print_table, write_json
 
 from benchmarks.engine import latency
 

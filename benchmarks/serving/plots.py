@@ -8,7 +8,7 @@ from typing import Dict, List, Sequence
 import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on a server
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def _by_system(rows: Sequence[dict]) -> Dict[str, List[dict]]:

@@ -25,12 +25,13 @@ from transformers import AutoTokenizer
 from benchmarks.serving import guidellm_sweep
 from benchmarks.serving import light_client
 from benchmarks.serving import plots
-from benchmarks.common import print_table, write_json  # noqa: E402
-from benchmarks.serving.cpu_meter import CpuMeter  # noqa: E402
-from benchmarks.engine.latency import SETTLE_S  # noqa: E402  (the pause `mili bench engine latency` takes before each run, for the same reason)
-from benchmarks.serving.servers import PEERS, Server, start_llama, start_mili  # noqa: E402
+from benchmarks.common import print_table, write_json
+from benchmarks.serving.cpu_meter import CpuMeter
+# the pause `mili bench engine latency` takes before each run, for the same reason
+from benchmarks.engine.latency import SETTLE_S
+from benchmarks.serving.servers import PEERS, Server, start_llama, start_mili
 
-from python_layer.model.random_checkpoint import builtin_model_path  # noqa: E402
+from python_layer.model.random_checkpoint import builtin_model_path
 
 # Qwen3's recommended sampling, sent explicitly so both servers sample alike (llama-cpp-python's own defaults
 # add min_p 0.05 and a repeat penalty of 1.1; each server ignores the other's field name)

@@ -16,11 +16,11 @@ from bindings import graph as mili, library  # library sets MODULAR_CACHE_DIR be
 from bindings.gpu_options import ENVIRONMENT, GpuOptions
 from bindings.reference import rope_inv_freq
 
-from max._mlir_context import ensure_default_mlir_context  # noqa: E402
-from max.driver import Buffer  # noqa: E402
-from max.experimental.torch import torch_dtype_to_max  # noqa: E402
-from max.dtype import DType  # noqa: E402
-from max.graph import BufferType, Graph, TensorType, TensorValue, Weight, ops  # noqa: E402
+from max._mlir_context import ensure_default_mlir_context
+from max.driver import Buffer
+from max.experimental.torch import torch_dtype_to_max
+from max.dtype import DType
+from max.graph import BufferType, Graph, TensorType, TensorValue, Weight, ops
 
 from .attention_metadata import SequenceChunk, build_step_inputs, int32_tensor
 from .config import Qwen3Config
@@ -54,7 +54,7 @@ def graph_weights(model: "Qwen3CausalLM") -> Dict[str, torch.Tensor]:
 
 def _block_k(model: "Qwen3CausalLM") -> int:
     """The column block of the model's quantized weights (0: none); one graph constant serves them all."""
-    blocks = {w.block_k for w in [model.lm_head, *(t for l in model.layers for t in vars(l).values())]
+    blocks = {w.block_k for w in [model.lm_head, *(t for layer in model.layers for t in vars(layer).values())]
               if isinstance(w, QuantizedWeight)}
     if len(blocks) > 1:
         raise ValueError(f"the model's quantized weights have different column blocks {sorted(blocks)}: one is supported")

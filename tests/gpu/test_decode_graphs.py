@@ -10,8 +10,8 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
 
-from python_layer import InferenceEngine, SamplingParams  # noqa: E402
-from tests.engine_checks import no_request_holds_pages, random_prompts, serve_arrivals_and_aborts  # noqa: E402
+from python_layer import InferenceEngine, SamplingParams
+from tests.engine_checks import no_request_holds_pages, random_prompts, serve_arrivals_and_aborts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=1)
 # one xdist worker for the module (`pytest -n N --dist loadgroup`): the model's graph compiles once, not per test
@@ -57,7 +57,8 @@ def test_overlapped_decode_steps_give_the_tokens_of_steps_read_at_once(cuda_mode
     for overlap in (True, False):
         engine = InferenceEngine(cuda_model, num_kv_pages=256, max_num_seqs=16, debug_checks=True, overlap=overlap)
         following, run = [], engine.runner.run_following
-        engine.runner.run_following = lambda requests, ids: following.append(len(requests)) or run(requests, ids)
+        engine.runner.run_following = lambda requests, ids, run=run, following=following: (
+            following.append(len(requests)) or run(requests, ids))
         outputs.append([o.token_ids for o in engine.generate(prompts, params)])
         assert no_request_holds_pages(engine) and bool(following) == overlap
     assert outputs[0] == outputs[1]

@@ -11,10 +11,10 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
 
-from bindings.gpu_options import GpuOptions  # noqa: E402
-from python_layer import InferenceEngine, SamplingParams  # noqa: E402
-from python_layer.model.loader import load_model  # noqa: E402
-from tests.engine_checks import no_request_holds_pages, random_prompts  # noqa: E402
+from bindings.gpu_options import GpuOptions
+from python_layer import InferenceEngine, SamplingParams
+from python_layer.model.loader import load_model
+from tests.engine_checks import no_request_holds_pages, random_prompts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=1)
 pytestmark = pytest.mark.xdist_group("dependent_launch")

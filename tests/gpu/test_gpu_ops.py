@@ -9,8 +9,8 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
 
 ops = pytest.importorskip("bindings.ops", reason="MAX is not installed")
-from bindings import reference as ref  # noqa: E402
-from bindings.gpu_options import GpuOptions  # noqa: E402
+from bindings import reference as ref
+from bindings.gpu_options import GpuOptions
 
 
 GPU_CASES = [c for c in kernel_cases() if c.values[0] is not run_linear_tiled]  # tiled weights: a CPU layout

@@ -15,13 +15,13 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
 
-from transformers import Qwen3ForCausalLM  # noqa: E402
+from transformers import Qwen3ForCausalLM
 
-from bindings.gpu_options import GpuOptions  # noqa: E402
-from python_layer import InferenceEngine, SamplingParams  # noqa: E402
-from python_layer.model.loader import load_model  # noqa: E402
-from tests.engine_checks import no_request_holds_pages, random_prompts  # noqa: E402
-from tests.integration.test_parity import _Batch, _hf, _hf_logits, _prompts, _rel_err  # noqa: E402
+from bindings.gpu_options import GpuOptions
+from python_layer import InferenceEngine, SamplingParams
+from python_layer.model.loader import load_model
+from tests.engine_checks import no_request_holds_pages, random_prompts
+from tests.integration.test_parity import _Batch, _hf, _hf_logits, _prompts, _rel_err
 
 SETTINGS = ("batch1_graph", "vendor_blas")
 pytestmark = pytest.mark.xdist_group("matmul_settings")

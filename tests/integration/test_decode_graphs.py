@@ -10,7 +10,7 @@ import pytest
 import torch
 from max.driver import CPU
 
-from python_layer import InferenceEngine, SamplingParams
+from python_layer import SamplingParams
 from python_layer.model.attention_metadata import SequenceChunk
 from python_layer.model.decode_graphs import STAGING_BUFFERS, DecodeGraphs, _torch_view_of_stream
 from python_layer.model.loader import load_model

@@ -4,8 +4,6 @@ cases it has."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 

@@ -8,10 +8,10 @@ from tests.attention_cases import attention_case
 
 graph = pytest.importorskip("bindings.graph", reason="MAX is not installed")
 
-from bindings import library  # noqa: E402
-from max.driver import Buffer  # noqa: E402
-from max.dtype import DType  # noqa: E402
-from max.graph import BufferType, DeviceRef, Graph, TensorType, ops  # noqa: E402
+from bindings import library
+from max.driver import Buffer
+from max.dtype import DType
+from max.graph import BufferType, DeviceRef, Graph, TensorType, ops
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
 

@@ -12,9 +12,9 @@ from tests.attention_cases import attention_case
 from tests.kernel_cases import kernel_cases, run_attention
 
 ops = pytest.importorskip("bindings.ops", reason="MAX is not installed")
-from max.dtype import DType  # noqa: E402
+from max.dtype import DType
 
-from tests.op_graphs import compile_in_parallel  # noqa: E402
+from tests.op_graphs import compile_in_parallel
 
 _OWN_GRAPHS = ops.CompiledOp.compiled
 _COMPILED_IN_PARALLEL: set[torch.dtype] = set()

@@ -19,7 +19,7 @@ INSTALL = ("pip install torch==2.13.0", "pip install -e ", "./build.sh")
 
 def instructions(path: Path) -> list[tuple[str, str]]:
     """(instruction, arguments) with line continuations joined and comments dropped."""
-    text = re.sub(r"\\\n", " ", "\n".join(l for l in path.read_text().splitlines() if not l.lstrip().startswith("#")))
+    text = re.sub(r"\\\n", " ", "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")))
     return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1].strip()) for line in text.splitlines() if line.strip()]
 
 

@@ -282,7 +282,7 @@ def test_randomized_against_a_simulation() -> None:
             cache.reset()
         check()
 
-    for tokens, pages, node in live:
+    for _tokens, pages, node in live:
         kv.free_pages(pages)
         cache.release(node)
     live.clear()
