@@ -25,7 +25,11 @@ def model_path(model: Optional[str]) -> str:
         return model
     path = cache_dir() / "models" / "qwen3-0.6b-random"
     if not (path / "config.json").is_file():
-        print(f"building the random-weight Qwen3-0.6B-shaped checkpoint into {path} (first run only)", file=sys.stderr, flush=True)
+        print(
+            f"building the random-weight Qwen3-0.6B-shaped checkpoint into {path} (first run only)",
+            file=sys.stderr,
+            flush=True,
+        )
         build_random_checkpoint(path, seed=0, dtype=torch.bfloat16, **QWEN3_0_6B_SHAPE)
     return str(path)
 

@@ -48,7 +48,9 @@ def fused_add_rms_norm(x: TensorValue, residual: TensorValue, weight: TensorValu
     return normed, residual_out
 
 
-def head_rms_norm(x: TensorValue, weight: TensorValue, eps: Scalar, options: GpuOptions = DEFAULT_OPTIONS) -> TensorValue:
+def head_rms_norm(
+    x: TensorValue, weight: TensorValue, eps: Scalar, options: GpuOptions = DEFAULT_OPTIONS
+) -> TensorValue:
     return _custom("mili_head_rms_norm", x, [x, weight, _f32(eps, x)], [x.shape], _launch(options))[0]
 
 
@@ -102,10 +104,14 @@ def linear(x: TensorValue, weight: TensorValue, scales: TensorValue, block_k: Un
 def linear_tiled(x: TensorValue, tiles: TensorValue, scales: TensorValue, block_k: TensorValue) -> TensorValue:
     """x [M, K] @ dequantize(reference.untile_weight(tiles))^T: tiles [N / R, K / C, R, C], float32, bfloat16 or
     int8 (with scales [N, K / block_k]), on a CPU."""
-    return _custom("mili_linear_tiled", x, [x, tiles, scales, block_k], [[x.shape[0], tiles.shape[0] * tiles.shape[2]]])[0]
+    return _custom(
+        "mili_linear_tiled", x, [x, tiles, scales, block_k], [[x.shape[0], tiles.shape[0] * tiles.shape[2]]]
+    )[0]
 
 
-def store_kv(k: TensorValue, v: TensorValue, k_cache: BufferValue, v_cache: BufferValue, slot_mapping: TensorValue) -> None:
+def store_kv(
+    k: TensorValue, v: TensorValue, k_cache: BufferValue, v_cache: BufferValue, slot_mapping: TensorValue
+) -> None:
     ops.inplace_custom("mili_store_kv", k.device, [k_cache, v_cache, k, v, slot_mapping])
 
 

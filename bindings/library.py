@@ -72,9 +72,11 @@ def _mojo() -> str:
     exe = Path(sys.executable).parent / "mojo"
     found = str(exe) if exe.is_file() else shutil.which("mojo")
     if found is None:
-        raise RuntimeError("The `mojo` compiler is not installed: pip install 'mojo==1.2.0' (it comes with MILI's "
-                           "dependencies), or build the kernel package where it is and copy .modular_cache/mili_kernels "
-                           "here (benchmarks/device_kit.sh)")
+        raise RuntimeError(
+            "The `mojo` compiler is not installed: pip install 'mojo==1.2.0' (it comes with MILI's "
+            "dependencies), or build the kernel package where it is and copy .modular_cache/mili_kernels "
+            "here (benchmarks/device_kit.sh)"
+        )
     return found
 
 
@@ -112,7 +114,9 @@ def eager_cpu_module():
     out = Path(os.environ["MODULAR_CACHE_DIR"]) / "mili_eager_cpu" / digest / "mili_eager_cpu.so"
     _build(out, ["build", "--emit", "shared-lib", "-I", str(kernels_dir().parent), str(source)])
     loader = importlib.machinery.ExtensionFileLoader("mili_eager_cpu", str(out))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location("mili_eager_cpu", out, loader=loader))
+    module = importlib.util.module_from_spec(
+        importlib.util.spec_from_file_location("mili_eager_cpu", out, loader=loader)
+    )
     loader.exec_module(module)
     return module
 

@@ -1,7 +1,8 @@
 """MILI's Mojo ops as functions on torch tensors, with exactly the signatures of bindings/reference.py.
 
 On CPU, float32 and bfloat16 tensors go straight to the Mojo kernels through a Python extension module
-(bindings/eager/eager_cpu.mojo), on torch's OpenMP threads: a call costs about a microsecond more than the kernel. Otherwise (GPU, other dtypes,
+(bindings/eager/eager_cpu.mojo), on torch's OpenMP threads: a call costs about a microsecond more than the kernel.
+Otherwise (GPU, other dtypes,
 or EAGER_CPU = False) each op is a small MAX graph (built with bindings/graph.py) compiled once per (dtype,
 device) with symbolic sizes, so a new number of tokens, sequences or pages never recompiles; each execution
 costs tens of microseconds. Float parameters (eps, theta, scale) travel as 1-element float32 tensors, not as
@@ -63,7 +64,9 @@ class CompiledOp:
     def input_types(self, dtype: DType, dev: DeviceRef) -> list:
         resolve = lambda d: dtype if d is SAME else d
         types = [BufferType(resolve(d), dims, dev) for _, d, dims in self.outputs]
-        return types + [(BufferType if kind == "buffer" else TensorType)(resolve(d), dims, dev) for kind, d, dims in self.inputs]
+        return types + [
+            (BufferType if kind == "buffer" else TensorType)(resolve(d), dims, dev) for kind, d, dims in self.inputs
+        ]
 
     def emit(self, values: Sequence, repeat: int = 1, chain: Optional[dict[int, int]] = None,
              options: GpuOptions = GpuOptions()) -> None:
@@ -83,7 +86,9 @@ class CompiledOp:
     def graph(self, dtype: torch.dtype, device: str, repeat: int = 1, chain: Optional[dict[int, int]] = None,
               options: GpuOptions = GpuOptions()) -> Graph:
         dev = library.device_ref(device)
-        name = f"mili_{self.fn.__name__}_{str(dtype).split('.')[-1]}{self.variant}" + (f"_x{repeat}" if repeat > 1 else "")
+        name = f"mili_{self.fn.__name__}_{str(dtype).split('.')[-1]}{self.variant}" + (
+            f"_x{repeat}" if repeat > 1 else ""
+        )
         with Graph(name, input_types=self.input_types(torch_dtype_to_max(dtype), dev),
                    kernel_library=library.kernel_library()) as g:
             self.emit(g.inputs, repeat, chain, options)
@@ -129,7 +134,9 @@ class CompiledOp:
         if kernel is not None:  # raises ValueError, as MAX does
             kernel(_OPENMP, *flat)
         else:  # (MAX checks that GPU tensors are on its InferenceSession's GPU)
-            self.compiled(dtype, library.device_key(args[0].device), GPU_OPTIONS).execute(*[Buffer.from_dlpack(a) for a in args])
+            self.compiled(dtype, library.device_key(args[0].device), GPU_OPTIONS).execute(
+                *[Buffer.from_dlpack(a) for a in args]
+            )
 
 
 def _flatten(args: Sequence[torch.Tensor], spec: tuple, on_cpu: bool) -> Optional[list[int]]:
@@ -162,7 +169,9 @@ def _c(t: torch.Tensor) -> torch.Tensor:
 
 def _i32(t: torch.Tensor) -> torch.Tensor:
     if t.dtype != torch.int32:
-        raise TypeError(f"integer tensors (positions, page tables, lengths, offsets, slots) must be int32, got {t.dtype}")
+        raise TypeError(
+            f"integer tensors (positions, page tables, lengths, offsets, slots) must be int32, got {t.dtype}"
+        )
     return _c(t)
 
 
@@ -171,7 +180,9 @@ def _i32(t: torch.Tensor) -> torch.Tensor:
 _RMS_NORM = CompiledOp(graph.rms_norm, [T(SAME, "T", "H")], [T(SAME, "T", "H"), T(SAME, "H"), T(F32, 1)])
 _FUSED_ADD_RMS_NORM = CompiledOp(graph.fused_add_rms_norm, [T(SAME, "T", "H"), T(SAME, "T", "H")],
                                  [T(SAME, "T", "H"), T(SAME, "T", "H"), T(SAME, "H"), T(F32, 1)])
-_HEAD_RMS_NORM = CompiledOp(graph.head_rms_norm, [T(SAME, "T", "N", "D")], [T(SAME, "T", "N", "D"), T(SAME, "D"), T(F32, 1)])
+_HEAD_RMS_NORM = CompiledOp(
+    graph.head_rms_norm, [T(SAME, "T", "N", "D")], [T(SAME, "T", "N", "D"), T(SAME, "D"), T(F32, 1)]
+)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -181,7 +192,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return y.view(x.shape)
 
 
-def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     x2, r2 = _c(x).reshape(-1, x.shape[-1]), _c(residual).reshape(-1, x.shape[-1])
     y, residual_out = torch.empty_like(x2), torch.empty_like(x2)
     _FUSED_ADD_RMS_NORM(y, residual_out, x2, r2, _c(weight), _scalar(eps, x))
@@ -201,7 +214,9 @@ _ROPE = CompiledOp(graph.rope_with_table, [T(SAME, "T", "Hq", "D"), T(SAME, "T",
 
 
 @lru_cache(maxsize=64)
-def _rope_tables(head_dim: int, theta: float, scaling: Optional[tuple], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _rope_tables(
+    head_dim: int, theta: float, scaling: Optional[tuple], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     inv_freq, scale = rope_inv_freq(head_dim, theta, dict(scaling) if scaling else None)
     return inv_freq.to(device), torch.tensor([scale], dtype=torch.float32, device=device)
 
@@ -307,7 +322,9 @@ _STORE_KV = {kv: CompiledOp(
 ) for kv in KV_DTYPES}
 
 
-def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def store_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     _check_cache_writes("store_kv", k_cache, v_cache, slot_mapping)
     if k.dtype != v.dtype:
         raise ValueError(f"store_kv: k and v must have one dtype, got {k.dtype} and {v.dtype}")
@@ -330,9 +347,18 @@ _QK_NORM_ROPE_STORE = {kv: CompiledOp(
 ) for kv in KV_DTYPES}
 
 
-def qk_norm_rope_store(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float, positions: torch.Tensor,
-                       inv_freq: torch.Tensor, scale: float, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                       slot_mapping: torch.Tensor) -> torch.Tensor:
+def qk_norm_rope_store(
+    qkv: torch.Tensor,
+    q_norm: torch.Tensor,
+    k_norm: torch.Tensor,
+    eps: float,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    scale: float,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
     _check_cache_writes("qk_norm_rope_store", k_cache, v_cache, slot_mapping)
     q = qkv.new_empty(_q_shape("qk_norm_rope_store", qkv, k_cache))
     op = _with_caches(_QK_NORM_ROPE_STORE, qkv, k_cache, v_cache)
@@ -344,9 +370,18 @@ def qk_norm_rope_store(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Te
 # ---- attention ----------------------------------------------------------------------------------------------
 
 _ATTENTION_ARGS = [T(SAME, "T", "Hq", "D"), T(I32, "B", "max_pages"), T(I32, "B"), T(I32, "B_plus_1"), T(F32, 1)]
-_PAGED_ATTENTION, _PAGED_ATTENTION_FLASH = ({kv: CompiledOp(
-    fn, [T(SAME, "T", "Hq", "D")], [_ATTENTION_ARGS[0], _cache(kv), _cache(kv), *_ATTENTION_ARGS[1:]], variant=_kv_variant(kv),
-) for kv in KV_DTYPES} for fn in (graph.paged_attention, graph.paged_attention_flash))
+_PAGED_ATTENTION, _PAGED_ATTENTION_FLASH = (
+    {
+        kv: CompiledOp(
+            fn,
+            [T(SAME, "T", "Hq", "D")],
+            [_ATTENTION_ARGS[0], _cache(kv), _cache(kv), *_ATTENTION_ARGS[1:]],
+            variant=_kv_variant(kv),
+        )
+        for kv in KV_DTYPES
+    }
+    for fn in (graph.paged_attention, graph.paged_attention_flash)
+)
 """The op with the plain GPU kernels, and its twin with the GPU flash kernels (GPU calls use the twin unless
 GPU_OPTIONS.flash_attention is off, CPU calls never: its CPU kernel is the same)."""
 
@@ -400,19 +435,28 @@ def _block_k_on(block_k: int, device: torch.device) -> torch.Tensor:
     return torch.tensor([block_k], dtype=torch.int32, device=device)
 
 
-_LINEAR_TILED = {w: CompiledOp(graph.linear_tiled, [T(SAME, "M", "N")],
-                               [T(SAME, "M", "K"), T(torch_dtype_to_max(w), "NT", "KT", "R", "C"), T(F32, "SN", "KB"), T(I32, 1)],
-                               variant="_" + str(w).split(".")[-1])
-                 for w in TILED_DTYPES}
+_LINEAR_TILED = {
+    w: CompiledOp(
+        graph.linear_tiled,
+        [T(SAME, "M", "N")],
+        [T(SAME, "M", "K"), T(torch_dtype_to_max(w), "NT", "KT", "R", "C"), T(F32, "SN", "KB"), T(I32, 1)],
+        variant="_" + str(w).split(".")[-1],
+    )
+    for w in TILED_DTYPES
+}
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, scales: Optional[torch.Tensor] = None, block_k: int = 0) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, scales: Optional[torch.Tensor] = None, block_k: int = 0
+) -> torch.Tensor:
     """x [M, K] @ dequantize(weight)[N, K]^T (reference.linear): float32 / bfloat16 weights as they are,
     float8_e4m3fn / int8 weights with scales [N, ceil(K / block_k)]; a 4-d float32 / bfloat16 / int8 weight is
     tiled (reference.tile_weight), on a CPU only."""
     tiled = weight.dim() == 4
     if tiled and (weight.dtype not in TILED_DTYPES or not x.is_cpu):
-        raise ValueError(f"linear: tiled weights are float32 / bfloat16 / int8 on a CPU, got {weight.dtype} on {x.device}")
+        raise ValueError(
+            f"linear: tiled weights are float32 / bfloat16 / int8 on a CPU, got {weight.dtype} on {x.device}"
+        )
     if weight.dtype not in WEIGHT_DTYPES:
         raise ValueError(f"linear: weights must be one of {', '.join(map(str, WEIGHT_DTYPES))}, got {weight.dtype}")
     n, k = (weight.shape[0] * weight.shape[2], weight.shape[1] * weight.shape[3]) if tiled else weight.shape

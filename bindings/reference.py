@@ -271,8 +271,10 @@ def tile_weight(weight: torch.Tensor) -> torch.Tensor:
     tile_columns columns): each R rows as C-column blocks of each row in turn, the order the decode kernel
     reads them in. An int8 weight's scales stay [N, K / block_k] (block_k a multiple of C)."""
     if not can_tile(weight):
-        raise ValueError(f"tile_weight: needs a float32 / bfloat16 / int8 [N, K] weight with N a multiple of {TILE_ROWS} and K "
-                         f"of {TILE_BYTES} bytes, got {weight.dtype} {tuple(weight.shape)}")
+        raise ValueError(
+            f"tile_weight: needs a float32 / bfloat16 / int8 [N, K] weight with N a multiple of {TILE_ROWS} and K "
+            f"of {TILE_BYTES} bytes, got {weight.dtype} {tuple(weight.shape)}"
+        )
     n, k = weight.shape
     c = tile_columns(weight.dtype)
     return weight.reshape(n // TILE_ROWS, TILE_ROWS, k // c, c).transpose(1, 2).contiguous()
@@ -284,7 +286,9 @@ def untile_weight(tiles: torch.Tensor) -> torch.Tensor:
     return tiles.transpose(1, 2).reshape(n_tiles * rows, k_tiles * cols)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, scales: Optional[torch.Tensor] = None, block_k: int = 0) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, scales: Optional[torch.Tensor] = None, block_k: int = 0
+) -> torch.Tensor:
     """effective_x(x) [M, K] @ dequantize(weight)[N, K]^T in float32, in x's dtype; a 4-d weight is tiled
     (tile_weight)."""
     if weight.dim() == 4:

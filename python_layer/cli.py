@@ -23,8 +23,11 @@ def _generate(args: argparse.Namespace) -> int:
     gen_s = time.perf_counter() - t0
     for out in outputs:
         print(out.text)
-        print(f"[{len(out.prompt_token_ids)} prompt tokens, {len(out.token_ids)} generated, finish_reason={out.finish_reason}]",
-              file=sys.stderr)
+        print(
+            f"[{len(out.prompt_token_ids)} prompt tokens, {len(out.token_ids)} generated, "
+            f"finish_reason={out.finish_reason}]",
+            file=sys.stderr,
+        )
     total = sum(len(o.token_ids) for o in outputs)
     print(f"[load {load_s:.1f} s, generate {gen_s:.2f} s, {total / gen_s:.1f} tokens/s]", file=sys.stderr)
     return 0
@@ -53,10 +56,10 @@ def _bench(args: argparse.Namespace) -> int:
         return 2
     if entry.endswith(".sh"):
         return subprocess.run(["bash", str(root / entry), *args.args]).returncode
-    sys.argv = [entry, *args.args]
+    sys.argv = [f"mili bench {args.what}", *args.args]  # the benchmark's usage line names the command
     sys.path.insert(0, str(root))
     try:
-        runpy.run_module(entry, run_name="__main__", alter_sys=True)
+        runpy.run_module(entry, run_name="__main__")
     except SystemExit as done:
         if isinstance(done.code, str):
             print(done.code, file=sys.stderr)
@@ -123,8 +126,12 @@ def _add_format_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_device_graphs_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--no-device-graphs", dest="device_graphs", action="store_false",
-                        help="on a GPU, run decode steps op by op instead of replaying them as device graphs (for debugging)")
+    parser.add_argument(
+        "--no-device-graphs",
+        dest="device_graphs",
+        action="store_false",
+        help="on a GPU, run decode steps op by op instead of replaying them as device graphs (for debugging)",
+    )
     parser.add_argument("--no-overlap", dest="overlap", action="store_false",
                         help="on a GPU, read each decode step's tokens before giving the device the next step "
                         "(by default the host's work on a step's tokens runs while the device computes the next, "
@@ -132,10 +139,18 @@ def _add_device_graphs_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default=None, metavar="FILE",
-                        help="options from a JSON or YAML file (python_layer/server/config_file.py); flags given here win")
+    parser.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="options from a JSON or YAML file (python_layer/server/config_file.py); flags given here win",
+    )
     parser.add_argument("--print-config", action="store_true", help="print the merged configuration and exit")
-    parser.add_argument("--model", default=None, help="checkpoint directory or Hugging Face id (default: the built-in random-weight model)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="checkpoint directory or Hugging Face id (default: the built-in random-weight model)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -149,7 +164,9 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens computed per step at most")
     parser.add_argument("--max-queue-len", type=int, default=256,
                         help="requests waiting beyond the running batch; more are answered 503")
-    parser.add_argument("--max-model-len", type=int, default=None, help="context length (default: what the KV pool and model allow)")
+    parser.add_argument(
+        "--max-model-len", type=int, default=None, help="context length (default: what the KV pool and model allow)"
+    )
     parser.add_argument("--page-size", type=int, default=16, help="tokens per KV cache page (a power of two up to 256)")
     kv = parser.add_mutually_exclusive_group()
     kv.add_argument("--kv-pages", type=int, default=None, help="KV cache pages of --page-size tokens")
@@ -157,14 +174,24 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                     help="KV cache size in GiB (default: 2 GiB, at most 4096 pages)")
     kv.add_argument("--kv-memory-fraction", type=float, default=None,
                     help="KV cache size as a fraction of the memory free after the weights loaded")
-    parser.add_argument("--served-model-name", default=None, help="the model name clients use (default: the checkpoint's folder name)")
-    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health (or set MILI_API_KEY)")
+    parser.add_argument(
+        "--served-model-name", default=None, help="the model name clients use (default: the checkpoint's folder name)"
+    )
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every route but /health (or set MILI_API_KEY)",
+    )
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="seconds in-flight requests get to finish after SIGINT/SIGTERM before they are aborted")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                         help="the server's log level")
-    parser.add_argument("--replicas", type=int, default=1,
-                        help="N workers (ports PORT+1..PORT+N) behind SGLang's router on --host/--port (pip install -e '.[replicas]')")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="N workers (ports PORT+1..PORT+N) behind SGLang's router on --host/--port (pip install -e '.[replicas]')",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -172,7 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate text for one or more prompts", formatter_class=_DefaultsFormatter)
-    gen.add_argument("--model", default=None, help="checkpoint directory or Hugging Face id (default: the built-in random-weight model)")
+    gen.add_argument(
+        "--model",
+        default=None,
+        help="checkpoint directory or Hugging Face id (default: the built-in random-weight model)",
+    )
     gen.add_argument("--prompt", action="append", required=True, help="a prompt; repeat for several (batched together)")
     gen.add_argument("--max-tokens", type=int, default=32)
     gen.add_argument("--temperature", type=float, default=0.0)
@@ -194,7 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve_arguments(serve)
     serve.set_defaults(func=_serve)
 
-    bench = sub.add_parser("bench", help="run a benchmark of benchmarks/ (benchmarks/README.md); extra arguments go to it")
+    bench = sub.add_parser(
+        "bench", help="run a benchmark of benchmarks/ (benchmarks/README.md); extra arguments go to it"
+    )
     bench.add_argument("what", choices=list(BENCHMARKS), help="kernels | engine NAME | peers | serving | gpu [STEP...] "
                                                              "| gpu-bundle")
     bench.add_argument("args", nargs=argparse.REMAINDER)

@@ -127,7 +127,9 @@ class KVCacheAllocator(PagedKVCache):
     def gather_pages(self, page_ids: List[int], seq_len: int, cache_type: str = "k", layer: int = 0) -> torch.Tensor:
         """The first seq_len tokens held by page_ids, contiguous: [seq_len, num_kv_heads, head_dim]."""
         if seq_len > len(page_ids) * self.page_size:
-            raise ValueError(f"seq_len {seq_len} exceeds the {len(page_ids)} page(s) given ({len(page_ids) * self.page_size} tokens)")
+            raise ValueError(
+                f"seq_len {seq_len} exceeds the {len(page_ids)} page(s) given ({len(page_ids) * self.page_size} tokens)"
+            )
         cache = self._cache(cache_type, layer)
         return cache[torch.tensor(page_ids, dtype=torch.long)].flatten(0, 1)[:seq_len].clone()
 
@@ -178,7 +180,10 @@ class QwenTokenizer(qwen_tokenizer.CheckpointTokenizer):
         if return_tensors:
             if not padding and len({len(seq) for seq in ids}) > 1:
                 raise ValueError("return_tensors needs padding=True when the texts have different lengths")
-            return {"input_ids": torch.tensor(ids, dtype=torch.long), "attention_mask": torch.tensor(masks, dtype=torch.long)}
+            return {
+                "input_ids": torch.tensor(ids, dtype=torch.long),
+                "attention_mask": torch.tensor(masks, dtype=torch.long),
+            }
         return {"input_ids": ids, "attention_mask": masks}
 
 
@@ -199,6 +204,8 @@ class MessageFormatter(chat_template.ChatTemplate):
 class Qwen3Model(qwen3_model.Qwen3CausalLM):
     """The engine's model plus the design documents' one-call `generate`."""
 
-    def generate(self, prompt: str, max_tokens: int = 128, temperature: float = 1.0, top_p: float = 0.95, top_k: int = 50) -> str:
+    def generate(
+        self, prompt: str, max_tokens: int = 128, temperature: float = 1.0, top_p: float = 0.95, top_k: int = 50
+    ) -> str:
         """The text generated after prompt, on a throwaway engine sized for it (see inference/generate.py)."""
         return generate_text(self, prompt, max_tokens, temperature, top_p, top_k)

@@ -53,7 +53,9 @@ def parity_checkpoint(request: pytest.FixtureRequest, checkpoints_dir: Path, tin
 @pytest.fixture(scope="session")
 def qwen3_0_6b_checkpoint(checkpoints_dir: Path) -> Path:
     """Qwen3-0.6B's exact shapes with random bfloat16 weights (1.2 GB): for slow tests and benchmarks."""
-    return build_random_checkpoint(checkpoints_dir / "qwen3-0.6b-random", seed=0, dtype=torch.bfloat16, **QWEN3_0_6B_SHAPE)
+    return build_random_checkpoint(
+        checkpoints_dir / "qwen3-0.6b-random", seed=0, dtype=torch.bfloat16, **QWEN3_0_6B_SHAPE
+    )
 
 
 @pytest.fixture(scope="session")

@@ -40,7 +40,15 @@ QKV_ATTENTION_HEADS = [(16, 8, 128), (8, 2, 64), (8, 8, 16), (10, 2, 128)]
 # N past the decode tile (4 rows) and the prefill panel (2 vector widths)
 LINEAR_SHAPES = [(1, 37, 5), (1, 1000, 130), (7, 200, 133), (8, 2048, 64), (9, 128, 33), (64, 301, 70), (130, 1024, 96)]
 WEIGHT_DTYPES = [torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.int8]
-TILED_LINEAR_SHAPES = [(1, 64, 4), (1, 1024, 132), (7, 192, 36), (8, 2048, 64), (9, 128, 8), (64, 320, 68), (130, 1024, 96)]
+TILED_LINEAR_SHAPES = [
+    (1, 64, 4),
+    (1, 1024, 132),
+    (7, 192, 36),
+    (8, 2048, 64),
+    (9, 128, 8),
+    (64, 320, 68),
+    (130, 1024, 96),
+]
 """(M, K, N) with N a multiple of 4 and K of 64: decode and panel paths, serial and parallel, partial panels and
 (int8, 128-column blocks) partial last blocks."""
 ATTENTION_HEADS = [(8, 8, 64), (16, 8, 128), (8, 2, 128), (16, 2, 128), (4, 2, 44), (10, 2, 128)]
@@ -105,7 +113,9 @@ def run_special_values(ops, device: str, dtype: torch.dtype, _: object) -> None:
     x = torch.tensor([nan, -nan, inf, -inf, 0.0, -0.0, 1e30, -1e30, 100.0, -100.0, 0.5, -0.5], device=device).to(dtype)
     for name in ("silu", "gelu"):
         finite_or_negative = x[x != inf] if name == "gelu" else x  # torch's gelu(inf) is NaN, ours inf
-        assert_matches(getattr(ops, name)(finite_or_negative), getattr(ref, name)(finite_or_negative), dtype, equal_nan=True)
+        assert_matches(
+            getattr(ops, name)(finite_or_negative), getattr(ref, name)(finite_or_negative), dtype, equal_nan=True
+        )
     bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
     if dtype == torch.bfloat16:
         x = torch.arange(-(2**15), 2**15, dtype=torch.int32, device=device).to(torch.int16).view(dtype)
@@ -113,7 +123,10 @@ def run_special_values(ops, device: str, dtype: torch.dtype, _: object) -> None:
     # the sign of a zero result is torch's choice: its CPU relu keeps -0.0, its CUDA relu returns +0.0
     unsigned_zero = lambda t: torch.where(t == 0, torch.zeros_like(t), t).view(bits)
     same = (unsigned_zero(ours) == unsigned_zero(theirs)) | (ours.isnan() & theirs.isnan())
-    assert same.all(), f"relu differs from torch at {x[~same][:8].tolist()}: {ours[~same][:8].tolist()} vs {theirs[~same][:8].tolist()}"
+    assert same.all(), (
+        f"relu differs from torch at {x[~same][:8].tolist()}: "
+        f"{ours[~same][:8].tolist()} vs {theirs[~same][:8].tolist()}"
+    )
 
 
 def run_store_kv(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
@@ -135,7 +148,10 @@ def run_qk_norm_rope_store(ops, device: str, dtype: torch.dtype, case: tuple) ->
     pages, page_size = tokens // 16 + 3, 16
     caches = [torch.randn(pages, page_size, kv_heads, head_dim, device=device).to(kv_dtype) for _ in range(2)]
     qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * head_dim, device=device).to(dtype)
-    q_norm, k_norm = (torch.rand(head_dim, device=device) + 0.5).to(dtype), (torch.rand(head_dim, device=device) + 0.5).to(dtype)
+    q_norm, k_norm = (
+        (torch.rand(head_dim, device=device) + 0.5).to(dtype),
+        (torch.rand(head_dim, device=device) + 0.5).to(dtype),
+    )
     positions = torch.randint(0, 4096, (tokens,), dtype=torch.int32, device=device)
     slots = torch.randperm(pages * page_size, device=device)[:tokens].to(torch.int32)
     slots[tokens // 2] = -1  # a padding token: its k and v are not stored
@@ -151,7 +167,9 @@ def run_attention(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     (context_lens, query_lens), heads, kv_dtype = case
     q_heads, kv_heads, head_dim = heads
     # q drawn in the caches' dtype too: the reference is exact for it
-    q, kc, vc, table, lens, starts, expected = attention_case(context_lens, query_lens, q_heads, kv_heads, head_dim, kv_dtype)
+    q, kc, vc, table, lens, starts, expected = attention_case(
+        context_lens, query_lens, q_heads, kv_heads, head_dim, kv_dtype
+    )
     args = [t.to(device) for t in (q.to(dtype), kc, vc, table, lens, starts)]
     ours = ops.paged_attention(*args, head_dim**-0.5)
     assert ours.dtype == dtype and ours.shape == q.shape
@@ -230,19 +248,31 @@ def kernel_cases() -> list:
         d = str(dtype).split(".")[-1]
         cases += [pytest.param(run_norms, dtype, s, id=f"norms-{d}-{s}") for s in NORM_SHAPES]
         cases += [pytest.param(run_head_norm, dtype, s, id=f"head_norm-{d}-{s}") for s in HEAD_NORM_SHAPES]
-        cases += [pytest.param(run_rope, dtype, c, id=f"rope-{d}-{c[:4]}-{'yarn' if c[4] else 'plain'}") for c in ROPE_CASES]
+        cases += [
+            pytest.param(run_rope, dtype, c, id=f"rope-{d}-{c[:4]}-{'yarn' if c[4] else 'plain'}") for c in ROPE_CASES
+        ]
         cases += [pytest.param(run_activations, dtype, s, id=f"silu_and_mul-{d}-{s}") for s in ACT_SHAPES]
         cases += [pytest.param(run_elementwise, dtype, n, id=f"elementwise-{d}-{n}") for n in ELEMENTWISE_SIZES]
         cases.append(pytest.param(run_special_values, dtype, None, id=f"special_values-{d}"))
         for kv in KV_DTYPES[dtype]:
             kv_id = "" if kv == dtype else "-kv_" + str(kv).split(".")[-1]
             cases += [pytest.param(run_store_kv, dtype, (n, kv), id=f"store_kv-{d}{kv_id}-{n}") for n in (1, 2000)]
-            cases += [pytest.param(run_qk_norm_rope_store, dtype, (*c, kv),
-                                   id=f"qk_norm_rope_store-{d}{kv_id}-{c[:4]}-{'yarn' if c[4] else 'plain'}") for c in QK_CASES]
+            cases += [
+                pytest.param(
+                    run_qk_norm_rope_store,
+                    dtype,
+                    (*c, kv),
+                    id=f"qk_norm_rope_store-{d}{kv_id}-{c[:4]}-{'yarn' if c[4] else 'plain'}",
+                )
+                for c in QK_CASES
+            ]
             cases += [pytest.param(run_attention, dtype, (b, h, kv), id=f"attention-{d}{kv_id}-{b[0]}x{b[1]}-{h}")
                       for b in ATTENTION_BATCHES for h in ATTENTION_HEADS]
-            cases += [pytest.param(run_qkv_attention, dtype, (b, h, kv), id=f"qkv_attention-{d}{kv_id}-{b[0]}x{b[1]}-{h}")
-                      for b in QKV_ATTENTION_BATCHES for h in QKV_ATTENTION_HEADS]
+            cases += [
+                pytest.param(run_qkv_attention, dtype, (b, h, kv), id=f"qkv_attention-{d}{kv_id}-{b[0]}x{b[1]}-{h}")
+                for b in QKV_ATTENTION_BATCHES
+                for h in QKV_ATTENTION_HEADS
+            ]
         cases += [pytest.param(run_linear, dtype, (s, w), id=f"linear-{d}-{str(w).split('.')[-1]}-{s}")
                   for w in WEIGHT_DTYPES for s in LINEAR_SHAPES]
         cases += [pytest.param(run_linear, dtype, ((20, 301, 70), torch.int8, b), id=f"linear-{d}-int8-blocks_of_{b}")

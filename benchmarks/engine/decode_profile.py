@@ -73,14 +73,31 @@ def profile_batch(engine: InferenceEngine, batch: int, args: argparse.Namespace)
     kernels.sort(key=lambda e: -e.device_time_total)
     busy_us = sum(e.device_time_total for e in kernels)
     per_step = lambda n: n / args.steps
-    summary = dict(batch=batch, context=args.context, steps=args.steps, overlap=engine.overlap, attention=attention_graph(engine.model.gpu_options),
-                   matmuls=("cuBLAS" if engine.model.forward_fn.vendor_blas else "MAX's own")
-                   + (", batch-1 graph: W x^T" if batch == 1 and engine.model.forward_fn.batch_one_model is not None else ""),
-                   wall_ms_per_step=wall / args.steps * 1e3, profiled_wall_ms_per_step=profiled_wall / args.steps * 1e3,
-                   device_busy_ms_per_step=busy_us / args.steps / 1e3, busy_fraction=busy_us / 1e6 / profiled_wall,
-                   kernels_per_step=per_step(sum(e.count for e in kernels)), **device_gaps(prof.events(), args.steps))
-    top = [dict(batch=batch, kernel=e.key[:70], calls_per_step=per_step(e.count), us_per_step=per_step(e.device_time_total),
-                share=e.device_time_total / busy_us) for e in kernels[:TOP]]
+    summary = dict(
+        batch=batch,
+        context=args.context,
+        steps=args.steps,
+        overlap=engine.overlap,
+        attention=attention_graph(engine.model.gpu_options),
+        matmuls=("cuBLAS" if engine.model.forward_fn.vendor_blas else "MAX's own")
+        + (", batch-1 graph: W x^T" if batch == 1 and engine.model.forward_fn.batch_one_model is not None else ""),
+        wall_ms_per_step=wall / args.steps * 1e3,
+        profiled_wall_ms_per_step=profiled_wall / args.steps * 1e3,
+        device_busy_ms_per_step=busy_us / args.steps / 1e3,
+        busy_fraction=busy_us / 1e6 / profiled_wall,
+        kernels_per_step=per_step(sum(e.count for e in kernels)),
+        **device_gaps(prof.events(), args.steps),
+    )
+    top = [
+        dict(
+            batch=batch,
+            kernel=e.key[:70],
+            calls_per_step=per_step(e.count),
+            us_per_step=per_step(e.device_time_total),
+            share=e.device_time_total / busy_us,
+        )
+        for e in kernels[:TOP]
+    ]
     api = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CPU and e.key.startswith("cu")),
                  key=lambda e: -e.self_cpu_time_total)
     host = [dict(batch=batch, host="CUDA API " + e.key[:60], calls_per_step=per_step(e.count),
@@ -114,9 +131,15 @@ def device_memory(device: str, stage: str) -> dict:
         return dict(stage=stage)
     gb = lambda n: round(n / 2**30, 2)
     free, total = torch.cuda.mem_get_info(torch.device(device))
-    return dict(stage=stage, free_gb=gb(free), used_gb=gb(total - free), total_gb=gb(total),
-                torch_allocated_gb=gb(torch.cuda.memory_allocated()), torch_reserved_gb=gb(torch.cuda.memory_reserved()),
-                max_pool_percent=os.environ.get(MAX_POOL_PERCENT, "MAX's default"))
+    return dict(
+        stage=stage,
+        free_gb=gb(free),
+        used_gb=gb(total - free),
+        total_gb=gb(total),
+        torch_allocated_gb=gb(torch.cuda.memory_allocated()),
+        torch_reserved_gb=gb(torch.cuda.memory_reserved()),
+        max_pool_percent=os.environ.get(MAX_POOL_PERCENT, "MAX's default"),
+    )
 
 
 def attention_graph(options: GpuOptions) -> str:

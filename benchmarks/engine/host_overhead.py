@@ -42,7 +42,9 @@ def host_ms_per_step(engine: InferenceEngine, timed: _TimedForward, steps: int) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default=None, help="checkpoint (default: the built-in model: host time is what is timed)")
+    parser.add_argument(
+        "--model", default=None, help="checkpoint (default: the built-in model: host time is what is timed)"
+    )
     parser.add_argument("--backend", default="mojo")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--early", type=int, default=100, help="output position of the first measurement")

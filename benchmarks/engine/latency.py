@@ -123,7 +123,9 @@ def measure(args: argparse.Namespace, subjects: list[Subject]) -> list[str]:
                 b = int(figure[len("decode_b"):])
                 s.row[f"{figure}_tok_s"] = decode_tok_s(b, args.new_tokens, statistics.median(runs))
                 s.row[f"{figure}_runs_s"] = runs
-        print(f"{figure}: " + ", ".join(f"{s.name} {statistics.median(samples[id(s)]):.4g} s" for s in live), flush=True)
+        print(
+            f"{figure}: " + ", ".join(f"{s.name} {statistics.median(samples[id(s)]):.4g} s" for s in live), flush=True
+        )
     return failed
 
 
@@ -203,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
 
     path = model_path(args.model)
     load = check_idle()
-    subjects, failed = open_all([(f"mili {w}", lambda w=w: open_mili(path, w, args)) for w in args.weight_dtypes.split(",")])
+    subjects, failed = open_all(
+        [(f"mili {w}", lambda w=w: open_mili(path, w, args)) for w in args.weight_dtypes.split(",")]
+    )
     failed += measure(args, subjects)
     rows = [s.row for s in subjects if s.name not in failed]
     print_table(rows, columns(args))

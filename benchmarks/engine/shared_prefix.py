@@ -57,12 +57,22 @@ def main(argv: list[str] | None = None) -> int:
         engine.generate([tokens(8)], SamplingParams(max_tokens=2))  # warm-up
         times = ttfts(engine, prompts, params)
         hit = engine.prefix_cache.hit_rate if caching else 0.0
-        rows.append(dict(prefix_cache="on" if caching else "off", min_ttft_s=min(times), mean_ttft_s=statistics.mean(times),
-                         p50_ttft_s=statistics.median(times), max_ttft_s=max(times), hit_rate=hit))
+        rows.append(
+            dict(
+                prefix_cache="on" if caching else "off",
+                min_ttft_s=min(times),
+                mean_ttft_s=statistics.mean(times),
+                p50_ttft_s=statistics.median(times),
+                max_ttft_s=max(times),
+                hit_rate=hit,
+            )
+        )
         print(f"prefix cache {rows[-1]['prefix_cache']}: mean TTFT {rows[-1]['mean_ttft_s']:.3f} s", flush=True)
     off, on = rows
     on["ttft_off_over_on"] = off["mean_ttft_s"] / on["mean_ttft_s"]
-    print_table(rows, ["prefix_cache", "min_ttft_s", "mean_ttft_s", "p50_ttft_s", "max_ttft_s", "hit_rate", "ttft_off_over_on"])
+    print_table(
+        rows, ["prefix_cache", "min_ttft_s", "mean_ttft_s", "p50_ttft_s", "max_ttft_s", "hit_rate", "ttft_off_over_on"]
+    )
     write_json("shared_prefix", dict(vars(args), model=path), rows)
     return 0
 

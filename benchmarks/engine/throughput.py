@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", default="mojo,reference")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--weight-dtypes", default="auto", help="comma-separated: auto, float32, bfloat16, fp8, int8")
-    parser.add_argument("--device", default="cpu", help="cpu; a GPU runs nano-vllm's workload against peers (benchmarks/gpu/e2e.py)")
+    parser.add_argument(
+        "--device", default="cpu", help="cpu; a GPU runs nano-vllm's workload against peers (benchmarks/gpu/e2e.py)"
+    )
     parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
@@ -50,17 +52,23 @@ def main(argv: list[str] | None = None) -> int:
 
     path = model_path(args.model)
     rng = random.Random(args.seed)
-    prompts = [[rng.randrange(1000, 100000) for _ in range(rng.randint(*args.prompt_len))] for _ in range(args.num_requests)]
+    prompts = [
+        [rng.randrange(1000, 100000) for _ in range(rng.randint(*args.prompt_len))] for _ in range(args.num_requests)
+    ]
     max_tokens = [rng.randint(*args.output_len) for _ in range(args.num_requests)]
     rows = []
     for backend in args.backends.split(","):
         for weight_dtype in args.weight_dtypes.split(","):
             started = time.perf_counter()
             model = load_model(path, device=args.device, dtype=args.dtype, backend=backend, weight_dtype=weight_dtype)
-            engine = InferenceEngine(model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+            engine = InferenceEngine(
+                model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
+            )
             load_s = time.perf_counter() - started
             engine.generate([prompts[0][:8]], SamplingParams(max_tokens=2))  # warm-up
-            rows.append(dict(backend=backend, weights=model.weight_dtype, load_s=load_s, **run(engine, prompts, max_tokens)))
+            rows.append(
+                dict(backend=backend, weights=model.weight_dtype, load_s=load_s, **run(engine, prompts, max_tokens))
+            )
             print(f"{backend} {model.weight_dtype}: {rows[-1]['output_tok_s']:.1f} output tokens/s", flush=True)
             del engine, model
     base = next((r for r in rows if r["backend"] == "reference"), rows[0])

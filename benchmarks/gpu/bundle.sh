@@ -27,6 +27,7 @@ while [ $# -gt 0 ]; do
     --no-graphs) graphs=0; shift ;;
     --python) py=$2; shift 2 ;;
     --part-size) part_size=$2; shift 2 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | cut -c3-; exit 0 ;;
     *) echo "unknown argument $1; $usage" >&2; exit 2 ;;
   esac
 done

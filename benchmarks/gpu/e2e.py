@@ -14,7 +14,8 @@
 "mili" replays its decode steps as device graphs and gives the device the next decode step before it reads the
 last one's tokens (overlap), "mili-sync" replays them without overlap (--no-overlap), "mili-eager" runs them op by
 op (--no-device-graphs), "mili-cublas" is "mili" with the model's matmuls through cuBLAS (run with
-MILI_GPU_VENDOR_BLAS=1, in a process of its own: the setting is read as the model loads). All also print the bandwidth floor of a decode step: the bytes it reads (every weight
+MILI_GPU_VENDOR_BLAS=1, in a process of its own: the setting is read as the model loads). All also print the bandwidth
+floor of a decode step: the bytes it reads (every weight
 once) over the device's copy bandwidth measured in the run. Prints a table and writes JSON under benchmarks/results/."""
 
 from __future__ import annotations
@@ -40,10 +41,14 @@ SYSTEMS = (*DEFAULT_SYSTEMS, "mili-cublas")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--model", default=None, help="checkpoint (default: random weights of Qwen3-0.6B's shape)")
-    parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
+    parser.add_argument(
+        "--systems", default=",".join(DEFAULT_SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}"
+    )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-python", default="", help="a Python with max[serve] for MAX's pipeline (default: this one)")
+    parser.add_argument(
+        "--max-python", default="", help="a Python with max[serve] for MAX's pipeline (default: this one)"
+    )
     parser.add_argument("--max-num-seqs", type=int, default=256, help="MILI's and MAX's batch at most")
     parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
     parser.add_argument("--kv-cache-gb", type=float, default=40.0, help="MILI's KV cache")
@@ -112,7 +117,9 @@ def latency_row(system: System, args: argparse.Namespace) -> dict:
 
 def throughput_row(system: System, args: argparse.Namespace) -> dict:
     rng = random.Random(args.seed)
-    prompts = [[rng.randrange(1000, 100000) for _ in range(rng.randint(*args.prompt_len))] for _ in range(args.num_requests)]
+    prompts = [
+        [rng.randrange(1000, 100000) for _ in range(rng.randint(*args.prompt_len))] for _ in range(args.num_requests)
+    ]
     max_tokens = [rng.randint(*args.output_len) for _ in range(args.num_requests)]
     system.generate(prompts[:8], [8] * min(8, len(prompts)))  # warm-up
     seconds, tokens = system.generate(prompts, max_tokens)
@@ -164,8 +171,10 @@ def run(args: argparse.Namespace, measures: dict[str, Figures]) -> dict[str, lis
             outs[kind] = write_json(f"{kind}-{args.device.replace(':', '')}", meta, rows[kind], outs[kind])
     for kind, found in rows.items():
         print(f"\n{kind}")
-        print_table(found, ["system", *sorted({k for r in found for k in r} - {"system", "error", "bandwidth_floor_ms"}),
-                            "error"])
+        print_table(
+            found,
+            ["system", *sorted({k for r in found for k in r} - {"system", "error", "bandwidth_floor_ms"}), "error"],
+        )
     return rows
 
 

@@ -136,8 +136,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['fraction_of_copy_bandwidth']:>9.2f}", flush=True)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"gemv-forms-{args.device.replace(':', '')}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    meta = dict(device=args.device, device_name=torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-                layers=args.layers, shapes=SHAPES, weight_bytes=nbytes, copy_bandwidth_bytes_per_s=bandwidth)
+    meta = dict(
+        device=args.device,
+        device_name=torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        layers=args.layers,
+        shapes=SHAPES,
+        weight_bytes=nbytes,
+        copy_bandwidth_bytes_per_s=bandwidth,
+    )
     out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     print(f"wrote {out}")
     return 0

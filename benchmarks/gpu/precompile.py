@@ -10,7 +10,8 @@ bfloat16 (tests/gpu/test_decode_graphs.py, the bfloat16 parity test) and the par
 qk_norm_rope_store and attention as two ops (GpuOptions.qkv_attention off: benchmarks/gpu/suite.sh's profile-two-ops and
 fallback, the one-op parity test), the 0.6B and the tiny one in bfloat16 with cuBLAS for their matmuls
 (GpuOptions.vendor_blas: profile-cublas, tests/gpu/test_matmul_settings.py) and their batch-1 graphs
-(GpuOptions.batch1_graph: profile-batch1, the same tests), each built from a model loaded on the CPU with the reference backend,
+(GpuOptions.batch1_graph: profile-batch1, the same tests), each built from a model loaded on the CPU with the reference
+backend,
 whose weights have the layout they have on a GPU (no CPU tiling); and every op's graph in both dtypes, as
 tests/gpu/test_gpu_ops.py's cases load them (bindings/ops.py CompiledOp.compiled); the kernel benchmark's
 attention graphs (attention_bench_keys); and MAX's own Qwen3 pipeline as the e2e step starts it, by its
@@ -69,13 +70,18 @@ def compile_op_graph(index: int, dtype: torch.dtype) -> float:
 
 def attention_bench_keys() -> list[tuple]:
     """(kind, key) of each in-graph row of the kernel benchmark's attention and qk_norm_rope_store cases in bfloat16
-    (benchmarks/gpu/suite.sh's attention-bench): "op", MILI's op ops.ALL_OPS[key] applied REPEAT times; "max_flash", MAX's
+    (benchmarks/gpu/suite.sh's attention-bench): "op", MILI's op ops.ALL_OPS[key] applied REPEAT times; "max_flash",
+    MAX's
     flash attention on attention shape `key` (~50 s each here); then "gemv", gemv_forms.py's step in form `key`
     (gemv-forms)."""
     from benchmarks.gpu import gemv_forms
     from benchmarks.kernels import run as kernels
 
-    keys = [("op", i) for i, op in enumerate(ops.ALL_OPS) if op.fn.__name__ in ("paged_attention_flash", "qk_norm_rope_store")]
+    keys = [
+        ("op", i)
+        for i, op in enumerate(ops.ALL_OPS)
+        if op.fn.__name__ in ("paged_attention_flash", "qk_norm_rope_store")
+    ]
     keys += [("max_flash", shape) for shape in kernels.GPU_ATTENTION_SHAPES]
     return keys + [("gemv", form) for form in gemv_forms.FORMS]
 
@@ -99,7 +105,8 @@ def compile_attention_bench_graph(kind: str, key) -> float:
 
 
 def compile_max_pipeline(max_python: str) -> float:
-    """MAX's own Qwen3 pipeline as the GPU suite's e2e step starts it (benchmarks/gpu/e2e.py's default arguments), compiled by
+    """MAX's own Qwen3 pipeline as the GPU suite's e2e step starts it (benchmarks/gpu/e2e.py's default arguments),
+    compiled by
     its worker script under max_python (a Python with max[serve]: the kit's max-python); returns the seconds."""
     import subprocess
 
@@ -117,16 +124,18 @@ def compile_max_pipeline(max_python: str) -> float:
 def jobs(tmp: Path) -> list[tuple]:
     """(what, function, args) of every compile, the longest first."""
     model, tiny = model_path(None), build_random_checkpoint(tmp / "tiny", **TINY)
-    found = [("Qwen3-0.6B shape, bfloat16", compile_for_gpu, (model, "bfloat16")),
-             # qk_norm_rope_store and attention apart: the decode profile's A/B, e2e's fallback, the one-op parity test;
-             # then cuBLAS for the matmuls: benchmarks/gpu/suite.sh's profile-cublas; then the batch-1 graph: profile-batch1
-             ("Qwen3-0.6B shape, bfloat16, two ops", compile_for_gpu, (model, "bfloat16", False)),
-             ("Qwen3-0.6B shape, bfloat16, cuBLAS matmuls", compile_for_gpu, (model, "bfloat16", True, True)),
-             ("Qwen3-0.6B shape, bfloat16, batch-1 graph", compile_for_gpu, (model, "bfloat16", True, False, True)),
-             ("tests' tiny model, bfloat16", compile_for_gpu, (tiny, "bfloat16")),
-             ("tests' tiny model, float32, two ops", compile_for_gpu, (tiny, "float32", False)),
-             ("tests' tiny model, bfloat16, cuBLAS matmuls", compile_for_gpu, (tiny, "bfloat16", True, True)),
-             ("tests' tiny model, bfloat16, batch-1 graph", compile_for_gpu, (tiny, "bfloat16", True, False, True))]
+    found = [
+        ("Qwen3-0.6B shape, bfloat16", compile_for_gpu, (model, "bfloat16")),
+        # qk_norm_rope_store and attention apart: the decode profile's A/B, e2e's fallback, the one-op parity test;
+        # then cuBLAS for the matmuls: benchmarks/gpu/suite.sh's profile-cublas; then the batch-1 graph: profile-batch1
+        ("Qwen3-0.6B shape, bfloat16, two ops", compile_for_gpu, (model, "bfloat16", False)),
+        ("Qwen3-0.6B shape, bfloat16, cuBLAS matmuls", compile_for_gpu, (model, "bfloat16", True, True)),
+        ("Qwen3-0.6B shape, bfloat16, batch-1 graph", compile_for_gpu, (model, "bfloat16", True, False, True)),
+        ("tests' tiny model, bfloat16", compile_for_gpu, (tiny, "bfloat16")),
+        ("tests' tiny model, float32, two ops", compile_for_gpu, (tiny, "float32", False)),
+        ("tests' tiny model, bfloat16, cuBLAS matmuls", compile_for_gpu, (tiny, "bfloat16", True, True)),
+        ("tests' tiny model, bfloat16, batch-1 graph", compile_for_gpu, (tiny, "bfloat16", True, False, True)),
+    ]
     found += [(f"parity {name}, float32", compile_for_gpu, (build_random_checkpoint(tmp / name, **shape), "float32"))
               for name, shape in sorted(PARITY_SHAPES.items())]
     max_python = os.environ.get("MAX_PYTHON", "/tmp/mili-kit/max-python")
@@ -137,8 +146,11 @@ def jobs(tmp: Path) -> list[tuple]:
               "benchmarks/gpu/unpack.sh peers): MAX's pipeline is not compiled", flush=True)
     found += [(f"kernel benchmark graph {kind} {key}", compile_attention_bench_graph, (kind, key))
               for kind, key in attention_bench_keys()]
-    return found + [(f"{op.fn.__name__}{op.variant} op graph, {str(dtype).split('.')[-1]}", compile_op_graph, (i, dtype))
-                    for i, op in enumerate(ops.ALL_OPS) for dtype in (torch.float32, torch.bfloat16)]
+    return found + [
+        (f"{op.fn.__name__}{op.variant} op graph, {str(dtype).split('.')[-1]}", compile_op_graph, (i, dtype))
+        for i, op in enumerate(ops.ALL_OPS)
+        for dtype in (torch.float32, torch.bfloat16)
+    ]
 
 
 def main() -> int:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `mili bench gpu [STEP...]`: everything MILI checks on a GPU host, in one run with a time budget: unpack the bundle
-# (benchmarks/gpu/bundle.sh), build, the GPU kernel
-# tests, the model on the GPU against transformers, the kernel benchmark against PyTorch's own GPU ops, and end to
-# end against MAX's own Qwen3 pipeline and transformers (then benchmarks/results/gpu-summary.json).
+# (benchmarks/gpu/bundle.sh), build, the GPU kernel tests, the model on the GPU against transformers, the kernel
+# benchmark against PyTorch's own GPU ops, and end to end against MAX's own Qwen3 pipeline and transformers (then
+# benchmarks/results/gpu-summary.json).
 # Usage: benchmarks/gpu/suite.sh [STEP...]
 #   (default: setup build warm tests e2e profile profile-pdl ncu-attention attention-bench gemv-forms profile-batch1
 #    profile-cublas model e2e-rest profile-two-ops e2e-cublas)
@@ -59,6 +59,10 @@
 # when $OUT is set, with gpu-summary.json beside it. The bundle unpacks into $KIT_DIR (/tmp/mili-kit).
 # benchmarks/gpu/background.sh runs it in the background, for hosts reached through commands with a time limit.
 set -uo pipefail
+if [[ " $* " =~ " "(-h|--help)" " ]]; then  # the header above, as the usage
+  sed -n '2,/^set -uo/p' "$0" | sed '$d' | cut -c3-
+  exit 0
+fi
 cd "$(dirname "$0")/../.."
 log_dir=${GPU_SUITE_LOGS:-/tmp/mili-gpu}
 kit=${KIT_DIR:-/tmp/mili-kit}

@@ -58,10 +58,10 @@ def summary(results: Path, commit: str, since: str = "") -> dict:
     out = dict(device=device, commit=commit)
     out.update({key: ops.get(op, {}).get("in_graph_ratio") for key, op in ATTENTION.items()})
     prefill = ops.get(ATTENTION["attention_prefill_2048_ratio_vs_sdpa"], {})
-    by_pairs = prefill.get("mojo_in_graph_us_by_prefill_pairs")  # by MILI_GPU_PREFILL_PAIRS: 0 one row tile, 1 two
+    by_pairs = prefill.get("mojo_in_graph_us_by_prefill_pairs")  # by prefill_pairs: 0 one row tile, 1 two
     out["attention_prefill_2048_ratio_vs_sdpa_by_row_tiles_a_block"] = by_pairs and {
         str(int(setting) + 1): us / prefill["torch_us"] for setting, us in by_pairs.items()}
-    out["attention_flash_kernels"] = (kernels or {}).get("meta", {}).get("flash_attention")
+    out["attention_flash_kernels"] = _flash_attention((kernels or {}).get("meta", {}))
     out.update(
         decode_b1_ms_per_token=_figure(latency, "mili", "decode_b1_ctx512_ms_per_token"),
         decode_b1_ctx4096_ms_per_token=_figure(latency, "mili", "decode_b1_ctx4096_ms_per_token"),
@@ -75,7 +75,7 @@ def summary(results: Path, commit: str, since: str = "") -> dict:
         max_pipeline_decode_b1_ms_per_token=_figure(latency, "max", "decode_b1_ctx512_ms_per_token"),
         transformers_throughput_tok_s=_figure(throughput, "transformers", "output_tok_s"),
         transformers_decode_b1_ms_per_token=_figure(latency, "transformers", "decode_b1_ctx512_ms_per_token"),
-        e2e_flash_kernels=next((run["meta"].get("flash_attention") for run in (latency, throughput) if run), None),
+        e2e_flash_kernels=next((_flash_attention(run["meta"]) for run in (latency, throughput) if run), None),
         decode_b1_ms_per_token_cublas=_figure(latency, "mili-cublas", "decode_b1_ctx512_ms_per_token"),
         throughput_tok_s_cublas=_figure(throughput, "mili-cublas", "output_tok_s"),
         # MILI's (mili's) run's: a later run of mili-cublas has MILI_GPU_VENDOR_BLAS=1
@@ -85,6 +85,12 @@ def summary(results: Path, commit: str, since: str = "") -> dict:
         max_pipeline_device_graph_capture=_figure(throughput, "max", "device_graphs"),
     )
     return out
+
+
+def _flash_attention(meta: dict) -> Optional[bool]:
+    """Whether a run took the flash attention kernels: its GpuOptions (older runs: a flag of its own)."""
+    options = meta.get("gpu_options") or meta.get("gpu_settings") or {}
+    return options.get("flash_attention", meta.get("flash_attention"))
 
 
 def main(argv: list[str] | None = None) -> int:

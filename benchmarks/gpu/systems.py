@@ -46,7 +46,12 @@ def _check_counts(name: str, got: Sequence[int], wanted: Sequence[int]) -> None:
 
 
 class Mili:
-    VARIANTS = {"mili": {}, "mili-sync": dict(overlap=False), "mili-eager": dict(device_graphs=False), "mili-cublas": {}}
+    VARIANTS = {
+        "mili": {},
+        "mili-sync": dict(overlap=False),
+        "mili-eager": dict(device_graphs=False),
+        "mili-cublas": {},
+    }
     CUBLAS = "mili-cublas"
 
     def __init__(self, model: Qwen3CausalLM, name: str, max_num_seqs: int, max_num_batched_tokens: int,
@@ -114,8 +119,14 @@ class Transformers:
             for row, i in enumerate(batch):  # left-padded
                 ids[row, longest - len(prompts[i]) :] = torch.tensor(prompts[i])
                 mask[row, longest - len(prompts[i]) :] = 1
-            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), do_sample=False,
-                                      max_new_tokens=new, min_new_tokens=new, pad_token_id=self.pad)
+            out = self.model.generate(
+                input_ids=ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                do_sample=False,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                pad_token_id=self.pad,
+            )
             _check_counts(self.name, [out.shape[1] - longest], [new])
         if self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -134,9 +145,13 @@ class MaxPipeline:
     def __init__(self, path: str, python: str, devices: str, max_batch_size: int, max_length: int) -> None:
         self.name = "max pipeline"
         for capture in ("on", "off"):
-            self.process = subprocess.Popen(max_worker_command(python, path, devices, max_batch_size, max_length, capture),
-                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                            env=max_worker_env())
+            self.process = subprocess.Popen(
+                max_worker_command(python, path, devices, max_batch_size, max_length, capture),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=max_worker_env(),
+            )
             try:
                 self.device_graphs = json.loads(self._reply())["device_graph_capture"]
                 return
@@ -179,7 +194,9 @@ def max_worker_env() -> dict[str, str]:
     PYTHONEXECUTABLE and MOJO_PYTHON_LIBRARY underneath (for this Python) once a graph has compiled or run; another
     Python started with them takes itself for this one and misses its own venv's packages. MAX's pool size that
     load_model set for MILI stays out too (the pipeline sizes its own); the operator's own goes to both."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONEXECUTABLE", "MOJO_PYTHON_LIBRARY", MAX_POOL_PERCENT)}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("PYTHONEXECUTABLE", "MOJO_PYTHON_LIBRARY", MAX_POOL_PERCENT)
+    }
     if OPERATOR_POOL_PERCENT is not None:
         env[MAX_POOL_PERCENT] = OPERATOR_POOL_PERCENT
     return env
@@ -192,5 +209,7 @@ def python_with_max_serve(given: str) -> str:
     probe = "import max.serve.pipelines.llm, max.serve.pipelines.model_worker"  # what max[serve]'s extras bring
     found = subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
     if not found:
-        raise RuntimeError("no Python with max[serve]: make a venv with `pip install 'max[serve]'` and pass --max-python")
+        raise RuntimeError(
+            "no Python with max[serve]: make a venv with `pip install 'max[serve]'` and pass --max-python"
+        )
     return sys.executable

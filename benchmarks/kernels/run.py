@@ -10,11 +10,13 @@ keep the reference.
 The attention rows on a GPU also time MAX's own flash attention kernel (max.nn.kernels.flash_attention_gpu) in a
 graph on the same dense copies. MAX's paged kernel (mo.mha.ragged.paged, what its pipeline runs) reads only MAX's own
 cache: K and V of every layer interleaved in each page, pages of 128 tokens or more (max.pipelines.kv_cache refuses
-smaller; MILI's are 16), with dispatch metadata its KV cache manager packs on the host. The prefill rows on a GPU also time MILI's
+smaller; MILI's are 16), with dispatch metadata its KV cache manager packs on the host. The prefill rows on a GPU also
+time MILI's
 kernel made to take one and two row tiles a block (GpuOptions.prefill_pairs False and True), beside its own choice.
 
 Two Mojo times: "call" is one standalone `bindings.ops` call from torch as users make it (on CPU the Mojo
-extension module, about a microsecond of dispatch; on GPU a MAX graph execution); "in-graph" is the op's time inside one graph that applies it REPEAT times in a chain (each
+extension module, about a microsecond of dispatch; on GPU a MAX graph execution); "in-graph" is the op's time inside one
+graph that applies it REPEAT times in a chain (each
 result feeds the next call), divided by REPEAT: the dispatch is paid once, as in the model graph, which
 runs all the ops of a step in one call. Bytes/s and the fraction of copy bandwidth use the in-graph time.
 """
@@ -165,7 +167,11 @@ def max_flash_graph(q_shape: Sequence[int], kv_shape: Sequence[int], dtype: torc
 
     dev, dt = library.device_ref(device_key), torch_dtype_to_max(dtype)
     mask = MHAMaskVariant.CAUSAL_MASK if q_shape[1] == kv_shape[1] else MHAMaskVariant.NULL_MASK
-    types = [TensorType(dt, list(q_shape), dev), TensorType(dt, list(kv_shape), dev), TensorType(dt, list(kv_shape), dev)]
+    types = [
+        TensorType(dt, list(q_shape), dev),
+        TensorType(dt, list(kv_shape), dev),
+        TensorType(dt, list(kv_shape), dev),
+    ]
     with Graph(f"max_flash_{'x'.join(map(str, q_shape))}_{'x'.join(map(str, kv_shape))}", input_types=types) as g:
         x, k, v = (value.tensor for value in g.inputs)
         for _ in range(repeat):
@@ -222,7 +228,12 @@ def _reference_cases(dtype: torch.dtype, device: str):
         yield "rms_norm", t, partial(ops.rms_norm, x, w, 1e-6), partial(ref.rms_norm, x, w, 1e-6), 2 * x.numel() * size
         yield ("fused_add_rms_norm", t, partial(ops.fused_add_rms_norm, x, res, w, 1e-6),
                partial(ref.fused_add_rms_norm, x, res, w, 1e-6), 4 * x.numel() * size)
-        qh, kh, vh, hw = rnd(t, Q_HEADS, HEAD_DIM), rnd(t, KV_HEADS, HEAD_DIM), rnd(t, KV_HEADS, HEAD_DIM), rnd(HEAD_DIM)
+        qh, kh, vh, hw = (
+            rnd(t, Q_HEADS, HEAD_DIM),
+            rnd(t, KV_HEADS, HEAD_DIM),
+            rnd(t, KV_HEADS, HEAD_DIM),
+            rnd(HEAD_DIM),
+        )
         yield ("head_rms_norm", t, partial(ops.head_rms_norm, qh, hw, 1e-6), partial(ref.head_rms_norm, qh, hw, 1e-6),
                2 * qh.numel() * size)
         pos = torch.arange(t, dtype=torch.int32, device=device) + 100
@@ -234,8 +245,13 @@ def _reference_cases(dtype: torch.dtype, device: str):
             yield name, t, partial(getattr(ops, name), gu), partial(getattr(ref, name), gu), 2 * gu.numel() * size
         kc, vc, _ = _paged(t + 64, 1, dtype, device)
         slots = torch.arange(t, dtype=torch.int32, device=device)
-        yield ("store_kv", t, partial(ops.store_kv, kh, vh, kc, vc, slots), partial(ref.store_kv, kh, vh, kc, vc, slots),
-               4 * kh.numel() * size)
+        yield (
+            "store_kv",
+            t,
+            partial(ops.store_kv, kh, vh, kc, vc, slots),
+            partial(ref.store_kv, kh, vh, kc, vc, slots),
+            4 * kh.numel() * size,
+        )
         # the model's one op for the q/k/v slices, both head norms, RoPE and the KV store (the rows above, fused)
         qkv = rnd(t, (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM)
         inv_freq, scale = ref.rope_inv_freq(HEAD_DIM, 1e6)
@@ -257,13 +273,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--only", default="", help="run only the ops whose name contains one of these (comma-separated)")
+    parser.add_argument(
+        "--only", default="", help="run only the ops whose name contains one of these (comma-separated)"
+    )
     args = parser.parse_args(argv)
     ops.GPU_OPTIONS = GpuOptions.from_environment()  # as the models of the same run load
     dtype = getattr(torch, args.dtype)
     bandwidth = copy_bandwidth(args.device)
-    print(f"device {args.device}, {args.dtype}, {torch.get_num_threads()} threads; copy bandwidth {bandwidth / 1e9:.1f} GB/s")
-    print(f"{'op':<34}{'tokens':>7}{'torch us':>11}{'call us':>10}{'ratio':>7}{'graph us':>10}{'ratio':>7}{'GB/s':>7}{'of copy':>8}")
+    print(
+        f"device {args.device}, {args.dtype}, {torch.get_num_threads()} threads; "
+        f"copy bandwidth {bandwidth / 1e9:.1f} GB/s"
+    )
+    print(
+        f"{'op':<34}{'tokens':>7}{'torch us':>11}{'call us':>10}{'ratio':>7}"
+        f"{'graph us':>10}{'ratio':>7}{'GB/s':>7}{'of copy':>8}"
+    )
     rows = []
     for name, tokens, mojo, torch_ref, nbytes in cases(dtype, args.device):
         if not any(part in name for part in args.only.split(",")):
@@ -293,8 +317,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['bytes_per_s'] / 1e9:>7.1f}{row['fraction_of_copy_bandwidth']:>8.2f}{peer}", flush=True)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"kernels-{args.device.replace(':', '')}-{args.dtype}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    meta = dict(device=args.device, dtype=args.dtype, threads=torch.get_num_threads(), machine=platform.processor() or platform.machine(),
-                copy_bandwidth_bytes_per_s=bandwidth, gpu_options=asdict(ops.GPU_OPTIONS))
+    meta = dict(
+        device=args.device,
+        dtype=args.dtype,
+        threads=torch.get_num_threads(),
+        machine=platform.processor() or platform.machine(),
+        copy_bandwidth_bytes_per_s=bandwidth,
+        gpu_options=asdict(ops.GPU_OPTIONS),
+    )
     out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     print(f"wrote {out}")
     return 0

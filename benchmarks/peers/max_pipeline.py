@@ -22,7 +22,8 @@ import time
 
 REPLY = "REPLY "
 
-# MILI_VIRTUAL_CPU_TARGET (bindings/library.py; benchmarks/gpu/bundle.sh sets it): the graphs' host code compiled for that CPU,
+# MILI_VIRTUAL_CPU_TARGET (bindings/library.py; benchmarks/gpu/bundle.sh sets it): the graphs' host code compiled for
+# that CPU,
 # so that MAX's compile cache holds on another host. At module level: the model worker MAX spawns imports this file
 # again, and compiles the graphs there
 if os.environ.get("MILI_VIRTUAL_CPU_TARGET"):
@@ -90,7 +91,9 @@ async def serve(args: argparse.Namespace, replies) -> None:
                 sampling_params_defaults=config.model.sampling_params_defaults)
             request = TextGenerationRequest(request_id=RequestID(), model_name=config.model.model_path, prompt=prompt,
                                             sampling_params=params)
-            chunks = await pipeline.all_tokens(request, parse_reasoning=False)  # random weights: any token may be <think>
+            chunks = await pipeline.all_tokens(
+                request, parse_reasoning=False
+            )  # random weights: any token may be <think>
             return sum(chunk.token_count for chunk in chunks)
 
         ready = dict(ready=True, device_graph_capture=bool(config.runtime.device_graph_capture))
@@ -110,10 +113,16 @@ def main() -> int:
     parser.add_argument("--devices", default="gpu", help="MAX's device spec: gpu, gpu:0, cpu")
     parser.add_argument("--max-batch-size", type=int, default=256)
     parser.add_argument("--max-length", type=int, default=0, help="the context length (0: the model's)")
-    parser.add_argument("--encoding", default="", help="MAX's weight encoding (bfloat16, float32; default: the checkpoint's)")
+    parser.add_argument(
+        "--encoding", default="", help="MAX's weight encoding (bfloat16, float32; default: the checkpoint's)"
+    )
     parser.add_argument("--device-graph-capture", choices=("on", "off"), default="on")
-    parser.add_argument("--compile-for", default="", help="only compile the pipeline's graphs for this GPU architecture "
-                        "(sm_90) with no GPU, into MAX's cache, and exit")
+    parser.add_argument(
+        "--compile-for",
+        default="",
+        help="only compile the pipeline's graphs for this GPU architecture "
+        "(sm_90) with no GPU, into MAX's cache, and exit",
+    )
     args = parser.parse_args()
     if args.compile_for:
         compile_only(args)

@@ -104,7 +104,9 @@ class LlamaCpp:
         next_tokens = self._decode(entries)
         first = time.perf_counter()
         for step in range(new_tokens - 1):
-            next_tokens = self._decode([(t, len(p) + step, seq, True) for seq, (p, t) in enumerate(zip(prompts, next_tokens))])
+            next_tokens = self._decode(
+                [(t, len(p) + step, seq, True) for seq, (p, t) in enumerate(zip(prompts, next_tokens))]
+            )
         return started, first, time.perf_counter()
 
 
@@ -183,7 +185,10 @@ def speed_ratios(name: str, mine: dict, theirs: dict, args: argparse.Namespace) 
 
 def best(rows: list[dict], args: argparse.Namespace) -> dict:
     """The best figure of each kind over rows (each may come from a different format), as a median and per round."""
-    out = dict(prefill_s=min(r["prefill_s"] for r in rows), prefill_runs=[min(t) for t in zip(*(_runs(r, "prefill") for r in rows))])
+    out = dict(
+        prefill_s=min(r["prefill_s"] for r in rows),
+        prefill_runs=[min(t) for t in zip(*(_runs(r, "prefill") for r in rows))],
+    )
     for b in latency.batch_sizes(args):
         out[f"decode_b{b}_tok_s"] = max(r[f"decode_b{b}_tok_s"] for r in rows)
         out[f"decode_b{b}_runs_s"] = [min(t) for t in zip(*(_runs(r, f"decode_b{b}") for r in rows))]
@@ -194,8 +199,11 @@ def ratio_rows(rows: list[dict], args: argparse.Namespace) -> list[dict]:
     mili = [r for r in rows if r["system"] == "mili"]
     llama = {r["format"]: r for r in rows if r["system"] == "llama.cpp"}
     hf = [r for r in rows if r["system"] == "transformers"]
-    out = [speed_ratios(f"mili {r['format']} / llama.cpp {SAME_BITS[r['format']]}", r, llama[SAME_BITS[r["format"]]], args)
-           for r in mili if SAME_BITS.get(r["format"]) in llama]
+    out = [
+        speed_ratios(f"mili {r['format']} / llama.cpp {SAME_BITS[r['format']]}", r, llama[SAME_BITS[r["format"]]], args)
+        for r in mili
+        if SAME_BITS.get(r["format"]) in llama
+    ]
     if mili and llama:
         out.append(speed_ratios("mili best / llama.cpp best", best(mili, args), best(list(llama.values()), args), args))
     if mili and hf:
@@ -209,7 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--systems", default="mili,llama,transformers")
     parser.add_argument("--mili-weight-dtypes", default="float32,bfloat16,int8,fp8")
     parser.add_argument("--llama-types", default="f32,bf16,q8_0")
-    parser.add_argument("--gguf-dir", default=None, help="default: benchmarks/peers/.peers/gguf/<checkpoint folder name>")
+    parser.add_argument(
+        "--gguf-dir", default=None, help="default: benchmarks/peers/.peers/gguf/<checkpoint folder name>"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(THREADS)
 
@@ -219,14 +229,19 @@ def main(argv: list[str] | None = None) -> int:
     load = latency.check_idle()
     openers: list[tuple[str, Callable[[], latency.Subject]]] = []
     if "mili" in systems:
-        openers += [(f"mili {w}", lambda w=w: latency.open_mili(path, w, args)) for w in args.mili_weight_dtypes.split(",")]
+        openers += [
+            (f"mili {w}", lambda w=w: latency.open_mili(path, w, args)) for w in args.mili_weight_dtypes.split(",")
+        ]
     if "llama" in systems:
         import_llama_cpp()
         for t in args.llama_types.split(","):
             if not (gguf_dir / f"{t}.gguf").is_file():
                 raise SystemExit(f"{gguf_dir / f'{t}.gguf'} is missing: convert the checkpoint with\n"
                                  f"  bash {HERE / 'setup.sh'} {path}")
-        openers += [(f"llama.cpp {t}", lambda t=t: open_llama(gguf_dir / f"{t}.gguf", args)) for t in args.llama_types.split(",")]
+        openers += [
+            (f"llama.cpp {t}", lambda t=t: open_llama(gguf_dir / f"{t}.gguf", args))
+            for t in args.llama_types.split(",")
+        ]
     if "transformers" in systems:
         openers.append(("transformers bfloat16", lambda: open_transformers(path, args)))
 

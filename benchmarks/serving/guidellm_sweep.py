@@ -48,8 +48,13 @@ def run(spec: dict, work: Path, server_pid: int | None) -> List[dict]:
     (work / "scenario.json").write_text(json.dumps(spec, indent=1))
     out = Path(spec["spec"]["outputs"][0]["path"])
     with open(work / "guidellm.log", "w") as log:
-        process = subprocess.Popen([str(GUIDELLM), "run", "-c", str(work / "scenario.json"), "--disable-console"],
-                                   cwd=work, env=dict(os.environ, **GENERATOR_ENV), stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [str(GUIDELLM), "run", "-c", str(work / "scenario.json"), "--disable-console"],
+            cwd=work,
+            env=dict(os.environ, **GENERATOR_ENV),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         pids = {"generator": process.pid, **({"server": server_pid} if server_pid else {})}
         with CpuMeter(pids) as meter:
             code = process.wait()

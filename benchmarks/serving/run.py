@@ -114,7 +114,9 @@ def main(argv=None) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--mili-weight-dtype", default="bfloat16")
-    parser.add_argument("--llama-gguf", default="bf16", help="f32, bf16 or q8_0 (benchmarks/peers/setup.sh writes them)")
+    parser.add_argument(
+        "--llama-gguf", default="bf16", help="f32, bf16 or q8_0 (benchmarks/peers/setup.sh writes them)"
+    )
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--no-light-client", action="store_true", help="guidellm only, no cross-check")
     args = parser.parse_args(argv)
@@ -139,7 +141,9 @@ def main(argv=None) -> int:
                 server.stop()
     rows.sort(key=lambda r: (r["system"], r["client"], r["concurrency"]))
     print_table(rows, COLUMNS)
-    generator = subprocess.run([str(guidellm_sweep.GUIDELLM), "--version"], capture_output=True, text=True).stdout.strip()
+    generator = subprocess.run(
+        [str(guidellm_sweep.GUIDELLM), "--version"], capture_output=True, text=True
+    ).stdout.strip()
     meta = dict(benchmark="serving", generator=generator, generator_env=guidellm_sweep.GENERATOR_ENV,
                 model=args.model, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
                 requests=args.requests, sampling=SAMPLING, load_average=load, mili_weight_dtype=args.mili_weight_dtype,

@@ -65,7 +65,9 @@ class RequestStream:
 
 
 class AsyncEngine:
-    def __init__(self, engine: InferenceEngine, max_queue_len: int = 256, metrics: Optional[EngineMetrics] = None) -> None:
+    def __init__(
+        self, engine: InferenceEngine, max_queue_len: int = 256, metrics: Optional[EngineMetrics] = None
+    ) -> None:
         if max_queue_len < 0:
             raise ValueError(f"max_queue_len must be >= 0, got {max_queue_len}")
         self.engine = engine

@@ -13,7 +13,12 @@ PAGE_SIZE = 16
 
 
 def generate_text(
-    model: Qwen3CausalLM, prompt: str, max_tokens: int = 128, temperature: float = 1.0, top_p: float = 0.95, top_k: int = 50
+    model: Qwen3CausalLM,
+    prompt: str,
+    max_tokens: int = 128,
+    temperature: float = 1.0,
+    top_p: float = 0.95,
+    top_k: int = 50,
 ) -> str:
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens)
     tokenizer = tokenizer_for_checkpoint(model.model_path)

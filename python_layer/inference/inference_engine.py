@@ -66,35 +66,47 @@ class InferenceEngine:
         self.model = model
         config = model.config
         self.tokenizer = tokenizer or tokenizer_for_checkpoint(model.model_path)
-        num_kv_pages = kv_pages_for(kv_page_bytes(config, page_size, model.kv_cache_dtype), num_kv_pages,
-                                    kv_cache_memory_gb)
+        num_kv_pages = kv_pages_for(
+            kv_page_bytes(config, page_size, model.kv_cache_dtype), num_kv_pages, kv_cache_memory_gb
+        )
         self.kv_cache = model.new_kv_cache(num_kv_pages, page_size)
-        # on a GPU the compiled graph replays its decode steps as device graphs (device_graphs=False: off, for debugging)
+        # on a GPU the compiled graph replays its decode steps as device graphs (device_graphs=False: off, for
+        # debugging)
         graphs = device_graphs and model.backend == "mojo" and model.device.type != "cpu"
         if graphs and num_kv_pages < 2:
-            raise ValueError("device graphs reserve one KV page for padding: give at least 2 pages (or device_graphs=False)")
+            raise ValueError(
+                "device graphs reserve one KV page for padding: give at least 2 pages (or device_graphs=False)"
+            )
         pad_page = self.kv_cache.reserve_page() if graphs else None
         limit = min(config.max_position_embeddings, self.kv_cache.num_usable_pages * page_size)
         if max_model_len is not None and max_model_len > limit:
             raise ValueError(
                 f"max_model_len {max_model_len} exceeds what this engine can hold: {limit} tokens "
-                f"(max_position_embeddings {config.max_position_embeddings}, KV pool {self.kv_cache.num_usable_pages} pages of {page_size}); "
+                f"(max_position_embeddings {config.max_position_embeddings}, "
+                f"KV pool {self.kv_cache.num_usable_pages} pages of {page_size}); "
                 "lower max_model_len or give more num_kv_pages / kv_cache_memory_gb"
             )
         self.max_model_len = max_model_len or limit
         self.eos_token_ids = set(config.eos_token_ids) | ({self.tokenizer.eos_token_id} - {None})
         self.prefix_cache = RadixAttentionCache(self.kv_cache) if enable_prefix_caching else None
-        self.scheduler = ContinuousBatchScheduler(self.kv_cache, self.prefix_cache, max_num_seqs, max_num_batched_tokens)
+        self.scheduler = ContinuousBatchScheduler(
+            self.kv_cache, self.prefix_cache, max_num_seqs, max_num_batched_tokens
+        )
         decode_graphs = None
         if graphs:
-            decode_graphs = DecodeGraphs(model.forward_fn, self.kv_cache, max_num_seqs,
-                                         self.kv_cache.pages_for(self.max_model_len), pad_page)
+            decode_graphs = DecodeGraphs(
+                model.forward_fn, self.kv_cache, max_num_seqs, self.kv_cache.pages_for(self.max_model_len), pad_page
+            )
             try:
                 decode_graphs.warm_up()
             except Exception as e:  # serve anyway, as --no-device-graphs would
-                warnings.warn(f"decode steps run op by op, not as device graphs: {e} (if out of memory: MAX's pool "
-                              "left room for the KV cache load_model was told of; tell it this engine's, or set "
-                              f"{MAX_POOL_PERCENT} lower)", RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"decode steps run op by op, not as device graphs: {e} (if out of memory: MAX's pool "
+                    "left room for the KV cache load_model was told of; tell it this engine's, or set "
+                    f"{MAX_POOL_PERCENT} lower)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
                 decode_graphs = None
         self.runner = ModelRunner(model, self.kv_cache, decode_graphs)
         self.sampler = BatchSampler()
@@ -117,10 +129,17 @@ class InferenceEngine:
     ) -> "InferenceEngine":
         """`load_model(model_path, device, dtype, backend, weight_dtype=..., kv_cache_dtype=...)` (None: the built-in
         random-weight model) in an engine; on a GPU MAX's memory pool leaves room for the engine's KV cache."""
-        model = load_model(model_path, device=device, dtype=dtype, backend=backend, weight_dtype=weight_dtype,
-                           kv_cache_dtype=kv_cache_dtype, num_kv_pages=engine_args.get("num_kv_pages"),
-                           kv_cache_memory_gb=engine_args.get("kv_cache_memory_gb"),
-                           page_size=engine_args.get("page_size", DEFAULT_PAGE_SIZE))
+        model = load_model(
+            model_path,
+            device=device,
+            dtype=dtype,
+            backend=backend,
+            weight_dtype=weight_dtype,
+            kv_cache_dtype=kv_cache_dtype,
+            num_kv_pages=engine_args.get("num_kv_pages"),
+            kv_cache_memory_gb=engine_args.get("kv_cache_memory_gb"),
+            page_size=engine_args.get("page_size", DEFAULT_PAGE_SIZE),
+        )
         return cls(model, **engine_args)
 
     @property
@@ -135,7 +154,9 @@ class InferenceEngine:
 
     # ---- requests -------------------------------------------------------------------------------------------
 
-    def add_request(self, prompt: Prompt, params: Optional[SamplingParams] = None, request_id: Optional[str] = None) -> str:
+    def add_request(
+        self, prompt: Prompt, params: Optional[SamplingParams] = None, request_id: Optional[str] = None
+    ) -> str:
         """Queue a prompt (text, or token ids); returns its request id. Raises ValueError for a bad prompt."""
         text, token_ids = self.check_prompt(prompt)
         return self.submit(self.new_request(token_ids, params or SamplingParams(), request_id, text))
@@ -162,14 +183,20 @@ class InferenceEngine:
             )
         return text, token_ids
 
-    def new_request(self, token_ids: List[int], params: SamplingParams, request_id: Optional[str] = None,
-                    prompt: Optional[str] = None) -> InferenceRequest:
+    def new_request(
+        self,
+        token_ids: List[int],
+        params: SamplingParams,
+        request_id: Optional[str] = None,
+        prompt: Optional[str] = None,
+    ) -> InferenceRequest:
         """A request for prompt token ids that `check_prompt` passed (safe to call off the engine thread)."""
         max_total = min(self.max_model_len, len(token_ids) + params.max_tokens)
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         detokenizer = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=params.skip_special_tokens)
-        return InferenceRequest(request_id or new_request_id(), prompt, list(token_ids), params, detokenizer,
-                                max_total, generator)
+        return InferenceRequest(
+            request_id or new_request_id(), prompt, list(token_ids), params, detokenizer, max_total, generator
+        )
 
     def submit(self, request: InferenceRequest) -> str:
         """Queue a request made by `new_request`."""
@@ -246,8 +273,11 @@ class InferenceEngine:
         scheduler = self.scheduler
         if launched.unread is None or (scheduler.waiting and len(scheduler.running) < scheduler.max_num_seqs):
             return None
-        rows = [i for i, r in enumerate(launched.requests)
-                if r.status == RequestStatus.RUNNING and r.num_tokens + 1 < r.max_total_tokens]
+        rows = [
+            i
+            for i, r in enumerate(launched.requests)
+            if r.status == RequestStatus.RUNNING and r.num_tokens + 1 < r.max_total_tokens
+        ]
         requests = [launched.requests[i] for i in rows]
         if not requests or not scheduler.grow_from_free_pages(requests, 1):
             return None
@@ -266,9 +296,11 @@ class InferenceEngine:
         else:
             token_ids, logprobs = launched.sampled.token_ids, launched.sampled.logprobs
         now = time.perf_counter()
-        deltas = [self._append_token(request, token, lp, now)
-                  for request, token, lp in zip(launched.requests, token_ids, logprobs)
-                  if request.status == RequestStatus.RUNNING]
+        deltas = [
+            self._append_token(request, token, lp, now)
+            for request, token, lp in zip(launched.requests, token_ids, logprobs)
+            if request.status == RequestStatus.RUNNING
+        ]
         if self.debug_checks:
             self.scheduler.check_page_accounting()
         return deltas
@@ -284,8 +316,9 @@ class InferenceEngine:
         graphs = self.runner.decode_graphs
         return graphs.torch_stream() if graphs is not None else nullcontext()
 
-    def _append_token(self, request: InferenceRequest, token: int, logprobs: Optional[TokenLogprobs],
-                      now: float) -> RequestDelta:
+    def _append_token(
+        self, request: InferenceRequest, token: int, logprobs: Optional[TokenLogprobs], now: float
+    ) -> RequestDelta:
         request.token_ids.append(token)
         if request.last_token_time is not None:
             request.token_interval = now - request.last_token_time
@@ -314,8 +347,14 @@ class InferenceEngine:
         request.held_text = text[len(text) - keep :]
         return self._delta(request, [token], text[: len(text) - keep], lp)
 
-    def _finish(self, request: InferenceRequest, reason: str, text: str, token_ids: Sequence[int] = (),
-                logprobs: Optional[list] = None) -> RequestDelta:
+    def _finish(
+        self,
+        request: InferenceRequest,
+        reason: str,
+        text: str,
+        token_ids: Sequence[int] = (),
+        logprobs: Optional[list] = None,
+    ) -> RequestDelta:
         self.scheduler.finish_request(request, reason)
         request.held_text = ""
         self.finished[request.request_id] = request
@@ -332,7 +371,9 @@ class InferenceEngine:
     # ---- offline API ----------------------------------------------------------------------------------------
 
     def generate(
-        self, prompts: Union[Prompt, Sequence[Prompt]], params: Union[SamplingParams, Sequence[SamplingParams], None] = None
+        self,
+        prompts: Union[Prompt, Sequence[Prompt]],
+        params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
     ) -> List[RequestOutput]:
         """Generate for every prompt (batched together); outputs in prompt order."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
@@ -341,7 +382,9 @@ class InferenceEngine:
         if len(params_list) != len(prompts):
             raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")
         checked = [self.check_prompt(p) for p in prompts]  # a bad prompt anywhere: nothing is queued
-        requests = [self.new_request(ids, p or SamplingParams(), prompt=text) for (text, ids), p in zip(checked, params_list)]
+        requests = [
+            self.new_request(ids, p or SamplingParams(), prompt=text) for (text, ids), p in zip(checked, params_list)
+        ]
         for request in requests:
             self.submit(request)
         while not all(r.finished for r in requests):

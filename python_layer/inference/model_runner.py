@@ -14,7 +14,9 @@ from .request import InferenceRequest
 
 
 class ModelRunner:
-    def __init__(self, model: Qwen3CausalLM, kv_cache: PagedKVCache, decode_graphs: Optional[DecodeGraphs] = None) -> None:
+    def __init__(
+        self, model: Qwen3CausalLM, kv_cache: PagedKVCache, decode_graphs: Optional[DecodeGraphs] = None
+    ) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.decode_graphs = decode_graphs  # runs the steps that only decode, when given

@@ -65,7 +65,9 @@ class SamplingParams:
             _check(bound.admits(value), name, value, bound.rule)
         _check(_is_int(self.top_k) and (0 <= self.top_k < 2**31 or self.top_k == -1), "top_k", self.top_k,
                "must be an integer in [1, 2**31), or 0 / -1 to disable")
-        _check(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", self.max_tokens, "must be an integer >= 1")
+        _check(
+            _is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", self.max_tokens, "must be an integer >= 1"
+        )
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "must be non-empty strings")
         _check(all(_is_int(t) and 0 <= t < 2**31 for t in self.stop_token_ids), "stop_token_ids", self.stop_token_ids,
                "must be integers in [0, 2**31)")

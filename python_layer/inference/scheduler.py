@@ -50,7 +50,9 @@ class ContinuousBatchScheduler:
         max_num_batched_tokens: int = 2048,
     ) -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got {max_num_seqs}, {max_num_batched_tokens}")
+            raise ValueError(
+                f"max_num_seqs and max_num_batched_tokens must be >= 1, got {max_num_seqs}, {max_num_batched_tokens}"
+            )
         self.kv_cache, self.prefix_cache = kv_cache, prefix_cache
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.waiting: Deque[InferenceRequest] = deque()
@@ -222,7 +224,8 @@ class ContinuousBatchScheduler:
 
     def check_page_accounting(self) -> None:
         """Raise AssertionError unless every page is free or held by exactly the references that should hold
-        it: the running requests' page tables, the prefix cache and the cache's reservations. Cheap enough to run after every step."""
+        it: the running requests' page tables, the prefix cache and the cache's reservations. Cheap enough to run after
+        every step."""
         expected = [0] * self.kv_cache.num_pages
         for p in self.kv_cache.reserved_pages:
             expected[p] += 1
@@ -239,7 +242,9 @@ class ContinuousBatchScheduler:
         assert not wrong, f"KV page reference counts (page, expected, actual): {wrong[:10]}"
         free = self.kv_cache.free_page_ids()
         assert len(free) == len(set(free)), "a KV page is in the free pool twice"
-        assert sorted(free) == [p for p, e in enumerate(expected) if e == 0], "the free pool and the reference counts disagree"
+        assert sorted(free) == [p for p, e in enumerate(expected) if e == 0], (
+            "the free pool and the reference counts disagree"
+        )
 
 
 def _common_pages(a: Sequence[int], b: Sequence[int], page_size: int, limit: int) -> int:

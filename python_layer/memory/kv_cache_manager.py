@@ -62,7 +62,9 @@ class PagedKVCache:
         cls, config: Qwen3Config, num_pages: int, page_size: int = DEFAULT_PAGE_SIZE,
         dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
     ) -> "PagedKVCache":
-        return cls(config.num_hidden_layers, num_pages, config.num_key_value_heads, config.head_dim, page_size, dtype, device)
+        return cls(
+            config.num_hidden_layers, num_pages, config.num_key_value_heads, config.head_dim, page_size, dtype, device
+        )
 
     @property
     def num_free_pages(self) -> int:

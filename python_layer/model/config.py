@@ -37,7 +37,9 @@ class Qwen3Config:
     max_position_embeddings: int = 40960
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
-    rope_scaling: Optional[dict] = None  # e.g. {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    rope_scaling: Optional[dict] = (
+        None  # e.g. {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    )
     tie_word_embeddings: bool = True
     hidden_act: str = "silu"
     attention_bias: bool = False
@@ -46,7 +48,9 @@ class Qwen3Config:
     eos_token_ids: list[int] = field(default_factory=lambda: [151645, 151643])
     pad_token_id: Optional[int] = None
     generation_defaults: dict = field(default_factory=dict)  # temperature / top_k / top_p ... of generation_config.json
-    quantization_config: Optional[dict] = None  # Qwen's FP8 checkpoints: {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    quantization_config: Optional[dict] = (
+        None  # Qwen's FP8 checkpoints: {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    )
 
     def __post_init__(self) -> None:
         for name in _POSITIVE_INTS:
@@ -94,12 +98,16 @@ class Qwen3Config:
             return
         if not isinstance(q, dict) or q.get("quant_method") != "fp8":
             method = q.get("quant_method") if isinstance(q, dict) else q
-            raise ValueError(f"quantization_config.quant_method {method!r} is not supported: MILI loads FP8 checkpoints "
-                             "(quant_method 'fp8', as Qwen publishes them) and quantizes others with --weight-dtype")
+            raise ValueError(
+                f"quantization_config.quant_method {method!r} is not supported: MILI loads FP8 checkpoints "
+                "(quant_method 'fp8', as Qwen publishes them) and quantizes others with --weight-dtype"
+            )
         if q.get("fmt", "e4m3") != "e4m3":
             raise ValueError(f"quantization_config.fmt {q['fmt']!r} is not supported: FP8 weights must be e4m3")
         block = q.get("weight_block_size")
-        if not (isinstance(block, (list, tuple)) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
+        if not (
+            isinstance(block, (list, tuple)) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)
+        ):
             raise ValueError(f"quantization_config.weight_block_size must be two positive integers such as [128, 128], "
                              f"got {block!r} (per-tensor FP8 scales are not supported)")
 
@@ -121,7 +129,9 @@ class Qwen3Config:
         d = dict(config_dict)
         model_type = d.get("model_type", "qwen3")
         if model_type != "qwen3":
-            raise ValueError(f"config model_type is {model_type!r}: MILI serves dense Qwen3 checkpoints (model_type 'qwen3')")
+            raise ValueError(
+                f"config model_type is {model_type!r}: MILI serves dense Qwen3 checkpoints (model_type 'qwen3')"
+            )
         if d.get("use_sliding_window"):
             raise ValueError("config use_sliding_window=true is not supported: Qwen3 checkpoints use full attention")
         rope_parameters = d.pop("rope_parameters", None)
@@ -144,7 +154,8 @@ class Qwen3Config:
 
     @classmethod
     def from_pretrained(cls, model_name_or_path: str | os.PathLike) -> "Qwen3Config":
-        """From a checkpoint directory or a Hugging Face Hub id; eos ids and sampling defaults from generation_config.json."""
+        """From a checkpoint directory or a Hugging Face Hub id; eos ids and sampling defaults from
+        generation_config.json."""
         model_dir = resolve_model_dir(model_name_or_path, allow_patterns=["*.json"])
         config_path = model_dir / "config.json"
         if not config_path.is_file():
@@ -157,7 +168,9 @@ class Qwen3Config:
             if eos is not None:
                 config_dict["eos_token_ids"] = eos if isinstance(eos, list) else [eos]
             config_dict["generation_defaults"] = {
-                k: generation[k] for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty") if k in generation
+                k: generation[k]
+                for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+                if k in generation
             }
         return cls.from_dict(config_dict)
 
@@ -175,10 +188,34 @@ def _preset(**kw: Any) -> Qwen3Config:
 
 # Published numbers of the Qwen3 dense models (config.json of Qwen/Qwen3-*)
 QWEN3_PRESETS: dict[str, Qwen3Config] = {
-    "Qwen3-0.6B": _preset(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16, tie_word_embeddings=True),
-    "Qwen3-1.7B": _preset(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16, tie_word_embeddings=True),
-    "Qwen3-4B": _preset(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32, tie_word_embeddings=True),
-    "Qwen3-8B": _preset(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32, tie_word_embeddings=False),
-    "Qwen3-14B": _preset(hidden_size=5120, intermediate_size=17408, num_hidden_layers=40, num_attention_heads=40, tie_word_embeddings=False),
-    "Qwen3-32B": _preset(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64, tie_word_embeddings=False),
+    "Qwen3-0.6B": _preset(
+        hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16, tie_word_embeddings=True
+    ),
+    "Qwen3-1.7B": _preset(
+        hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16, tie_word_embeddings=True
+    ),
+    "Qwen3-4B": _preset(
+        hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32, tie_word_embeddings=True
+    ),
+    "Qwen3-8B": _preset(
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        tie_word_embeddings=False,
+    ),
+    "Qwen3-14B": _preset(
+        hidden_size=5120,
+        intermediate_size=17408,
+        num_hidden_layers=40,
+        num_attention_heads=40,
+        tie_word_embeddings=False,
+    ),
+    "Qwen3-32B": _preset(
+        hidden_size=5120,
+        intermediate_size=25600,
+        num_hidden_layers=64,
+        num_attention_heads=64,
+        tie_word_embeddings=False,
+    ),
 }

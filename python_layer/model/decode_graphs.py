@@ -86,8 +86,10 @@ class DecodeGraphs:
                 eager = torch.from_dlpack(self.compiled.execute(self._steps[rows][0], self.kv_cache))
                 if not torch.allclose(replayed, eager, rtol=1e-3, atol=1e-3):
                     worst = float((replayed - eager).abs().max())
-                    raise RuntimeError(f"the device graph of {rows} sequences gives other logits than the same step run "
-                                       f"op by op (by up to {worst:.3g})")
+                    raise RuntimeError(
+                        f"the device graph of {rows} sequences gives other logits than the same step run "
+                        f"op by op (by up to {worst:.3g})"
+                    )
 
     def __call__(self, chunks: Sequence[SequenceChunk], input_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits [len(chunks), vocab] of one decode step (every chunk one token, at the end of its sequence).
@@ -101,7 +103,9 @@ class DecodeGraphs:
         copies and the sampling between them, so a step can be given to the device before the last one is read."""
         return torch.cuda.stream(self._stream) if self._stream is not None else nullcontext()
 
-    def _run(self, chunks: Sequence[SequenceChunk], rows: int, input_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def _run(
+        self, chunks: Sequence[SequenceChunk], rows: int, input_ids: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """The logits of all `rows` rows: the chunks', then the padding's."""
         padding = [SequenceChunk([0], 0, [self.pad_page])] * (rows - len(chunks))
         step = build_step_inputs([*chunks, *padding], self.kv_cache.page_size, "cpu", self.max_pages)
@@ -133,11 +137,15 @@ class DecodeGraphs:
             try:
                 captured = self.compiled.capture(self._key_base + rows, inputs, self.kv_cache)
             except Exception as e:
-                raise RuntimeError(f"capturing the decode step of {rows} sequences as a device graph failed: {e}") from e
+                raise RuntimeError(
+                    f"capturing the decode step of {rows} sequences as a device graph failed: {e}"
+                ) from e
             logits = torch.from_dlpack(captured)  # every replay writes this buffer: seen by torch once
             self._steps[rows] = (inputs, logits)
             self._captured_keys.append(self._key_base + rows)
-        self.compiled.replay(self._key_base + rows, inputs, self.kv_cache)  # right after the capture too: it may only record
+        self.compiled.replay(
+            self._key_base + rows, inputs, self.kv_cache
+        )  # right after the capture too: it may only record
         return logits
 
     def _staged(self, rows: int, arrays: Sequence[torch.Tensor]) -> List[Buffer]:

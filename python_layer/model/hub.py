@@ -21,10 +21,14 @@ def resolve_model_dir(name_or_path: str | os.PathLike, allow_patterns: Optional[
     if path.is_dir():
         return path
     if path.exists():
-        raise FileNotFoundError(f"Model path {str(path)!r} is a file; pass the checkpoint directory that holds config.json")
+        raise FileNotFoundError(
+            f"Model path {str(path)!r} is a file; pass the checkpoint directory that holds config.json"
+        )
     name = str(name_or_path)
     if not _HUB_ID.match(name):
-        raise FileNotFoundError(f"Model directory {name!r} does not exist (and it is not a Hugging Face Hub id like 'Qwen/Qwen3-0.6B')")
+        raise FileNotFoundError(
+            f"Model directory {name!r} does not exist (and it is not a Hugging Face Hub id like 'Qwen/Qwen3-0.6B')"
+        )
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 

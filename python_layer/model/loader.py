@@ -71,8 +71,12 @@ def load_model(
     with phase(f"checking the weights of {model_dir}"):
         weights = WeightLoader(model_dir, config, device=device, dtype=torch_dtype)
         weights.load_from_safetensors()  # each tensor is read when the model converts it, then let go
-    with phase(f"loading the weights ({torch_dtype} on {device}) and building the model graph (compiled once, then "
-               "read from the compile cache)" if backend == "mojo" else f"loading the weights ({torch_dtype} on {device})"):
+    with phase(
+        f"loading the weights ({torch_dtype} on {device}) and building the model graph (compiled once, then "
+        "read from the compile cache)"
+        if backend == "mojo"
+        else f"loading the weights ({torch_dtype} on {device})"
+    ):
         model = Qwen3CausalLM(config, weights, device=device, backend=backend, weight_dtype=weight_dtype,
                            kv_cache_dtype=kv_cache_dtype, gpu_options=gpu_options)
     return_free_heap()

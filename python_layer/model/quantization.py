@@ -68,7 +68,9 @@ def from_block_scales(weight: torch.Tensor, scale_inv: torch.Tensor, block_size:
     return QuantizedWeight(weight, scales, block_k)
 
 
-def quantize_fp8_blocks(weight: torch.Tensor, block_size: Sequence[int] = (BLOCK_K, BLOCK_K)) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8_blocks(
+    weight: torch.Tensor, block_size: Sequence[int] = (BLOCK_K, BLOCK_K)
+) -> tuple[torch.Tensor, torch.Tensor]:
     """weight [N, K] as Qwen's FP8 checkpoints store it: float8_e4m3fn values and `weight_scale_inv`
     [ceil(N / bn), ceil(K / bk)], each block's largest |value| mapped to 448."""
     bn, bk = block_size
@@ -80,7 +82,9 @@ def quantize_fp8_blocks(weight: torch.Tensor, block_size: Sequence[int] = (BLOCK
     return q.view(rows * bn, cols * bk)[:n, :k].contiguous(), scale_inv
 
 
-def write_fp8_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, block_size: Sequence[int] = (BLOCK_K, BLOCK_K)) -> Path:
+def write_fp8_checkpoint(
+    src: str | os.PathLike, dst: str | os.PathLike, block_size: Sequence[int] = (BLOCK_K, BLOCK_K)
+) -> Path:
     """A copy of the checkpoint `src` in the layout of Qwen's FP8 releases: every decoder projection as
     float8_e4m3fn with its `weight_scale_inv`, the rest as it was, and config.json's quantization_config."""
     src, dst = Path(src), Path(dst)
@@ -120,7 +124,9 @@ def cat_rows(parts: Sequence[LinearWeight]) -> LinearWeight:
     if isinstance(parts[0], QuantizedWeight):
         if any(p.block_k != parts[0].block_k or p.weight.dtype != parts[0].weight.dtype for p in parts):
             raise ValueError("cannot stack quantized weights of different formats or block sizes")
-        return QuantizedWeight(torch.cat([p.weight for p in parts]), torch.cat([p.scales for p in parts]), parts[0].block_k)
+        return QuantizedWeight(
+            torch.cat([p.weight for p in parts]), torch.cat([p.scales for p in parts]), parts[0].block_k
+        )
     return torch.cat(list(parts))
 
 

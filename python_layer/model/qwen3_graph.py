@@ -45,7 +45,9 @@ def graph_weights(model: "Qwen3CausalLM") -> Dict[str, torch.Tensor]:
     weights = {}
     for name, tensor in named.items():
         if isinstance(tensor, QuantizedWeight):  # FP8 as its uint8 bits: MAX graphs refuse float8 tensors on CPU
-            weights[name] = tensor.weight.view(torch.uint8) if tensor.weight.dtype == torch.float8_e4m3fn else tensor.weight
+            weights[name] = (
+                tensor.weight.view(torch.uint8) if tensor.weight.dtype == torch.float8_e4m3fn else tensor.weight
+            )
             weights[name + ".scales"] = tensor.scales
         else:
             weights[name] = tensor
@@ -57,7 +59,9 @@ def _block_k(model: "Qwen3CausalLM") -> int:
     blocks = {w.block_k for w in [model.lm_head, *(t for layer in model.layers for t in vars(layer).values())]
               if isinstance(w, QuantizedWeight)}
     if len(blocks) > 1:
-        raise ValueError(f"the model's quantized weights have different column blocks {sorted(blocks)}: one is supported")
+        raise ValueError(
+            f"the model's quantized weights have different column blocks {sorted(blocks)}: one is supported"
+        )
     return blocks.pop() if blocks else 0
 
 
@@ -97,13 +101,15 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
         def linear(x: TensorValue, name: str, bias: Optional[TensorValue] = None) -> TensorValue:
             if batch_one:  # x is [1, K] by its type, so both reshapes move nothing, and no transpose kernel runs
                 if block_k or len(w[name].shape) != 2:
-                    raise ValueError(f"the batch-1 graph takes dense [N, K] weights (as a GPU holds them), not {name}'s "
-                                     f"{'quantized' if block_k else 'tiled'} ones")
+                    raise ValueError(
+                        f"the batch-1 graph takes dense [N, K] weights (as a GPU holds them), not {name}'s "
+                        f"{'quantized' if block_k else 'tiled'} ones"
+                    )
                 n, k = w[name].shape
                 y = ops.reshape(ops.matmul(w[name], ops.reshape(x, [k, 1])), [1, n])
             elif device_key == "cpu":  # MILI's kernel for every weight format
                 y = mili.linear(x, w[name], w.get(name + ".scales", no_scales), block_k_value)
-            else:  # weights and activations are both `dtype` on a GPU: MAX's matmul takes the transposed operand directly
+            else:  # weights and activations are both `dtype` on a GPU: MAX's matmul takes the transposed operand
                 y = ops.matmul(x, ops.transpose(w[name], 0, 1))
             return y if bias is None else y + bias
 
@@ -138,7 +144,9 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
     return g
 
 
-def model_graph(model: "Qwen3CausalLM", weights: Dict[str, torch.Tensor], device_key: str, batch_one: bool = False) -> Graph:
+def model_graph(
+    model: "Qwen3CausalLM", weights: Dict[str, torch.Tensor], device_key: str, batch_one: bool = False
+) -> Graph:
     """The graph of `model` (its graph_weights) on device_key (batch_one: its batch-1 graph), with the model's
     GpuOptions: what CompiledQwen3 compiles, and benchmarks/gpu/precompile.py for the GPU suite."""
     return build_graph(model.config, weights, model.dtype, device_key, _block_k(model), model.kv_cache_dtype, batch_one,

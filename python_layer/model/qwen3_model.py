@@ -18,7 +18,9 @@ from ..memory.kv_cache_manager import DEFAULT_PAGE_SIZE, PagedKVCache
 from .attention_metadata import AttentionMetadata
 from .config import Qwen3Config
 from .quantization import LinearWeight, QuantizedWeight, cat_rows, convert, parse_weight_dtype
-from .qwen3_graph import CompiledQwen3  # imports MAX here, on the importing (main) thread: MAX enters its MLIR context there
+from .qwen3_graph import (
+    CompiledQwen3,
+)  # imports MAX here, on the importing (main) thread: MAX enters its MLIR context there
 from .reference_forward import ReferenceQwen3
 from .weight_loader import WeightLoader
 
@@ -62,8 +64,10 @@ def resolve_kv_cache_dtype(kv_cache_dtype: str, dtype: torch.dtype, device: torc
         raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} is not one of auto, {', '.join(KV_CACHE_DTYPES)}")
     cache = KV_CACHE_DTYPES[kv_cache_dtype]
     if cache != dtype and not (device.type == "cpu" and kv_cache_supported(dtype, cache)):
-        raise ValueError(f"a {kv_cache_dtype} KV cache under {str(dtype).split('.')[-1]} activations on {device.type} is "
-                         f"not supported: {KV_CACHE_RULE}, on a CPU only for the latter")
+        raise ValueError(
+            f"a {kv_cache_dtype} KV cache under {str(dtype).split('.')[-1]} activations on {device.type} is "
+            f"not supported: {KV_CACHE_RULE}, on a CPU only for the latter"
+        )
     return cache
 
 
@@ -90,9 +94,16 @@ class DecoderLayerWeights:
 class Qwen3CausalLM:
     """Qwen3 causal LM. `forward` runs one step of a ragged batch and returns logits only where asked."""
 
-    def __init__(self, config: Qwen3Config, weight_loader: WeightLoader, device: str = "cpu", backend: str = DEFAULT_BACKEND,
-                 weight_dtype: str = "auto", kv_cache_dtype: str = "auto",
-                 gpu_options: GpuOptions = GpuOptions()) -> None:
+    def __init__(
+        self,
+        config: Qwen3Config,
+        weight_loader: WeightLoader,
+        device: str = "cpu",
+        backend: str = DEFAULT_BACKEND,
+        weight_dtype: str = "auto",
+        kv_cache_dtype: str = "auto",
+        gpu_options: GpuOptions = GpuOptions(),
+    ) -> None:
         self.config = config
         self.gpu_options = gpu_options
         self.device = torch.device(device)

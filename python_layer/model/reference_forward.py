@@ -38,8 +38,12 @@ class ReferenceQwen3:
             if layer.qkv_bias is not None:
                 qkv = qkv + layer.qkv_bias
             q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-            q = ops.head_rms_norm(q.reshape(num_tokens, c.num_attention_heads, c.head_dim), layer.q_norm, c.rms_norm_eps)
-            k = ops.head_rms_norm(k.reshape(num_tokens, c.num_key_value_heads, c.head_dim), layer.k_norm, c.rms_norm_eps)
+            q = ops.head_rms_norm(
+                q.reshape(num_tokens, c.num_attention_heads, c.head_dim), layer.q_norm, c.rms_norm_eps
+            )
+            k = ops.head_rms_norm(
+                k.reshape(num_tokens, c.num_key_value_heads, c.head_dim), layer.k_norm, c.rms_norm_eps
+            )
             q, k = ops.rope(q, k, positions, c.rope_theta, c.rope_scaling)
             v = v.reshape(num_tokens, c.num_key_value_heads, c.head_dim)
             ops.store_kv(k, v, kv_cache.k_caches[i], kv_cache.v_caches[i], attn.slot_mapping)

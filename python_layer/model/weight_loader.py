@@ -61,7 +61,9 @@ class CheckpointTensors(Mapping[str, torch.Tensor]):
     the checkpoint at a time beside its own weights (reading the whole checkpoint in `dtype` first made a model's
     load peak at the checkpoint in float32 plus its converted weights)."""
 
-    def __init__(self, files: Dict[str, Any], dtypes: Dict[str, Optional[torch.dtype]], device: str | torch.device) -> None:
+    def __init__(
+        self, files: Dict[str, Any], dtypes: Dict[str, Optional[torch.dtype]], device: str | torch.device
+    ) -> None:
         self._files, self._dtypes, self._device = files, dtypes, device  # dtype None: as stored (FP8)
         self._read: Dict[str, torch.Tensor] = {}
 
@@ -127,7 +129,9 @@ class WeightLoader:
                 if name not in expected:
                     if name == "lm_head.weight" and self.config.tie_word_embeddings:
                         continue  # some tied checkpoints store the copy anyway; the embedding is used
-                    raise ValueError(f"Unexpected tensor {name!r} in {file.name}: not part of a Qwen3 model with this config")
+                    raise ValueError(
+                        f"Unexpected tensor {name!r} in {file.name}: not part of a Qwen3 model with this config"
+                    )
                 self._check_shape(f, name, file, expected[name])
                 fp8 = f.get_slice(name).get_dtype() == FP8_STORED
                 if fp8 and not block:
@@ -136,7 +140,9 @@ class WeightLoader:
                 handles[name], dtypes[name] = f, None if fp8 else self.dtype
         unscaled = [n for n, d in dtypes.items() if d is None and n + SCALE_SUFFIX not in dtypes]
         if unscaled:
-            raise ValueError(f"Checkpoint {self.model_path} has FP8 weight(s) without {SCALE_SUFFIX}: {', '.join(unscaled[:3])}")
+            raise ValueError(
+                f"Checkpoint {self.model_path} has FP8 weight(s) without {SCALE_SUFFIX}: {', '.join(unscaled[:3])}"
+            )
         missing = [n for n in expected if n not in dtypes]
         if missing:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
@@ -168,11 +174,15 @@ class WeightLoader:
             files = [self.model_path / name for name in sorted(set(weight_map.values()))]
             absent = [f.name for f in files if not f.is_file()]
             if absent:
-                raise FileNotFoundError(f"{index.name} names shard(s) that are missing from {self.model_path}: {absent}")
+                raise FileNotFoundError(
+                    f"{index.name} names shard(s) that are missing from {self.model_path}: {absent}"
+                )
             return files
         files = sorted(self.model_path.glob("*.safetensors"))
         if not files:
-            raise FileNotFoundError(f"No *.safetensors weights in {self.model_path}: not a Hugging Face checkpoint directory")
+            raise FileNotFoundError(
+                f"No *.safetensors weights in {self.model_path}: not a Hugging Face checkpoint directory"
+            )
         return files
 
     def quantize_to_fp8(self) -> Dict[str, QuantizedWeight]:
@@ -195,7 +205,10 @@ class WeightLoader:
         if name == "lm_head.weight" and self.config.tie_word_embeddings:
             name = "model.embed_tokens.weight"
         if name not in self.weights:
-            raise KeyError(f"Weight {name!r} not loaded (known: model.embed_tokens.weight, model.layers.N.*, model.norm.weight, lm_head.weight)")
+            raise KeyError(
+                f"Weight {name!r} not loaded (known: model.embed_tokens.weight, model.layers.N.*, model.norm.weight, "
+                "lm_head.weight)"
+            )
         if name + SCALE_SUFFIX in self.weights:
             return self.get_linear(name).dequantize(self.dtype)
         return self.weights[name]
@@ -208,7 +221,8 @@ class WeightLoader:
 
 
 def parse_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
-    """'auto' (bfloat16 on GPUs, float32 on CPUs) / 'float32' / 'bfloat16' / 'float16' (or a torch dtype) -> torch dtype."""
+    """'auto' (bfloat16 on GPUs, float32 on CPUs) / 'float32' / 'bfloat16' / 'float16' (or a torch dtype) -> torch
+    dtype."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":

@@ -57,11 +57,16 @@ def build_app(config: ServerConfig, loader: Loader, on_load_failure: Optional[Ca
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        body = {"status": "healthy" if state.ready else _unready_status(state), "model_loaded": state.engine is not None,
-                "scheduler_ready": state.ready}
+        body = {
+            "status": "healthy" if state.ready else _unready_status(state),
+            "model_loaded": state.engine is not None,
+            "scheduler_ready": state.ready,
+        }
         if state.load_error:
             body["error"] = state.load_error
-        return JSONResponse(body, status_code=200 if state.ready else 503, headers=None if state.ready else {"Retry-After": "5"})
+        return JSONResponse(
+            body, status_code=200 if state.ready else 503, headers=None if state.ready else {"Retry-After": "5"}
+        )
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -74,7 +79,9 @@ def build_app(config: ServerConfig, loader: Loader, on_load_failure: Optional[Ca
     @app.post("/generate")
     async def generate(body: GenerateRequest, http_request: Request):
         prompt_ids = await state.token_ids(body.prompt)
-        stream = state.submit([prompt_ids], [body.sampling_params(state.config.sampling_defaults)], new_request_id("gen"))
+        stream = state.submit(
+            [prompt_ids], [body.sampling_params(state.config.sampling_defaults)], new_request_id("gen")
+        )
         deltas = state.outputs(http_request, stream)
         if body.stream:
             return StreamingResponse(_generate_events(stream, deltas), media_type="text/event-stream")

@@ -26,7 +26,12 @@ from typing import Any, Dict, Iterable, Optional
 from ..model.config import Qwen3Config
 
 SECTIONS: Dict[str, Dict[str, str]] = {
-    "inference": {"device": "device", "dtype": "dtype", "max_batch_size": "max_num_seqs", "weight_dtype": "weight_dtype"},
+    "inference": {
+        "device": "device",
+        "dtype": "dtype",
+        "max_batch_size": "max_num_seqs",
+        "weight_dtype": "weight_dtype",
+    },
     "kv_cache": {"page_size": "page_size", "num_pages": "kv_pages", "dtype": "kv_cache_dtype"},
 }
 """The inference config's keys and the flags (argparse dests) they set."""
@@ -191,8 +196,10 @@ def model_config_for(args: argparse.Namespace, path: str) -> Optional[Qwen3Confi
         actual = Qwen3Config.from_pretrained(args.model)
         for key, value in wanted.items():
             if getattr(actual, key) != value:
-                raise ValueError(f"'{key}' in {path} is {value!r}, but {args.model}/config.json says "
-                                 f"{getattr(actual, key)!r}: remove it from the file or serve a checkpoint of that shape")
+                raise ValueError(
+                    f"'{key}' in {path} is {value!r}, but {args.model}/config.json says "
+                    f"{getattr(actual, key)!r}: remove it from the file or serve a checkpoint of that shape"
+                )
         return actual
     from ..model.random_checkpoint import BUILTIN, QWEN3_VOCAB
 

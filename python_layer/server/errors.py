@@ -9,9 +9,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error",
-          408: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
-          503: "service_unavailable"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    503: "service_unavailable",
+}
 
 
 class ApiError(Exception):
@@ -60,5 +67,10 @@ async def _internal_error(_: Request, e: Exception) -> JSONResponse:
     return error_response(500, f"internal error: {type(e).__name__}: {e}")
 
 
-HANDLERS = {Exception: _internal_error, ApiError: _api_error, RequestValidationError: _validation_error, StarletteHTTPException: _http_error,
-            ValueError: _value_error}
+HANDLERS = {
+    Exception: _internal_error,
+    ApiError: _api_error,
+    RequestValidationError: _validation_error,
+    StarletteHTTPException: _http_error,
+    ValueError: _value_error,
+}

@@ -123,6 +123,11 @@ class _Server(uvicorn.Server):
         self._captured_signals.clear()
 
 
+def api_key_of(args: argparse.Namespace) -> Optional[str]:
+    """--api-key, else $MILI_API_KEY (a key kept off the command line, where `ps` shows it), else none."""
+    return args.api_key or os.environ.get("MILI_API_KEY") or None
+
+
 def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args.served_model_name = args.served_model_name or served_name(args)
@@ -131,7 +136,7 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"mili: error: {e}", file=sys.stderr)
         return 2
-    api_key = args.api_key or os.environ.get("MILI_API_KEY")
+    api_key = api_key_of(args)
     config = ServerConfig(model_name=args.served_model_name, api_key=api_key, max_queue_len=args.max_queue_len,
                           sampling_defaults=getattr(args, "sampling_defaults", {}))
     server: Optional[_Server] = None

@@ -165,8 +165,10 @@ class _Call:
                 if self.body.logprobs is not None:
                     logprobs = self.completion_logprobs(delta.logprobs or [], offsets[i])
                 offsets[i] += len(delta.text)
-                yield self.envelope("text_completion", [{"index": i, "text": delta.text, "finish_reason": delta.finish_reason,
-                                                         "logprobs": logprobs}])
+                yield self.envelope(
+                    "text_completion",
+                    [{"index": i, "text": delta.text, "finish_reason": delta.finish_reason, "logprobs": logprobs}],
+                )
 
         return self._streamed(chunks(), "text_completion")
 
@@ -199,8 +201,9 @@ class _Call:
                             "function": {"name": tool_call.name, "arguments": ""}}
                     yield self._chat_chunk(i, {"tool_calls": [head]}, lp, None)
                     lp = None
-                    yield self._chat_chunk(i, {"tool_calls": [{"index": k, "function": {"arguments": tool_call.arguments}}]},
-                                           None, None)
+                    yield self._chat_chunk(
+                        i, {"tool_calls": [{"index": k, "function": {"arguments": tool_call.arguments}}]}, None, None
+                    )
                 if delta.finished:
                     yield self._chat_chunk(i, {}, lp, _finish_reason(delta.finish_reason, tool_streams[i].calls > 0))
 

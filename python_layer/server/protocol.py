@@ -31,7 +31,9 @@ def _unpaired_surrogate_at(value: Any, where: str) -> Optional[str]:
     if isinstance(value, list):
         children = [(f"{where}[{i}]", item) for i, item in enumerate(value)]
     elif isinstance(value, dict):  # each key is checked before the path with it is returned
-        children = [child for key, item in value.items() for child in ((f"a key of {where}", key), (f"{where}.{key}", item))]
+        children = [
+            child for key, item in value.items() for child in ((f"a key of {where}", key), (f"{where}.{key}", item))
+        ]
     else:
         return None
     for path, item in children:
@@ -112,7 +114,9 @@ class _OpenAIRequest(_Body):
             raise ValueError("at most 16 stop strings")
         return self
 
-    def sampling_params(self, defaults: Dict[str, Any], max_tokens: int, logprobs: Optional[int], index: int) -> SamplingParams:
+    def sampling_params(
+        self, defaults: Dict[str, Any], max_tokens: int, logprobs: Optional[int], index: int
+    ) -> SamplingParams:
         """Params of choice `index`: with a seed, each of the n choices gets its own (seed + index)."""
         def pick(name: str, fallback: Any) -> Any:
             value = getattr(self, name)

@@ -63,7 +63,9 @@ class ServerState:
         if self.shutting_down:
             raise ApiError(503, "the server is shutting down", code="shutting_down")
         if self.engine is None:
-            reason = f"loading failed: {self.load_error}" if self.load_error else "the model is still loading; retry shortly"
+            reason = (
+                f"loading failed: {self.load_error}" if self.load_error else "the model is still loading; retry shortly"
+            )
             raise ApiError(503, reason, code="model_not_ready")
         if not self.engine.is_running:
             raise ApiError(503, "the engine stopped", code="engine_stopped")

@@ -20,7 +20,9 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: Optional[int] = None, separators: Any = None, sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any, ensure_ascii: bool = False, indent: Optional[int] = None, separators: Any = None, sort_keys: bool = False
+) -> str:
     # jinja's own tojson escapes HTML characters; chat templates expect plain json.dumps
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -83,7 +85,8 @@ class ChatTemplate:
 
 
 def _with_reasoning_alias(message: dict) -> dict:
-    # Clients send an assistant turn's reasoning as reasoning_content, thinking or reasoning; the template reads the first
+    # Clients send an assistant turn's reasoning as reasoning_content, thinking or reasoning; the template reads the
+    # first
     reasoning = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None)
     return message if reasoning is None else {**message, "reasoning_content": reasoning}
 

@@ -51,8 +51,10 @@ def test_overlapped_decode_steps_give_the_tokens_of_steps_read_at_once(cuda_mode
     before the step before had written them would give other tokens."""
     prompts = random_prompts(13, seed=8, max_len=300)
     # greedy rows, and rows that sample on the device with a seed each (they draw the same either way)
-    params = [SamplingParams(temperature=0.0 if i % 2 else 0.7, top_p=0.9, seed=i, max_tokens=4 + 3 * i, ignore_eos=True)
-              for i in range(len(prompts))]
+    params = [
+        SamplingParams(temperature=0.0 if i % 2 else 0.7, top_p=0.9, seed=i, max_tokens=4 + 3 * i, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
     outputs = []
     for overlap in (True, False):
         engine = InferenceEngine(cuda_model, num_kv_pages=256, max_num_seqs=16, debug_checks=True, overlap=overlap)

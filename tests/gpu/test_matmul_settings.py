@@ -40,9 +40,13 @@ def test_the_model_loaded_with_the_setting_takes_it(setting_model, cuda_model) -
 
 
 @pytest.mark.parametrize("one_by_one", [False, True], ids=["prefill", "token_by_token"])
-def test_logits_drift_no_more_than_transformers_bfloat16(setting_model, tiny_checkpoint: Path, one_by_one: bool) -> None:
+def test_logits_drift_no_more_than_transformers_bfloat16(
+    setting_model, tiny_checkpoint: Path, one_by_one: bool
+) -> None:
     _, model = setting_model
-    hf_bf16 = Qwen3ForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.bfloat16, attn_implementation="eager").eval()
+    hf_bf16 = Qwen3ForCausalLM.from_pretrained(
+        tiny_checkpoint, dtype=torch.bfloat16, attn_implementation="eager"
+    ).eval()
     prompt = _prompts(model.config.vocab_size)[2]
     exact = _hf_logits(_hf(tiny_checkpoint), prompt)
     batch = _Batch(model, 1)

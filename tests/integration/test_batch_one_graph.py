@@ -46,7 +46,9 @@ def test_it_refuses_weights_not_held_dense(tiny_checkpoint: Path, held: str) -> 
     weights = graph_weights(model)
     if held == "tiled":
         weights = {name: tile_weight(t) if name.endswith("_proj") else t for name, t in weights.items()}
-    with pytest.raises(ValueError, match=rf"the batch-1 graph takes dense \[N, K\] weights .* not layers.0.qkv_proj's {held}"):
+    with pytest.raises(
+        ValueError, match=rf"the batch-1 graph takes dense \[N, K\] weights .* not layers.0.qkv_proj's {held}"
+    ):
         model_graph(model, weights, "cpu", batch_one=True)
 
 

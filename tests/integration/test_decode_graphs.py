@@ -99,5 +99,7 @@ def test_no_overlap_where_torch_cannot_run_on_the_replay_stream(model: Qwen3Caus
     engine.runner.decode_graphs.can_overlap = False
     following, run = [], engine.runner.run_following
     engine.runner.run_following = lambda requests, ids: following.append(ids) or run(requests, ids)
-    out = engine.generate(random_prompts(2, seed=5, max_len=70), SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    out = engine.generate(
+        random_prompts(2, seed=5, max_len=70), SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    )
     assert [len(o.token_ids) for o in out] == [6, 6] and following == []

@@ -41,7 +41,9 @@ def test_latency_figures_of_each_system(small: list[str], tmp_path: Path) -> Non
                                      "--contexts", "16,40", "--new-tokens", "8", "--ttft-len", "30"])
     rows = _rows(tmp_path, "latency")  # one file, written over after every system
     assert sorted(rows) == ["mili", "mili-eager", "mili-sync", "mili-turbo", "transformers"]
-    assert "unknown MILI variant 'mili-turbo': choose from mili, mili-sync, mili-eager" in rows.pop("mili-turbo")["error"]
+    assert (
+        "unknown MILI variant 'mili-turbo': choose from mili, mili-sync, mili-eager" in rows.pop("mili-turbo")["error"]
+    )
     for row in rows.values():
         assert "error" not in row, row
         assert row["device_graphs"] is False  # a CPU runs the fixed-shape steps but cannot replay them
@@ -88,8 +90,8 @@ def test_max_worker_starts_without_the_interops_python(monkeypatch: pytest.Monke
     reach it (given this venv's PYTHONEXECUTABLE, a Python of another venv loses its packages)."""
     monkeypatch.setenv("PYTHONEXECUTABLE", sys.executable)
     monkeypatch.setenv("MOJO_PYTHON_LIBRARY", "/this/pythons/libpython.so")
-    probe = "import os; print(*(os.environ.get(k) for k in ('PYTHONEXECUTABLE', 'MOJO_PYTHON_LIBRARY', 'MILI_PROBE')))"
-    monkeypatch.setenv("MILI_PROBE", "kept")
+    probe = "import os; print(*(os.environ.get(k) for k in ('PYTHONEXECUTABLE', 'MOJO_PYTHON_LIBRARY', 'E2E_PROBE')))"
+    monkeypatch.setenv("E2E_PROBE", "kept")
     seen = subprocess.run([sys.executable, "-c", probe], env=e2e_systems.max_worker_env(), capture_output=True,
                           text=True, check=True).stdout.split()
     assert seen == ["None", "None", "kept"]
@@ -131,7 +133,9 @@ def test_gpu_summary_takes_the_latest_runs(tmp_path: Path) -> None:
         dict(system="max", decode_b1_ctx512_ms_per_token=1.2), dict(system="transformers", error="RuntimeError: x")])
     out = gpu_summary.summary(tmp_path, "abc123")
     assert out["device"] == "NVIDIA H100" and out["commit"] == "abc123"
-    assert out["attention_prefill_2048_ratio_vs_sdpa"] == 0.9 and out["attention_decode_ctx4096_b8_ratio_vs_sdpa"] == 0.8
+    assert (
+        out["attention_prefill_2048_ratio_vs_sdpa"] == 0.9 and out["attention_decode_ctx4096_b8_ratio_vs_sdpa"] == 0.8
+    )
     assert out["attention_decode_ctx4096_b64_ratio_vs_sdpa"] is None  # not in the run
     assert out["attention_prefill_2048_ratio_vs_sdpa_by_row_tiles_a_block"] == {"1": 1.2, "2": 0.9}
     assert out["decode_b1_ms_per_token"] == 0.9 and out["bandwidth_floor_ms"] == 0.4
@@ -153,7 +157,9 @@ def test_gpu_summary_takes_each_system_from_its_newest_run_of_the_suite(tmp_path
     def write(name: str, rows: list) -> None:
         (tmp_path / name).write_text(json.dumps(dict(meta=dict(device_name=name), rows=rows)))
 
-    write("throughput-cuda-20261101-000000.json", [dict(system="transformers", output_tok_s=50.0)])  # an older suite run
+    write(
+        "throughput-cuda-20261101-000000.json", [dict(system="transformers", output_tok_s=50.0)]
+    )  # an older suite run
     write("throughput-cuda-20261126-100000.json", [dict(system="mili", output_tok_s=900.0),
                                                    dict(system="max", output_tok_s=800.0)])
     write("throughput-cuda-20261126-100500.json", [dict(system="mili-sync", output_tok_s=700.0),
@@ -188,7 +194,8 @@ def test_decode_profile_splits_the_devices_idle_time_into_launch_gaps_and_waits(
 
 def test_decode_profile_times_the_decode_steps_of_each_batch(tiny_checkpoint: Path, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """benchmarks/engine/decode_profile.py (the GPU suite's view of where a step's time goes), run here on a CPU: the steps
+    """benchmarks/engine/decode_profile.py (the GPU suite's view of where a step's time goes), run here on a CPU: the
+    steps
     of each batch are timed after its prefill; no CUDA kernel is seen on a CPU; the host's own time per Python
     function (on a CPU the model's execution, inside MAX, is the host's)."""
     from benchmarks.engine import decode_profile
@@ -212,8 +219,14 @@ def test_decode_profile_times_the_decode_steps_of_each_batch(tiny_checkpoint: Pa
     assert all(r["wall_ms_per_step"] > 0 and r["profiled_wall_ms_per_step"] > 0 and r["device_busy_ms_per_step"] == 0
                and r["short_gaps_ms_per_step"] == r["long_gaps_ms_per_step"] == 0 for r in rows)
     assert {r["attention"] for r in rows} == {decode_profile.attention_graph(GpuOptions())}
-    for flash, one_op, said in [(True, True, "flash kernels, one op (qkv_attention)"), (True, False, "flash kernels, two ops"),
-                                (False, True, "plain kernels, two ops")]:
+    for flash, one_op, said in [
+        (True, True, "flash kernels, one op (qkv_attention)"),
+        (True, False, "flash kernels, two ops"),
+        (False, True, "plain kernels, two ops"),
+    ]:
         assert decode_profile.attention_graph(GpuOptions(flash_attention=flash, qkv_attention=one_op)) == said
-    assert decode_profile.attention_graph(GpuOptions(flash_attention=False, pdl=True)) == "plain kernels, two ops, PDL launches"
+    assert (
+        decode_profile.attention_graph(GpuOptions(flash_attention=False, pdl=True))
+        == "plain kernels, two ops, PDL launches"
+    )
     assert {r["matmuls"] for r in rows} == {"MAX's own"}  # as the model loaded them (tests/gpu: cuBLAS)

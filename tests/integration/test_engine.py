@@ -50,7 +50,9 @@ def test_stop_token_ids_and_eos(tiny_engine: InferenceEngine) -> None:
     tokens = tiny_engine.generate([[1, 2, 3]], GREEDY)[0].token_ids
     stop_token = tokens[3]
     first = tokens.index(stop_token)
-    out = tiny_engine.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=[stop_token]))[0]
+    out = tiny_engine.generate(
+        [[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=[stop_token])
+    )[0]
     assert out.finish_reason == "stop" and out.token_ids == tokens[: first + 1]
 
     saved = tiny_engine.eos_token_ids
@@ -68,7 +70,9 @@ def test_stop_string_truncates_text(tiny_engine: InferenceEngine) -> None:
     full = tiny_engine.generate("Once upon a time", SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))[0]
     stop = full.text.strip()[3:6]
     assert stop, full.text
-    out = tiny_engine.generate("Once upon a time", SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, stop=[stop]))[0]
+    out = tiny_engine.generate(
+        "Once upon a time", SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, stop=[stop])
+    )[0]
     assert out.finish_reason == "stop"
     assert out.text == full.text[: full.text.index(stop)]
     assert full.token_ids[: len(out.token_ids)] == out.token_ids
@@ -79,7 +83,9 @@ def test_per_request_parameters_in_one_batch(tiny_engine: InferenceEngine) -> No
     alone = tiny_engine.generate([prompts[0]], GREEDY)[0].token_ids
     seeded = SamplingParams(temperature=1.0, top_k=50, seed=123, max_tokens=10, ignore_eos=True)
     sampled_alone = tiny_engine.generate([prompts[1]], seeded)[0].token_ids
-    outs = tiny_engine.generate(prompts, [GREEDY, seeded, SamplingParams(temperature=1.5, max_tokens=3, ignore_eos=True)])
+    outs = tiny_engine.generate(
+        prompts, [GREEDY, seeded, SamplingParams(temperature=1.5, max_tokens=3, ignore_eos=True)]
+    )
     assert outs[0].token_ids == alone
     assert outs[1].token_ids == sampled_alone  # a seed reproduces whatever the batch
     assert len(outs[2].token_ids) == 3

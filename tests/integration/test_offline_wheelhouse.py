@@ -28,5 +28,7 @@ def test_wheelhouse_installs_mili_offline(tmp_path: Path) -> None:
     subprocess.run([*pip, f"torch=={torch.__version__.split('+')[0]}"], check=True)  # as the README installs it
     subprocess.run([*pip, "--no-index", "--find-links", str(unpacked), "mili"], check=True, cwd=tmp_path)
     check = "import importlib.metadata as m, python_layer, bindings; print(m.version('max'), python_layer.__file__)"
-    out = subprocess.run([str(venv / "bin" / "python"), "-c", check], check=True, cwd=tmp_path, capture_output=True, text=True)
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", check], check=True, cwd=tmp_path, capture_output=True, text=True
+    )
     assert out.stdout.startswith("26.7.0") and str(venv) in out.stdout

@@ -101,7 +101,9 @@ def _hf_greedy(hf: Qwen3ForCausalLM, prompt: list[int], n: int) -> list[int]:
 
 @DEVICES
 @BACKENDS
-def test_greedy_tokens_batched_single_and_transformers_agree(parity_checkpoint: Path, backend: str, device: str) -> None:
+def test_greedy_tokens_batched_single_and_transformers_agree(
+    parity_checkpoint: Path, backend: str, device: str
+) -> None:
     hf = _hf(parity_checkpoint)
     engine = InferenceEngine.from_pretrained(parity_checkpoint, device=device, dtype="float32", backend=backend,
                                              enable_prefix_caching=False)
@@ -120,10 +122,14 @@ def test_greedy_tokens_batched_single_and_transformers_agree(parity_checkpoint: 
 
 @DEVICES
 @BACKENDS
-def test_bfloat16_logits_as_close_to_float32_as_transformers_bfloat16(tiny_checkpoint: Path, backend: str, device: str) -> None:
+def test_bfloat16_logits_as_close_to_float32_as_transformers_bfloat16(
+    tiny_checkpoint: Path, backend: str, device: str
+) -> None:
     """bfloat16 rounds every op, so both implementations drift from the float32 logits; MILI's bfloat16 must
     drift no more than transformers' own bfloat16 does (and stay within 5e-2 relative)."""
-    hf_bf16 = Qwen3ForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.bfloat16, attn_implementation="eager").eval()
+    hf_bf16 = Qwen3ForCausalLM.from_pretrained(
+        tiny_checkpoint, dtype=torch.bfloat16, attn_implementation="eager"
+    ).eval()
     model = load_model(tiny_checkpoint, device=device, dtype="bfloat16", backend=backend)
     prompt = _prompts(model.config.vocab_size)[2]
     exact = _hf_logits(_hf(tiny_checkpoint), prompt)
@@ -149,13 +155,16 @@ def test_qwen3_0_6b_shape_greedy_matches_transformers(qwen3_0_6b_checkpoint: Pat
 @DEVICES
 def test_one_op_attention_graph_equals_two_ops(tiny_checkpoint: Path, device: str) -> None:
     """The model graph's qkv_attention against qk_norm_rope_store then the flash attention op
-    (GpuOptions.qkv_attention off), over a prefill and decode steps: on a CPU the same kernels in the same order (equal),
+    (GpuOptions.qkv_attention off), over a prefill and decode steps: on a CPU the same kernels in the same order
+    (equal),
     on a GPU the decode steps' one kernel against two (the sum of squares of the q/k norms adds in another order, and
     MAX's Hopper matmul rounds float32 inputs to TF32, where a last-bit difference can become a rounding step of 2^-11:
     the bound of the parity test above; a wrong kernel is off by far more)."""
     logits = []
     for one_op in (True, False):
-        model = load_model(tiny_checkpoint, device=device, dtype="float32", gpu_options=GpuOptions(qkv_attention=one_op))
+        model = load_model(
+            tiny_checkpoint, device=device, dtype="float32", gpu_options=GpuOptions(qkv_attention=one_op)
+        )
         prompts = _prompts(model.config.vocab_size)
         batch = _Batch(model, len(prompts))
         steps = [batch.forward(prompts, all_logits=True)]

@@ -48,12 +48,20 @@ def test_fp8_checkpoint_runs_fp8_and_matches_float32_on_its_dequantized_weights(
 def test_bfloat16_weights_drift_no_more_than_transformers_bfloat16(tiny_checkpoint: Path) -> None:
     from transformers import Qwen3ForCausalLM
 
-    hf_bf16 = Qwen3ForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.bfloat16, attn_implementation="eager").eval()
+    hf_bf16 = Qwen3ForCausalLM.from_pretrained(
+        tiny_checkpoint, dtype=torch.bfloat16, attn_implementation="eager"
+    ).eval()
     engine = InferenceEngine.from_pretrained(tiny_checkpoint, dtype="float32", weight_dtype="bfloat16")
     assert engine.model.layers[0].qkv_proj.dtype == torch.bfloat16 and engine.model.embed_tokens.dtype == torch.float32
     # in the decode kernel's tiled layout (reference.tile_weight), every projection and the LM head
-    assert all(w.dim() == 4 for layer in engine.model.layers for w in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj,
-                                                                         layer.down_proj)) and engine.model.lm_head.dim() == 4
+    assert (
+        all(
+            w.dim() == 4
+            for layer in engine.model.layers
+            for w in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
+        )
+        and engine.model.lm_head.dim() == 4
+    )
     prompt = _prompts(engine.model.config.vocab_size)[2]
     exact = _hf_logits(_hf(tiny_checkpoint), prompt)
     ours = _rel_err(_Batch(engine.model, 1).forward([prompt], all_logits=True), exact)
@@ -82,8 +90,10 @@ def test_bfloat16_kv_cache_matches_the_reference_backend_and_drifts_less_than_tr
 ) -> None:
     from transformers import Qwen3ForCausalLM
 
-    engines = {b: InferenceEngine.from_pretrained(tiny_checkpoint, dtype="float32", kv_cache_dtype="bfloat16", backend=b)
-               for b in ("mojo", "reference")}
+    engines = {
+        b: InferenceEngine.from_pretrained(tiny_checkpoint, dtype="float32", kv_cache_dtype="bfloat16", backend=b)
+        for b in ("mojo", "reference")
+    }
     cache = engines["mojo"].kv_cache
     assert all(c.dtype == torch.bfloat16 for c in cache.k_caches + cache.v_caches)
     prompts = _prompts(engines["mojo"].model.config.vocab_size, seed=2)  # prefill, then decode over the cache
@@ -92,5 +102,7 @@ def test_bfloat16_kv_cache_matches_the_reference_backend_and_drifts_less_than_tr
     assert _rel_err(logits[0], logits[1]) < 1e-3  # K / V rounded alike (2e-5 here): float32 sums in another order
     exact = _hf_logits(_hf(tiny_checkpoint), prompts[2])
     ours = _rel_err(_Batch(engines["mojo"].model, 1).forward([prompts[2]], all_logits=True), exact)
-    hf_bf16 = Qwen3ForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.bfloat16, attn_implementation="eager").eval()
+    hf_bf16 = Qwen3ForCausalLM.from_pretrained(
+        tiny_checkpoint, dtype=torch.bfloat16, attn_implementation="eager"
+    ).eval()
     assert ours < _rel_err(_hf_logits(hf_bf16, prompts[2]), exact), ours

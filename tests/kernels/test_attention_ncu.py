@@ -1,4 +1,5 @@
-"""benchmarks/gpu/attention_ncu.py, the launches the GPU suite's ncu-attention step reads, run alone on a CPU: each case's
+"""benchmarks/gpu/attention_ncu.py, the launches the GPU suite's ncu-attention step reads, run alone on a CPU: each
+case's
 launches run and MILI's result is checked against the reference; a case the kernel benchmark lacks is refused with the
 cases it has."""
 

@@ -30,7 +30,8 @@ def test_max_flash_attention_graph_builds_for_a_gpu_named_without_an_index() -> 
 
 
 def test_dense_shapes_are_those_of_the_benchmarks_dense_copies() -> None:
-    """benchmarks/gpu/precompile.py compiles MAX's flash attention graphs for the GPU suite from dense_shapes: the shapes
+    """benchmarks/gpu/precompile.py compiles MAX's flash attention graphs for the GPU suite from dense_shapes: the
+    shapes
     of the dense copies the benchmark times them on (else the GPU host compiles them again)."""
     from benchmarks.kernels.run import ATTENTION_SHAPES, _dense_qkv, dense_shapes
 
@@ -40,6 +41,8 @@ def test_dense_shapes_are_those_of_the_benchmarks_dense_copies() -> None:
             q, _, _, _, lens, *_ = mojo.args
             shape = (int(lens[0]), len(lens), q.shape[0] // len(lens))
             dense_q, dense_k, dense_v = _dense_qkv(*mojo.args[:5])
-            assert dense_shapes(*shape) == (tuple(dense_q.shape), tuple(dense_k.shape)) and dense_v.shape == dense_k.shape
+            assert (
+                dense_shapes(*shape) == (tuple(dense_q.shape), tuple(dense_k.shape)) and dense_v.shape == dense_k.shape
+            )
             seen.append(shape)
     assert seen == ATTENTION_SHAPES

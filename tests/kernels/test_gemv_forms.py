@@ -1,4 +1,5 @@
-"""benchmarks/gpu/gemv_forms.py, the GPU suite's comparison of MAX's two forms of a batch-1 matmul: each form's graph is the
+"""benchmarks/gpu/gemv_forms.py, the GPU suite's comparison of MAX's two forms of a batch-1 matmul: each form's graph is
+the
 step it says, and gives F.linear's results."""
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from benchmarks.gpu.gemv_forms import FORMS, LAYERS, SHAPES, max_step, step_grap
 
 
 def test_a_step_graph_holds_every_layers_matmuls_for_a_gpu() -> None:
-    """Built (not compiled) for a GPU, as benchmarks/gpu/precompile.py builds it: the three inputs x, a weight a layer and
+    """Built (not compiled) for a GPU, as benchmarks/gpu/precompile.py builds it: the three inputs x, a weight a layer
+    and
     shape, a [1, N] output each."""
     for form in FORMS:
         graph = step_graph(form, LAYERS, SHAPES, "cuda:0")

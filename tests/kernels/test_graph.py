@@ -20,7 +20,9 @@ def test_attention_block_graph_matches_reference() -> None:
     torch.manual_seed(0)
     hidden, q_heads, kv_heads, head_dim = 96, 4, 2, 64
     context_lens, query_lens = [40, 21], [40, 3]  # a prefill and an extension of a cached prefix
-    q_ref, k_cache, v_cache, table, lens, starts, _ = attention_case(context_lens, query_lens, q_heads, kv_heads, head_dim, torch.float32)
+    q_ref, k_cache, v_cache, table, lens, starts, _ = attention_case(
+        context_lens, query_lens, q_heads, kv_heads, head_dim, torch.float32
+    )
     tokens = sum(query_lens)
     x = torch.randn(tokens, hidden)
     w_norm, w_q, w_k = torch.rand(hidden) + 0.5, torch.rand(head_dim) + 0.5, torch.rand(head_dim) + 0.5
@@ -33,8 +35,20 @@ def test_attention_block_graph_matches_reference() -> None:
     f32 = lambda *dims: TensorType(DType.float32, list(dims), cpu)
     i32 = lambda *dims: TensorType(DType.int32, list(dims), cpu)
     cache_t = BufferType(DType.float32, ["P", 16, kv_heads, head_dim], cpu)
-    types = [f32("T", hidden), f32(hidden), f32(head_dim), f32(head_dim), f32((q_heads + 2 * kv_heads) * head_dim, hidden),
-             cache_t, cache_t, i32("T"), i32("T"), i32("B", "M"), i32("B"), i32("B1")]
+    types = [
+        f32("T", hidden),
+        f32(hidden),
+        f32(head_dim),
+        f32(head_dim),
+        f32((q_heads + 2 * kv_heads) * head_dim, hidden),
+        cache_t,
+        cache_t,
+        i32("T"),
+        i32("T"),
+        i32("B", "M"),
+        i32("B"),
+        i32("B1"),
+    ]
     with Graph("attention_block", input_types=types, kernel_library=library.kernel_library()) as g:
         gx, gw, gwq, gwk, gqkv, kc, vc, gpos, gslots, gtable, glens, gstarts = g.inputs
         h = graph.rms_norm(gx.tensor, gw.tensor, 1e-6)
@@ -45,7 +59,9 @@ def test_attention_block_graph_matches_reference() -> None:
         q, k = graph.rope(graph.head_rms_norm(q, gwq.tensor, 1e-6), graph.head_rms_norm(k, gwk.tensor, 1e-6),
                           gpos.tensor, 1e6, YARN)
         graph.store_kv(k, v, kc.buffer, vc.buffer, gslots.tensor)
-        out = graph.paged_attention(q, kc.buffer, vc.buffer, gtable.tensor, glens.tensor, gstarts.tensor, head_dim**-0.5)
+        out = graph.paged_attention(
+            q, kc.buffer, vc.buffer, gtable.tensor, glens.tensor, gstarts.tensor, head_dim**-0.5
+        )
         g.output(graph.silu_and_mul(ops.reshape(out, [-1, q_heads * head_dim])))
     model = library.session("cpu").load(g)
     ours_k, ours_v = k_cache.clone(), v_cache.clone()

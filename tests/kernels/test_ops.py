@@ -26,7 +26,9 @@ def parallel_cpu_graphs(monkeypatch) -> None:
     (tests/op_graphs.py) before it loads its own from MAX's cache."""
     def compiled(op, dtype: torch.dtype, device: str):
         if device == "cpu" and dtype not in _COMPILED_IN_PARALLEL:
-            _COMPILED_IN_PARALLEL.add(dtype)  # once, failed or not: a failed op's own load then compiles it and says why
+            _COMPILED_IN_PARALLEL.add(
+                dtype
+            )  # once, failed or not: a failed op's own load then compiles it and says why
             twin = ops._kv_variant(DType.bfloat16)  # under bfloat16 activations the caches' bfloat16 twins are unused
             used = [i for i, o in enumerate(ops.ALL_OPS) if not (dtype == torch.bfloat16 and o.variant == twin)]
             compile_in_parallel(used, dtype)
@@ -171,7 +173,9 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
                      torch.zeros(1, 16, 1, 8), torch.tensor([0], dtype=torch.int32))
     with pytest.raises(ValueError, match="even"):
         ops.silu_and_mul(torch.randn(2, 5))
-    with pytest.raises(ValueError, match="weight's in_features \\(40\\) must equal x's last dimension \\(32\\)|dimension 'K'"):
+    with pytest.raises(
+        ValueError, match="weight's in_features \\(40\\) must equal x's last dimension \\(32\\)|dimension 'K'"
+    ):
         ops.linear(torch.randn(2, 32, dtype=bf16), torch.randn(8, 40, dtype=bf16))
     int8 = torch.ones(8, 200, dtype=torch.int8)
     with pytest.raises(ValueError, match="scales must be \\(8, 2\\)"):
@@ -180,7 +184,9 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
         ops.linear(torch.randn(2, 200), int8)
     with pytest.raises(ValueError, match="weights must be one of"):
         ops.linear(torch.randn(2, 200), torch.ones(8, 200, dtype=torch.float16))
-    with pytest.raises(ValueError, match="bfloat16 weights must be tiled \\[N / 4, K / 32, 4, 32\\], got tiles of \\[4, 8\\]|dimension"):
+    with pytest.raises(
+        ValueError, match="bfloat16 weights must be tiled \\[N / 4, K / 32, 4, 32\\], got tiles of \\[4, 8\\]|dimension"
+    ):
         ops.linear(torch.randn(2, 32, dtype=bf16), torch.ones(2, 4, 4, 8, dtype=bf16))
     with pytest.raises(ValueError, match="tiled weights are float32 / bfloat16 / int8 on a CPU"):
         ops.linear(torch.randn(2, 128), torch.ones(2, 2, 4, 64, dtype=torch.uint8))

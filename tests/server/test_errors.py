@@ -55,7 +55,9 @@ def test_bad_request_bodies(server: LiveServer, route: str, body: dict, status: 
 
 
 def test_malformed_json_wrong_content_type_oversized_body(server: LiveServer) -> None:
-    broken = server.client.post("/v1/completions", content=b'{"prompt": "hi",', headers={"content-type": "application/json"})
+    broken = server.client.post(
+        "/v1/completions", content=b'{"prompt": "hi",', headers={"content-type": "application/json"}
+    )
     assert broken.status_code == 400 and "not valid JSON" in broken.json()["error"]["message"]
     form = server.client.post("/generate", data={"prompt": "hi"})
     assert form.status_code == 415 and "application/json" in form.json()["error"]["message"]
@@ -83,7 +85,8 @@ JSON = {"content-type": "application/json"}
     ("/v1/completions", b'{"prompt": "a\\ud800b", "max_tokens": 2}', "prompt"),
     ("/v1/completions", b'{"prompt": ["ok", "a\\udc00"], "max_tokens": 2}', "prompt[1]"),
     ("/v1/completions", b'{"prompt": "hi", "stop": ["\\ud800"], "max_tokens": 2}', "stop[0]"),
-    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": "a\\ud800b"}]}',
+    ("/v1/chat/completions",
+     b'{"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": "a\\ud800b"}]}',
      "messages[1].content"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]}',
      "messages[0].content[0].text"),

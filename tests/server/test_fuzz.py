@@ -30,7 +30,12 @@ def api_schema(fuzz_server: LiveServer):
 def test_openapi_fuzz_finds_no_server_errors(api_schema, fuzz_server: LiveServer) -> None:
     # schemathesis' own pytest plugin does not run under pytest 9: drive hypothesis over each operation here
     operations = [result.ok() for result in api_schema.get_all_operations()]
-    assert {op.path for op in operations} >= {"/generate", "/v1/completions", "/v1/chat/completions", "/status/{request_id}"}
+    assert {op.path for op in operations} >= {
+        "/generate",
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/status/{request_id}",
+    }
     for operation in operations:
         @given(case=operation.as_strategy())
         @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), database=None)

@@ -92,7 +92,9 @@ def test_api_key(tiny_checkpoint: Path) -> None:
 
 def test_disconnects_abort_requests_and_free_pages(server: LiveServer) -> None:
     engine = server.engine
-    with server.client.stream("POST", "/v1/chat/completions", json={**LONG, "messages": [{"role": "user", "content": "go"}]}) as response:
+    with server.client.stream(
+        "POST", "/v1/chat/completions", json={**LONG, "messages": [{"role": "user", "content": "go"}]}
+    ) as response:
         lines = response.iter_lines()
         for _ in range(3):
             next(line for line in lines if line.startswith("data: "))
@@ -136,7 +138,9 @@ def test_mili_serve_shuts_down_gracefully(tiny_checkpoint: Path, sig: signal.Sig
             next(line for line in lines if line.startswith("data: "))
             proc.send_signal(sig)
             events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
-        assert events[-1]["choices"][0]["finish_reason"] == "abort"  # in flight past the grace period: aborted, not cut off
+        assert (
+            events[-1]["choices"][0]["finish_reason"] == "abort"
+        )  # in flight past the grace period: aborted, not cut off
         assert proc.wait(60) == 0
     finally:
         proc.kill()

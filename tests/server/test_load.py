@@ -14,8 +14,16 @@ from tests.server.live_server import MODEL_NAME, LiveServer
 
 
 async def _stream_one(client: httpx.AsyncClient, i: int, max_tokens: int) -> tuple[int, str, str]:
-    body = {"model": MODEL_NAME, "prompt": f"Client {i} says" + " hello" * (i % 7), "max_tokens": max_tokens,
-            "temperature": 0.8, "seed": i, "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL_NAME,
+        "prompt": f"Client {i} says" + " hello" * (i % 7),
+        "max_tokens": max_tokens,
+        "temperature": 0.8,
+        "seed": i,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
     text, finish, usage = "", None, None
     async with client.stream("POST", "/v1/completions", json=body) as response:
         assert response.status_code == 200, await response.aread()

@@ -56,5 +56,7 @@ def test_reasoning_is_split_from_the_answer(scripted: LiveServer) -> None:
     assert not any(getattr(d, "reasoning_content", None) and d.content for d in deltas)  # separate deltas
     assert "<think>" not in "".join(reasoning + content)
 
-    plain = client.completions.create(model=MODEL_NAME, prompt="Hi", max_tokens=n, temperature=0, extra_body={"ignore_eos": True})
+    plain = client.completions.create(
+        model=MODEL_NAME, prompt="Hi", max_tokens=n, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert plain.choices[0].text == ANSWER  # /v1/completions returns the raw text

@@ -62,12 +62,20 @@ class Replicas:
         counts = []
         for worker in self.workers[:workers]:
             text = httpx.get(worker + "/metrics", timeout=5).text
-            counts.append(int(sum(float(v) for v in re.findall(r"^mili_e2e_request_latency_seconds_count\{[^}]*\} (\S+)",
-                                                                    text, re.M))))
+            counts.append(
+                int(
+                    sum(
+                        float(v)
+                        for v in re.findall(r"^mili_e2e_request_latency_seconds_count\{[^}]*\} (\S+)", text, re.M)
+                    )
+                )
+            )
         return counts
 
     def worker_pid(self, i: int) -> int:
-        out = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(self.process.pid)], capture_output=True, text=True).stdout
+        out = subprocess.run(
+            ["ps", "-ww", "-o", "pid=,args=", "--ppid", str(self.process.pid)], capture_output=True, text=True
+        ).stdout
         return next(int(line.split()[0]) for line in out.splitlines() if f"--port {self.port + 1 + i}" in line)
 
     def stop(self) -> None:

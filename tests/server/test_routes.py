@@ -37,7 +37,11 @@ def _sse(response: httpx.Response) -> list:
 
 def test_root_health_models(server: LiveServer) -> None:
     root = server.client.get("/").json()
-    assert root["name"] == "MILI" and root["model"] == MODEL_NAME and "/v1/chat/completions (POST)" in root["links"].values()
+    assert (
+        root["name"] == "MILI"
+        and root["model"] == MODEL_NAME
+        and "/v1/chat/completions (POST)" in root["links"].values()
+    )
     health = server.client.get("/health")
     assert health.status_code == 200
     assert health.json() == {"status": "healthy", "model_loaded": True, "scheduler_ready": True}
@@ -72,7 +76,9 @@ def test_server_sampling_defaults_fill_what_requests_leave_out(server: LiveServe
     server.state.config.sampling_defaults = {"temperature": 0.0}
     try:
         greedy = _greedy(offline, "Hello, world!", 6)
-        out = server.client.post("/generate", json={"prompt": "Hello, world!", "max_tokens": 6, "ignore_eos": True}).json()
+        out = server.client.post(
+            "/generate", json={"prompt": "Hello, world!", "max_tokens": 6, "ignore_eos": True}
+        ).json()
         assert out["tokens"] == greedy
         completion = client.completions.create(model=MODEL_NAME, prompt="Hello, world!", max_tokens=6,
                                                extra_body={"ignore_eos": True})
@@ -115,7 +121,9 @@ def test_status_knows_openai_ids_and_ids_are_random(server: LiveServer, client: 
             "tokens_remaining": 0}
     several = client.completions.create(prompt="Hi", n=2, **kw)  # each choice has its own id: ID-INDEX
     assert [server.client.get(f"/status/{several.id}-{i}").json()["status"] for i in range(2)] == ["completed"] * 2
-    ids = [server.client.post("/generate", json={"prompt": "a", "max_tokens": 1}).json()["request_id"] for _ in range(2)]
+    ids = [
+        server.client.post("/generate", json={"prompt": "a", "max_tokens": 1}).json()["request_id"] for _ in range(2)
+    ]
     assert all(re.fullmatch(r"gen-[0-9a-f]{32}", i) for i in ids) and ids[0] != ids[1]
     assert re.fullmatch(r"cmpl-[0-9a-f]{32}", completion.id) and re.fullmatch(r"chatcmpl-[0-9a-f]{32}", chat.id)
 
@@ -123,7 +131,9 @@ def test_status_knows_openai_ids_and_ids_are_random(server: LiveServer, client: 
 def test_completions(server: LiveServer, client: openai.OpenAI, offline: InferenceEngine) -> None:
     prompt = "The capital of France is"
     expected = _greedy(offline, prompt, 5)
-    out = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+    out = client.completions.create(
+        model=MODEL_NAME, prompt=prompt, max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert out.object == "text_completion" and out.model == MODEL_NAME
     assert out.choices[0].text == offline.tokenizer.decode(expected) and out.choices[0].finish_reason == "length"
     assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == (5, 5, 10)
@@ -143,7 +153,12 @@ def test_completions(server: LiveServer, client: openai.OpenAI, offline: Inferen
 
 
 def test_completion_sampling_options(client: openai.OpenAI, offline: InferenceEngine) -> None:
-    kw = dict(model=MODEL_NAME, prompt="Once upon a time", max_tokens=8, extra_body={"ignore_eos": True, "top_k": 50, "min_p": 0.01})
+    kw = dict(
+        model=MODEL_NAME,
+        prompt="Once upon a time",
+        max_tokens=8,
+        extra_body={"ignore_eos": True, "top_k": 50, "min_p": 0.01},
+    )
     seeded = [client.completions.create(seed=7, temperature=0.9, top_p=0.9, **kw).choices[0].text for _ in range(2)]
     assert seeded[0] == seeded[1]  # a seed reproduces a sampled completion
     two = client.completions.create(seed=7, temperature=1.0, n=2, **kw)
@@ -192,7 +207,9 @@ def test_chat_completions(client: openai.OpenAI, offline: InferenceEngine) -> No
     assert len(content_logprobs) == 6 and all(len(t.top_logprobs) == 2 for t in content_logprobs)
     assert all(t.logprob == pytest.approx(t.top_logprobs[0].logprob) for t in content_logprobs)  # greedy
 
-    chunks = list(client.chat.completions.create(max_tokens=6, stream=True, stream_options={"include_usage": True}, **kw))
+    chunks = list(
+        client.chat.completions.create(max_tokens=6, stream=True, stream_options={"include_usage": True}, **kw)
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == message.content
     assert chunks[-2].choices[0].finish_reason == "length" and chunks[-1].usage.total_tokens == out.usage.total_tokens
@@ -205,7 +222,9 @@ def test_metrics(server: LiveServer) -> None:
     server.client.post("/generate", json={"prompt": "metrics", "max_tokens": 3})
     server.wait_idle()
     text = server.client.get("/metrics").text
-    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and line[0] != "#"}
+    values = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and line[0] != "#"
+    }
     label = f'{{model_name="{MODEL_NAME}"}}'
     for name in ("mili_prompt_tokens_total", "mili_generation_tokens_total", "mili_time_to_first_token_seconds_count",
                  "mili_inter_token_latency_seconds_count", "mili_e2e_request_latency_seconds_count",

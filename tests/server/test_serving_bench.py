@@ -67,7 +67,9 @@ def _report(streams: int, start: float, duration: float, ttft: list) -> dict:
 
 
 def test_guidellm_rows_and_the_plots(tmp_path: Path) -> None:
-    report = {"benchmarks": [_report(1, 1000.0, 60.0, [30.0, 35.0, 50.0]), _report(4, 1060.0, 20.0, [90.0, 150.0, 200.0])]}
+    report = {
+        "benchmarks": [_report(1, 1000.0, 60.0, [30.0, 35.0, 50.0]), _report(4, 1060.0, 20.0, [90.0, 150.0, 200.0])]
+    }
     rows = guidellm_sweep.rows_from_report(report)
     assert [r["concurrency"] for r in rows] == [1, 4] and [r["output_tok_s"] for r in rows] == [64.0, 192.0]
     assert rows[1]["ttft_ms_p90"] == 150.0 and rows[0]["e2e_s_p99"] == 3.0 and rows[0]["errors"] == 2

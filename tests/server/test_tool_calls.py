@@ -15,8 +15,14 @@ import pytest
 from tests.server.live_server import MODEL_NAME, LiveServer, tiny_loader
 from tests.server.test_reasoning import ScriptedSampler
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
-                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
 CALLS = ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
          '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call><|im_end|>')
@@ -81,7 +87,9 @@ def test_tool_calls_come_back_as_tool_calls(server: LiveServer, client: openai.O
 
 def test_the_conversation_goes_on_with_the_tool_results(server: LiveServer, client: openai.OpenAI) -> None:
     script(server, CALLS)
-    first = client.chat.completions.create(model=MODEL_NAME, messages=ASK, tools=[WEATHER, TIME], max_tokens=200).choices[0]
+    first = client.chat.completions.create(
+        model=MODEL_NAME, messages=ASK, tools=[WEATHER, TIME], max_tokens=200
+    ).choices[0]
     script(server, "It is sunny in Paris at noon.<|im_end|>")
     results = [{"role": "tool", "tool_call_id": c.id, "content": json.dumps({"result": i})}
                for i, c in enumerate(first.message.tool_calls)]
@@ -137,7 +145,9 @@ def test_a_named_tool_choice_is_honoured(server: LiveServer, client: openai.Open
     prompt = server.engine.tokenizer.decode(server.engine.finished[response.id].prompt_token_ids)
     assert prompt.endswith('<tool_call>\n{"name": "get_weather", "arguments": ') and '"get_time"' not in prompt
     _, calls, finish = streamed(client, **kw)
-    assert finish == "tool_calls" and [(n, json.loads(a)) for _, n, a in calls.values()] == [("get_weather", {"city": "Oslo"})]
+    assert finish == "tool_calls" and [(n, json.loads(a)) for _, n, a in calls.values()] == [
+        ("get_weather", {"city": "Oslo"})
+    ]
 
     script(server, '{"name": "get_time", "arguments": {}}\n</tool_call><|im_end|>')  # required: the model picks
     choice = client.chat.completions.create(model=MODEL_NAME, messages=ASK, tools=[WEATHER, TIME], max_tokens=50,
@@ -152,5 +162,7 @@ def test_a_named_tool_choice_is_honoured(server: LiveServer, client: openai.Open
 ])
 def test_impossible_tool_choices_are_400(client: openai.OpenAI, tool_choice, tools, message: str) -> None:
     with pytest.raises(openai.BadRequestError) as error:
-        client.chat.completions.create(model=MODEL_NAME, messages=ASK, tools=tools, tool_choice=tool_choice, max_tokens=5)
+        client.chat.completions.create(
+            model=MODEL_NAME, messages=ASK, tools=tools, tool_choice=tool_choice, max_tokens=5
+        )
     assert message in str(error.value)

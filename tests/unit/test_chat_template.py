@@ -46,7 +46,9 @@ def _hf_ids(hf, messages, **kw) -> list[int]:
 @pytest.mark.parametrize("name", sorted(CONVERSATIONS))
 @pytest.mark.parametrize("enable_thinking", [True, False])
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
-def test_chat_template_matches_transformers(hf_tokenizer, name: str, enable_thinking: bool, add_generation_prompt: bool) -> None:
+def test_chat_template_matches_transformers(
+    hf_tokenizer, name: str, enable_thinking: bool, add_generation_prompt: bool
+) -> None:
     messages = CONVERSATIONS[name]
     tools = [WEATHER_TOOL] if name == "tool_calls" else None
     fmt = ChatTemplate(get_tokenizer())

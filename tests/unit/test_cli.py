@@ -10,7 +10,20 @@ from python_layer.model.config import Qwen3Config
 
 
 def test_generate_on_a_checkpoint(tiny_checkpoint: Path, capsys: pytest.CaptureFixture) -> None:
-    rc = main(["generate", "--model", str(tiny_checkpoint), "--prompt", "Hi", "--prompt", "Hello there", "--max-tokens", "4", "--ignore-eos"])
+    rc = main(
+        [
+            "generate",
+            "--model",
+            str(tiny_checkpoint),
+            "--prompt",
+            "Hi",
+            "--prompt",
+            "Hello there",
+            "--max-tokens",
+            "4",
+            "--ignore-eos",
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 0
     assert captured.err.count("4 generated, finish_reason=length") == 2
@@ -20,7 +33,11 @@ def test_generate_on_the_builtin_model(capsys: pytest.CaptureFixture) -> None:
     assert main(["generate", "--prompt", "Hi", "--max-tokens", "3", "--ignore-eos"]) == 0
     assert "3 generated" in capsys.readouterr().err
     config = Qwen3Config.from_pretrained(builtin_model_path())
-    assert (config.hidden_size, config.num_hidden_layers, config.vocab_size) == (BUILTIN["hidden_size"], BUILTIN["num_hidden_layers"], 151936)
+    assert (config.hidden_size, config.num_hidden_layers, config.vocab_size) == (
+        BUILTIN["hidden_size"],
+        BUILTIN["num_hidden_layers"],
+        151936,
+    )
 
 
 def test_errors_are_reported_not_raised(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

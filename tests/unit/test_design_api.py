@@ -8,7 +8,14 @@ from transformers import AutoTokenizer
 import python_layer
 from python_layer import design_api
 from python_layer.design_api import (
-    KVCacheAllocator, MessageFormatter, Qwen3Model, QwenTokenizer, RequestMetadata, RequestPhase, Sampler, get_tokenizer,
+    KVCacheAllocator,
+    MessageFormatter,
+    Qwen3Model,
+    QwenTokenizer,
+    RequestMetadata,
+    RequestPhase,
+    Sampler,
+    get_tokenizer,
 )
 from python_layer.inference import generate
 from python_layer.inference.inference_engine import InferenceEngine
@@ -119,7 +126,9 @@ def test_message_formatter_parse_response_is_the_function(text: str) -> None:
 PROMPT = "What is machine learning?"
 
 
-def test_qwen3_model_generate_is_the_engine_on_a_few_pages(tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_qwen3_model_generate_is_the_engine_on_a_few_pages(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     built = []
 
     class RecordingEngine(InferenceEngine):

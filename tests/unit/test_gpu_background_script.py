@@ -16,8 +16,14 @@ BUNDLE = SCRIPT.parent / "bundle.sh"
 
 
 def _background(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OUT=str(tmp_path / "out"), KIT_DIR=str(tmp_path / "kit"), BUNDLE_DIR=str(tmp_path / "bundle"),
-               GPU_SUITE_LOGS=str(tmp_path / "logs"), SUITE_REPO=str(tmp_path / "repo"))
+    env = dict(
+        os.environ,
+        OUT=str(tmp_path / "out"),
+        KIT_DIR=str(tmp_path / "kit"),
+        BUNDLE_DIR=str(tmp_path / "bundle"),
+        GPU_SUITE_LOGS=str(tmp_path / "logs"),
+        SUITE_REPO=str(tmp_path / "repo"),
+    )
     (tmp_path / "out").mkdir(exist_ok=True)
     return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=120)
 
@@ -58,8 +64,13 @@ def test_start_copies_what_git_would_track_and_no_virtualenv(tmp_path: Path) -> 
     env = dict(os.environ, KIT_DIR=str(tmp_path / "kit"), GPU_SUITE_LOGS=str(tmp_path / "logs"),
                SUITE_REPO=str(tmp_path / "repo"), BUNDLE_DIR=str(tmp_path / "bundle"))
     env.pop("OUT", None)
-    started = subprocess.run(["bash", str(checkout / "benchmarks" / "gpu" / "background.sh"), "start", "0", "no-such-step"],
-                             env=env, capture_output=True, text=True, timeout=120)
+    started = subprocess.run(
+        ["bash", str(checkout / "benchmarks" / "gpu" / "background.sh"), "start", "0", "no-such-step"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert started.returncode == 0, started.stderr
     copied = {str(path.relative_to(tmp_path / "repo")) for path in (tmp_path / "repo").rglob("*") if path.is_file()}
     assert {".gitignore", "benchmarks/gpu/background.sh", "untracked.py"} <= copied

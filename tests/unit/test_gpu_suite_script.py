@@ -96,9 +96,11 @@ def test_end_to_end_times_the_plain_attention_kernels_after_a_flash_kernel_case_
     result = _suite(tmp_path, "e2e", "profile-two-ops", seconds=0).stdout
     assert "e2e: MILI's attention kernels flash, MILI_GPU_QKV_ATTENTION=0\n" in result
     assert "profile-two-ops: not run (e2e did not take the one-op flash attention)" in result
-    (logs / "tests.log").write_text("FAILED tests/gpu/test_gpu_ops.py::test_op_matches_reference_on_gpu[relu-x]\n"
-                                    "FAILED tests/gpu/test_gpu_ops.py::test_plain_attention_kernels_match_reference_on_gpu"
-                                    "[attention-bfloat16-x]\n")
+    (logs / "tests.log").write_text(
+        "FAILED tests/gpu/test_gpu_ops.py::test_op_matches_reference_on_gpu[relu-x]\n"
+        "FAILED tests/gpu/test_gpu_ops.py::test_plain_attention_kernels_match_reference_on_gpu"
+        "[attention-bfloat16-x]\n"
+    )
     result = _suite(tmp_path, "e2e", "profile-two-ops", seconds=0).stdout
     assert "e2e: MILI's attention kernels flash\n" in result
     assert "profile-two-ops: not run (the suite's time is spent)" in result  # it would run: its budget is spent
@@ -107,7 +109,9 @@ def test_end_to_end_times_the_plain_attention_kernels_after_a_flash_kernel_case_
 def test_the_two_op_profile_runs_where_the_one_op_attention_is_asked_for(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "logs").mkdir()
     monkeypatch.setenv("MILI_GPU_QKV_ATTENTION", "1")  # the default, set: the A/B still runs
-    assert "profile-two-ops: not run (the suite's time is spent)" in _suite(tmp_path, "profile-two-ops", seconds=0).stdout
+    assert (
+        "profile-two-ops: not run (the suite's time is spent)" in _suite(tmp_path, "profile-two-ops", seconds=0).stdout
+    )
     monkeypatch.setenv("MILI_GPU_QKV_ATTENTION", "0")  # e2e ran the two ops: nothing to compare
     assert "profile-two-ops: not run (e2e did not take the one-op flash attention)" in _suite(
         tmp_path, "profile-two-ops", seconds=0).stdout
@@ -209,7 +213,9 @@ def test_the_pdl_profile_launches_with_pdl_unless_its_test_failed(tmp_path: Path
     monkeypatch.delenv("MILI_GPU_PDL", raising=False)
     _suite(tmp_path, "profile", "profile-pdl")
     assert (logs / "profile.log").read_text() == "ran benchmarks.engine.decode_profile --device cuda MILI_GPU_PDL=\n"
-    assert (logs / "profile-pdl.log").read_text() == "ran benchmarks.engine.decode_profile --device cuda MILI_GPU_PDL=1\n"
+    assert (
+        logs / "profile-pdl.log"
+    ).read_text() == "ran benchmarks.engine.decode_profile --device cuda MILI_GPU_PDL=1\n"
     (logs / "tests.log").write_text("FAILED tests/gpu/test_dependent_launch.py::test_pdl_launches_give_the_tokens"
                                     "_of_plain_ones - AssertionError\n")
     assert "profile-pdl: not run (PDL launches failed their test)" in _suite(tmp_path, "profile-pdl").stdout

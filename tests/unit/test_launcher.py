@@ -9,7 +9,7 @@ import time
 import pytest
 
 from python_layer.cli import build_parser
-from python_layer.server.launcher import _kv_memory_gb, _NotReadyYet, _phase
+from python_layer.server.launcher import _kv_memory_gb, _NotReadyYet, _phase, api_key_of
 
 
 @pytest.mark.parametrize("terminal", [False, True])
@@ -55,3 +55,14 @@ def test_serve_help_gives_the_defaults(capsys: pytest.CaptureFixture) -> None:
     for flag, default in [("--host", "127.0.0.1"), ("--port", "8000"), ("--max-num-seqs", "64"),
                           ("--page-size", "16"), ("--shutdown-timeout", "10.0"), ("--log-level", "info")]:
         assert re.search(rf"{flag} \S+ (?:(?! --).)*\(default: {re.escape(default)}\)", options), flag
+
+
+def test_the_api_key_comes_from_the_flag_else_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    parse = lambda *flags: build_parser().parse_args(["serve", *flags])
+    monkeypatch.delenv("MILI_API_KEY", raising=False)
+    assert api_key_of(parse()) is None
+    monkeypatch.setenv("MILI_API_KEY", "from-env")
+    assert api_key_of(parse()) == "from-env"
+    assert api_key_of(parse("--api-key", "from-flag")) == "from-flag"
+    monkeypatch.setenv("MILI_API_KEY", "")
+    assert api_key_of(parse()) is None

@@ -23,7 +23,9 @@ ODD = dict(hidden_size=200, intermediate_size=328, num_hidden_layers=2, num_atte
 @pytest.fixture(scope="module")
 def fp8_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("fp8")
-    return write_fp8_checkpoint(build_random_checkpoint(root / "dense", seed=3, dtype=torch.bfloat16, **ODD), root / "fp8")
+    return write_fp8_checkpoint(
+        build_random_checkpoint(root / "dense", seed=3, dtype=torch.bfloat16, **ODD), root / "fp8"
+    )
 
 
 def _block_dequantize(q: torch.Tensor, scale_inv: torch.Tensor, block: int = 128) -> torch.Tensor:
@@ -131,7 +133,9 @@ def _load(path: Path) -> None:
 def test_broken_fp8_checkpoints_are_refused_with_the_reason(fp8_checkpoint: Path, tmp_path: Path) -> None:
     scale = "model.layers.0.self_attn.q_proj.weight_scale_inv"
     missing = _rewrite(fp8_checkpoint, tmp_path / "a", edit_tensors=lambda t: t.pop(scale))
-    with pytest.raises(ValueError, match="FP8 weight\\(s\\) without _scale_inv: model.layers.0.self_attn.q_proj.weight"):
+    with pytest.raises(
+        ValueError, match="FP8 weight\\(s\\) without _scale_inv: model.layers.0.self_attn.q_proj.weight"
+    ):
         _load(missing)
     wrong = _rewrite(fp8_checkpoint, tmp_path / "b", edit_tensors=lambda t: t.update({scale: torch.ones(1, 1)}))
     with pytest.raises(ValueError, match="q_proj.weight_scale_inv.*shape \\(1, 1\\), but the config needs \\(2, 2\\)"):

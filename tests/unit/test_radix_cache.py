@@ -200,7 +200,9 @@ def test_reset_drops_unlocked_nodes() -> None:
     assert cache.num_cached_pages == 0 and cache.root.children == {} and kv.num_free_pages == 16
 
 
-def _check_tree(cache: RadixAttentionCache, page_tokens: dict[int, tuple[int, ...]], locked_nodes: list[RadixNode]) -> None:
+def _check_tree(
+    cache: RadixAttentionCache, page_tokens: dict[int, tuple[int, ...]], locked_nodes: list[RadixNode]
+) -> None:
     """Structure, page contents and lock counts of every node; the cache's page counters."""
     evictable, stack = 0, [(cache.root, ())]
     while stack:

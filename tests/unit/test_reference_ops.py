@@ -29,7 +29,9 @@ def test_rms_norm_family_matches_transformers(tokens: int, hidden: int) -> None:
     torch.testing.assert_close(ref.head_rms_norm(heads, norm.weight, 1e-6), norm(heads))
 
 
-@pytest.mark.parametrize("rope_scaling", [None, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}])
+@pytest.mark.parametrize(
+    "rope_scaling", [None, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}]
+)
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_rope_matches_transformers(rope_scaling, head_dim: int) -> None:
     config = HFQwen3Config(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
@@ -46,7 +48,9 @@ def test_rope_matches_transformers(rope_scaling, head_dim: int) -> None:
 
 def test_rope_rejects_unknown_scaling() -> None:
     with pytest.raises(ValueError, match="rope_type 'dynamic'"):
-        ref.rope(torch.zeros(1, 1, 8), torch.zeros(1, 1, 8), torch.zeros(1, dtype=torch.int32), 1e4, {"rope_type": "dynamic"})
+        ref.rope(
+            torch.zeros(1, 1, 8), torch.zeros(1, 1, 8), torch.zeros(1, dtype=torch.int32), 1e4, {"rope_type": "dynamic"}
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -75,7 +79,9 @@ def test_store_kv_writes_each_token_to_its_slot() -> None:
 def test_paged_attention_matches_sdpa(num_heads: int, num_kv_heads: int, dtype: torch.dtype) -> None:
     # prefill (query = context), extend after a cached prefix, decode over a long context, and a 1-token sequence
     context_lens, query_lens = [37, 50, 300, 1], [37, 9, 1, 1]
-    q, kc, vc, table, lens, starts, expected = attention_case(context_lens, query_lens, num_heads, num_kv_heads, 64, dtype)
+    q, kc, vc, table, lens, starts, expected = attention_case(
+        context_lens, query_lens, num_heads, num_kv_heads, 64, dtype
+    )
     out = ref.paged_attention(q, kc, vc, table, lens, starts, 64**-0.5)
     assert out.dtype == dtype and out.shape == q.shape
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)

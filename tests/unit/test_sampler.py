@@ -211,7 +211,9 @@ def test_logprobs_are_of_the_raw_logits() -> None:
     logits = torch.randn(3, 30)  # row 0 is penalized, scaled and truncated: its logprobs still are of the raw row
     params = [SamplingParams(temperature=0.5, top_k=3, repetition_penalty=1.7, logprobs=5),
               SamplingParams(temperature=0, logprobs=0), SamplingParams(temperature=0)]
-    out = BatchSampler()(logits, params, [torch.Generator().manual_seed(0), None, None], [TokenHistory([1, 2], [3])] * 3)
+    out = BatchSampler()(
+        logits, params, [torch.Generator().manual_seed(0), None, None], [TokenHistory([1, 2], [3])] * 3
+    )
     expected = torch.log_softmax(logits, dim=-1)
     first, second, third = out.logprobs
     assert third is None and second is not None and first is not None
@@ -228,7 +230,9 @@ def test_logprobs_are_of_the_raw_logits() -> None:
 def test_cpu_sampling_runs_on_one_torch_thread_and_restores_the_count(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = []
     real_topk = torch.Tensor.topk
-    monkeypatch.setattr(torch.Tensor, "topk", lambda self, *a, **k: seen.append(torch.get_num_threads()) or real_topk(self, *a, **k))
+    monkeypatch.setattr(
+        torch.Tensor, "topk", lambda self, *a, **k: seen.append(torch.get_num_threads()) or real_topk(self, *a, **k)
+    )
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

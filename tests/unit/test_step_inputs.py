@@ -24,8 +24,8 @@ def test_a_fixed_page_table_width_pads_and_refuses_longer_sequences() -> None:
         build_step_inputs(chunks, 16, "cpu", page_table_width=1)
 
 
-@pytest.mark.parametrize("max_batch, buckets", [(1, [1]), (2, [1, 2]), (5, [1, 2, 4, 5]), (64, [1, 2, 4, 8, 16, 32, 64]),
-                                                (48, [1, 2, 4, 8, 16, 32, 48])])
+@pytest.mark.parametrize("max_batch, buckets", [(1, [1]), (2, [1, 2]), (5, [1, 2, 4, 5]),
+                                                (64, [1, 2, 4, 8, 16, 32, 64]), (48, [1, 2, 4, 8, 16, 32, 48])])
 def test_decode_buckets_are_powers_of_two_up_to_the_largest_batch(max_batch: int, buckets: list) -> None:
     assert bucket_sizes(max_batch) == buckets
 

@@ -30,7 +30,10 @@ def test_loads_every_tensor_with_dtype_and_tied_lm_head(tiny_checkpoint: Path) -
     raw = load_file(str(tiny_checkpoint / "model.safetensors"))
     name = "model.layers.1.self_attn.k_proj.weight"
     assert torch.equal(loader.get_weight(name), raw[name].to(torch.bfloat16))
-    assert loader.get_weight_as_numpy(name).shape == (TINY["num_key_value_heads"] * TINY["head_dim"], TINY["hidden_size"])
+    assert loader.get_weight_as_numpy(name).shape == (
+        TINY["num_key_value_heads"] * TINY["head_dim"],
+        TINY["hidden_size"],
+    )
     with pytest.raises(KeyError, match="model.layers.9"):
         loader.get_weight("model.layers.9.mlp.up_proj.weight")
 
@@ -66,7 +69,9 @@ def test_missing_weights_and_missing_shard(tiny_checkpoint: Path, tmp_path: Path
     (ckpt / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="No \\*.safetensors"):
         _loader(ckpt).load_from_safetensors()
-    (ckpt / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"model.norm.weight": "shard-1.safetensors"}}))
+    (ckpt / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"model.norm.weight": "shard-1.safetensors"}})
+    )
     with pytest.raises(FileNotFoundError, match="shard-1.safetensors"):
         _loader(ckpt).load_from_safetensors()
     with pytest.raises(FileNotFoundError, match="does not exist"):
