@@ -347,18 +347,9 @@ _QK_NORM_ROPE_STORE = {kv: CompiledOp(
 ) for kv in KV_DTYPES}
 
 
-def qk_norm_rope_store(
-    qkv: torch.Tensor,
-    q_norm: torch.Tensor,
-    k_norm: torch.Tensor,
-    eps: float,
-    positions: torch.Tensor,
-    inv_freq: torch.Tensor,
-    scale: float,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-) -> torch.Tensor:
+def qk_norm_rope_store(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
+                       positions: torch.Tensor, inv_freq: torch.Tensor, scale: float, k_cache: torch.Tensor,
+                       v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
     _check_cache_writes("qk_norm_rope_store", k_cache, v_cache, slot_mapping)
     q = qkv.new_empty(_q_shape("qk_norm_rope_store", qkv, k_cache))
     op = _with_caches(_QK_NORM_ROPE_STORE, qkv, k_cache, v_cache)

@@ -1,13 +1,7 @@
 """MILI: a Qwen3 inference server. `from python_layer import InferenceEngine, SamplingParams`."""
 
 from .design_api import (
-    KVCacheAllocator,
-    MessageFormatter,
-    Qwen3Model,
-    QwenTokenizer,
-    RequestMetadata,
-    RequestPhase,
-    Sampler,
+    KVCacheAllocator, MessageFormatter, Qwen3Model, QwenTokenizer, RequestMetadata, RequestPhase, Sampler,
     get_tokenizer,
 )
 from .inference import ContinuousBatchScheduler, InferenceEngine, InferenceRequest, RequestOutput, SamplingParams

@@ -12,16 +12,15 @@ checked against F.linear's before it is timed. Prints a table and writes JSON un
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from bindings import library
-from benchmarks.kernels.run import RESULTS, copy_bandwidth, median_seconds
+from benchmarks.common import write_json
+from benchmarks.kernels.run import copy_bandwidth, median_seconds
 
 SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)}
 """(N, K) of a Qwen3-0.6B layer's matmuls: its 16 + 2 x 8 heads of 128, hidden 1024, intermediate 3072."""
@@ -134,18 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         row["fraction_of_copy_bandwidth"] = row["bytes_per_s"] / bandwidth
         print(f"{row['system']:<16}{row['us_per_step']:>10.1f}{row['bytes_per_s'] / 1e12:>7.2f}"
               f"{row['fraction_of_copy_bandwidth']:>9.2f}", flush=True)
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"gemv-forms-{args.device.replace(':', '')}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    meta = dict(
-        device=args.device,
-        device_name=torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-        layers=args.layers,
-        shapes=SHAPES,
-        weight_bytes=nbytes,
-        copy_bandwidth_bytes_per_s=bandwidth,
-    )
-    out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-    print(f"wrote {out}")
+    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    meta = dict(device=args.device, device_name=device_name, layers=args.layers, shapes=SHAPES, weight_bytes=nbytes,
+                copy_bandwidth_bytes_per_s=bandwidth)
+    write_json(f"gemv-forms-{args.device.replace(':', '')}", meta, rows)
     return 0
 
 

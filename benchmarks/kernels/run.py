@@ -24,7 +24,6 @@ runs all the ops of a step in one call. Bytes/s and the fraction of copy bandwid
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -41,7 +40,7 @@ from bindings.gpu_options import GpuOptions
 from bindings import reference as ref
 
 HIDDEN, INTER, Q_HEADS, KV_HEADS, HEAD_DIM, PAGE = 1024, 3072, 16, 8, 128, 16  # Qwen3-0.6B
-from benchmarks.common import RESULTS
+from benchmarks.common import write_json
 REPEAT = 20
 ATTENTION_SHAPES = [(64, 1, 64), (2048, 1, 2048), (512, 1, 1), (4096, 1, 1), (4096, 8, 1)]
 """(context, batch, query tokens a sequence): prefill of a 64- and a 2048-token prompt (causal), then decode of one
@@ -315,18 +314,9 @@ def main(argv: list[str] | None = None) -> int:
         in_graph = f"{graph_s * 1e6:>10.1f}{graph_s / ref_s:>7.2f}" if graph_s else f"{'-':>10}{'-':>7}"
         print(f"{name:<34}{tokens:>7}{ref_s * 1e6:>11.1f}{mojo_s * 1e6:>10.1f}{mojo_s / ref_s:>7.2f}{in_graph}"
               f"{row['bytes_per_s'] / 1e9:>7.1f}{row['fraction_of_copy_bandwidth']:>8.2f}{peer}", flush=True)
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"kernels-{args.device.replace(':', '')}-{args.dtype}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    meta = dict(
-        device=args.device,
-        dtype=args.dtype,
-        threads=torch.get_num_threads(),
-        machine=platform.processor() or platform.machine(),
-        copy_bandwidth_bytes_per_s=bandwidth,
-        gpu_options=asdict(ops.GPU_OPTIONS),
-    )
-    out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-    print(f"wrote {out}")
+    meta = dict(device=args.device, dtype=args.dtype, processor=platform.processor(),
+                copy_bandwidth_bytes_per_s=bandwidth, gpu_options=asdict(ops.GPU_OPTIONS))
+    write_json(f"kernels-{args.device.replace(':', '')}-{args.dtype}", meta, rows)
     return 0
 
 

@@ -188,34 +188,14 @@ def _preset(**kw: Any) -> Qwen3Config:
 
 # Published numbers of the Qwen3 dense models (config.json of Qwen/Qwen3-*)
 QWEN3_PRESETS: dict[str, Qwen3Config] = {
-    "Qwen3-0.6B": _preset(
-        hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16, tie_word_embeddings=True
-    ),
-    "Qwen3-1.7B": _preset(
-        hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16, tie_word_embeddings=True
-    ),
-    "Qwen3-4B": _preset(
-        hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32, tie_word_embeddings=True
-    ),
-    "Qwen3-8B": _preset(
-        hidden_size=4096,
-        intermediate_size=12288,
-        num_hidden_layers=36,
-        num_attention_heads=32,
-        tie_word_embeddings=False,
-    ),
-    "Qwen3-14B": _preset(
-        hidden_size=5120,
-        intermediate_size=17408,
-        num_hidden_layers=40,
-        num_attention_heads=40,
-        tie_word_embeddings=False,
-    ),
-    "Qwen3-32B": _preset(
-        hidden_size=5120,
-        intermediate_size=25600,
-        num_hidden_layers=64,
-        num_attention_heads=64,
-        tie_word_embeddings=False,
-    ),
+    name: _preset(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                  num_attention_heads=heads, tie_word_embeddings=tied)
+    for name, hidden, intermediate, layers, heads, tied in [
+        ("Qwen3-0.6B", 1024, 3072, 28, 16, True),
+        ("Qwen3-1.7B", 2048, 6144, 28, 16, True),
+        ("Qwen3-4B", 2560, 9728, 36, 32, True),
+        ("Qwen3-8B", 4096, 12288, 36, 32, False),
+        ("Qwen3-14B", 5120, 17408, 40, 40, False),
+        ("Qwen3-32B", 5120, 25600, 64, 64, False),
+    ]
 }

@@ -8,13 +8,7 @@ from transformers import AutoTokenizer
 import python_layer
 from python_layer import design_api
 from python_layer.design_api import (
-    KVCacheAllocator,
-    MessageFormatter,
-    Qwen3Model,
-    QwenTokenizer,
-    RequestMetadata,
-    RequestPhase,
-    Sampler,
+    KVCacheAllocator, MessageFormatter, Qwen3Model, QwenTokenizer, RequestMetadata, RequestPhase, Sampler,
     get_tokenizer,
 )
 from python_layer.inference import generate
