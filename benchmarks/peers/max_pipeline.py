@@ -91,9 +91,8 @@ async def serve(args: argparse.Namespace, replies) -> None:
                 sampling_params_defaults=config.model.sampling_params_defaults)
             request = TextGenerationRequest(request_id=RequestID(), model_name=config.model.model_path, prompt=prompt,
                                             sampling_params=params)
-            chunks = await pipeline.all_tokens(
-                request, parse_reasoning=False
-            )  # random weights: any token may be <think>
+            # random weights: any token may be <think>
+            chunks = await pipeline.all_tokens(request, parse_reasoning=False)
             return sum(chunk.token_count for chunk in chunks)
 
         ready = dict(ready=True, device_graph_capture=bool(config.runtime.device_graph_capture))

@@ -143,9 +143,8 @@ class DecodeGraphs:
             logits = torch.from_dlpack(captured)  # every replay writes this buffer: seen by torch once
             self._steps[rows] = (inputs, logits)
             self._captured_keys.append(self._key_base + rows)
-        self.compiled.replay(
-            self._key_base + rows, inputs, self.kv_cache
-        )  # right after the capture too: it may only record
+        # right after the capture too: it may only record
+        self.compiled.replay(self._key_base + rows, inputs, self.kv_cache)
         return logits
 
     def _staged(self, rows: int, arrays: Sequence[torch.Tensor]) -> List[Buffer]:

@@ -18,9 +18,8 @@ from ..memory.kv_cache_manager import DEFAULT_PAGE_SIZE, PagedKVCache
 from .attention_metadata import AttentionMetadata
 from .config import Qwen3Config
 from .quantization import LinearWeight, QuantizedWeight, cat_rows, convert, parse_weight_dtype
-from .qwen3_graph import (
-    CompiledQwen3,
-)  # imports MAX here, on the importing (main) thread: MAX enters its MLIR context there
+# imports MAX here, on the importing (main) thread: MAX enters its MLIR context there
+from .qwen3_graph import CompiledQwen3
 from .reference_forward import ReferenceQwen3
 from .weight_loader import WeightLoader
 

@@ -65,7 +65,7 @@ def served_name(args: argparse.Namespace) -> str:
     return random_model_dir(args.random_model).name if args.random_model else "mili-builtin"
 
 
-def make_loader(args: argparse.Namespace) -> Callable[[EngineMetrics], AsyncEngine]:
+def make_loader(args: argparse.Namespace, gpu_options: GpuOptions) -> Callable[[EngineMetrics], AsyncEngine]:
     def load(metrics: EngineMetrics) -> AsyncEngine:
         path = args.model
         if args.random_model is not None:  # a config file's model config, without a checkpoint
@@ -75,7 +75,7 @@ def make_loader(args: argparse.Namespace) -> Callable[[EngineMetrics], AsyncEngi
         model = load_model(path, device=args.device, dtype=args.dtype, backend=args.backend, on_phase=_phase,
                            weight_dtype=args.weight_dtype, kv_cache_dtype=args.kv_cache_dtype,
                            num_kv_pages=args.kv_pages, kv_cache_memory_gb=_kv_memory_gb(args), page_size=args.page_size,
-                           gpu_options=args.gpu_options)
+                           gpu_options=gpu_options)
         with _phase("allocating the KV cache and warming up"):
             engine = InferenceEngine(model, num_kv_pages=args.kv_pages, kv_cache_memory_gb=_kv_memory_gb(args),
                                      page_size=args.page_size, max_model_len=args.max_model_len,
@@ -132,7 +132,7 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args.served_model_name = args.served_model_name or served_name(args)
     try:  # before the server starts: a bad value stops it here, naming the variable
-        args.gpu_options = GpuOptions.from_environment()
+        gpu_options = GpuOptions.from_environment()
     except ValueError as e:
         print(f"mili: error: {e}", file=sys.stderr)
         return 2
@@ -144,7 +144,7 @@ def serve(args: argparse.Namespace) -> int:
     def on_load_failure() -> None:
         server.should_exit = True
 
-    app = build_app(config, make_loader(args), on_load_failure)
+    app = build_app(config, make_loader(args, gpu_options), on_load_failure)
     server = _Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
                                     timeout_graceful_shutdown=args.shutdown_timeout + 5))
     server.grace = args.shutdown_timeout

@@ -157,9 +157,8 @@ def test_gpu_summary_takes_each_system_from_its_newest_run_of_the_suite(tmp_path
     def write(name: str, rows: list) -> None:
         (tmp_path / name).write_text(json.dumps(dict(meta=dict(device_name=name), rows=rows)))
 
-    write(
-        "throughput-cuda-20261101-000000.json", [dict(system="transformers", output_tok_s=50.0)]
-    )  # an older suite run
+    # an older suite run
+    write("throughput-cuda-20261101-000000.json", [dict(system="transformers", output_tok_s=50.0)])
     write("throughput-cuda-20261126-100000.json", [dict(system="mili", output_tok_s=900.0),
                                                    dict(system="max", output_tok_s=800.0)])
     write("throughput-cuda-20261126-100500.json", [dict(system="mili-sync", output_tok_s=700.0),

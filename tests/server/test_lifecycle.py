@@ -138,9 +138,8 @@ def test_mili_serve_shuts_down_gracefully(tiny_checkpoint: Path, sig: signal.Sig
             next(line for line in lines if line.startswith("data: "))
             proc.send_signal(sig)
             events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
-        assert (
-            events[-1]["choices"][0]["finish_reason"] == "abort"
-        )  # in flight past the grace period: aborted, not cut off
+        # in flight past the grace period: aborted, not cut off
+        assert events[-1]["choices"][0]["finish_reason"] == "abort"
         assert proc.wait(60) == 0
     finally:
         proc.kill()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bindings.gpu_options import GpuOptions
 from python_layer import InferenceEngine
 from python_layer.cli import build_parser
 from python_layer.memory.kv_cache_manager import DEFAULT_KV_CACHE_GB, DEFAULT_MAX_KV_PAGES, kv_page_bytes
@@ -94,7 +95,7 @@ def test_the_server_and_from_pretrained_size_the_pool_for_their_kv_cache(tiny_ch
     def serve(*flags: str) -> None:
         args = build_parser().parse_args(["serve", "--model", str(tiny_checkpoint), *flags])
         args.random_model = None  # as `mili serve` sets it without a config file
-        launcher.make_loader(args)(None)
+        launcher.make_loader(args, GpuOptions())(None)
 
     for flags, expected in [(["--kv-pages", "300"], 300 * page), (["--kv-cache-memory-gb", "1"], (GiB // page) * page)]:
         with pytest.raises(Stop):
