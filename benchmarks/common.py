@@ -34,7 +34,7 @@ def model_path(model: Optional[str]) -> str:
     return str(path)
 
 
-def gpu_settings() -> dict[str, bool | None]:
+def gpu_options() -> dict[str, bool | None]:
     """The GpuOptions a run's models load with (bindings/gpu_options.py: flash attention, PDL, cuBLAS, ...)."""
     return asdict(GpuOptions.from_environment())
 

@@ -54,12 +54,6 @@ class GpuOptions:
                 values[field.name] = value == "1"
         return cls(**values)
 
-    def environment(self) -> dict[str, str]:
-        """The MILI_GPU_* variables of the options that differ from the defaults, for a benchmark's record."""
-        default = GpuOptions()
-        return {ENVIRONMENT[f.name]: str(int(getattr(self, f.name))) for f in fields(self)
-                if getattr(self, f.name) != getattr(default, f.name)}
-
 
 ENVIRONMENT = {
     "flash_attention": "MILI_GPU_FLASH_ATTENTION",

@@ -18,7 +18,6 @@ from max.dtype import DType
 from max.graph import BufferValue, TensorType, TensorValue, ops
 
 Scalar = Union[float, TensorValue]
-DEFAULT_OPTIONS = GpuOptions()
 
 
 def _f32(value: Scalar, like: TensorValue) -> TensorValue:
@@ -37,19 +36,19 @@ def _launch(options: GpuOptions) -> dict:
     return {"pdl": options.pdl}
 
 
-def rms_norm(x: TensorValue, weight: TensorValue, eps: Scalar, options: GpuOptions = DEFAULT_OPTIONS) -> TensorValue:
+def rms_norm(x: TensorValue, weight: TensorValue, eps: Scalar, options: GpuOptions = GpuOptions()) -> TensorValue:
     return _custom("mili_rms_norm", x, [x, weight, _f32(eps, x)], [x.shape], _launch(options))[0]
 
 
 def fused_add_rms_norm(x: TensorValue, residual: TensorValue, weight: TensorValue, eps: Scalar,
-                       options: GpuOptions = DEFAULT_OPTIONS) -> tuple[TensorValue, TensorValue]:
+                       options: GpuOptions = GpuOptions()) -> tuple[TensorValue, TensorValue]:
     normed, residual_out = _custom("mili_fused_add_rms_norm", x, [x, residual, weight, _f32(eps, x)],
                                    [x.shape, x.shape], _launch(options))
     return normed, residual_out
 
 
 def head_rms_norm(
-    x: TensorValue, weight: TensorValue, eps: Scalar, options: GpuOptions = DEFAULT_OPTIONS
+    x: TensorValue, weight: TensorValue, eps: Scalar, options: GpuOptions = GpuOptions()
 ) -> TensorValue:
     return _custom("mili_head_rms_norm", x, [x, weight, _f32(eps, x)], [x.shape], _launch(options))[0]
 
@@ -127,7 +126,7 @@ def qk_norm_rope_store(qkv: TensorValue, q_norm: TensorValue, k_norm: TensorValu
 def qkv_attention(qkv: TensorValue, q_norm: TensorValue, k_norm: TensorValue, eps: Scalar, positions: TensorValue,
                   inv_freq: TensorValue, rope_scale: Scalar, k_cache: BufferValue, v_cache: BufferValue,
                   slot_mapping: TensorValue, page_table: TensorValue, context_lens: TensorValue,
-                  query_start: TensorValue, scale: Scalar, options: GpuOptions = DEFAULT_OPTIONS) -> TensorValue:
+                  query_start: TensorValue, scale: Scalar, options: GpuOptions = GpuOptions()) -> TensorValue:
     """qk_norm_rope_store then paged_attention_flash in one op: on a GPU, a decode batch in one kernel."""
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     out_type = TensorType(qkv.dtype, [qkv.shape[0], qkv.shape[1] // head_dim - 2 * kv_heads, head_dim], qkv.device)
@@ -147,7 +146,7 @@ def paged_attention(q: TensorValue, k_cache: BufferValue, v_cache: BufferValue, 
 
 def paged_attention_flash(q: TensorValue, k_cache: BufferValue, v_cache: BufferValue, page_table: TensorValue,
                           context_lens: TensorValue, query_start: TensorValue, scale: Scalar,
-                          options: GpuOptions = DEFAULT_OPTIONS) -> TensorValue:
+                          options: GpuOptions = GpuOptions()) -> TensorValue:
     return _paged_attention("mili_paged_attention_flash", q, k_cache, v_cache, page_table, context_lens, query_start,
                             scale, options.kernel_parameters())
 

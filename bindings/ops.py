@@ -2,11 +2,11 @@
 
 On CPU, float32 and bfloat16 tensors go straight to the Mojo kernels through a Python extension module
 (bindings/eager/eager_cpu.mojo), on torch's OpenMP threads: a call costs about a microsecond more than the kernel.
-Otherwise (GPU, other dtypes,
-or EAGER_CPU = False) each op is a small MAX graph (built with bindings/graph.py) compiled once per (dtype,
-device) with symbolic sizes, so a new number of tokens, sequences or pages never recompiles; each execution
-costs tens of microseconds. Float parameters (eps, theta, scale) travel as 1-element float32 tensors, not as
-compile-time constants: one graph serves every value. GPU calls build their graphs with GPU_OPTIONS.
+Otherwise (GPU, other dtypes, or EAGER_CPU = False) each op is a small MAX graph (built with bindings/graph.py)
+compiled once per (dtype, device) with symbolic sizes, so a new number of tokens, sequences or pages never
+recompiles; each execution costs tens of microseconds. Float parameters (eps, theta, scale) travel as 1-element
+float32 tensors, not as compile-time constants: one graph serves every value. GPU calls build their graphs with
+GPU_OPTIONS.
 """
 
 from __future__ import annotations

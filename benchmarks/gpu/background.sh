@@ -25,13 +25,7 @@ verb=$1 seconds=$2
 shift 2
 
 copy_checkout() {  # this checkout's files, with the bundle's kernel package and graphs, to $repo
-  rm -rf "$repo" && mkdir -p "$repo/.modular_cache"
-  # only what git tracks or would: a virtualenv in the checkout (CI's .ci-venv) is gigabytes
-  if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-    git ls-files -z --cached --others --exclude-standard | tar --null --ignore-failed-read -T - -cf -
-  else
-    tar -cf - --exclude=./.git --exclude=./gpu-bundle --exclude=./.modular_cache --exclude=./.ci-venv --exclude=./.venv .
-  fi | tar -x -C "$repo"
+  benchmarks/gpu/copy_checkout.sh "$repo" || return
   cp -r "$bundle/mili_kernels" "$repo/.modular_cache/" 2>/dev/null || cp -r .modular_cache/mili_kernels "$repo/.modular_cache/" 2>/dev/null
   [ ! -f "$bundle/graphs.tar.xz" ] || tar -xJf "$bundle/graphs.tar.xz" -C "$repo/.modular_cache"
 }

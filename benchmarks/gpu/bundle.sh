@@ -115,9 +115,7 @@ echo "$(git rev-parse --short HEAD)$(git status --porcelain --untracked-files=no
   >"$bundle/commit"
 
 copy_checkout() {  # this checkout's files, with its kernel package, to $repo
-  rm -rf "$repo" && mkdir -p "$repo/.modular_cache"
-  # only what git tracks or would: a virtualenv in the checkout (CI's .ci-venv) is gigabytes
-  git ls-files -z --cached --others --exclude-standard | tar --null --ignore-failed-read -T - -cf - | tar -x -C "$repo"
+  benchmarks/gpu/copy_checkout.sh "$repo"
   cp -r .modular_cache/mili_kernels "$repo/.modular_cache/"
 }
 

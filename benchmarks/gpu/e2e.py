@@ -11,12 +11,12 @@
   python -m benchmarks.gpu.e2e [--systems ...]
       both, each system started once for the two (MAX's pipeline takes a minute to come up).
 
-"mili" replays its decode steps as device graphs and gives the device the next decode step before it reads the
-last one's tokens (overlap), "mili-sync" replays them without overlap (--no-overlap), "mili-eager" runs them op by
-op (--no-device-graphs), "mili-cublas" is "mili" with the model's matmuls through cuBLAS (run with
-MILI_GPU_VENDOR_BLAS=1, in a process of its own: the setting is read as the model loads). All also print the bandwidth
-floor of a decode step: the bytes it reads (every weight
-once) over the device's copy bandwidth measured in the run. Prints a table and writes JSON under benchmarks/results/."""
+"mili" replays its decode steps as device graphs and gives the device the next decode step before it reads the last
+one's tokens (overlap), "mili-sync" replays them without overlap (--no-overlap), "mili-eager" runs them op by op
+(--no-device-graphs), "mili-cublas" is "mili" with the model's matmuls through cuBLAS (run with MILI_GPU_VENDOR_BLAS=1,
+in a process of its own: the setting is read as the model loads). All also print the bandwidth floor of a decode step:
+the bytes it reads (every weight once) over the device's copy bandwidth measured in the run. Prints a table and writes
+JSON under benchmarks/results/."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from benchmarks.common import gpu_settings, model_path, print_table, write_json
+from benchmarks.common import gpu_options, model_path, print_table, write_json
 from benchmarks.gpu.systems import MaxPipeline, Mili, System, Transformers, load_mili, python_with_max_serve
 from benchmarks.kernels.run import copy_bandwidth
 
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace, measures: dict[str, Figures]) -> dict[str, lis
           f"{floor_ms:.3f} ms/token", flush=True)
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
     meta = dict(vars(args), model=path, device_name=device, copy_bandwidth_bytes_per_s=bandwidth,
-                gpu_settings=gpu_settings())
+                gpu_options=gpu_options())
     rows: dict[str, list[dict]] = {kind: [] for kind in measures}
     outs: dict = dict.fromkeys(measures)
     mili_model: dict = {}

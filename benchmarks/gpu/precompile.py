@@ -1,22 +1,21 @@
-"""Compiles, on a machine without a GPU, the graphs the GPU suite loads, into MAX's compile cache (MAX's
-virtual-device mode, for $GPU_ARCH: sm_90a unless set): the GPU host then reads them from the cache instead of
-compiling them. The architecture must be the one MAX names the host's GPU by, as its cache keys hold it (the suite's
-setup step prints it; MAX names an H100 or H200 sm_90a). Run by benchmarks/gpu/bundle.sh, in a copy of the checkout at
-the path the suite runs from: MAX's cache key holds the kernel package's path.
+"""Compiles, on a machine without a GPU, the graphs the GPU suite loads, into MAX's compile cache (MAX's virtual-device
+mode, for $GPU_ARCH: sm_90a unless set): the GPU host then reads them from the cache instead of compiling them. The
+architecture must be the one MAX names the host's GPU by, as its cache keys hold it (the suite's setup step prints
+it; MAX names an H100 or H200 sm_90a). Run by benchmarks/gpu/bundle.sh, in a copy of the checkout at the path the
+suite runs from: MAX's cache key holds the kernel package's path.
 
-The graphs: Qwen3-0.6B's shape in bfloat16 (the end-to-end runs, the decode profile), the tests' tiny model in
-bfloat16 (tests/gpu/test_decode_graphs.py, the bfloat16 parity test) and the parity shapes in float32
+The graphs: Qwen3-0.6B's shape in bfloat16 (the end-to-end runs, the decode profile), the tests' tiny model in bfloat16
+(tests/gpu/test_decode_graphs.py, the bfloat16 parity test) and the parity shapes in float32
 (tests/integration/test_parity.py -k cuda), the 0.6B one in bfloat16 and the tiny one in float32 again with
 qk_norm_rope_store and attention as two ops (GpuOptions.qkv_attention off: benchmarks/gpu/suite.sh's profile-two-ops and
 fallback, the one-op parity test), the 0.6B and the tiny one in bfloat16 with cuBLAS for their matmuls
 (GpuOptions.vendor_blas: profile-cublas, tests/gpu/test_matmul_settings.py) and their batch-1 graphs
 (GpuOptions.batch1_graph: profile-batch1, the same tests), each built from a model loaded on the CPU with the reference
-backend,
-whose weights have the layout they have on a GPU (no CPU tiling); and every op's graph in both dtypes, as
-tests/gpu/test_gpu_ops.py's cases load them (bindings/ops.py CompiledOp.compiled); the kernel benchmark's
-attention graphs (attention_bench_keys); and MAX's own Qwen3 pipeline as the e2e step starts it, by its
-worker script in $MAX_PYTHON (default /tmp/mili-kit/max-python; its graphs' keys do not hold the checkpoint's
-path). The compiles run in one worker process per core (a compile keeps about one busy)."""
+backend, whose weights have the layout they have on a GPU (no CPU tiling); and every op's graph in both dtypes, as
+tests/gpu/test_gpu_ops.py's cases load them (bindings/ops.py CompiledOp.compiled); the kernel benchmark's attention
+graphs (attention_bench_keys); and MAX's own Qwen3 pipeline as the e2e step starts it, by its worker script in
+$MAX_PYTHON (default /tmp/mili-kit/max-python; its graphs' keys do not hold the checkpoint's path). The compiles run in
+one worker process per core (a compile keeps about one busy)."""
 
 from __future__ import annotations
 

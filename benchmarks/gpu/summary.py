@@ -79,7 +79,7 @@ def summary(results: Path, commit: str, since: str = "") -> dict:
         decode_b1_ms_per_token_cublas=_figure(latency, "mili-cublas", "decode_b1_ctx512_ms_per_token"),
         throughput_tok_s_cublas=_figure(throughput, "mili-cublas", "output_tok_s"),
         # MILI's (mili's) run's: a later run of mili-cublas has MILI_GPU_VENDOR_BLAS=1
-        e2e_gpu_settings=next((run["meta_by_system"]["mili"].get("gpu_settings") for run in (latency, throughput)
+        e2e_gpu_settings=next((_options(run["meta_by_system"]["mili"]) for run in (latency, throughput)
                                if run and "mili" in run["meta_by_system"]), None),
         mili_device_graphs=_figure(latency, "mili", "device_graphs"),  # false: a capture failed, steps ran op by op
         max_pipeline_device_graph_capture=_figure(throughput, "max", "device_graphs"),
@@ -89,8 +89,12 @@ def summary(results: Path, commit: str, since: str = "") -> dict:
 
 def _flash_attention(meta: dict) -> Optional[bool]:
     """Whether a run took the flash attention kernels: its GpuOptions (older runs: a flag of its own)."""
-    options = meta.get("gpu_options") or meta.get("gpu_settings") or {}
-    return options.get("flash_attention", meta.get("flash_attention"))
+    return (_options(meta) or {}).get("flash_attention", meta.get("flash_attention"))
+
+
+def _options(meta: dict) -> Optional[dict]:
+    """A run's GpuOptions (older runs: their MILI_GPU_* variables, as gpu_settings)."""
+    return meta.get("gpu_options", meta.get("gpu_settings"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,24 +1,22 @@
 """Kernel benchmark: each Mojo op against its PyTorch reference on the same inputs, at Qwen3-0.6B shapes.
 
-`mili bench kernels [--dtype float32] [--device cpu]`. Prints a table with
-the median time of each side and their ratio (Mojo / reference: below 1 means Mojo is faster) and, for the
-memory-bound ops, the achieved bytes/s against the machine's copy bandwidth measured in the same run.
-Writes JSON under benchmarks/results/. On a GPU the peer is PyTorch's own ops instead of bindings/reference.py
-(`torch_gpu_peer`): F.rms_norm, F.silu/gelu/relu in the input dtype, and F.scaled_dot_product_attention over
-the K/V gathered into dense tensors beforehand (paging costs it nothing); rope, store_kv and qk_norm_rope_store
-keep the reference.
-The attention rows on a GPU also time MAX's own flash attention kernel (max.nn.kernels.flash_attention_gpu) in a
-graph on the same dense copies. MAX's paged kernel (mo.mha.ragged.paged, what its pipeline runs) reads only MAX's own
-cache: K and V of every layer interleaved in each page, pages of 128 tokens or more (max.pipelines.kv_cache refuses
-smaller; MILI's are 16), with dispatch metadata its KV cache manager packs on the host. The prefill rows on a GPU also
-time MILI's
-kernel made to take one and two row tiles a block (GpuOptions.prefill_pairs False and True), beside its own choice.
+`mili bench kernels [--dtype float32] [--device cpu]`. Prints a table with the median time of each side and their ratio
+(Mojo / reference: below 1 means Mojo is faster) and, for the memory-bound ops, the achieved bytes/s against the
+machine's copy bandwidth measured in the same run. Writes JSON under benchmarks/results/. On a GPU the peer is PyTorch's
+own ops instead of bindings/reference.py (`torch_gpu_peer`): F.rms_norm, F.silu/gelu/relu in the input dtype, and
+F.scaled_dot_product_attention over the K/V gathered into dense tensors beforehand (paging costs it nothing); rope,
+store_kv and qk_norm_rope_store keep the reference. The attention rows on a GPU also time MAX's own flash attention
+kernel (max.nn.kernels.flash_attention_gpu) in a graph on the same dense copies. MAX's paged kernel
+(mo.mha.ragged.paged, what its pipeline runs) reads only MAX's own cache: K and V of every layer interleaved in each
+page, pages of 128 tokens or more (max.pipelines.kv_cache refuses smaller; MILI's are 16), with dispatch metadata its KV
+cache manager packs on the host. The prefill rows on a GPU also time MILI's kernel made to take one and two row tiles a
+block (GpuOptions.prefill_pairs False and True), beside its own choice.
 
-Two Mojo times: "call" is one standalone `bindings.ops` call from torch as users make it (on CPU the Mojo
-extension module, about a microsecond of dispatch; on GPU a MAX graph execution); "in-graph" is the op's time inside one
-graph that applies it REPEAT times in a chain (each
-result feeds the next call), divided by REPEAT: the dispatch is paid once, as in the model graph, which
-runs all the ops of a step in one call. Bytes/s and the fraction of copy bandwidth use the in-graph time.
+Two Mojo times: "call" is one standalone `bindings.ops` call from torch as users make it (on CPU the Mojo extension
+module, about a microsecond of dispatch; on GPU a MAX graph execution); "in-graph" is the op's time inside one graph
+that applies it REPEAT times in a chain (each result feeds the next call), divided by REPEAT: the dispatch is paid once,
+as in the model graph, which runs all the ops of a step in one call. Bytes/s and the fraction of copy bandwidth use the
+in-graph time.
 """
 
 from __future__ import annotations

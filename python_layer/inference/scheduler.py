@@ -223,9 +223,9 @@ class ContinuousBatchScheduler:
     # ---- debugging ---------------------------------------------------------------------------------------------
 
     def check_page_accounting(self) -> None:
-        """Raise AssertionError unless every page is free or held by exactly the references that should hold
-        it: the running requests' page tables, the prefix cache and the cache's reservations. Cheap enough to run after
-        every step."""
+        """Raise AssertionError unless every page is free or held by exactly the references that should hold it: the
+        running requests' page tables, the prefix cache and the cache's reservations. Cheap enough to run after every
+        step."""
         expected = [0] * self.kv_cache.num_pages
         for p in self.kv_cache.reserved_pages:
             expected[p] += 1

@@ -75,7 +75,7 @@ def test_latency_and_throughput_of_each_system_started_once(small: list[str], tm
                                     "--output-len", "3", "40"]) == 0
     assert opened == ["mili", "transformers"]
     (written,) = tmp_path.glob("latency-cpu-*.json")
-    assert json.loads(written.read_text())["meta"]["gpu_settings"] == dataclasses.asdict(GpuOptions())
+    assert json.loads(written.read_text())["meta"]["gpu_options"] == dataclasses.asdict(GpuOptions())
     latency, throughput = _rows(tmp_path, "latency"), _rows(tmp_path, "throughput")
     assert sorted(latency) == sorted(throughput) == ["mili", "transformers"]
     assert all(row["ttft_30_ms"] > 0 and "error" not in row for row in latency.values())

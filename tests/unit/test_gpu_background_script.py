@@ -32,7 +32,7 @@ def _stand_in_checkout(tmp_path: Path) -> Path:
     """A checkout with the GPU scripts alone (start copies the bundle's parts by unpack.sh)."""
     checkout = tmp_path / "checkout"
     (checkout / "benchmarks" / "gpu").mkdir(parents=True)
-    for script in (SCRIPT, BUNDLE, SCRIPT.parent / "unpack.sh"):
+    for script in (SCRIPT, BUNDLE, SCRIPT.parent / "unpack.sh", SCRIPT.parent / "copy_checkout.sh"):
         shutil.copy(script, checkout / "benchmarks" / "gpu")
     return checkout
 
