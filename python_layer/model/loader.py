@@ -78,6 +78,6 @@ def load_model(
         else f"loading the weights ({torch_dtype} on {device})"
     ):
         model = Qwen3CausalLM(config, weights, device=device, backend=backend, weight_dtype=weight_dtype,
-                           kv_cache_dtype=kv_cache_dtype, gpu_options=gpu_options)
+                              kv_cache_dtype=kv_cache_dtype, gpu_options=gpu_options)
     return_free_heap()
     return model
