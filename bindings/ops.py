@@ -437,6 +437,25 @@ _LINEAR_TILED = {
 }
 
 
+_LINEAR_INT4 = CompiledOp(
+    graph.linear_int4,
+    [T(SAME, "M", "N")],
+    [T(SAME, "M", "K"), T(DType.uint8, "N", "KP"), T(F32, "N", "KB"), T(F32, "N", "KB"), T(I32, 1)],
+)
+
+
+def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+                block_k: int) -> torch.Tensor:
+    """x [M, K] @ dequantize_int4(packed, scales, mins, block_k, K)^T (reference.linear_int4), on a CPU."""
+    if not x.is_cpu:
+        raise ValueError(f"linear_int4: 4-bit weights are a CPU format, got x on {x.device}")
+    if packed.dtype != torch.uint8:
+        raise ValueError(f"linear_int4: packed weights are uint8 (reference.pack_int4), got {packed.dtype}")
+    y = x.new_empty((x.shape[0], packed.shape[0]))
+    _LINEAR_INT4(y, _c(x), _c(packed), _c(scales.float()), _c(mins.float()), _block_k_on(int(block_k), x.device))
+    return y
+
+
 def linear(
     x: torch.Tensor, weight: torch.Tensor, scales: Optional[torch.Tensor] = None, block_k: int = 0
 ) -> torch.Tensor:

@@ -240,6 +240,13 @@ def effective_x(x: torch.Tensor, weight: torch.Tensor, block_k: int = 0) -> torc
         return x.to(torch.bfloat16).float()
     if weight.dtype != torch.int8:
         return x
+    return quantized_x(x, block_k)
+
+
+def quantized_x(x: torch.Tensor, block_k: int) -> torch.Tensor:
+    """x [M, K] in float32 quantized to int8 per row and block of block_k columns and back (effective_x of int8
+    and 4-bit weights)."""
+    x = x.float()
     m, k = x.shape
     blocks = torch.nn.functional.pad(x, (0, -k % block_k)).view(m, -1, block_k)
     largest = blocks.abs().amax(dim=2, keepdim=True)
@@ -294,3 +301,39 @@ def linear(
     if weight.dim() == 4:
         weight = untile_weight(weight)
     return torch.matmul(effective_x(x, weight, block_k), dequantize(weight, scales, block_k).t()).to(x.dtype)
+
+
+INT4_RUN = 128
+"""Columns per run of a 4-bit weight's packed row (mojo_kernels/core/linear_int4.mojo: RUN)."""
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """4-bit values q [N, K] (0..15) as the 4-bit linear kernel reads them: uint8 [N, ceil(K / 128) * 64], each run of
+    128 columns in 64 bytes, byte j holding column j in its low nibble and column 64 + j in its high one; 0 past K."""
+    n, k = q.shape
+    runs = -(-k // INT4_RUN)
+    q = torch.nn.functional.pad(q.to(torch.uint8), (0, runs * INT4_RUN - k)).view(n, runs, 2, INT4_RUN // 2)
+    return (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n, runs * INT4_RUN // 2)
+
+
+def unpack_int4(packed: torch.Tensor, k: int) -> torch.Tensor:
+    """pack_int4's q [N, K] (uint8) back from its packed rows."""
+    n = packed.shape[0]
+    runs = packed.view(n, -1, INT4_RUN // 2)
+    return torch.stack((runs & 15, runs >> 4), dim=2).reshape(n, -1)[:, :k]
+
+
+def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, block_k: int,
+                    k: int) -> torch.Tensor:
+    """A 4-bit weight [N, K] in float32: q * scales + mins, scales and mins [N, ceil(K / block_k)] per row and block
+    of block_k columns."""
+    expand = lambda t: t.float().repeat_interleave(block_k, dim=1)[:, :k]
+    return unpack_int4(packed, k).float() * expand(scales) + expand(mins)
+
+
+def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+                block_k: int) -> torch.Tensor:
+    """quantized_x(x) [M, K] @ dequantize_int4(...)[N, K]^T in float32, in x's dtype (x quantized to int8 per row and
+    block of block_k columns, as for int8 weights); block_k a multiple of 128."""
+    w = dequantize_int4(packed, scales, mins, block_k, x.shape[1])
+    return torch.matmul(quantized_x(x, block_k), w.t()).to(x.dtype)

@@ -20,6 +20,7 @@ from mojo_kernels.core.attention.common import check_attention
 from mojo_kernels.core.attention.cpu import attention_cpu
 from mojo_kernels.core.attention.qkv_attention import check_qkv_attention, qkv_attention_cpu
 from mojo_kernels.core.linear import check_linear, check_linear_tiled, linear_cpu, I8_TILED
+from mojo_kernels.core.linear_int4 import check_linear_int4, linear_int4_cpu
 from mojo_kernels.core.normalization import check_norm, norm_rows_cpu
 from mojo_kernels.core.qk_norm_rope import check_qk_norm_rope_store, qk_norm_rope_store_cpu
 from mojo_kernels.core.rope import check_rope, rope_cpu
@@ -262,6 +263,18 @@ def linear_tiled[a_type: DType, w_type: DType](mut args: Args) raises:
                                            x.dims[1], block_k)
 
 
+def linear_int4[a_type: DType](mut args: Args) raises:
+    var runner = OpenMP(args.int())
+    var y, x, w = args.tensor[a_type, 2](), args.tensor[a_type, 2](), args.tensor[DType.uint8, 2]()
+    var scales, mins = args.tensor[F32, 2](), args.tensor[F32, 2]()
+    var block_k = Int(args.tensor[I32, 1]().ptr().unsafe_load(0))
+    args.done("linear_int4")
+    check_linear_int4(x.dims[0], x.dims[1], w.dims[0], w.dims[1], y.dims[0], y.dims[1], scales.dims[0], scales.dims[1],
+                      mins.dims[0], mins.dims[1], block_k)
+    linear_int4_cpu[a_type](runner, y.ptr(), x.ptr(), w.ptr(), scales.ptr(), mins.ptr(), x.dims[0], w.dims[0], x.dims[1],
+                            block_k)
+
+
 def int8_tiled() raises -> PythonObject:
     return PythonObject(I8_TILED)
 
@@ -311,6 +324,8 @@ def _add_ops(mut m: PythonModuleBuilder) raises:
     m.def_py_c_function(_fastcall[linear_tiled[DType.bfloat16, DType.bfloat16]], "linear_tiled_bfloat16_bfloat16")
     m.def_py_c_function(_fastcall[linear_tiled[DType.float32, DType.int8]], "linear_tiled_float32_int8")
     m.def_py_c_function(_fastcall[linear_tiled[DType.bfloat16, DType.int8]], "linear_tiled_bfloat16_int8")
+    m.def_py_c_function(_fastcall[linear_int4[DType.float32]], "linear_int4_float32")
+    m.def_py_c_function(_fastcall[linear_int4[DType.bfloat16]], "linear_int4_bfloat16")
 
 
 @export

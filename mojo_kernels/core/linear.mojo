@@ -196,13 +196,14 @@ def _round_even[width: Int](v: SIMD[F32, width]) -> SIMD[F32, width]:
 
 
 def _quantize_x[a_type: DType, dequantized: Bool](x: Ptr[a_type], xq: _QuantizedX, m: Int, k: Int, block_k: Int,
-                                                   dst: Ptr[F32]):
+                                                   stride: Int, dst: Ptr[F32]):
     """x quantized per row and block: q = round(x * (127 / largest |x|)), scale = largest |x| / 127. Into xq, or
-    when `dequantized` as q * scale into dst (the effective x of the float32 panels)."""
+    when `dequantized` as q * scale into dst (the effective x of the float32 panels); rows `stride` apart there."""
     var q = ptr(xq.q)
     for r in range(m):
         for kb in range(xq.k_blocks):
             var start = r * k + kb * block_k
+            var out = r * stride + kb * block_k
             var count = min(block_k, k - kb * block_k)
             var big = SIMD[F32, W](0)
             var i = 0
@@ -220,17 +221,17 @@ def _quantize_x[a_type: DType, dequantized: Bool](x: Ptr[a_type], xq: _Quantized
             while i + W <= count:
                 var v = _round_even(load_f32[a_type, W](x, start + i) * inv)
                 comptime if dequantized:
-                    dst.unsafe_store(start + i, v * scale)
+                    dst.unsafe_store(out + i, v * scale)
                 else:
-                    q.unsafe_store(start + i, v.cast[DType.int8]())
+                    q.unsafe_store(out + i, v.cast[DType.int8]())
                     total += v.cast[DType.int32]()
                 i += W
             for t in range(i, count):
                 var v = _round_even[1](load_f32[a_type, 1](x, start + t) * inv)
                 comptime if dequantized:
-                    dst.unsafe_store(start + t, v * scale)
+                    dst.unsafe_store(out + t, v * scale)
                 else:
-                    q.unsafe_store(start + t, v.cast[DType.int8]())
+                    q.unsafe_store(out + t, v.cast[DType.int8]())
                     sum += v.cast[DType.int32]()[0]
             comptime if not dequantized:
                 ptr(xq.scales).unsafe_store(r * xq.k_blocks + kb, scale)
@@ -587,12 +588,13 @@ def _pack_quad_panel[w_type: DType, tiled: Bool](panel: Ptr[DType.uint32], panel
 
 
 @always_inline
-def _quad_panel_tile[a_type: DType, rows: Int](
+def _quad_panel_tile[a_type: DType, rows: Int, biased: Bool = False](
     y: Ptr[a_type], xq: _QuantizedX, panel: Ptr[DType.uint32], panel_scales: Ptr[F32], m0: Int, n0: Int, N: Int, K: Int,
-    block_k: Int,
+    block_k: Int, panel_mins: Ptr[F32],
 ):
     """y[m0 : m0 + rows, n0 : n0 + PANEL] from a quad panel: each step a quad of x broadcast against 2 x 16 quads,
-    exact int32 sums per block, then both scales."""
+    exact int32 sums per block, then both scales; `biased`: plus panel_mins[kb * PANEL + c] (a weight added to every
+    quad of its row and block, 4-bit weights' min) times the block's sum of x. K: the rows' stride in xq."""
     comptime assert PANEL == 2 * DOT_LANES, "quad panels are two dot-product accumulators wide"
     var q = ptr(xq.q).unsafe_bitcast[UInt8]()
     var acc = Array[SIMD[F32, DOT_LANES], 2 * rows](fill=0)
@@ -613,6 +615,10 @@ def _quad_panel_tile[a_type: DType, rows: Int](
             var offset = SIMD[DType.int32, DOT_LANES](I8_OFFSET * xq.sum(m0 + i, kb))
             acc[2 * i] = (dots[2 * i] - offset).cast[F32]().fma(s0 * sx, acc[2 * i])
             acc[2 * i + 1] = (dots[2 * i + 1] - offset).cast[F32]().fma(s1 * sx, acc[2 * i + 1])
+            comptime if biased:
+                var x_sum = sx * Float32(xq.sum(m0 + i, kb))
+                acc[2 * i] = panel_mins.unsafe_load[width=DOT_LANES](kb * PANEL).fma(x_sum, acc[2 * i])
+                acc[2 * i + 1] = panel_mins.unsafe_load[width=DOT_LANES](kb * PANEL + DOT_LANES).fma(x_sum, acc[2 * i + 1])
     _store_panel_rows[a_type, rows, DOT_LANES](y, acc, m0, n0, N)
 
 
@@ -729,7 +735,7 @@ struct _QuadPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
             comptime for r in range(1, QUAD_PANEL_ROWS + 1):
                 if rows == r:
                     _quad_panel_tile[Self.a_type, r](ptr(self.y), self.xq, panel, panel_scales, m0, n0, self.wt.n,
-                                                     self.wt.k, self.wt.block_k)
+                                                     self.wt.k, self.wt.block_k, panel_scales)
 
 
 def linear_cpu[a_type: DType, w_type: DType, R: Runner, tiled: Bool = False](
@@ -758,10 +764,10 @@ def linear_cpu[a_type: DType, w_type: DType, R: Runner, tiled: Bool = False](
             q_scales.resize(m * wt.k_blocks, 0)
             q_sums.resize(m * wt.k_blocks, 0)
             xq = _QuantizedX(_data(q), _data(q_scales), _data(q_sums), wt.k_blocks)
-            _quantize_x[a_type, False](x, xq, m, k, wt.block_k, _data(effective))
+            _quantize_x[a_type, False](x, xq, m, k, wt.block_k, k, _data(effective))
         else:
             effective.resize(m * k, 0)
-            _quantize_x[a_type, True](x, xq, m, k, wt.block_k, _data(effective))
+            _quantize_x[a_type, True](x, xq, m, k, wt.block_k, k, _data(effective))
     elif w_type == DType.bfloat16:
         if decode or BF16_DOT:
             rounded.resize(m * k, 0)
