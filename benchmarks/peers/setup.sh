@@ -1,20 +1,19 @@
 #!/usr/bin/env bash
-# Sets up the peers of `mili bench peers`: builds llama-cpp-python from its source distribution (so llama.cpp
-# is compiled for this CPU, -DGGML_NATIVE=ON) and converts the benchmark checkpoint to GGUF f32, bf16 and q8_0
-# with llama.cpp's own convert_hf_to_gguf.py, taken from the same source distribution as the library.
+# Sets up the peers of `mili bench peers` and `mili bench serving`: builds llama.cpp's own C++ tools (llama-bench,
+# llama-batched-bench, llama-server, llama-quantize) for this CPU (-DGGML_NATIVE=ON) from the llama.cpp source
+# vendored in llama-cpp-python's source distribution, and writes the benchmark checkpoint's GGUFs: f32, bf16 and
+# q8_0 by llama.cpp's own convert_hf_to_gguf.py, Q4_0 and Q4_K_M by llama-quantize from the f32 one.
 #
 #   . .venv/bin/activate && bash benchmarks/peers/setup.sh [CHECKPOINT_DIR]
 #
 # CHECKPOINT_DIR defaults to the random-weight Qwen3-0.6B-shaped checkpoint of the benchmarks (built if missing).
 # Everything goes under benchmarks/peers/.peers/ (git-ignored):
-#   src/      the sdist, extracted (vendor/llama.cpp/ holds convert_hf_to_gguf.py and gguf-py)
-#   site/     llama_cpp, diskcache and gguf, installed with pip --target; run.py puts it first on sys.path
-#   gguf/<checkpoint name>/{f32,bf16,q8_0}.gguf
-# They are installed beside the project's venv, not into it, so the project's own packages (numpy, torch,
-# transformers) stay exactly as they are; llama-cpp-python's other dependencies (numpy, jinja2,
-# typing-extensions) are already in the venv, so --no-deps installs nothing else.
-# Re-running skips whatever is already there. Needs PyPI (the sdist and the build tools), cmake and a C++ compiler.
-# LLAMA_CPP_PYTHON_VERSION pins the version (default: the newest); CMAKE_BUILD_PARALLEL_LEVEL the build jobs.
+#   src/      the sdist, extracted (vendor/llama.cpp/ holds the C++ source, convert_hf_to_gguf.py and gguf-py)
+#   build/bin/  the C++ tools (about 5 minutes on 2 cores)
+#   site/     gguf-py and sentencepiece for the converter, installed with pip --target beside the project's venv
+#   gguf/<checkpoint name>/{f32,bf16,q8_0,q4_0,q4_k_m}.gguf
+# Re-running skips whatever is already there. Needs PyPI (the sdist), cmake and a C++ compiler.
+# LLAMA_CPP_PYTHON_VERSION pins the sdist's version (default: the newest); CMAKE_BUILD_PARALLEL_LEVEL the build jobs.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -26,7 +25,7 @@ mkdir -p "$WORK/src" "$SITE"
 
 CKPT="${1:-}"
 if [ -z "$CKPT" ]; then
-    CKPT="$(cd "$ROOT/benchmarks" && "$PY" -c 'from common import model_path; print(model_path(None))')"
+    CKPT="$(cd "$ROOT" && "$PY" -c 'from benchmarks.common import model_path; print(model_path(None))')"
 fi
 CKPT="$(cd "$CKPT" && pwd)"
 
@@ -42,15 +41,20 @@ SRC="${SDIST%.tar.gz}"
 LLAMA_CPP="$SRC/vendor/llama.cpp"
 echo "source: $SRC"
 
-# 2. the library, built from that source (LLAVA_BUILD=OFF: the multimodal library is not needed here)
-if ! PYTHONPATH="$SITE" "$PY" -c 'import llama_cpp' 2>/dev/null; then
-    echo "building llama-cpp-python from source (about 15 minutes on 2 cores)"
-    CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF ${CMAKE_ARGS:-}" \
-    CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
-        "$PY" -m pip install -v --no-deps --target "$SITE" "$SDIST"
+# 2. the C++ tools
+BIN="$WORK/build/bin"
+TOOLS="llama-bench llama-batched-bench llama-server llama-quantize"
+missing=0
+for t in $TOOLS; do [ -x "$BIN/$t" ] || missing=1; done
+if [ "$missing" = 1 ]; then
+    echo "building llama.cpp's tools (about 5 minutes on 2 cores)"
+    cmake -S "$LLAMA_CPP" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_BUILD_SERVER=ON \
+        -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON >/dev/null
+    cmake --build "$WORK/build" --config Release -j "${CMAKE_BUILD_PARALLEL_LEVEL:-2}" --target $TOOLS >/dev/null
 fi
-PYTHONPATH="$SITE" "$PY" -m pip install --no-deps --target "$SITE" --upgrade diskcache "sentencepiece>=0.1.98,<0.3.0" "$LLAMA_CPP/gguf-py" >/dev/null
-PYTHONPATH="$SITE" "$PY" -c 'import llama_cpp, gguf; print("llama_cpp", llama_cpp.__version__, "from", llama_cpp.__file__)'
+"$BIN/llama-bench" --help >/dev/null
+PYTHONPATH="$SITE" "$PY" -c 'import gguf' 2>/dev/null || \
+    "$PY" -m pip install --no-deps --target "$SITE" --upgrade "sentencepiece>=0.1.98,<0.3.0" "$LLAMA_CPP/gguf-py" >/dev/null
 
 # 3. the GGUFs, written by llama.cpp's converter (it reads config.json, the safetensors and the tokenizer files)
 OUT="$WORK/gguf/$(basename "$CKPT")"
@@ -58,6 +62,12 @@ mkdir -p "$OUT"
 for t in f32 bf16 q8_0; do
     if [ ! -s "$OUT/$t.gguf" ]; then
         PYTHONPATH="$SITE" "$PY" "$LLAMA_CPP/convert_hf_to_gguf.py" "$CKPT" --outtype "$t" --outfile "$OUT/$t.gguf.part"
+        mv "$OUT/$t.gguf.part" "$OUT/$t.gguf"
+    fi
+done
+for t in q4_0 q4_k_m; do
+    if [ ! -s "$OUT/$t.gguf" ]; then
+        "$BIN/llama-quantize" "$OUT/f32.gguf" "$OUT/$t.gguf.part" "$(echo $t | tr a-z A-Z)" "$(nproc)" >/dev/null 2>&1
         mv "$OUT/$t.gguf.part" "$OUT/$t.gguf"
     fi
 done

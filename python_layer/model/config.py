@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .hub import resolve_model_dir
+from .int4_checkpoints import METHODS, Int4Checkpoint, int4_checkpoint
 
 _POSITIVE_INTS = (
     "vocab_size",
@@ -96,11 +97,15 @@ class Qwen3Config:
         q = self.quantization_config
         if q is None:
             return
+        if isinstance(q, dict) and q.get("quant_method") in METHODS:
+            Int4Checkpoint.from_config(q)
+            return
         if not isinstance(q, dict) or q.get("quant_method") != "fp8":
             method = q.get("quant_method") if isinstance(q, dict) else q
             raise ValueError(
-                f"quantization_config.quant_method {method!r} is not supported: MILI loads FP8 checkpoints "
-                "(quant_method 'fp8', as Qwen publishes them) and quantizes others with --weight-dtype"
+                f"quantization_config.quant_method {method!r} is not supported: MILI loads FP8, AWQ and GPTQ "
+                "checkpoints (quant_method 'fp8', 'awq', 'gptq', as Qwen publishes them) and quantizes others with "
+                "--weight-dtype"
             )
         if q.get("fmt", "e4m3") != "e4m3":
             raise ValueError(f"quantization_config.fmt {q['fmt']!r} is not supported: FP8 weights must be e4m3")
@@ -113,8 +118,14 @@ class Qwen3Config:
 
     @property
     def fp8_block_size(self) -> Optional[tuple[int, int]]:
-        """(rows, columns) of an FP8 checkpoint's scale blocks; None for unquantized checkpoints."""
-        return tuple(self.quantization_config["weight_block_size"]) if self.quantization_config else None
+        """(rows, columns) of an FP8 checkpoint's scale blocks; None for other checkpoints."""
+        q = self.quantization_config
+        return tuple(q["weight_block_size"]) if q and q.get("quant_method") == "fp8" else None
+
+    @property
+    def int4_checkpoint(self) -> Optional[Int4Checkpoint]:
+        """An AWQ or GPTQ checkpoint's format; None for others."""
+        return int4_checkpoint(self.quantization_config)
 
     def to_dict(self) -> dict:
         """Hugging Face config.json keys (plus MILI's eos_token_ids and generation_defaults)."""

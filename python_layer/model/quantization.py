@@ -1,5 +1,6 @@
-"""Weight formats of the linear layers: dense float32 / bfloat16, or float8_e4m3fn / int8 values with a float32
-scale per row and block of BLOCK_K columns (the layout of the `mili_linear` kernel, bindings/reference.linear).
+"""Weight formats of the linear layers: dense float32 / bfloat16; float8_e4m3fn / int8 values with a float32
+scale per row and block of BLOCK_K columns (the layout of the `mili_linear` kernel, bindings/reference.linear); 4-bit
+values with a scale and a min per row and block (`mili_linear_int4`, bindings/reference.linear_int4).
 
 Qwen's FP8 checkpoints scale 128 x 128 blocks (`weight_scale_inv` [ceil(N / 128), ceil(K / 128)]); loading
 repeats each scale over the block's rows, which is exact."""
@@ -18,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from bindings import reference
 
 BLOCK_K = 128
-WEIGHT_DTYPES = ("float32", "bfloat16", "fp8", "int8")
+WEIGHT_DTYPES = ("float32", "bfloat16", "fp8", "int8", "int4")
 """--weight-dtype choices ("auto": the checkpoint's FP8 when it has it, else the activation dtype)."""
 FP8_E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
 _QUANTIZED = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}
@@ -36,11 +37,28 @@ class QuantizedWeight(NamedTuple):
         return reference.dequantize(self.weight, self.scales, self.block_k).to(dtype)
 
 
-LinearWeight = Union[torch.Tensor, QuantizedWeight]
+class Int4Weight(NamedTuple):
+    """A linear layer's weight [N, K] as 4-bit values q (0..15) packed by reference.pack_int4: w = q * scales + mins,
+    scales and mins float32 [N, ceil(K / block_k)] (block_k a multiple of 128)."""
+
+    packed: torch.Tensor
+    scales: torch.Tensor
+    mins: torch.Tensor
+    block_k: int
+    in_features: int
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return reference.dequantize_int4(self.packed, self.scales, self.mins, self.block_k, self.in_features).to(dtype)
+
+
+LinearWeight = Union[torch.Tensor, QuantizedWeight, Int4Weight]
+INT4_LEVELS = 15
+INT4_STEPS = (-1.0, -0.5, 0.0, 0.5, 1.0)
+"""The ranges quantize_int4 tries per block: (max - min) / (15 + step), each refined by least squares."""
 
 
 def parse_weight_dtype(name: str) -> str:
-    name = {"fp32": "float32", "bf16": "bfloat16", "float8_e4m3fn": "fp8", "q8": "int8"}.get(name, name)
+    name = {"fp32": "float32", "bf16": "bfloat16", "float8_e4m3fn": "fp8", "q8": "int8", "q4": "int4"}.get(name, name)
     if name != "auto" and name not in WEIGHT_DTYPES:
         raise ValueError(f"weight dtype {name!r} is not supported: use one of auto, {', '.join(WEIGHT_DTYPES)}")
     return name
@@ -58,6 +76,36 @@ def quantize(weight: torch.Tensor, weight_dtype: str, block_k: int = BLOCK_K) ->
     largest = _LARGEST[qtype]
     q = (q.round() if qtype == torch.int8 else q).clamp(-largest, largest)
     return QuantizedWeight(q.to(qtype).view(n, blocks * block_k)[:, :k].contiguous(), scales, block_k)
+
+
+def quantize_int4(weight: torch.Tensor, block_k: int = BLOCK_K) -> Int4Weight:
+    """weight [N, K] as 4-bit values with a scale and a min per row and block (w ~ q * scale + min). For each block,
+    q is tried for several ranges around its min..max, the scale and min of each fitted by least squares (as
+    llama.cpp's K-quants choose theirs), and the fit with the least squared error kept."""
+    n, k = weight.shape
+    blocks = -(-k // block_k)
+    # the last block padded with its last column: its min and max stay, its fit barely moves
+    w = torch.nn.functional.pad(weight.float()[None], (0, blocks * block_k - k), mode="replicate")[0]
+    w = w.view(n, blocks, block_k)
+    low, high = w.amin(dim=2, keepdim=True), w.amax(dim=2, keepdim=True)
+    spread = (high - low).clamp(min=1e-12)
+    best_err = torch.full_like(low, float("inf"))
+    best_q, best_scale, best_min = None, low.clone(), low.clone()
+    for step in INT4_STEPS:
+        q = ((w - low) * ((INT4_LEVELS + step) / spread)).round().clamp(0, INT4_LEVELS)
+        q_mean, w_mean = q.mean(dim=2, keepdim=True), w.mean(dim=2, keepdim=True)
+        q_var = ((q - q_mean) ** 2).mean(dim=2, keepdim=True)
+        scale = torch.where(q_var > 0, ((q - q_mean) * (w - w_mean)).mean(dim=2, keepdim=True) / q_var.clamp(min=1e-30),
+                            torch.zeros_like(q_var))
+        minimum = w_mean - scale * q_mean
+        err = ((q * scale + minimum - w) ** 2).sum(dim=2, keepdim=True)
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best_q = q if best_q is None else torch.where(better, q, best_q)
+        best_scale, best_min = torch.where(better, scale, best_scale), torch.where(better, minimum, best_min)
+    q = best_q.view(n, blocks * block_k)[:, :k].to(torch.uint8)
+    return Int4Weight(reference.pack_int4(q), best_scale[:, :, 0].contiguous(), best_min[:, :, 0].contiguous(),
+                      block_k, k)
 
 
 def from_block_scales(weight: torch.Tensor, scale_inv: torch.Tensor, block_size: Sequence[int]) -> QuantizedWeight:
@@ -109,18 +157,26 @@ def write_fp8_checkpoint(
 
 def convert(weight: LinearWeight, weight_dtype: str, dense_dtype: torch.dtype) -> LinearWeight:
     """weight in `weight_dtype` (dense formats in dense_dtype when weight_dtype is not one of them)."""
+    if weight_dtype == "int4":
+        return weight if isinstance(weight, Int4Weight) else quantize_int4(_dense(weight, torch.float32))
     if weight_dtype in _QUANTIZED:
         if isinstance(weight, QuantizedWeight) and weight.weight.dtype == _QUANTIZED[weight_dtype]:
             return weight
-        dense = weight.dequantize() if isinstance(weight, QuantizedWeight) else weight
-        return quantize(dense, weight_dtype)
+        return quantize(_dense(weight, torch.float32), weight_dtype)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(weight_dtype, dense_dtype)
-    dense = weight.dequantize(dtype) if isinstance(weight, QuantizedWeight) else weight
-    return dense.to(dtype)
+    return _dense(weight, dtype)
+
+
+def _dense(weight: LinearWeight, dtype: torch.dtype) -> torch.Tensor:
+    return weight.to(dtype) if isinstance(weight, torch.Tensor) else weight.dequantize(dtype)
 
 
 def cat_rows(parts: Sequence[LinearWeight]) -> LinearWeight:
     """Weights of several layers stacked along N (q, k, v; gate, up), in the format they share."""
+    if isinstance(parts[0], Int4Weight):
+        if any(not isinstance(p, Int4Weight) or p[3:] != parts[0][3:] for p in parts):
+            raise ValueError("cannot stack 4-bit weights with other formats, blocks or input sizes")
+        return Int4Weight(*(torch.cat([p[i] for p in parts]) for i in range(3)), *parts[0][3:])
     if isinstance(parts[0], QuantizedWeight):
         if any(p.block_k != parts[0].block_k or p.weight.dtype != parts[0].weight.dtype for p in parts):
             raise ValueError("cannot stack quantized weights of different formats or block sizes")
@@ -134,6 +190,8 @@ def linear(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
     """x @ weight^T in PyTorch as MILI's CPU kernel computes it (reference.linear), for the reference backend."""
     if isinstance(weight, QuantizedWeight):
         return reference.linear(x, weight.weight, weight.scales, weight.block_k)
+    if isinstance(weight, Int4Weight):
+        return reference.linear_int4(x, weight.packed, weight.scales, weight.mins, weight.block_k)
     if weight.dtype == x.dtype:
         return x @ weight.T
     return reference.linear(x, weight)

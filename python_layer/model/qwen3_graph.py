@@ -24,7 +24,7 @@ from max.graph import BufferType, Graph, TensorType, TensorValue, Weight, ops
 
 from .attention_metadata import SequenceChunk, build_step_inputs, int32_tensor
 from .config import Qwen3Config
-from .quantization import QuantizedWeight
+from .quantization import Int4Weight, QuantizedWeight
 
 if TYPE_CHECKING:
     from max.engine import Model
@@ -38,7 +38,7 @@ _METADATA = ("input_ids", "positions", "query_start", "context_lens", "page_tabl
 
 def graph_weights(model: "Qwen3CausalLM") -> Dict[str, torch.Tensor]:
     """The model's weights by the names the graph gives them (the same tensors: nothing is copied here); a
-    quantized weight `X` is `X` and `X.scales`."""
+    quantized weight `X` is `X` and `X.scales` (4-bit ones: their packed values, `X.scales` and `X.mins`)."""
     named = {"embed_tokens": model.embed_tokens, "lm_head": model.lm_head, "final_norm": model.final_norm}
     for i, layer in enumerate(model.layers):
         named.update({f"layers.{i}.{name}": tensor for name, tensor in vars(layer).items() if tensor is not None})
@@ -49,6 +49,8 @@ def graph_weights(model: "Qwen3CausalLM") -> Dict[str, torch.Tensor]:
                 tensor.weight.view(torch.uint8) if tensor.weight.dtype == torch.float8_e4m3fn else tensor.weight
             )
             weights[name + ".scales"] = tensor.scales
+        elif isinstance(tensor, Int4Weight):
+            weights[name], weights[name + ".scales"], weights[name + ".mins"] = tensor.packed, tensor.scales, tensor.mins
         else:
             weights[name] = tensor
     return weights
@@ -57,7 +59,7 @@ def graph_weights(model: "Qwen3CausalLM") -> Dict[str, torch.Tensor]:
 def _block_k(model: "Qwen3CausalLM") -> int:
     """The column block of the model's quantized weights (0: none); one graph constant serves them all."""
     blocks = {w.block_k for w in [model.lm_head, *(t for layer in model.layers for t in vars(layer).values())]
-              if isinstance(w, QuantizedWeight)}
+              if isinstance(w, (QuantizedWeight, Int4Weight))}
     if len(blocks) > 1:
         raise ValueError(
             f"the model's quantized weights have different column blocks {sorted(blocks)}: one is supported"
@@ -107,6 +109,8 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
                     )
                 n, k = w[name].shape
                 y = ops.reshape(ops.matmul(w[name], ops.reshape(x, [k, 1])), [1, n])
+            elif name + ".mins" in w:
+                y = mili.linear_int4(x, w[name], w[name + ".scales"], w[name + ".mins"], block_k_value)
             elif device_key == "cpu":  # MILI's kernel for every weight format
                 y = mili.linear(x, w[name], w.get(name + ".scales", no_scales), block_k_value)
             else:  # weights and activations are both `dtype` on a GPU: MAX's matmul takes the transposed operand

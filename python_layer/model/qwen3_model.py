@@ -17,7 +17,7 @@ from ..memory.huge_pages import on_huge_pages
 from ..memory.kv_cache_manager import DEFAULT_PAGE_SIZE, PagedKVCache
 from .attention_metadata import AttentionMetadata
 from .config import Qwen3Config
-from .quantization import LinearWeight, QuantizedWeight, cat_rows, convert, parse_weight_dtype
+from .quantization import Int4Weight, LinearWeight, QuantizedWeight, cat_rows, convert, parse_weight_dtype
 # imports MAX here, on the importing (main) thread: MAX enters its MLIR context there
 from .qwen3_graph import CompiledQwen3
 from .reference_forward import ReferenceQwen3
@@ -41,13 +41,14 @@ def check_backend(backend: str) -> str:
 
 
 def resolve_weight_dtype(weight_dtype: str, config: Qwen3Config, dtype: torch.dtype, device: torch.device) -> str:
-    """The linear layers' weight format. "auto": an FP8 checkpoint's FP8, else the activation dtype. On a GPU
-    the weights are dense in the activation dtype (FP8 / int8 checkpoints are dequantized when they load)."""
+    """The linear layers' weight format. "auto": an FP8 checkpoint's FP8, an AWQ / GPTQ checkpoint's int4, else the
+    activation dtype. On a GPU the weights are dense in the activation dtype (FP8 / int8 / 4-bit checkpoints are
+    dequantized when they load)."""
     weight_dtype = parse_weight_dtype(weight_dtype)
     if device.type != "cpu":
         return str(dtype).split(".")[-1]
     if weight_dtype == "auto":
-        return "fp8" if config.fp8_block_size else str(dtype).split(".")[-1]
+        return "fp8" if config.fp8_block_size else "int4" if config.int4_checkpoint else str(dtype).split(".")[-1]
     return weight_dtype
 
 
@@ -110,6 +111,9 @@ class Qwen3CausalLM:
         self.backend = check_backend(backend)
         self.model_path = weight_loader.model_path
         self.weight_dtype = resolve_weight_dtype(weight_dtype, config, self.dtype, self.device)
+        # layers a 4-bit checkpoint leaves unquantized, or holds in a form int4 cannot (8 bits, small groups,
+        # desc_act's order), keep their weights dense when the format is the checkpoint's
+        self._dense_unless_int4 = parse_weight_dtype(weight_dtype) == "auto" and self.weight_dtype == "int4"
         self.kv_cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype, self.dtype, self.device)
         if not weight_loader.weights:
             weight_loader.load_from_safetensors()
@@ -124,13 +128,18 @@ class Qwen3CausalLM:
         self.forward_fn: Forward = BACKENDS[backend](self)
 
     def _lm_head_dtype(self) -> str:
-        # Qwen's FP8 checkpoints leave the LM head unquantized (bfloat16): kept so, not quantized again
+        # Qwen's FP8 checkpoints leave the LM head unquantized (bfloat16): kept so, not quantized again. Under 4-bit
+        # layers it is int8, as llama.cpp's 4-bit files keep theirs at 6 bits or more.
         if self.config.fp8_block_size and self.weight_dtype == "fp8":
             return "bfloat16"
-        return self.weight_dtype
+        return "int8" if self.weight_dtype == "int4" else self.weight_dtype
 
     def _linear(self, loader: WeightLoader, *names: str, weight_dtype: Optional[str] = None) -> LinearWeight:
-        weight = convert(cat_rows([loader.get_linear(n) for n in names]), weight_dtype or self.weight_dtype, self.dtype)
+        parts = [loader.get_linear(n) for n in names]
+        weight_dtype = weight_dtype or self.weight_dtype
+        if self._dense_unless_int4 and not any(isinstance(p, Int4Weight) for p in parts):
+            weight_dtype = str(self.dtype).split(".")[-1]
+        weight = cat_rows([convert(p, weight_dtype, self.dtype) for p in parts])
         if self.backend != "mojo" or self.device.type != "cpu":
             return weight
         # in the order the Mojo decode kernel reads it (bindings/reference.tile_weight; batch-1 decode 1.1-1.3x faster):
@@ -143,6 +152,8 @@ class Qwen3CausalLM:
         # the decode kernels stream the weights fastest from huge pages (memory/huge_pages.py)
         if isinstance(weight, QuantizedWeight):
             return weight._replace(weight=on_huge_pages(weight.weight))
+        if isinstance(weight, Int4Weight):
+            return weight._replace(packed=on_huge_pages(weight.packed))
         return on_huge_pages(weight)
 
     def _layer_weights(self, loader: WeightLoader, i: int) -> DecoderLayerWeights:

@@ -15,6 +15,10 @@ from safetensors import safe_open
 from .config import Qwen3Config
 from .hub import resolve_model_dir
 from .quantization import LinearWeight, QuantizedWeight, from_block_scales, quantize
+from .int4_checkpoints import Int4Checkpoint
+
+INT4_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
+"""The tensors of a projection X in an AWQ / GPTQ checkpoint: X.qweight, ... instead of X.weight."""
 SCALE_SUFFIX = "_scale_inv"
 """An FP8 checkpoint's `X.weight_scale_inv` beside each quantized `X.weight`."""
 FP8_STORED = "F8_E4M3"
@@ -118,9 +122,19 @@ class WeightLoader:
         block = self.config.fp8_block_size
         handles: Dict[str, Any] = {}
         dtypes: Dict[str, Optional[torch.dtype]] = {}
+        int4 = self.config.int4_checkpoint
         for file in files:
             f = safe_open(str(file), framework="pt")
             for name in f.keys():
+                base, _, suffix = name.rpartition(".")
+                if int4 and base + ".weight" in expected and suffix in INT4_SUFFIXES:
+                    shapes = int4.shapes(*expected[base + ".weight"])
+                    if suffix not in shapes:
+                        raise ValueError(f"Unexpected tensor {name!r} in {file.name}: not part of a "
+                                         f"{int4.method.upper()} checkpoint")
+                    self._check_shape(f, name, file, shapes[suffix])
+                    handles[name], dtypes[name] = f, torch.float32 if suffix == "scales" else None
+                    continue
                 if block and name.endswith(SCALE_SUFFIX) and name[: -len(SCALE_SUFFIX)] in expected:
                     n, k = expected[name[: -len(SCALE_SUFFIX)]]
                     self._check_shape(f, name, file, (-(-n // block[0]), -(-k // block[1])))
@@ -138,17 +152,23 @@ class WeightLoader:
                     raise ValueError(f"Tensor {name!r} in {file.name} is float8_e4m3fn, but config.json has no FP8 "
                                      "quantization_config (quant_method 'fp8', weight_block_size) to scale it")
                 handles[name], dtypes[name] = f, None if fp8 else self.dtype
-        unscaled = [n for n, d in dtypes.items() if d is None and n + SCALE_SUFFIX not in dtypes]
+        unscaled = [n for n, d in dtypes.items() if d is None and n.endswith(".weight") and n + SCALE_SUFFIX not in dtypes]
         if unscaled:
             raise ValueError(
                 f"Checkpoint {self.model_path} has FP8 weight(s) without {SCALE_SUFFIX}: {', '.join(unscaled[:3])}"
             )
-        missing = [n for n in expected if n not in dtypes]
+        missing = [n for n in expected if n not in dtypes and not (int4 and self._int4_tensors(n, int4, dtypes))]
         if missing:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
             raise ValueError(f"Checkpoint {self.model_path} lacks tensor(s) {', '.join(missing[:3])}{more}")
         self.weights = CheckpointTensors(handles, dtypes, self.device)
         return self.weights
+
+    @staticmethod
+    def _int4_tensors(name: str, int4: Int4Checkpoint, present: Mapping[str, Any]) -> bool:
+        """Whether a 4-bit checkpoint has every tensor of the projection `name` (X.weight), in its place."""
+        base = name[: -len(".weight")]
+        return name.endswith(".weight") and all(f"{base}.{s}" in present for s in int4.shapes(1, 1))
 
     def release(self, prefix: str = "") -> None:
         """Forgets the checkpoint's tensors read so far whose names start with prefix (all by default)."""
@@ -198,6 +218,11 @@ class WeightLoader:
         """A linear layer's weight as the checkpoint has it: dense, or FP8 with its scales (QuantizedWeight)."""
         if name + SCALE_SUFFIX in self.weights:
             return from_block_scales(self.weights[name], self.weights[name + SCALE_SUFFIX], self.config.fp8_block_size)
+        base = name[: -len(".weight")]
+        if base + ".qweight" in self.weights:
+            int4 = self.config.int4_checkpoint
+            n, k = expected_weight_shapes(self.config)[name]
+            return int4.read({s: self.weights[f"{base}.{s}"] for s in int4.shapes(n, k)}, n, k)
         return self.get_weight(name)
 
     def get_weight(self, name: str) -> torch.Tensor:
@@ -209,8 +234,9 @@ class WeightLoader:
                 f"Weight {name!r} not loaded (known: model.embed_tokens.weight, model.layers.N.*, model.norm.weight, "
                 "lm_head.weight)"
             )
-        if name + SCALE_SUFFIX in self.weights:
-            return self.get_linear(name).dequantize(self.dtype)
+        if name + SCALE_SUFFIX in self.weights or name[: -len(".weight")] + ".qweight" in self.weights:
+            linear = self.get_linear(name)
+            return linear.to(self.dtype) if isinstance(linear, torch.Tensor) else linear.dequantize(self.dtype)
         return self.weights[name]
 
     def get_weight_as_numpy(self, name: str) -> np.ndarray:

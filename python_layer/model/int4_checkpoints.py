@@ -1,0 +1,204 @@
+"""Qwen's 4-bit checkpoints as they are: AWQ (AutoAWQ's GEMM layout) and GPTQ (GPTQModel's and AutoGPTQ's), told
+apart by config.json's quantization_config, read into MILI's 4-bit format (quantization.Int4Weight).
+
+AWQ (quant_method "awq", version "gemm", bits 4, zero_point): `qweight` int32 [K, N / 8], each word eight columns
+of a row, nibble i (bits 4i .. 4i + 3) holding column 8c + AWQ_ORDER[i]; `qzeros` int32 [K / group, N / 8] packed
+alike; `scales` float16 [K / group, N]. w[n, k] = (q[k, n] - z[k / group, n]) * s[k / group, n].
+
+GPTQ (quant_method "gptq", bits 4 or 8): `qweight` int32 [K / P, N] (P = 32 / bits values per word), word r of a
+column holding rows P r + i at bits i * bits; `qzeros` int32 [groups, N / P] packed along N alike; `scales` float16
+[groups, N]; `g_idx` int32 [K], the group of each input row (desc_act orders them by activation, otherwise
+g_idx[k] = k / group). checkpoint_format "gptq" (v1, the classic storage) keeps zero - 1, "gptq_v2" the zero.
+w[n, k] = (q[k, n] - z[g_idx[k], n]) * s[g_idx[k], n].
+
+4-bit weights whose groups are runs of a multiple of 128 input columns (or one per row) become Int4Weight exactly:
+scale s and min -z * s per row and block of 128 columns. Others (8 bits, groups of 32 or 64, a g_idx out of
+order) are dequantized exactly into float32.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from bindings import reference
+
+from .quantization import BLOCK_K, Int4Weight, LinearWeight
+
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+"""AutoAWQ's order of a word's eight columns: nibble i holds column AWQ_ORDER[i]."""
+METHODS = ("awq", "gptq")
+
+
+@dataclass(frozen=True)
+class Int4Checkpoint:
+    """What a 4-bit checkpoint's quantization_config says."""
+
+    method: str
+    bits: int
+    group_size: int  # -1: one group per row
+    zero_offset: int  # what the stored zeros lack: 1 for GPTQ's v1 storage
+    skipped: tuple[str, ...]  # modules left unquantized (modules_to_not_convert)
+
+    @classmethod
+    def from_config(cls, q: Mapping) -> "Int4Checkpoint":
+        method = q.get("quant_method")
+        bits, group = q.get("bits", q.get("w_bit")), q.get("group_size", q.get("q_group_size"))
+        if method == "awq":
+            if q.get("version", "gemm").lower() != "gemm" or not q.get("zero_point", True) or bits != 4:
+                raise ValueError(f"AWQ quantization_config {dict(q)} is not supported: MILI reads AutoAWQ's GEMM "
+                                 "layout with 4 bits and zero points (version 'gemm', zero_point true)")
+        elif method == "gptq":
+            if bits not in (4, 8):
+                raise ValueError(f"GPTQ quantization_config bits {bits!r} is not supported: use 4 or 8")
+            if q.get("checkpoint_format", "gptq") not in ("gptq", "gptq_v2"):
+                raise ValueError(f"GPTQ checkpoint_format {q['checkpoint_format']!r} is not supported: MILI reads "
+                                 "'gptq' (v1) and 'gptq_v2'")
+        if not isinstance(group, int) or not (group == -1 or group > 0):
+            raise ValueError(f"quantization_config group_size must be a positive integer or -1, got {group!r}")
+        offset = 1 if method == "gptq" and q.get("checkpoint_format", "gptq") == "gptq" else 0
+        return cls(method, bits, group, offset, tuple(q.get("modules_to_not_convert") or ()))
+
+    @property
+    def per_word(self) -> int:
+        return 32 // self.bits
+
+    def groups(self, k: int) -> int:
+        return 1 if self.group_size == -1 else -(-k // self.group_size)
+
+    def shapes(self, n: int, k: int) -> dict[str, tuple[int, ...]]:
+        """The tensors of an [N, K] layer, by suffix."""
+        g, p = self.groups(k), self.per_word
+        if self.method == "awq":
+            return {"qweight": (k, n // p), "qzeros": (g, n // p), "scales": (g, n)}
+        return {"qweight": (k // p, n), "qzeros": (g, n // p), "scales": (g, n), "g_idx": (k,)}
+
+    def read(self, tensors: Mapping[str, torch.Tensor], n: int, k: int) -> LinearWeight:
+        """An [N, K] layer from its tensors (by suffix): Int4Weight where the format holds it exactly, else float32."""
+        q = _unpack(tensors["qweight"], self.bits, dim=0 if self.method == "gptq" else 1)  # [K, N]
+        zeros = _unpack(tensors["qzeros"], self.bits, dim=1).to(torch.int32) + self.zero_offset  # [groups, N]
+        if self.method == "awq":
+            q, zeros = _awq_columns(q), _awq_columns(zeros)
+        scales = tensors["scales"].float()
+        group_of = self._group_of(tensors, k)
+        block = self.group_size if self.group_size != -1 else k
+        contiguous = torch.equal(group_of, torch.arange(k) // block)
+        if self.bits == 4 and contiguous and (self.group_size == -1 or self.group_size % BLOCK_K == 0):
+            # each group's scale and min repeated over its blocks of 128 columns
+            blocks = torch.arange(-(-k // BLOCK_K)) * BLOCK_K // block
+            s, z = scales[blocks].t().contiguous(), zeros[blocks].t().float()
+            return Int4Weight(reference.pack_int4(q.t()), s, (-z * s).contiguous(), BLOCK_K, k)
+        return ((q.float() - zeros[group_of].float()) * scales[group_of]).t().contiguous()
+
+    def _group_of(self, tensors: Mapping[str, torch.Tensor], k: int) -> torch.Tensor:
+        if "g_idx" in tensors:
+            g_idx = tensors["g_idx"].long()
+            if g_idx.min() < 0 or g_idx.max() >= self.groups(k):
+                raise ValueError(f"g_idx names groups outside 0..{self.groups(k) - 1}")
+            return g_idx
+        return torch.arange(k) // (self.group_size if self.group_size != -1 else k)
+
+
+def int4_checkpoint(quantization_config: Optional[Mapping]) -> Optional[Int4Checkpoint]:
+    """The checkpoint's 4-bit (or GPTQ 8-bit) format, None for others."""
+    if quantization_config and quantization_config.get("quant_method") in METHODS:
+        return Int4Checkpoint.from_config(quantization_config)
+    return None
+
+
+def _unpack(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """int32 words -> their 32 / bits values (uint8), along `dim`, value i of a word at bits i * bits."""
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
+    words = packed.to(torch.int32).unsqueeze(-1)
+    values = ((words >> shifts) & ((1 << bits) - 1)).to(torch.uint8)  # [..., per_word]
+    if dim == 1:
+        return values.reshape(packed.shape[0], -1)
+    return values.permute(0, 2, 1).reshape(-1, packed.shape[1])
+
+
+def _pack(values: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """_unpack's inverse: values [R, C] (0 .. 2^bits - 1) -> int32 words along `dim`."""
+    per_word = 32 // bits
+    v = values.to(torch.int64)
+    v = v.reshape(v.shape[0], -1, per_word) if dim == 1 else v.reshape(-1, per_word, v.shape[1]).permute(0, 2, 1)
+    words = (v << (torch.arange(per_word) * bits)).sum(dim=-1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def _awq_columns(values: torch.Tensor) -> torch.Tensor:
+    """AWQ's unpacked [R, C] (each eight columns in AWQ_ORDER) in column order."""
+    inverse = torch.tensor(AWQ_ORDER).argsort()
+    return values.reshape(values.shape[0], -1, 8)[:, :, inverse].reshape(values.shape)
+
+
+def _quantize_groups(weight: torch.Tensor, bits: int, group: int, sym: bool) -> tuple[torch.Tensor, ...]:
+    """Round-to-nearest of weight [N, K] per row and group of input columns: q [K, N], zeros and scales [G, N]."""
+    n, k = weight.shape
+    top = (1 << bits) - 1
+    w = weight.float().t().reshape(-1, group, n)  # [G, group, N]
+    if sym:
+        scales = w.abs().amax(dim=1).clamp(min=1e-8) * 2 / top
+        zeros = torch.full_like(scales, (top + 1) // 2)
+    else:
+        low, high = w.amin(dim=1).clamp(max=0), w.amax(dim=1).clamp(min=0)
+        scales = ((high - low) / top).clamp(min=1e-8)
+        zeros = (-low / scales).round().clamp(0, top)
+    scales = scales.half().float()  # stored as float16: q is rounded against the stored scale
+    q = (w / scales[:, None] + zeros[:, None]).round().clamp(0, top).reshape(k, n)
+    return q.to(torch.uint8), zeros.to(torch.uint8), scales.half()
+
+
+def write_int4_checkpoint(src: str | Path, dst: str | Path, method: str, bits: int = 4, group_size: int = 128,
+                          sym: bool = False, desc_act: bool = False, seed: int = 0) -> Path:
+    """A copy of checkpoint `src` with every decoder projection quantized round-to-nearest in `method`'s layout
+    ("awq": AutoAWQ GEMM; "gptq": GPTQ v1 with g_idx, a random order of its input columns' groups when desc_act),
+    the rest (embeddings, norms, LM head) as it was, float16 as these checkpoints are, and the quantization_config."""
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(seed)
+    for file in src.iterdir():
+        if file.suffix == ".safetensors":
+            tensors = {}
+            for name, t in load_file(file).items():
+                if name.startswith("model.layers.") and name.endswith("_proj.weight"):
+                    base = name[: -len(".weight")]
+                    tensors.update({f"{base}.{s}": v for s, v in _quantize_layer(t, method, bits, group_size, sym,
+                                                                                  desc_act, generator).items()})
+                else:
+                    tensors[name] = t.half() if t.is_floating_point() else t
+            save_file(tensors, dst / file.name, metadata={"format": "pt"})
+        elif file.name != "model.safetensors.index.json" and file.is_file():
+            shutil.copyfile(file, dst / file.name)
+    config = json.loads((src / "config.json").read_text())
+    config["torch_dtype"] = "float16"
+    config["quantization_config"] = (
+        {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True, "version": "gemm",
+         "modules_to_not_convert": None}
+        if method == "awq" else
+        {"quant_method": "gptq", "bits": bits, "group_size": group_size, "sym": sym, "desc_act": desc_act,
+         "checkpoint_format": "gptq"}
+    )
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    return dst
+
+
+def _quantize_layer(weight: torch.Tensor, method: str, bits: int, group: int, sym: bool, desc_act: bool,
+                    generator: torch.Generator) -> dict[str, torch.Tensor]:
+    k = weight.shape[1]
+    order = torch.randperm(k, generator=generator) if desc_act else torch.arange(k)
+    # desc_act: groups are formed over the columns in `order`; g_idx maps each column back to its group
+    q, zeros, scales = _quantize_groups(weight[:, order], bits, group, sym)
+    if method == "awq":
+        reorder = lambda v: v.reshape(v.shape[0], -1, 8)[:, :, list(AWQ_ORDER)].reshape(v.shape)
+        return {"qweight": _pack(reorder(q), 4, 1), "qzeros": _pack(reorder(zeros), 4, 1), "scales": scales}
+    q = q[order.argsort()]
+    g_idx = (order.argsort() // group).to(torch.int32)
+    # v1 storage: zero - 1, in `bits` bits (a zero of 0 is stored as all ones, and read back as 2^bits, as GPTQ does)
+    stored = (zeros.to(torch.int32) - 1) & ((1 << bits) - 1)
+    return {"qweight": _pack(q, bits, 0), "qzeros": _pack(stored, bits, 1), "scales": scales, "g_idx": g_idx}
