@@ -103,7 +103,7 @@ def linear(x: TensorValue, weight: TensorValue, scales: TensorValue, block_k: Un
 def linear_int4(x: TensorValue, packed: TensorValue, scales: TensorValue, mins: TensorValue,
                 block_k: TensorValue) -> TensorValue:
     """x [M, K] @ dequantize_int4(packed, scales, mins, block_k, K)^T (reference.linear_int4), on a CPU."""
-    return _custom("mili_linear_int4", x, [x, packed, scales, mins, block_k], [[x.shape[0], packed.shape[0]]])[0]
+    return _custom("mili_linear_int4", x, [x, packed, scales, mins, block_k], [[x.shape[0], scales.shape[0]]])[0]
 
 
 def linear_tiled(x: TensorValue, tiles: TensorValue, scales: TensorValue, block_k: TensorValue) -> TensorValue:

@@ -308,19 +308,21 @@ INT4_RUN = 128
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
-    """4-bit values q [N, K] (0..15) as the 4-bit linear kernel reads them: uint8 [N, ceil(K / 128) * 64], each run of
-    128 columns in 64 bytes, byte j holding column j in its low nibble and column 64 + j in its high one; 0 past K."""
+    """4-bit values q [N, K] (0..15) as the 4-bit linear kernel reads them: each row as runs of 128 columns in 64
+    bytes, byte j holding column j in its low nibble and column 64 + j in its high one (0 past K), the rows tiled by
+    TILE_ROWS: uint8 [ceil(N / 4), runs * 4 * 64], a tile's first run of each row, then their second runs... (rows
+    past N are 0)."""
     n, k = q.shape
-    runs = -(-k // INT4_RUN)
-    q = torch.nn.functional.pad(q.to(torch.uint8), (0, runs * INT4_RUN - k)).view(n, runs, 2, INT4_RUN // 2)
-    return (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n, runs * INT4_RUN // 2)
+    runs, tiles = -(-k // INT4_RUN), -(-n // TILE_ROWS)
+    q = torch.nn.functional.pad(q.to(torch.uint8), (0, runs * INT4_RUN - k, 0, tiles * TILE_ROWS - n))
+    q = q.view(tiles, TILE_ROWS, runs, 2, INT4_RUN // 2)
+    return (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).transpose(1, 2).reshape(tiles, runs * TILE_ROWS * INT4_RUN // 2)
 
 
-def unpack_int4(packed: torch.Tensor, k: int) -> torch.Tensor:
-    """pack_int4's q [N, K] (uint8) back from its packed rows."""
-    n = packed.shape[0]
-    runs = packed.view(n, -1, INT4_RUN // 2)
-    return torch.stack((runs & 15, runs >> 4), dim=2).reshape(n, -1)[:, :k]
+def unpack_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """pack_int4's q [N, K] (uint8) back from its tiles."""
+    runs = packed.view(packed.shape[0], -1, TILE_ROWS, INT4_RUN // 2).transpose(1, 2)
+    return torch.stack((runs & 15, runs >> 4), dim=3).reshape(-1, runs.shape[2] * INT4_RUN)[:n, :k]
 
 
 def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, block_k: int,
@@ -328,7 +330,7 @@ def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tens
     """A 4-bit weight [N, K] in float32: q * scales + mins, scales and mins [N, ceil(K / block_k)] per row and block
     of block_k columns."""
     expand = lambda t: t.float().repeat_interleave(block_k, dim=1)[:, :k]
-    return unpack_int4(packed, k).float() * expand(scales) + expand(mins)
+    return unpack_int4(packed, scales.shape[0], k).float() * expand(scales) + expand(mins)
 
 
 def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,

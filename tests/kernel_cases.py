@@ -240,6 +240,22 @@ def run_linear_tiled(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     _assert_linear_matches(ops.linear(x, tiles, scales, block_k), ref.linear(x, weight, scales, block_k), dtype)
 
 
+INT4_BLOCKS = [128, 256]
+
+
+def run_linear_int4(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
+    """Random 4-bit values (pack_int4's round trip checked), scales and mins of either sign."""
+    (m, k, n), block_k = case
+    q = torch.randint(0, 16, (n, k), dtype=torch.uint8)
+    packed = ref.pack_int4(q)
+    assert torch.equal(ref.unpack_int4(packed, n, k), q)
+    blocks = -(-k // block_k)
+    scales, mins = torch.randn(n, blocks) * 0.01, torch.randn(n, blocks) * 0.05
+    x = torch.randn(m, k, device=device).to(dtype)
+    _assert_linear_matches(ops.linear_int4(x, packed, scales, mins, block_k),
+                           ref.linear_int4(x, packed, scales, mins, block_k), dtype)
+
+
 def kernel_cases() -> list:
     """(runner, case) pairs for every op and path, as pytest params. Each runner and dtype is an xdist group, so
     that `pytest -n N --dist loadgroup` compiles each op's graph in one worker only."""
@@ -279,5 +295,7 @@ def kernel_cases() -> list:
                   for b in INT8_BLOCKS]
         cases += [pytest.param(run_linear_tiled, dtype, (s, w), id=f"linear_tiled-{d}-{str(w).split('.')[-1]}-{s}")
                   for w in ref.TILED_DTYPES for s in TILED_LINEAR_SHAPES]
+        cases += [pytest.param(run_linear_int4, dtype, (s, b), id=f"linear_int4-{d}-blocks_of_{b}-{s}")
+                  for b in INT4_BLOCKS for s in LINEAR_SHAPES if b == 128 or s[1] > 128]
     group = lambda runner, dtype: pytest.mark.xdist_group(f"{runner.__name__}-{dtype}")
     return [pytest.param(*p.values, id=p.id, marks=group(*p.values[:2])) for p in cases]

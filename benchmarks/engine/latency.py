@@ -32,7 +32,7 @@ SETTLE_S = 1.0
 """Pause before each run: the previous system's threads keep spinning for a while after its run (MAX's runtime
 threads used both cores for ~0.3 s after a MILI step, measured), which would slow the next system down."""
 # bits per weight of the linear layers (int8 and fp8: plus a float32 scale per row and 128 columns)
-MILI_BITS = {"float32": 32, "bfloat16": 16, "int8": 8.25, "fp8": 8.25}
+MILI_BITS = {"float32": 32, "bfloat16": 16, "int8": 8.25, "fp8": 8.25, "int4": 4.5}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

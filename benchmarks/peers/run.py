@@ -2,16 +2,17 @@
 512-token prompt; greedy decode of 128 tokens from 32-token prompts at batch 1 and 8; medians of 3 runs after a
 warm-up; 2 threads everywhere):
 - MILI in each weight format (float32 activations; latency.open_mili);
-- llama.cpp (llama-cpp-python built from source for this CPU by setup.sh) on GGUFs written by llama.cpp's own
-  convert_hf_to_gguf.py from the same checkpoint: f32, bf16, q8_0; timed through its low-level API
-  (llama_decode on one llama_batch per step: the batch's prompts together, then one token per sequence);
+- llama.cpp's own C++ tools, built for this CPU by setup.sh (llama-bench for the prefill, llama-batched-bench for
+  the decode: the figures llama.cpp's users quote), on GGUFs of the same checkpoint: f32, bf16 and q8_0 written by
+  llama.cpp's convert_hf_to_gguf.py, Q4_0 and Q4_K_M by llama-quantize;
 - transformers in bfloat16 (one forward for the prompts, then a greedy loop on its KV cache).
 Every system is loaded first, then each timed run goes round all of them in turn (latency.measure), so the
 ratios compare runs taken minutes, not half an hour, apart.
 
-  bash benchmarks/peers/setup.sh          # once: build llama-cpp-python, convert the checkpoint
-  mili bench peers [--systems mili,llama,transformers] [--mili-weight-dtypes float32,bfloat16,int8,fp8]
-                   [--llama-types f32,bf16,q8_0] [--runs 3]
+  bash benchmarks/peers/setup.sh          # once: build llama.cpp's tools, write the GGUFs
+  mili bench peers [--systems mili,llama,transformers] [--mili-weight-dtypes float32,bfloat16,int8,fp8,int4]
+                   [--llama-types f32,bf16,q8_0,q4_0,q4_k_m] [--runs 3]
+  mili bench peers accuracy [...]         # the logits' drift of each format (benchmarks/peers/accuracy.py)
 
 Prints one table (and the speed ratios: MILI in each format over llama.cpp with the same bits, and the best of
 each; above 1 means MILI is faster: the ratio of the medians and, as `_paired`, the median of the per-round ratios)
@@ -20,7 +21,9 @@ and writes JSON under benchmarks/results/. Not part of the test suite."""
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,7 +31,7 @@ from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 PEERS = HERE / ".peers"  # setup.sh's work folder (git-ignored)
-sys.path.insert(0, str(PEERS / "site"))  # llama_cpp, built by setup.sh
+TOOLS = PEERS / "build" / "bin"  # llama.cpp's C++ tools, built by setup.sh
 
 import numpy as np
 import torch
@@ -38,95 +41,48 @@ from benchmarks.engine import latency
 
 THREADS = 2
 # MILI weight format -> the llama.cpp format with the same bits per weight
-SAME_BITS = {"float32": "f32", "bfloat16": "bf16", "int8": "q8_0", "fp8": "q8_0"}
+SAME_BITS = {"float32": "f32", "bfloat16": "bf16", "int8": "q8_0", "fp8": "q8_0", "int4": "q4_0"}
+ALSO_AGAINST = {"int4": "q4_k_m"}
+"""Other llama.cpp formats of about the same bits each MILI format is compared with."""
 
 
 # ---- llama.cpp ----------------------------------------------------------------------------------------------
 
-def import_llama_cpp():
-    try:
-        import llama_cpp
-        from llama_cpp._logger import set_verbose
-    except ImportError as e:
-        raise SystemExit(f"llama_cpp cannot be imported ({e}): build it first with\n"
-                         f"  . .venv/bin/activate && bash {HERE / 'setup.sh'}") from None
-    set_verbose(False)
-    return llama_cpp
+def llama_tool(name: str) -> Path:
+    tool = TOOLS / name
+    if not tool.is_file():
+        raise SystemExit(f"{tool} is missing: build llama.cpp's tools first with\n"
+                         f"  . .venv/bin/activate && bash {HERE / 'setup.sh'}")
+    return tool
 
 
-class LlamaCpp:
-    """One GGUF in one llama.cpp context with room for 8 sequences; greedy decoding by argmax of the logits."""
-
-    def __init__(self, gguf: Path, n_seq: int, per_seq_ctx: int, n_batch: int) -> None:
-        self.lib = lib = import_llama_cpp()
-        lib.llama_backend_init()
-        model_params = lib.llama_model_default_params()
-        # read into memory as MILI's weights are: with every system loaded at once, mmapped weights are page cache
-        # the kernel may evict (llama.cpp bf16 measured 10% slower mmapped in a full run than alone)
-        model_params.use_mmap = False
-        self.model = lib.llama_model_load_from_file(str(gguf).encode(), model_params)
-        if not self.model:
-            raise RuntimeError(f"llama.cpp could not load {gguf}")
-        params = lib.llama_context_default_params()
-        params.n_seq_max = n_seq
-        params.n_ctx = n_seq * per_seq_ctx  # split between the sequences
-        params.n_batch = params.n_ubatch = n_batch  # a whole prompt batch in one ubatch
-        params.n_threads = params.n_threads_batch = THREADS
-        self.ctx = lib.llama_init_from_model(self.model, params)
-        if not self.ctx:
-            raise RuntimeError("llama.cpp could not make a context")
-        self.n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self.model))
-        self.bits = 8 * lib.llama_model_size(self.model) / lib.llama_model_n_params(self.model)
-        self.batch = lib.llama_batch_init(params.n_batch, 0, 1)
-
-    def close(self) -> None:
-        self.lib.llama_batch_free(self.batch)
-        self.lib.llama_free(self.ctx)
-        self.lib.llama_model_free(self.model)
-
-    def _decode(self, tokens: list[tuple[int, int, int, bool]]) -> list[int]:
-        """One llama_decode of (token, position, sequence, wants logits) entries: the argmax of each logits row."""
-        b = self.batch
-        for i, (token, pos, seq, logits) in enumerate(tokens):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0], b.logits[i] = token, pos, 1, seq, int(logits)
-        b.n_tokens = len(tokens)
-        if self.lib.llama_decode(self.ctx, b) != 0:
-            raise RuntimeError("llama_decode failed")
-        n_out = sum(1 for t in tokens if t[3])
-        logits = np.ctypeslib.as_array(self.lib.llama_get_logits(self.ctx), shape=(n_out * self.n_vocab,))
-        return logits.reshape(n_out, self.n_vocab).argmax(axis=1).tolist()
-
-    def run(self, prompts: list[list[int]], new_tokens: int) -> tuple[float, float, float]:
-        """Greedy decoding of the prompts together: (started, every sequence has its first token, last token)."""
-        self.lib.llama_memory_clear(self.lib.llama_get_memory(self.ctx), True)
-        started = time.perf_counter()
-        entries = [(t, pos, seq, pos == len(p) - 1) for seq, p in enumerate(prompts) for pos, t in enumerate(p)]
-        next_tokens = self._decode(entries)
-        first = time.perf_counter()
-        for step in range(new_tokens - 1):
-            next_tokens = self._decode(
-                [(t, len(p) + step, seq, True) for seq, (p, t) in enumerate(zip(prompts, next_tokens))]
-            )
-        return started, first, time.perf_counter()
+def _run_tool(cmd: list) -> str:
+    done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"{Path(cmd[0]).name} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return done.stdout
 
 
 def open_llama(gguf: Path, args: argparse.Namespace) -> latency.Subject:
-    started = time.perf_counter()
-    per_seq = max(args.prefill_len + 1, args.prompt_len + args.new_tokens)
-    n_seq = max(latency.batch_sizes(args))
-    llama = LlamaCpp(gguf, n_seq, -(-per_seq // 256) * 256, max(512, args.prefill_len, n_seq * args.prompt_len))
-    load_s = time.perf_counter() - started
+    """llama.cpp's own tools on one GGUF, each run a new process (its load not timed): llama-bench times the prefill
+    (-p N -n 0, one repetition after its own warm-up), llama-batched-bench the decode (-npp prompt_len -ntg
+    new_tokens - 1 -npl b: the tokens after the first, as MILI's figures count them)."""
+    bench, batched = llama_tool("llama-bench"), llama_tool("llama-batched-bench")
+    row = dict(system="llama.cpp", format=gguf.stem, bits="", load_s="")
 
     def prefill(prompt: list[int]) -> float:
-        s, first, _ = llama.run([prompt], 1)
-        return first - s
+        out = json.loads(_run_tool([bench, "-m", gguf, "-p", len(prompt), "-n", 0, "-t", THREADS, "-r", 1,
+                                    "-o", "json"]))[0]
+        row["bits"] = round(8 * out["model_size"] / out["model_n_params"], 2)
+        return out["avg_ns"] / 1e9
 
     def decode(prompts: list[list[int]]) -> float:
-        _, first, last = llama.run(prompts, args.new_tokens)
-        return last - first
+        b, ctx = len(prompts), len(prompts) * (args.prompt_len + args.new_tokens)
+        out = _run_tool([batched, "-m", gguf, "-c", ctx, "-b", 2048, "-ub", 512, "-npp", args.prompt_len,
+                         "-ntg", args.new_tokens - 1, "-npl", b, "-t", THREADS, "--output-format", "jsonl"])
+        return json.loads(out.strip().splitlines()[-1])["t_tg"]
 
-    row = dict(system="llama.cpp", format=gguf.stem, bits=round(llama.bits, 2), load_s=load_s)
-    return latency.Subject(row, prefill, decode, llama.close)
+    return latency.Subject(row, prefill, decode)
 
 
 # ---- transformers -------------------------------------------------------------------------------------------
@@ -199,11 +155,8 @@ def ratio_rows(rows: list[dict], args: argparse.Namespace) -> list[dict]:
     mili = [r for r in rows if r["system"] == "mili"]
     llama = {r["format"]: r for r in rows if r["system"] == "llama.cpp"}
     hf = [r for r in rows if r["system"] == "transformers"]
-    out = [
-        speed_ratios(f"mili {r['format']} / llama.cpp {SAME_BITS[r['format']]}", r, llama[SAME_BITS[r["format"]]], args)
-        for r in mili
-        if SAME_BITS.get(r["format"]) in llama
-    ]
+    pairs = [(r, t) for r in mili for t in (SAME_BITS.get(r["format"]), ALSO_AGAINST.get(r["format"])) if t in llama]
+    out = [speed_ratios(f"mili {r['format']} / llama.cpp {t}", r, llama[t], args) for r, t in pairs]
     if mili and llama:
         out.append(speed_ratios("mili best / llama.cpp best", best(mili, args), best(list(llama.values()), args), args))
     if mili and hf:
@@ -212,11 +165,16 @@ def ratio_rows(rows: list[dict], args: argparse.Namespace) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["accuracy"]:
+        from benchmarks.peers import accuracy
+
+        return accuracy.main(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     latency.add_arguments(parser)
     parser.add_argument("--systems", default="mili,llama,transformers")
-    parser.add_argument("--mili-weight-dtypes", default="float32,bfloat16,int8,fp8")
-    parser.add_argument("--llama-types", default="f32,bf16,q8_0")
+    parser.add_argument("--mili-weight-dtypes", default="float32,bfloat16,int8,fp8,int4")
+    parser.add_argument("--llama-types", default="f32,bf16,q8_0,q4_0,q4_k_m")
     parser.add_argument(
         "--gguf-dir", default=None, help="default: benchmarks/peers/.peers/gguf/<checkpoint folder name>"
     )
@@ -233,7 +191,6 @@ def main(argv: list[str] | None = None) -> int:
             (f"mili {w}", lambda w=w: latency.open_mili(path, w, args)) for w in args.mili_weight_dtypes.split(",")
         ]
     if "llama" in systems:
-        import_llama_cpp()
         for t in args.llama_types.split(","):
             if not (gguf_dir / f"{t}.gguf").is_file():
                 raise SystemExit(f"{gguf_dir / f'{t}.gguf'} is missing: convert the checkpoint with\n"

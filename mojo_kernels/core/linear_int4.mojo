@@ -3,7 +3,10 @@
 # q in 0..15, kb = k / block_k (block_k a multiple of 128).
 # Layout (bindings/reference.pack_int4): each row as runs of RUN = 128 columns in 64 bytes, byte j of a run holding
 # column j in its low nibble and column 64 + j in its high nibble; columns past K are 0. A mask or a shift of one
-# vector load gives consecutive weights as bytes, the operand of the int8 dot products.
+# vector load gives consecutive weights as bytes, the operand of the int8 dot products. The rows are tiled as the
+# decode tile reads them: packed [ceil(N / NR), runs * NR * 64], each NR rows' first runs, then their second runs...
+# (rows past N are 0), so that a worker streams one sequential run of memory (the model's linears at batch 1: 1.xx
+# faster than [N, K / 2] rows on Zen 4).
 # x is quantized to int8 per row and block of block_k columns as for int8 weights (reference.effective_x, as
 # llama.cpp's q4 formats do with q8): per block, sum_k w x = sx * (s * sum_k q xq + m * sum_k xq), exact int32 sums
 # then the scales.
@@ -42,7 +45,8 @@ comptime Q4_MIN_OFFSET = Float32(8)
 
 
 struct _Int4Weights(ImplicitlyCopyable):
-    """w packed [N, ceil(K / RUN) * RUN_BYTES] with its scales and mins [N, ceil(K / block_k)]."""
+    """w packed in tiles of NR rows (see the top), row_bytes = ceil(K / RUN) * RUN_BYTES per row, with its scales and
+    mins [N, ceil(K / block_k)]."""
 
     var w: Addr[DType.uint8]
     var scales: Addr[F32]
@@ -62,6 +66,11 @@ struct _Int4Weights(ImplicitlyCopyable):
     @always_inline
     def padded_k(self) -> Int:
         return 2 * self.row_bytes
+
+    @always_inline
+    def at(self, n: Int, k: Int) -> Int:
+        """The byte of row n's run holding column k (k a multiple of RUN)."""
+        return (n - n % NR) * self.row_bytes + (k // RUN) * (NR * RUN_BYTES) + (n % NR) * RUN_BYTES
 
     @always_inline
     def scale(self, n: Int, kb: Int) -> Float32:
@@ -119,7 +128,7 @@ def _decode_tile_q4[a_type: DType, rows: Int, cols: Int, fetch: Bool](
                     x_low[i] = q.unsafe_load[width=S]((m0 + i) * stride + kx)
                     x_high[i] = q.unsafe_load[width=S]((m0 + i) * stride + kx + RUN_BYTES)
                 comptime for j in range(cols):
-                    var at = n_of[j] * wt.row_bytes + k // 2 + part * S
+                    var at = wt.at(n_of[j], k) + part * S
                     comptime if fetch and part == 0:
                         prefetch[PrefetchOptions().for_read().medium_locality()](w.unsafe_offset(at + PREFETCH_BYTES))
                     var b = w.unsafe_load[width=S](at)
@@ -150,7 +159,7 @@ def _pack_q4_quad_panel(panel: Ptr[DType.uint32], panel_scales: Ptr[F32], panel_
             panel_scales.unsafe_store(kb * PANEL + c, s)
             panel_mins.unsafe_store(kb * PANEL + c, wt.min(n, kb) + Q4_MIN_OFFSET * s)
         for r in range(wt.row_bytes // RUN_BYTES):
-            var b = w.unsafe_load[width=RUN_BYTES](n * wt.row_bytes + r * RUN_BYTES)
+            var b = w.unsafe_load[width=RUN_BYTES](wt.at(n, r * RUN))
             var lo = bitcast[DType.uint32, WORDS]((b & 15) - 8)  # wraps to q - 8's byte
             var hi = bitcast[DType.uint32, WORDS]((b >> 4) - 8)
             comptime for e in range(WORDS):
@@ -170,7 +179,7 @@ def _pack_q4_panel(panel: Ptr[F32], wt: _Int4Weights, n0: Int):
         for k in range(wt.k):
             var v = Float32(0)
             if n < wt.n:
-                var byte = w.unsafe_load(n * wt.row_bytes + (k // RUN) * RUN_BYTES + k % RUN_BYTES)
+                var byte = w.unsafe_load(wt.at(n, k - k % RUN) + k % RUN_BYTES)
                 var nibble = (byte >> 4) if k % RUN >= RUN_BYTES else (byte & 15)
                 var kb = k // wt.block_k
                 v = Float32(nibble).fma(wt.scale(n, kb), wt.min(n, kb))
@@ -284,16 +293,17 @@ def linear_int4_cpu[a_type: DType, R: Runner](
     _ = effective^
 
 
-def check_linear_int4(m: Int, k: Int, n: Int, row_bytes: Int, y_m: Int, y_n: Int, scale_rows: Int, scale_cols: Int,
+def check_linear_int4(m: Int, k: Int, n: Int, tiles: Int, tile_bytes: Int, y_m: Int, y_n: Int, scale_cols: Int,
                       min_rows: Int, min_cols: Int, block_k: Int) raises:
-    check_same["linear_int4"](row_bytes, ceildiv(k, RUN) * RUN_BYTES, "the weight's bytes per row",
-                              "64 per 128 columns of x (bindings.reference.pack_int4)")
+    """n: the scales' rows."""
+    check_same["linear_int4"](tiles, ceildiv(n, NR), "the weight's tiles", "ceil(scale rows / 4)")
+    check_same["linear_int4"](tile_bytes, ceildiv(k, RUN) * NR * RUN_BYTES, "the weight's bytes per tile",
+                              "256 per 128 columns of x (bindings.reference.pack_int4)")
     check_same["linear_int4"](y_m, m, "output rows", "x rows")
-    check_same["linear_int4"](y_n, n, "output columns", "weight rows")
+    check_same["linear_int4"](y_n, n, "output columns", "scale rows")
     if block_k <= 0 or block_k % RUN != 0:
         raise Error("linear_int4: block_k must be a positive multiple of ", RUN, ", got ", block_k)
-    check_same["linear_int4"](scale_rows, n, "scale rows", "weight rows")
-    check_same["linear_int4"](min_rows, n, "min rows", "weight rows")
+    check_same["linear_int4"](min_rows, n, "min rows", "scale rows")
     check_same["linear_int4"](scale_cols, ceildiv(k, block_k), "scale columns", "ceil(in_features / block_k)")
     check_same["linear_int4"](min_cols, ceildiv(k, block_k), "min columns", "ceil(in_features / block_k)")
 
@@ -312,9 +322,10 @@ struct LinearInt4:
     ) raises:
         comptime if target == "cpu":
             var m, k, bk = x.dim_size[0](), x.dim_size[1](), Int(block_k.unsafe_ptr().unsafe_load(0))
-            check_linear_int4(m, k, w.dim_size[0](), w.dim_size[1](), y.dim_size[0](), y.dim_size[1](),
-                              scales.dim_size[0](), scales.dim_size[1](), mins.dim_size[0](), mins.dim_size[1](), bk)
+            var n = scales.dim_size[0]()
+            check_linear_int4(m, k, n, w.dim_size[0](), w.dim_size[1](), y.dim_size[0](), y.dim_size[1](),
+                              scales.dim_size[1](), mins.dim_size[0](), mins.dim_size[1](), bk)
             linear_int4_cpu[a_type](MojoThreads(ctx), y.unsafe_ptr(), x.unsafe_ptr(), w.unsafe_ptr(), scales.unsafe_ptr(),
-                                    mins.unsafe_ptr(), m, w.dim_size[0](), k, bk)
+                                    mins.unsafe_ptr(), m, n, k, bk)
         else:
             raise Error("linear_int4: 4-bit weights are a CPU format: on a GPU the model dequantizes them when it loads")

@@ -141,7 +141,9 @@ def _quantize_groups(weight: torch.Tensor, bits: int, group: int, sym: bool) -> 
     """Round-to-nearest of weight [N, K] per row and group of input columns: q [K, N], zeros and scales [G, N]."""
     n, k = weight.shape
     top = (1 << bits) - 1
-    w = weight.float().t().reshape(-1, group, n)  # [G, group, N]
+    groups = -(-k // group)
+    # the last group padded with zeros, which both ranges hold already
+    w = torch.nn.functional.pad(weight.float(), (0, groups * group - k)).t().reshape(groups, group, n)
     if sym:
         scales = w.abs().amax(dim=1).clamp(min=1e-8) * 2 / top
         zeros = torch.full_like(scales, (top + 1) // 2)
@@ -150,7 +152,7 @@ def _quantize_groups(weight: torch.Tensor, bits: int, group: int, sym: bool) -> 
         scales = ((high - low) / top).clamp(min=1e-8)
         zeros = (-low / scales).round().clamp(0, top)
     scales = scales.half().float()  # stored as float16: q is rounded against the stored scale
-    q = (w / scales[:, None] + zeros[:, None]).round().clamp(0, top).reshape(k, n)
+    q = (w / scales[:, None] + zeros[:, None]).round().clamp(0, top).reshape(groups * group, n)[:k]
     return q.to(torch.uint8), zeros.to(torch.uint8), scales.half()
 
 
@@ -193,6 +195,7 @@ def _quantize_layer(weight: torch.Tensor, method: str, bits: int, group: int, sy
     k = weight.shape[1]
     order = torch.randperm(k, generator=generator) if desc_act else torch.arange(k)
     # desc_act: groups are formed over the columns in `order`; g_idx maps each column back to its group
+    group = group if group != -1 else k
     q, zeros, scales = _quantize_groups(weight[:, order], bits, group, sym)
     if method == "awq":
         reorder = lambda v: v.reshape(v.shape[0], -1, 8)[:, :, list(AWQ_ORDER)].reshape(v.shape)

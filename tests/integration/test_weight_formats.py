@@ -1,7 +1,7 @@
 """The model on low-precision weights, end to end on the compiled graph: an FP8 checkpoint in Qwen's layout
 against a float32 run of its own dequantized weights, bfloat16 weights against transformers' bfloat16 drift,
-int8 weights (and int8 activations) against the reference backend; a bfloat16 KV cache under float32 activations
-against both."""
+int8 and int4 weights (and int8 activations) against the reference backend, AWQ and GPTQ checkpoints as int4 and
+against transformers on their dequantized weights; a bfloat16 KV cache under float32 activations against both."""
 
 from __future__ import annotations
 
@@ -12,9 +12,13 @@ import torch
 
 from bindings import library
 from python_layer import InferenceEngine, SamplingParams
-from python_layer.model.quantization import QuantizedWeight, write_fp8_checkpoint
+from python_layer.model.config import Qwen3Config
+from python_layer.model.int4_checkpoints import write_int4_checkpoint
+from python_layer.model.quantization import Int4Weight, QuantizedWeight, write_fp8_checkpoint
+from python_layer.model.weight_loader import WeightLoader, expected_weight_shapes
 from python_layer.model.random_checkpoint import build_random_checkpoint
 from tests.integration.test_parity import _Batch, _hf, _hf_logits, _prompts, _rel_err
+from tests.unit.test_int4 import INT4_SHAPES
 from tests.unit.test_quantization import ODD
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
@@ -106,3 +110,65 @@ def test_bfloat16_kv_cache_matches_the_reference_backend_and_drifts_less_than_tr
         tiny_checkpoint, dtype=torch.bfloat16, attn_implementation="eager"
     ).eval()
     assert ours < _rel_err(_hf_logits(hf_bf16, prompts[2]), exact), ours
+
+
+def test_int4_weights_match_the_reference_backend_and_stay_near_float32(tiny_checkpoint: Path) -> None:
+    engines = {b: InferenceEngine.from_pretrained(tiny_checkpoint, dtype="float32", weight_dtype="int4", backend=b)
+               for b in ("mojo", "reference")}
+    model = engines["mojo"].model
+    assert all(isinstance(w, Int4Weight) for layer in model.layers
+               for w in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj))
+    assert isinstance(model.lm_head, QuantizedWeight) and model.lm_head.weight.dtype == torch.int8
+    prompts = _prompts(model.config.vocab_size, seed=4)
+    assert _greedy(engines["mojo"], prompts) == _greedy(engines["reference"], prompts)
+    logits = [_Batch(e.model, 1).forward([prompts[2]], all_logits=True) for e in engines.values()]
+    assert _rel_err(logits[0], logits[1]) < 1e-4  # the same int8 x and 4-bit weights: float32 sums in another order
+    # 4 bits (a step is a 15th of a 128-column block's range) times int8 activations
+    assert _rel_err(logits[0], _hf_logits(_hf(tiny_checkpoint), prompts[2])) < 0.25
+
+
+@pytest.fixture(scope="module")
+def int4_dense(checkpoints_dir: Path) -> Path:
+    return build_random_checkpoint(checkpoints_dir / "int4-dense", seed=6, dtype=torch.bfloat16,
+                                   **{**INT4_SHAPES, "num_hidden_layers": 2})
+
+
+def _hf_on_dequantized(path: Path) -> "torch.nn.Module":
+    """transformers' float32 Qwen3 on a 4-bit checkpoint's weights, dequantized by MILI's loader."""
+    from transformers import Qwen3ForCausalLM
+
+    config = Qwen3Config.from_pretrained(path)
+    loader = WeightLoader(path, config)
+    loader.load_from_safetensors()
+    state = {name: loader.get_weight(name) for name in expected_weight_shapes(config)}
+    hf = Qwen3ForCausalLM(Qwen3ForCausalLM.config_class(**{k: v for k, v in config.to_dict().items()
+                                                              if k != "quantization_config"},
+                                                           attn_implementation="eager")).eval()
+    hf.load_state_dict(state, strict=False)
+    return hf
+
+
+@pytest.mark.parametrize("method, options", [("awq", {}), ("gptq", dict(sym=True)),
+                                             ("gptq", dict(sym=False, desc_act=True))])
+def test_awq_and_gptq_checkpoints_load_with_no_flag(int4_dense: Path, tmp_path: Path, method: str,
+                                                    options: dict) -> None:
+    path = write_int4_checkpoint(int4_dense, tmp_path / method, method, **options)
+    engine = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32")  # no flag: the config says
+    reference = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", backend="reference")
+    exact = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", weight_dtype="float32")
+    repacked = not options.get("desc_act")  # desc_act's groups follow g_idx: dequantized, dense
+    assert engine.model.weight_dtype == "int4"
+    assert isinstance(engine.model.layers[0].qkv_proj, Int4Weight) == repacked
+    assert torch.equal(_dequantized(engine.model.layers[1].down_proj), exact.model.layers[1].down_proj)
+    prompts = _prompts(engine.model.config.vocab_size, seed=5)
+    assert _greedy(engine, prompts) == _greedy(reference, prompts)
+    # the same dequantized weights in float32 (MILI's --weight-dtype float32 and transformers): the same tokens
+    hf = _hf_on_dequantized(path)
+    for prompt, tokens in zip(prompts, _greedy(exact, prompts)):
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=GREEDY.max_tokens, do_sample=False,
+                          min_new_tokens=GREEDY.max_tokens)
+        assert out[0, len(prompt):].tolist() == tokens
+
+
+def _dequantized(weight) -> torch.Tensor:
+    return weight if isinstance(weight, torch.Tensor) else weight.dequantize()

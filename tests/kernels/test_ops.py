@@ -200,6 +200,17 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
         ops.linear(torch.randn(2, 128, dtype=bf16), tiled_int8, torch.ones(8, 2), 96)
     with pytest.raises(ValueError, match="N a multiple of 4 and K of 64 bytes, got torch.bfloat16 \\(6, 64\\)"):
         ref.tile_weight(torch.ones(6, 64, dtype=torch.bfloat16))
+    packed = torch.zeros(2, 512, dtype=torch.uint8)  # 8 rows, K 129..256
+    with pytest.raises(ValueError, match="block_k must be a positive multiple of 128, got 64"):
+        ops.linear_int4(torch.randn(2, 200), packed, torch.ones(8, 4), torch.ones(8, 4), 64)
+    with pytest.raises(ValueError, match="bytes per tile \\(512\\) must equal 256 per 128 columns of x"):
+        ops.linear_int4(torch.randn(2, 100), packed, torch.ones(8, 1), torch.ones(8, 1), 128)
+    with pytest.raises(ValueError, match="tiles \\(2\\) must equal ceil\\(scale rows / 4\\) \\(3\\)"):
+        ops.linear_int4(torch.randn(2, 200), packed, torch.ones(9, 2), torch.ones(9, 2), 128)
+    with pytest.raises(ValueError, match="min columns \\(1\\) must equal ceil\\(in_features / block_k\\) \\(2\\)|dimension 'KB'"):
+        ops.linear_int4(torch.randn(2, 200), packed, torch.ones(8, 2), torch.ones(8, 1), 128)
+    with pytest.raises(ValueError, match="packed weights are uint8"):
+        ops.linear_int4(torch.randn(2, 200), packed.to(torch.int8), torch.ones(8, 2), torch.ones(8, 2), 128)
 
 
 def test_gpu_compile_check_passes() -> None:

@@ -1,0 +1,133 @@
+"""The logits' drift from float32 of each low-bit weight format, MILI's and llama.cpp's, on one checkpoint (default:
+the benchmarks' random-weight Qwen3-0.6B-shaped one). transformers runs in float32 on the checkpoint's weights, then
+on each format's weights dequantized:
+- MILI int8 / int4 / fp8: the projections as python_layer/model/quantization.py makes them at load, the LM head as
+  the model keeps it (int8 under int4, the format itself otherwise), the embedding as it is;
+- llama.cpp's GGUFs written by benchmarks/peers/setup.sh (q8_0, Q4_0, Q4_K_M): every tensor read and dequantized by
+  llama.cpp's own gguf-py (the embedding too, as llama.cpp looks it up).
+Each format's weights alone, with float32 activations: neither engine's activation rounding (both quantize x to int8
+per block for these formats) is in these figures. Per format: the projections' error (the RMS of every projection
+weight's error over the RMS of the weights), and over every position of the prompts the RMS of the logits' error
+over the RMS of the logits, the largest error over the largest |logit| and how often the argmax agrees with
+float32's. --layers keeps the first N decoder layers only: a random-weight model amplifies any error layer after
+layer until the logits of 28 layers share little with float32's at 4 bits, whichever the format.
+
+  mili bench peers accuracy [--model DIR] [--formats int8,int4,q8_0,q4_0,q4_k_m] [--layers N] [--prompts 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import model_path, print_table, write_json
+from python_layer.model.quantization import convert
+
+PEERS = Path(__file__).resolve().parent / ".peers"
+MILI_FORMATS = ("int8", "int4", "fp8")
+LM_HEAD = {"int4": "int8"}
+GGUF_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+
+
+def hf_name(gguf_name: str) -> str:
+    """A Qwen3 GGUF tensor's Hugging Face name (convert_hf_to_gguf.py's mapping, reversed)."""
+    parts = gguf_name.split(".")
+    if parts[0] == "blk":
+        return f"model.layers.{parts[1]}.{GGUF_NAMES[parts[2]]}.{parts[3]}"
+    return {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}[parts[0]] + ".weight"
+
+
+def gguf_weights(path: Path) -> dict[str, torch.Tensor]:
+    sys.path.insert(0, str(PEERS / "site"))  # gguf-py, installed there by setup.sh
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    reader = GGUFReader(path)
+    weights = {}
+    for t in reader.tensors:
+        values = dequantize(t.data, t.tensor_type)
+        weights[hf_name(t.name)] = torch.from_numpy(values.copy()).float().reshape(list(reversed(t.shape.tolist())))
+    return weights
+
+
+def mili_weights(state: dict[str, torch.Tensor], weight_dtype: str) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, w in state.items():
+        if name.endswith("_proj.weight"):
+            out[name] = convert(w, weight_dtype, torch.float32).dequantize()
+        elif name == "lm_head.weight":
+            out[name] = convert(w, LM_HEAD.get(weight_dtype, weight_dtype), torch.float32).dequantize()
+    return out
+
+
+@torch.inference_mode()
+def logits(model, prompts: torch.Tensor) -> torch.Tensor:
+    return model(prompts).logits.float()
+
+
+def weight_error(weights: dict[str, torch.Tensor], original: dict[str, torch.Tensor]) -> float:
+    names = [n for n in weights if n.endswith("_proj.weight") and n in original]
+    err = sum(float((weights[n] - original[n]).pow(2).sum()) for n in names)
+    return (err / sum(float(original[n].pow(2).sum()) for n in names)) ** 0.5
+
+
+def drift(ours: torch.Tensor, exact: torch.Tensor) -> dict:
+    err = ours - exact
+    return dict(rms_rel=float(err.pow(2).mean().sqrt() / exact.pow(2).mean().sqrt()),
+                max_rel=float(err.abs().max() / exact.abs().max()),
+                top1_agree=float((ours.argmax(-1) == exact.argmax(-1)).float().mean()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from transformers import Qwen3ForCausalLM
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--formats", default="int8,int4,q8_0,q4_0,q4_k_m")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--length", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=None, help="the first N decoder layers only (default: all)")
+    args = parser.parse_args(argv)
+    path = model_path(args.model)
+    model = Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    if args.layers:
+        model.model.layers = model.model.layers[: args.layers]
+        model.config.num_hidden_layers = args.layers
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())  # untied: formats differ
+    original = {n: p.detach().clone() for n, p in model.state_dict().items()}
+    original["lm_head.weight"] = model.lm_head.weight.detach().clone()
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(1000, 100000, (args.prompts, args.length), generator=g)
+    exact = logits(model, prompts)
+    rows = []
+    for fmt in args.formats.split(","):
+        if fmt in MILI_FORMATS:
+            system, weights = "mili", mili_weights(original, fmt)
+        else:
+            gguf = PEERS / "gguf" / Path(path).name / f"{fmt}.gguf"
+            if not gguf.is_file():
+                raise SystemExit(f"{gguf} is missing: write it with bash benchmarks/peers/setup.sh {path}")
+            system, weights = "llama.cpp", gguf_weights(gguf)
+            if "lm_head.weight" not in weights:  # tied: llama.cpp's output is its token embedding
+                weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+        model.load_state_dict({**original, **weights}, strict=False)
+        model.lm_head.weight.data.copy_(weights.get("lm_head.weight", original["lm_head.weight"]))
+        rows.append(dict(system=system, format=fmt, weights_rms_rel=weight_error(weights, original),
+                         **drift(logits(model, prompts), exact)))
+        print(rows[-1], flush=True)
+    print()
+    print_table(rows, list(rows[0]))
+    write_json("accuracy", dict(vars(args), model=path), rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,154 @@
+"""4-bit weights: MILI's int4 quantization, and Qwen's AWQ / GPTQ checkpoints read as they are, checked against
+dequantizers written here from the layouts' definitions (AutoAWQ's nibble order, GPTQ's v1 zeros), bit by bit."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bindings import reference
+from python_layer.model.config import Qwen3Config
+from python_layer.model.int4_checkpoints import Int4Checkpoint, write_int4_checkpoint
+from python_layer.model.qwen3_model import resolve_weight_dtype
+from python_layer.model.quantization import Int4Weight, cat_rows, convert, quantize_int4
+from python_layer.model.random_checkpoint import build_random_checkpoint
+from python_layer.model.weight_loader import WeightLoader
+
+# K a multiple of 128 (AWQ's groups must divide it), N not a multiple of 64: q 640, k / v 80, gate / up 640, down
+# K 640
+INT4_SHAPES = dict(hidden_size=384, intermediate_size=640, num_hidden_layers=1, num_attention_heads=16,
+                   num_key_value_heads=2, head_dim=40, tie_word_embeddings=True)
+LAYER = "model.layers.0.self_attn.k_proj"
+
+
+def _words(t: torch.Tensor) -> list[list[int]]:
+    return (t.to(torch.int64) & 0xFFFFFFFF).tolist()
+
+
+def _awq_dequantize(tensors: dict, group: int) -> torch.Tensor:
+    """AutoAWQ's GEMM layout by its definition: word c of row k packs columns 8c + [0, 2, 4, 6, 1, 3, 5, 7] in
+    nibbles 0..7; w[n, k] = (q - z) * s."""
+    order = [0, 2, 4, 6, 1, 3, 5, 7]
+    qweight, qzeros, scales = _words(tensors["qweight"]), _words(tensors["qzeros"]), tensors["scales"].float()
+    k, n = len(qweight), scales.shape[1]
+    w = torch.zeros(n, k)
+    for row in range(k):
+        for c in range(n // 8):
+            for i in range(8):
+                col = 8 * c + order[i]
+                q = (qweight[row][c] >> (4 * i)) & 15
+                z = (qzeros[row // group][c] >> (4 * i)) & 15
+                w[col, row] = (q - z) * scales[row // group, col]
+    return w
+
+
+def _gptq_dequantize(tensors: dict, bits: int) -> torch.Tensor:
+    """GPTQ's v1 layout by its definition: qweight word r of column n packs rows (32 / bits) r + i, qzeros word c of
+    group g packs columns (32 / bits) c + i, each value i at bits i * bits; the zeros stored minus one."""
+    per, mask = 32 // bits, (1 << bits) - 1
+    qweight, qzeros = _words(tensors["qweight"]), _words(tensors["qzeros"])
+    scales, g_idx = tensors["scales"].float(), tensors["g_idx"].tolist()
+    k, n = len(g_idx), scales.shape[1]
+    w = torch.zeros(n, k)
+    for row in range(k):
+        g = g_idx[row]
+        for col in range(n):
+            q = (qweight[row // per][col] >> (bits * (row % per))) & mask
+            z = ((qzeros[g][col // per] >> (bits * (col % per))) & mask) + 1
+            w[col, row] = (q - z) * scales[g, col]
+    return w
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_random_checkpoint(tmp_path_factory.mktemp("int4") / "dense", seed=5, dtype=torch.bfloat16,
+                                   **INT4_SHAPES)
+
+
+def _layer(path: Path) -> dict:
+    tensors = load_file(path / "model.safetensors")
+    return {name.rpartition(".")[2]: t for name, t in tensors.items() if name.startswith(LAYER + ".")}
+
+
+def _read(path: Path) -> object:
+    config = Qwen3Config.from_pretrained(path)
+    loader = WeightLoader(path, config)
+    loader.load_from_safetensors()
+    return loader.get_linear(LAYER + ".weight")
+
+
+def test_quantize_int4_error_and_round_trip() -> None:
+    w = torch.randn(37, 300) * torch.rand(37, 1) * 3
+    q = quantize_int4(w)
+    assert q.packed.shape == (10, 3 * 256) and q.scales.shape == q.mins.shape == (37, 3) and q.in_features == 300
+    values = reference.unpack_int4(q.packed, 37, 300)
+    assert int(values.max()) <= 15 and torch.equal(reference.pack_int4(values), q.packed)
+    err = (q.dequantize() - w).abs().view(37, -1)
+    # min..max rounding is half a 15th of the block's range off at most; the least-squares fit trades the extremes'
+    # error for the bulk's, up to about one such step
+    blocks = torch.nn.functional.pad(w, (0, 84), value=float("nan")).view(37, 3, 128)
+    spread = (blocks.nan_to_num(-1e9).amax(2) - blocks.nan_to_num(1e9).amin(2)).repeat_interleave(128, 1)[:, :300]
+    assert (err <= spread / 15 * 1.5).all()
+    # the least-squares fit does better than min..max rounding
+    assert (q.dequantize() - w).norm() < 0.99 * (_minmax_int4(w) - w).norm()
+    stacked = cat_rows([q, quantize_int4(w[:5])])
+    assert isinstance(stacked, Int4Weight) and stacked.packed.shape[0] == 11
+    assert torch.equal(stacked.dequantize(), torch.cat([q.dequantize(), quantize_int4(w[:5]).dequantize()]))
+    assert torch.equal(convert(q, "float32", torch.float32), q.dequantize())
+    assert convert(w, "int4", torch.float32).packed.shape == q.packed.shape
+
+
+def _minmax_int4(w: torch.Tensor) -> torch.Tensor:
+    blocks = torch.nn.functional.pad(w, (0, 84), mode="replicate").view(w.shape[0], 3, 128)
+    low, high = blocks.amin(2, keepdim=True), blocks.amax(2, keepdim=True)
+    scale = (high - low) / 15
+    return (((blocks - low) / scale).round() * scale + low).view(w.shape[0], -1)[:, :300]
+
+
+def test_awq_checkpoint_reads_into_int4_exactly(dense: Path, tmp_path: Path) -> None:
+    path = write_int4_checkpoint(dense, tmp_path / "awq", "awq")
+    weight = _read(path)
+    assert isinstance(weight, Int4Weight) and weight.block_k == 128
+    assert torch.equal(weight.dequantize(), _awq_dequantize(_layer(path), 128))
+    config = Qwen3Config.from_pretrained(path)
+    assert resolve_weight_dtype("auto", config, torch.float32, torch.device("cpu")) == "int4"
+    assert resolve_weight_dtype("auto", config, torch.bfloat16, torch.device("cuda")) == "bfloat16"
+
+
+@pytest.mark.parametrize("bits, group, sym, desc_act, repacked", [
+    (4, 128, True, False, True),
+    (4, 128, False, False, True),
+    (4, 256, True, False, True),  # each group's scale over its two blocks of 128
+    (4, -1, False, False, True),
+    (4, 32, True, False, False),  # groups smaller than the kernel's blocks: dequantized
+    (4, 128, False, True, False),  # desc_act: groups in g_idx's order
+    (8, 128, True, False, False),
+])
+def test_gptq_checkpoint_reads_exactly(dense: Path, tmp_path: Path, bits: int, group: int, sym: bool,
+                                       desc_act: bool, repacked: bool) -> None:
+    path = write_int4_checkpoint(dense, tmp_path / "gptq", "gptq", bits=bits, group_size=group, sym=sym,
+                                 desc_act=desc_act)
+    weight = _read(path)
+    assert isinstance(weight, Int4Weight) == repacked
+    ours = weight.dequantize() if repacked else weight
+    theirs = _gptq_dequantize(_layer(path), bits)
+    assert torch.equal(ours, theirs)
+    dense_weight = load_file(dense / "model.safetensors")[LAYER + ".weight"].float()
+    assert (theirs - dense_weight).norm() < (0.15 if bits == 4 else 0.01) * dense_weight.norm()
+
+
+def test_bad_4bit_configs_are_refused(dense: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="GEMM layout with 4 bits and zero points"):
+        Int4Checkpoint.from_config({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"})
+    with pytest.raises(ValueError, match="bits 3 is not supported"):
+        Int4Checkpoint.from_config({"quant_method": "gptq", "bits": 3, "group_size": 128})
+    with pytest.raises(ValueError, match="group_size must be a positive integer or -1"):
+        Int4Checkpoint.from_config({"quant_method": "gptq", "bits": 4, "group_size": 0})
+    path = write_int4_checkpoint(dense, tmp_path / "awq", "awq")
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"]["quant_method"] = "bitsandbytes"
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="loads FP8, AWQ and GPTQ checkpoints"):
+        Qwen3Config.from_pretrained(path)
