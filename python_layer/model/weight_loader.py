@@ -226,17 +226,17 @@ class WeightLoader:
         return self.get_weight(name)
 
     def get_weight(self, name: str) -> torch.Tensor:
-        """A tensor of the checkpoint in `dtype` (FP8 weights dequantized)."""
+        """A tensor of the checkpoint in `dtype` (FP8 and 4-bit weights dequantized)."""
         if name == "lm_head.weight" and self.config.tie_word_embeddings:
             name = "model.embed_tokens.weight"
+        if name + SCALE_SUFFIX in self.weights or name[: -len(".weight")] + ".qweight" in self.weights:
+            linear = self.get_linear(name)
+            return linear.to(self.dtype) if isinstance(linear, torch.Tensor) else linear.dequantize(self.dtype)
         if name not in self.weights:
             raise KeyError(
                 f"Weight {name!r} not loaded (known: model.embed_tokens.weight, model.layers.N.*, model.norm.weight, "
                 "lm_head.weight)"
             )
-        if name + SCALE_SUFFIX in self.weights or name[: -len(".weight")] + ".qweight" in self.weights:
-            linear = self.get_linear(name)
-            return linear.to(self.dtype) if isinstance(linear, torch.Tensor) else linear.dequantize(self.dtype)
         return self.weights[name]
 
     def get_weight_as_numpy(self, name: str) -> np.ndarray:

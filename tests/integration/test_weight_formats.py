@@ -14,7 +14,7 @@ from bindings import library
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.config import Qwen3Config
 from python_layer.model.int4_checkpoints import write_int4_checkpoint
-from python_layer.model.quantization import Int4Weight, QuantizedWeight, write_fp8_checkpoint
+from python_layer.model.quantization import Int4Weight, QuantizedWeight, convert, write_fp8_checkpoint
 from python_layer.model.weight_loader import WeightLoader, expected_weight_shapes
 from python_layer.model.random_checkpoint import build_random_checkpoint
 from tests.integration.test_parity import _Batch, _hf, _hf_logits, _prompts, _rel_err
@@ -123,8 +123,16 @@ def test_int4_weights_match_the_reference_backend_and_stay_near_float32(tiny_che
     assert _greedy(engines["mojo"], prompts) == _greedy(engines["reference"], prompts)
     logits = [_Batch(e.model, 1).forward([prompts[2]], all_logits=True) for e in engines.values()]
     assert _rel_err(logits[0], logits[1]) < 1e-4  # the same int8 x and 4-bit weights: float32 sums in another order
-    # 4 bits (a step is a 15th of a 128-column block's range) times int8 activations
-    assert _rel_err(logits[0], _hf_logits(_hf(tiny_checkpoint), prompts[2])) < 0.25
+    # against float32: no further than transformers on the same int4 (and int8 LM head) weights, give or take the
+    # activations' rounding to int8
+    hf = _hf(tiny_checkpoint)
+    exact = _hf_logits(hf, prompts[2])
+    for name, param in hf.state_dict().items():
+        if name.endswith("_proj.weight") or name == "lm_head.weight":
+            fmt = "int8" if name == "lm_head.weight" else "int4"
+            param.copy_(convert(param.detach().clone(), fmt, torch.float32).dequantize())
+    weights_only = _rel_err(_hf_logits(hf, prompts[2]), exact)
+    assert _rel_err(logits[0], exact) < 1.25 * weights_only, (_rel_err(logits[0], exact), weights_only)
 
 
 @pytest.fixture(scope="module")
