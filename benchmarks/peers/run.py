@@ -33,7 +33,6 @@ HERE = Path(__file__).resolve().parent
 PEERS = HERE / ".peers"  # setup.sh's work folder (git-ignored)
 TOOLS = PEERS / "build" / "bin"  # llama.cpp's C++ tools, built by setup.sh
 
-import numpy as np
 import torch
 from benchmarks.common import model_path, print_table, write_json
 

@@ -50,7 +50,8 @@ def graph_weights(model: "Qwen3CausalLM") -> Dict[str, torch.Tensor]:
             )
             weights[name + ".scales"] = tensor.scales
         elif isinstance(tensor, Int4Weight):
-            weights[name], weights[name + ".scales"], weights[name + ".mins"] = tensor.packed, tensor.scales, tensor.mins
+            weights[name] = tensor.packed
+            weights[name + ".scales"], weights[name + ".mins"] = tensor.scales, tensor.mins
         else:
             weights[name] = tensor
     return weights

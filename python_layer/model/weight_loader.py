@@ -152,7 +152,8 @@ class WeightLoader:
                     raise ValueError(f"Tensor {name!r} in {file.name} is float8_e4m3fn, but config.json has no FP8 "
                                      "quantization_config (quant_method 'fp8', weight_block_size) to scale it")
                 handles[name], dtypes[name] = f, None if fp8 else self.dtype
-        unscaled = [n for n, d in dtypes.items() if d is None and n.endswith(".weight") and n + SCALE_SUFFIX not in dtypes]
+        unscaled = [n for n, d in dtypes.items()
+                    if d is None and n.endswith(".weight") and n + SCALE_SUFFIX not in dtypes]
         if unscaled:
             raise ValueError(
                 f"Checkpoint {self.model_path} has FP8 weight(s) without {SCALE_SUFFIX}: {', '.join(unscaled[:3])}"

@@ -207,7 +207,8 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
         ops.linear_int4(torch.randn(2, 100), packed, torch.ones(8, 1), torch.ones(8, 1), 128)
     with pytest.raises(ValueError, match="tiles \\(2\\) must equal ceil\\(scale rows / 4\\) \\(3\\)"):
         ops.linear_int4(torch.randn(2, 200), packed, torch.ones(9, 2), torch.ones(9, 2), 128)
-    with pytest.raises(ValueError, match="min columns \\(1\\) must equal ceil\\(in_features / block_k\\) \\(2\\)|dimension 'KB'"):
+    with pytest.raises(ValueError,
+                       match="min columns \\(1\\) must equal ceil\\(in_features / block_k\\) \\(2\\)|dimension 'KB'"):
         ops.linear_int4(torch.randn(2, 200), packed, torch.ones(8, 2), torch.ones(8, 1), 128)
     with pytest.raises(ValueError, match="packed weights are uint8"):
         ops.linear_int4(torch.randn(2, 200), packed.to(torch.int8), torch.ones(8, 2), torch.ones(8, 2), 128)
