@@ -1,4 +1,4 @@
-"""The servers `mili bench serving` starts: MILI's `mili serve` and llama-cpp-python's OpenAI server, each a
+"""The servers `mili bench serving` starts: MILI's `mili serve` and llama.cpp's `llama-server`, each a
 process of its own on a free loopback port, stopped (SIGTERM, then SIGKILL) when the sweep is done."""
 
 from __future__ import annotations
@@ -50,17 +50,16 @@ def start_mili(checkpoint: str, weight_dtype: str, log_dir: Path) -> Server:
     return _start(f"MILI {weight_dtype}", "mili", port, cmd, dict(os.environ), log_dir / "mili.log")
 
 
-def start_llama(gguf: Path, threads: int, log_dir: Path) -> Server:
-    """llama-cpp-python's server on a GGUF written by benchmarks/peers/setup.sh. It runs one request at a time
-    (a lock around the model); interrupt_requests is off, else a queued request cuts the running stream short."""
-    if not gguf.is_file():
-        raise SystemExit(f"{gguf} not found: run `bash benchmarks/serving/setup.sh CHECKPOINT` first")
+def start_llama(gguf: Path, threads: int, log_dir: Path, slots: int = 8) -> Server:
+    """llama.cpp's own server (built by benchmarks/peers/setup.sh) on a GGUF it wrote: `slots` sequences decoded
+    together (its continuous batching), 2,048 tokens of context each, the weights read into memory (no mmap)."""
+    server, tools = PEERS / "build" / "bin" / "llama-server", "bash benchmarks/serving/setup.sh CHECKPOINT"
+    if not gguf.is_file() or not server.is_file():
+        raise SystemExit(f"{gguf if not gguf.is_file() else server} not found: run `{tools}` first")
     port = free_port()
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", "llama",
-           "--host", "127.0.0.1", "--port", str(port), "--n_threads", str(threads), "--n_threads_batch", str(threads),
-           "--n_ctx", "8192", "--use_mmap", "False", "--interrupt_requests", "False"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PEERS / "site"), os.environ.get("PYTHONPATH", "")]))
-    return _start(f"llama.cpp {gguf.stem}", "llama", port, cmd, env, log_dir / "llama.log")
+    cmd = [str(server), "-m", str(gguf), "--alias", "llama", "--host", "127.0.0.1", "--port", str(port),
+           "-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(2048 * slots), "--no-mmap"]
+    return _start(f"llama.cpp {gguf.stem}", "llama", port, cmd, dict(os.environ), log_dir / "llama.log")
 
 
 def _start(name: str, model: str, port: int, cmd: List[str], env: dict, log: Path) -> Server:

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Sets up `mili bench serving`:
 #   1. guidellm (the load generator) in its own venv, benchmarks/serving/.loadgen/ (it pins versions of its own);
-#   2. llama.cpp for the peer server: benchmarks/peers/setup.sh builds llama-cpp-python from source and writes
-#      the checkpoint's GGUFs, then the server's extra dependencies (llama-cpp-python[server]: pydantic-settings,
-#      sse-starlette, starlette-context; fastapi and uvicorn are MILI's own) go beside it, into .peers/site.
+#   2. llama.cpp for the peer server: benchmarks/peers/setup.sh builds llama.cpp's tools (llama-server among them)
+#      from source and writes the checkpoint's GGUFs.
 #
 #   . .venv/bin/activate && bash benchmarks/serving/setup.sh [CHECKPOINT_DIR]
 #
@@ -22,7 +21,5 @@ fi
 
 CKPT="${1:-$(cd "$ROOT" && "$PY" -c 'from python_layer.model.random_checkpoint import builtin_model_path; print(builtin_model_path())')}"
 bash "$ROOT/benchmarks/peers/setup.sh" "$CKPT"
-SITE="$ROOT/benchmarks/peers/.peers/site"
-"$PY" -m pip install --no-deps --target "$SITE" --upgrade pydantic-settings python-dotenv sse-starlette "starlette-context<0.4" >/dev/null
-PYTHONPATH="$SITE" "$PY" -m llama_cpp.server --help >/dev/null
+"$ROOT/benchmarks/peers/.peers/build/bin/llama-server" --version
 echo "done: mili bench serving --model $CKPT"
