@@ -1,5 +1,5 @@
 """CPU latency of one request and of small batches, in each weight format:
-`mili bench engine latency [--weight-dtypes float32,bfloat16,int8,fp8] [--batches 1,8] [--runs 3]`.
+`mili bench engine latency [--weight-dtypes float32,bfloat16,int8,fp8,int4] [--batches 1,8] [--runs 3]`.
 
 The definition, shared with benchmarks/peers/run.py (which times llama.cpp and transformers the same way):
 - prefill: one 512-token prompt; seconds from submitting it until its first new token is produced;
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         return latency_main(argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
-    parser.add_argument("--weight-dtypes", default="float32,bfloat16,int8,fp8")
+    parser.add_argument("--weight-dtypes", default="float32,bfloat16,int8,fp8,int4")
     args = parser.parse_args(argv)
 
     path = model_path(args.model)
