@@ -73,6 +73,7 @@ def open_llama(gguf: Path, args: argparse.Namespace) -> latency.Subject:
         out = json.loads(_run_tool([bench, "-m", gguf, "-p", len(prompt), "-n", 0, "-t", THREADS, "-r", 1,
                                     "-o", "json"]))[0]
         row["bits"] = round(8 * out["model_size"] / out["model_n_params"], 2)
+        row["build"] = out["build_commit"]
         return out["avg_ns"] / 1e9
 
     def decode(prompts: list[list[int]]) -> float:

@@ -88,10 +88,10 @@ class Int4Checkpoint:
         scales = tensors["scales"].float()
         group_of = self._group_of(tensors, k)
         block = self.group_size if self.group_size != -1 else k
-        contiguous = torch.equal(group_of, torch.arange(k) // block)
+        contiguous = torch.equal(group_of, torch.arange(k, device=group_of.device) // block)
         if self.bits == 4 and contiguous and (self.group_size == -1 or self.group_size % BLOCK_K == 0):
             # each group's scale and min repeated over its blocks of 128 columns
-            blocks = torch.arange(-(-k // BLOCK_K)) * BLOCK_K // block
+            blocks = torch.arange(-(-k // BLOCK_K), device=scales.device) * BLOCK_K // block
             s, z = scales[blocks].t().contiguous(), zeros[blocks].t().float()
             return Int4Weight(reference.pack_int4(q.t()), s, (-z * s).contiguous(), BLOCK_K, k)
         return ((q.float() - zeros[group_of].float()) * scales[group_of]).t().contiguous()
@@ -102,7 +102,8 @@ class Int4Checkpoint:
             if g_idx.min() < 0 or g_idx.max() >= self.groups(k):
                 raise ValueError(f"g_idx names groups outside 0..{self.groups(k) - 1}")
             return g_idx
-        return torch.arange(k) // (self.group_size if self.group_size != -1 else k)
+        device = tensors["qweight"].device
+        return torch.arange(k, device=device) // (self.group_size if self.group_size != -1 else k)
 
 
 def int4_checkpoint(quantization_config: Optional[Mapping]) -> Optional[Int4Checkpoint]:
@@ -114,7 +115,7 @@ def int4_checkpoint(quantization_config: Optional[Mapping]) -> Optional[Int4Chec
 
 def _unpack(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     """int32 words -> their 32 / bits values (uint8), along `dim`, value i of a word at bits i * bits."""
-    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32, device=packed.device)
     words = packed.to(torch.int32).unsqueeze(-1)
     values = ((words >> shifts) & ((1 << bits) - 1)).to(torch.uint8)  # [..., per_word]
     if dim == 1:
@@ -133,7 +134,7 @@ def _pack(values: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
 
 def _awq_columns(values: torch.Tensor) -> torch.Tensor:
     """AWQ's unpacked [R, C] (each eight columns in AWQ_ORDER) in column order."""
-    inverse = torch.tensor(AWQ_ORDER).argsort()
+    inverse = torch.tensor(AWQ_ORDER, device=values.device).argsort()
     return values.reshape(values.shape[0], -1, 8)[:, :, inverse].reshape(values.shape)
 
 
