@@ -7,7 +7,7 @@
 # decode tile reads them: packed [ceil(N / NR), runs * NR * 64], each NR rows' first runs, then their second runs...
 # (rows past N are 0), so that a worker streams one sequential run of memory (the model's batch-1 step 1.04x faster
 # than with [N, K / 2] rows on Zen 4).
-# x is quantized to int8 per row and block of block_k columns as for int8 weights (reference.effective_x, as
+# x is quantized to int8 per row and block of block_k columns as for int8 weights (reference.quantized_x, as
 # llama.cpp's q4 formats do with q8): per block, sum_k w x = sx * (s * sum_k q xq + m * sum_k xq), exact int32 sums
 # then the scales.
 # CPU, by the number of rows M:
