@@ -273,19 +273,21 @@ def linear_int4_cpu[a_type: DType, R: Runner](
     var q_scales = List[Float32](length=m * wt.k_blocks, fill=0)
     var q_sums = List[Int32](length=m * wt.k_blocks, fill=0)
     var effective = List[Float32]()
-    if decode or I8_DOT:  # x quantized, its rows padded to whole runs with zeros
+    var quantized = decode or I8_DOT  # x as int8, its rows padded to whole runs with zeros; else dequantized
+    if quantized:
         q.resize(m * wt.padded_k() + 4, 0)
     else:
         effective.resize(m * k, 0)
     var xq = _QuantizedX(_data(q), _data(q_scales), _data(q_sums), wt.k_blocks)
-    if decode:
+    if quantized:
         _quantize_x[a_type, False](x, xq, m, k, block_k, wt.padded_k(), _data(effective))
-        runner.run(_Int4DecodeTiles[a_type](y, xq, wt, m), ceildiv(n, NR), serial)
-    elif I8_DOT:
-        _quantize_x[a_type, False](x, xq, m, k, block_k, wt.padded_k(), _data(effective))
-        runner.run(_Int4QuadPanelTiles[a_type](y, xq, wt, m), ceildiv(n, PANEL), serial)
     else:
         _quantize_x[a_type, True](x, xq, m, k, block_k, k, _data(effective))
+    if decode:
+        runner.run(_Int4DecodeTiles[a_type](y, xq, wt, m), ceildiv(n, NR), serial)
+    elif I8_DOT:
+        runner.run(_Int4QuadPanelTiles[a_type](y, xq, wt, m), ceildiv(n, PANEL), serial)
+    else:
         runner.run(_Int4PanelTiles[a_type](y, _data(effective), wt, m), ceildiv(n, PANEL), serial)
     _ = q^
     _ = q_scales^

@@ -34,6 +34,8 @@ from .quantization import BLOCK_K, Int4Weight, LinearWeight
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 """AutoAWQ's order of a word's eight columns: nibble i holds column AWQ_ORDER[i]."""
 METHODS = ("awq", "gptq")
+SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
+"""The tensors of a projection X in these checkpoints, X.qweight ... instead of X.weight (AWQ has no g_idx)."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,6 @@ class Int4Checkpoint:
     bits: int
     group_size: int  # -1: one group per row
     zero_offset: int  # what the stored zeros lack: 1 for GPTQ's v1 storage
-    skipped: tuple[str, ...]  # modules left unquantized (modules_to_not_convert)
 
     @classmethod
     def from_config(cls, q: Mapping) -> "Int4Checkpoint":
@@ -63,14 +64,21 @@ class Int4Checkpoint:
         if not isinstance(group, int) or not (group == -1 or group > 0):
             raise ValueError(f"quantization_config group_size must be a positive integer or -1, got {group!r}")
         offset = 1 if method == "gptq" and q.get("checkpoint_format", "gptq") == "gptq" else 0
-        return cls(method, bits, group, offset, tuple(q.get("modules_to_not_convert") or ()))
+        return cls(method, bits, group, offset)
 
     @property
     def per_word(self) -> int:
         return 32 // self.bits
 
+    @property
+    def suffixes(self) -> tuple[str, ...]:
+        return SUFFIXES[:3] if self.method == "awq" else SUFFIXES
+
     def groups(self, k: int) -> int:
         return 1 if self.group_size == -1 else -(-k // self.group_size)
+
+    def _group_columns(self, k: int) -> int:
+        return k if self.group_size == -1 else self.group_size
 
     def shapes(self, n: int, k: int) -> dict[str, tuple[int, ...]]:
         """The tensors of an [N, K] layer, by suffix."""
@@ -86,24 +94,21 @@ class Int4Checkpoint:
         if self.method == "awq":
             q, zeros = _awq_columns(q), _awq_columns(zeros)
         scales = tensors["scales"].float()
-        group_of = self._group_of(tensors, k)
-        block = self.group_size if self.group_size != -1 else k
-        contiguous = torch.equal(group_of, torch.arange(k, device=group_of.device) // block)
-        if self.bits == 4 and contiguous and (self.group_size == -1 or self.group_size % BLOCK_K == 0):
+        block = self._group_columns(k)
+        in_order = torch.arange(k, device=scales.device) // block
+        group_of = self._g_idx(tensors["g_idx"], k) if "g_idx" in tensors else in_order
+        if self.bits == 4 and torch.equal(group_of, in_order) and (self.group_size == -1 or block % BLOCK_K == 0):
             # each group's scale and min repeated over its blocks of 128 columns
             blocks = torch.arange(-(-k // BLOCK_K), device=scales.device) * BLOCK_K // block
             s, z = scales[blocks].t().contiguous(), zeros[blocks].t().float()
             return Int4Weight(reference.pack_int4(q.t()), s, (-z * s).contiguous(), BLOCK_K, k)
         return ((q.float() - zeros[group_of].float()) * scales[group_of]).t().contiguous()
 
-    def _group_of(self, tensors: Mapping[str, torch.Tensor], k: int) -> torch.Tensor:
-        if "g_idx" in tensors:
-            g_idx = tensors["g_idx"].long()
-            if g_idx.min() < 0 or g_idx.max() >= self.groups(k):
-                raise ValueError(f"g_idx names groups outside 0..{self.groups(k) - 1}")
-            return g_idx
-        device = tensors["qweight"].device
-        return torch.arange(k, device=device) // (self.group_size if self.group_size != -1 else k)
+    def _g_idx(self, g_idx: torch.Tensor, k: int) -> torch.Tensor:
+        g_idx = g_idx.long()
+        if g_idx.min() < 0 or g_idx.max() >= self.groups(k):
+            raise ValueError(f"g_idx names groups outside 0..{self.groups(k) - 1}")
+        return g_idx
 
 
 def int4_checkpoint(quantization_config: Optional[Mapping]) -> Optional[Int4Checkpoint]:

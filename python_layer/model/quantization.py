@@ -165,16 +165,17 @@ def write_fp8_checkpoint(
 def convert(weight: LinearWeight, weight_dtype: str, dense_dtype: torch.dtype) -> LinearWeight:
     """weight in `weight_dtype` (dense formats in dense_dtype when weight_dtype is not one of them)."""
     if weight_dtype == "int4":
-        return weight if isinstance(weight, Int4Weight) else quantize_int4(_dense(weight, torch.float32))
+        return weight if isinstance(weight, Int4Weight) else quantize_int4(dense(weight, torch.float32))
     if weight_dtype in _QUANTIZED:
         if isinstance(weight, QuantizedWeight) and weight.weight.dtype == _QUANTIZED[weight_dtype]:
             return weight
-        return quantize(_dense(weight, torch.float32), weight_dtype)
+        return quantize(dense(weight, torch.float32), weight_dtype)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(weight_dtype, dense_dtype)
-    return _dense(weight, dtype)
+    return dense(weight, dtype)
 
 
-def _dense(weight: LinearWeight, dtype: torch.dtype) -> torch.Tensor:
+def dense(weight: LinearWeight, dtype: torch.dtype) -> torch.Tensor:
+    """weight as a dense tensor in dtype (quantized formats dequantized)."""
     return weight.to(dtype) if isinstance(weight, torch.Tensor) else weight.dequantize(dtype)
 
 

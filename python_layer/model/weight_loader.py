@@ -14,11 +14,9 @@ from safetensors import safe_open
 
 from .config import Qwen3Config
 from .hub import resolve_model_dir
-from .quantization import LinearWeight, QuantizedWeight, from_block_scales, quantize
-from .int4_checkpoints import Int4Checkpoint
+from .quantization import LinearWeight, QuantizedWeight, dense, from_block_scales, quantize
+from .int4_checkpoints import SUFFIXES as INT4_SUFFIXES, Int4Checkpoint
 
-INT4_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
-"""The tensors of a projection X in an AWQ / GPTQ checkpoint: X.qweight, ... instead of X.weight."""
 SCALE_SUFFIX = "_scale_inv"
 """An FP8 checkpoint's `X.weight_scale_inv` beside each quantized `X.weight`."""
 FP8_STORED = "F8_E4M3"
@@ -112,6 +110,7 @@ class WeightLoader:
         self.device = device
         self.dtype = dtype
         self.weights = CheckpointTensors({}, {}, device)  # none until load_from_safetensors
+        self._shapes: Dict[str, tuple[int, ...]] = {}  # expected_weight_shapes, kept by load_from_safetensors
 
     def load_from_safetensors(self) -> Mapping[str, torch.Tensor]:
         """Every tensor of `model_path`, its name, shape and dtype checked against the config now, its values read and
@@ -163,13 +162,14 @@ class WeightLoader:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
             raise ValueError(f"Checkpoint {self.model_path} lacks tensor(s) {', '.join(missing[:3])}{more}")
         self.weights = CheckpointTensors(handles, dtypes, self.device)
+        self._shapes = expected
         return self.weights
 
     @staticmethod
     def _int4_tensors(name: str, int4: Int4Checkpoint, present: Mapping[str, Any]) -> bool:
         """Whether a 4-bit checkpoint has every tensor of the projection `name` (X.weight), in its place."""
         base = name[: -len(".weight")]
-        return name.endswith(".weight") and all(f"{base}.{s}" in present for s in int4.shapes(1, 1))
+        return name.endswith(".weight") and all(f"{base}.{s}" in present for s in int4.suffixes)
 
     def release(self, prefix: str = "") -> None:
         """Forgets the checkpoint's tensors read so far whose names start with prefix (all by default)."""
@@ -222,8 +222,7 @@ class WeightLoader:
         base = name[: -len(".weight")]
         if base + ".qweight" in self.weights:
             int4 = self.config.int4_checkpoint
-            n, k = expected_weight_shapes(self.config)[name]
-            return int4.read({s: self.weights[f"{base}.{s}"] for s in int4.shapes(n, k)}, n, k)
+            return int4.read({s: self.weights[f"{base}.{s}"] for s in int4.suffixes}, *self._shapes[name])
         return self.get_weight(name)
 
     def get_weight(self, name: str) -> torch.Tensor:
@@ -231,8 +230,7 @@ class WeightLoader:
         if name == "lm_head.weight" and self.config.tie_word_embeddings:
             name = "model.embed_tokens.weight"
         if name + SCALE_SUFFIX in self.weights or name[: -len(".weight")] + ".qweight" in self.weights:
-            linear = self.get_linear(name)
-            return linear.to(self.dtype) if isinstance(linear, torch.Tensor) else linear.dequantize(self.dtype)
+            return dense(self.get_linear(name), self.dtype)
         if name not in self.weights:
             raise KeyError(
                 f"Weight {name!r} not loaded (known: model.embed_tokens.weight, model.layers.N.*, model.norm.weight, "
