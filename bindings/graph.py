@@ -123,7 +123,7 @@ def store_kv(
 def qk_norm_rope_store(qkv: TensorValue, q_norm: TensorValue, k_norm: TensorValue, eps: Scalar, positions: TensorValue,
                        inv_freq: TensorValue, scale: Scalar, k_cache: BufferValue, v_cache: BufferValue,
                        slot_mapping: TensorValue) -> TensorValue:
-    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    kv_heads, head_dim = k_cache.shape[2], q_norm.shape[0]  # an int8 cache's heads end in their scales
     out_type = TensorType(qkv.dtype, [qkv.shape[0], qkv.shape[1] // head_dim - 2 * kv_heads, head_dim], qkv.device)
     args = [k_cache, v_cache, qkv, q_norm, k_norm, _f32(eps, qkv), positions, inv_freq, _f32(scale, qkv), slot_mapping]
     return ops.inplace_custom("mili_qk_norm_rope_store", qkv.device, args, out_types=[out_type])[0].tensor
@@ -134,7 +134,7 @@ def qkv_attention(qkv: TensorValue, q_norm: TensorValue, k_norm: TensorValue, ep
                   slot_mapping: TensorValue, page_table: TensorValue, context_lens: TensorValue,
                   query_start: TensorValue, scale: Scalar, options: GpuOptions = GpuOptions()) -> TensorValue:
     """qk_norm_rope_store then paged_attention_flash in one op: on a GPU, a decode batch in one kernel."""
-    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    kv_heads, head_dim = k_cache.shape[2], q_norm.shape[0]  # an int8 cache's heads end in their scales
     out_type = TensorType(qkv.dtype, [qkv.shape[0], qkv.shape[1] // head_dim - 2 * kv_heads, head_dim], qkv.device)
     args = [k_cache, v_cache, qkv, q_norm, k_norm, _f32(eps, qkv), positions, inv_freq, _f32(rope_scale, qkv),
             slot_mapping, page_table, context_lens, query_start, _f32(scale, qkv)]

@@ -19,7 +19,7 @@ import torch
 
 from . import graph, library  # library sets MODULAR_CACHE_DIR before max is imported
 from .gpu_options import GpuOptions
-from .reference import TILED_DTYPES, rope_inv_freq
+from .reference import TILED_DTYPES, kv_head_dim, rope_inv_freq
 
 from max.driver import Buffer
 from max.dtype import DType
@@ -277,34 +277,51 @@ def relu(x: torch.Tensor) -> torch.Tensor:
 
 # ---- KV cache -----------------------------------------------------------------------------------------------
 
-KV_DTYPES = (SAME, DType.bfloat16)
-"""The caches' dtype: the activations' own, or bfloat16 under float32 activations (half the bytes attention reads)."""
+KV_DTYPES = (SAME, DType.bfloat16, DType.int8, DType.uint8)
+"""The caches' dtype: the activations' own, bfloat16 under float32 activations (half the bytes attention reads), or
+on a CPU int8 or FP8 (as uint8 bits: MAX graphs refuse float8 tensors on CPU) under either."""
+_EIGHT_BIT_KV = {torch.int8: DType.int8, torch.float8_e4m3fn: DType.uint8}
 
 
 def _cache(kv) -> tuple:
-    return B(kv, "P", "S", "Hk", "D")
+    return B(kv, "P", "S", "Hk", "D_scale" if kv == DType.int8 else "D")  # int8: head_dim + KV_SCALE_BYTES
 
 
 def _kv_variant(kv) -> str:
     return "" if kv is SAME else "_kv_" + str(kv).split(".")[-1]
 
 
-KV_CACHE_RULE = "the caches hold the activations' dtype, or bfloat16 under float32 activations"
+KV_CACHE_RULE = ("the caches hold the activations' dtype, bfloat16 under float32 activations, or on a CPU int8 or "
+                 "float8_e4m3fn")
 """kv_cache_supported in words, for error messages."""
 
 
-def kv_cache_supported(activations: torch.dtype, cache: torch.dtype) -> bool:
+def kv_cache_supported(activations: torch.dtype, cache: torch.dtype, on_cpu: bool = True) -> bool:
     """Whether the kernels take caches of `cache` under `activations` (KV_DTYPES)."""
-    return cache == activations or (activations == torch.float32 and cache == torch.bfloat16)
+    return (cache == activations or (activations == torch.float32 and cache == torch.bfloat16)
+            or (on_cpu and activations in EAGER_DTYPES and cache in _EIGHT_BIT_KV))
 
 
 def _with_caches(ops: dict, like: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> "CompiledOp":
     """The op's twin for caches of this dtype under activations like `like`."""
     if k_cache.dtype != v_cache.dtype:
         raise ValueError(f"the K and V caches must have one dtype, got {k_cache.dtype} and {v_cache.dtype}")
-    if not kv_cache_supported(like.dtype, k_cache.dtype):
-        raise ValueError(f"{k_cache.dtype} caches under {like.dtype} activations are not supported: {KV_CACHE_RULE}")
-    return ops[SAME if k_cache.dtype == like.dtype else DType.bfloat16]
+    if not kv_cache_supported(like.dtype, k_cache.dtype, like.is_cpu):
+        raise ValueError(f"{k_cache.dtype} caches under {like.dtype} activations on {like.device.type} are not "
+                         f"supported: {KV_CACHE_RULE}")
+    if k_cache.dtype == like.dtype:
+        return ops[SAME]
+    return ops[_EIGHT_BIT_KV.get(k_cache.dtype, DType.bfloat16)]
+
+
+def kv_bits_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the kernels take a cache of `dtype` as: FP8 as its uint8 bits."""
+    return torch.uint8 if dtype == torch.float8_e4m3fn else dtype
+
+
+def kv_cache_bits(cache: torch.Tensor) -> torch.Tensor:
+    """A cache as the kernels take it (kv_bits_dtype), the same memory."""
+    return cache.view(kv_bits_dtype(cache.dtype))
 
 
 def _check_cache_writes(op: str, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -328,12 +345,13 @@ def store_kv(
     _check_cache_writes("store_kv", k_cache, v_cache, slot_mapping)
     if k.dtype != v.dtype:
         raise ValueError(f"store_kv: k and v must have one dtype, got {k.dtype} and {v.dtype}")
-    _with_caches(_STORE_KV, k, k_cache, v_cache)(_c(k), _c(v), k_cache, v_cache, _i32(slot_mapping))
+    op = _with_caches(_STORE_KV, k, k_cache, v_cache)
+    op(_c(k), _c(v), kv_cache_bits(k_cache), kv_cache_bits(v_cache), _i32(slot_mapping))
 
 
 def _q_shape(op: str, qkv: torch.Tensor, k_cache: torch.Tensor) -> tuple[int, int, int]:
     """q's shape [tokens, q heads, head_dim] in the fused projection's output qkv, for these caches."""
-    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    kv_heads, head_dim = k_cache.shape[2], kv_head_dim(k_cache)
     if qkv.dim() != 2 or qkv.shape[1] % head_dim or qkv.shape[1] // head_dim <= 2 * kv_heads:
         raise ValueError(f"{op}: qkv must be [tokens, (q heads + 2 * {kv_heads}) * {head_dim}] for these caches, got "
                          f"{tuple(qkv.shape)}")
@@ -354,7 +372,7 @@ def qk_norm_rope_store(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Te
     q = qkv.new_empty(_q_shape("qk_norm_rope_store", qkv, k_cache))
     op = _with_caches(_QK_NORM_ROPE_STORE, qkv, k_cache, v_cache)
     op(q, _c(qkv), _c(q_norm), _c(k_norm), _scalar(eps, qkv), _i32(positions), _c(inv_freq.float().to(qkv.device)),
-       _scalar(scale, qkv), k_cache, v_cache, _i32(slot_mapping))
+       _scalar(scale, qkv), kv_cache_bits(k_cache), kv_cache_bits(v_cache), _i32(slot_mapping))
     return q
 
 
@@ -383,8 +401,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("paged_attention reads the caches in place: they must be contiguous")
     twins = _PAGED_ATTENTION_FLASH if GPU_OPTIONS.flash_attention and not q.is_cpu else _PAGED_ATTENTION
-    _with_caches(twins, q, k_cache, v_cache)(out, _c(q), k_cache, v_cache, _i32(page_table), _i32(context_lens),
-                                             _i32(query_start), _scalar(scale, q))
+    op = _with_caches(twins, q, k_cache, v_cache)
+    op(out, _c(q), kv_cache_bits(k_cache), kv_cache_bits(v_cache), _i32(page_table), _i32(context_lens),
+       _i32(query_start), _scalar(scale, q))
     return out
 
 
@@ -404,8 +423,8 @@ def qkv_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,
     out = qkv.new_empty(_q_shape("qkv_attention", qkv, k_cache))
     op = _with_caches(_QKV_ATTENTION, qkv, k_cache, v_cache)
     op(out, _c(qkv), _c(q_norm), _c(k_norm), _scalar(eps, qkv), _i32(positions), _c(inv_freq.float().to(qkv.device)),
-       _scalar(rope_scale, qkv), k_cache, v_cache, _i32(slot_mapping), _i32(page_table), _i32(context_lens),
-       _i32(query_start), _scalar(scale, qkv))
+       _scalar(rope_scale, qkv), kv_cache_bits(k_cache), kv_cache_bits(v_cache), _i32(slot_mapping), _i32(page_table),
+       _i32(context_lens), _i32(query_start), _scalar(scale, qkv))
     return out
 
 

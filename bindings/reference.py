@@ -2,7 +2,8 @@
 
 Conventions shared by all ops:
 - Activations are `[T, ...]`: the tokens of every sequence of a step concatenated (ragged, no padding).
-- K/V caches are `[num_pages, page_size, num_kv_heads, head_dim]`, one pair per layer.
+- K/V caches are `[num_pages, page_size, num_kv_heads, kv_head_len(head_dim, dtype)]`, one pair per layer: float32,
+  bfloat16, float8_e4m3fn or int8 (to_kv_cache).
 - Integer tensors (positions, page tables, lengths, offsets, slot mappings) are int32.
 - Reductions and softmax run in float32 whatever the input dtype; outputs have the input dtype.
 """
@@ -136,6 +137,44 @@ def relu(x: torch.Tensor) -> torch.Tensor:
     return F.relu(x)
 
 
+KV_CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.int8)
+KV_SCALE_BYTES = 4
+"""An int8 cache's head row ends in its scale, the 4 bytes of a float32 (mojo_kernels/memory/kv_format.mojo)."""
+FP8_MAX = 448.0
+
+
+def kv_head_len(head_dim: int, dtype: torch.dtype) -> int:
+    """Elements a head takes in a cache row of this dtype."""
+    return head_dim + KV_SCALE_BYTES if dtype == torch.int8 else head_dim
+
+
+def kv_head_dim(cache: torch.Tensor) -> int:
+    """The head_dim of a cache [pages, page_size, kv_heads, kv_head_len]."""
+    return cache.shape[3] - KV_SCALE_BYTES if cache.dtype == torch.int8 else cache.shape[3]
+
+
+def to_kv_cache(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Head rows x[..., D] as a cache of `dtype` holds them: rounded to float32 / bfloat16; float8_e4m3fn saturated
+    to +-448 (no scale); int8 q = round(x * 127 / max |x|) per head, followed by the scale max |x| / 127 as a
+    float32's bytes."""
+    if dtype == torch.int8:
+        x = x.float()
+        largest = x.abs().amax(dim=-1, keepdim=True)
+        inverse = torch.full_like(largest, 127) / largest  # as the kernel: 127 / largest, then a product
+        q = torch.round(x * torch.where(largest > 0, inverse, 0)).to(torch.int8)
+        return torch.cat([q, (largest / 127).view(torch.int8)], dim=-1)
+    if dtype == torch.float8_e4m3fn:
+        return x.float().clamp(-FP8_MAX, FP8_MAX).to(dtype)
+    return x.to(dtype)
+
+
+def from_kv_cache(rows: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Cache head rows [..., kv_head_len] as float32 [..., head_dim]."""
+    if rows.dtype == torch.int8:
+        return rows[..., :head_dim].float() * rows[..., head_dim:].contiguous().view(torch.float32)
+    return rows.float()
+
+
 def store_kv(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -148,8 +187,8 @@ def store_kv(
     num_pages, page_size = k_cache.shape[:2]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    k_cache.view(num_pages * page_size, *k_cache.shape[2:])[slots] = k[keep].to(k_cache.dtype)
-    v_cache.view(num_pages * page_size, *v_cache.shape[2:])[slots] = v[keep].to(v_cache.dtype)
+    k_cache.view(num_pages * page_size, *k_cache.shape[2:])[slots] = to_kv_cache(k[keep], k_cache.dtype)
+    v_cache.view(num_pages * page_size, *v_cache.shape[2:])[slots] = to_kv_cache(v[keep], v_cache.dtype)
 
 
 def qk_norm_rope_store(
@@ -166,7 +205,7 @@ def qk_norm_rope_store(
 ) -> torch.Tensor:
     """Qwen3's attention inputs from the fused projection qkv[T, (Hq + 2 Hkv) * D]: returns q[T, Hq, D] normed and
     rotated; k normed and rotated, and v, are stored into the caches (store_kv)."""
-    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    kv_heads, head_dim = k_cache.shape[2], kv_head_dim(k_cache)
     q_heads = qkv.shape[1] // head_dim - 2 * kv_heads
     q, k, v = qkv.view(qkv.shape[0], -1, head_dim).split([q_heads, kv_heads, kv_heads], dim=1)
     q, k = rope_with_table(head_rms_norm(q, q_norm, eps), head_rms_norm(k, k_norm, eps), positions, inv_freq, scale)
@@ -199,7 +238,7 @@ def paged_attention(
     tokens included, already stored), in pages page_table[b, :]. Query i of a sequence of q_len queries
     sits at position context_len - q_len + i and sees keys 0..that position. Hq may be a multiple of Hkv (GQA).
     """
-    page_size, num_kv_heads, head_dim = k_cache.shape[1:]
+    page_size, num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], q.shape[2]
     group = q.shape[1] // num_kv_heads
     out = torch.empty_like(q)
     starts, lens = query_start.tolist(), context_lens.tolist()
@@ -209,8 +248,8 @@ def paged_attention(
         if q_len == 0:
             continue
         pages = page_table[b, : (context_len + page_size - 1) // page_size].long()
-        k = k_cache[pages].reshape(-1, num_kv_heads, head_dim)[:context_len].float()
-        v = v_cache[pages].reshape(-1, num_kv_heads, head_dim)[:context_len].float()
+        k = from_kv_cache(k_cache[pages].flatten(0, 1)[:context_len], head_dim)
+        v = from_kv_cache(v_cache[pages].flatten(0, 1)[:context_len], head_dim)
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q[q_begin:q_end].float(), k) * scale

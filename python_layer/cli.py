@@ -121,9 +121,9 @@ def _add_format_options(parser: argparse.ArgumentParser) -> None:
                         help="the linear layers' weights on a CPU (auto: an FP8 checkpoint's FP8, an AWQ / GPTQ "
                         "checkpoint's int4, else --dtype); "
                         "on a GPU they are dequantized to --dtype")
-    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                        help="the KV cache (auto: --dtype); a CPU may keep bfloat16 K/V under float32 activations: "
-                        "attention reads half the bytes")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16", "int8", "fp8"],
+                        help="the KV cache (auto: --dtype); a CPU may keep bfloat16 K/V under float32 activations, "
+                        "int8 (a scale per token and head) or fp8 (e4m3) under either: attention reads fewer bytes")
 
 
 def _add_device_graphs_option(parser: argparse.ArgumentParser) -> None:

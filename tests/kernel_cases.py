@@ -53,12 +53,34 @@ TILED_LINEAR_SHAPES = [
 (int8, 128-column blocks) partial last blocks."""
 ATTENTION_HEADS = [(8, 8, 64), (16, 8, 128), (8, 2, 128), (16, 2, 128), (4, 2, 44), (10, 2, 128)]
 """GQA ratios 1, 2, 4, 8 and 5 (Qwen3-14B); 44: vector tails."""
-KV_DTYPES = {torch.float32: [torch.float32, torch.bfloat16], torch.bfloat16: [torch.bfloat16]}
+EIGHT_BIT_KV = [torch.int8, torch.float8_e4m3fn]
+"""CPU only."""
+KV_DTYPES = {torch.float32: [torch.float32, torch.bfloat16, *EIGHT_BIT_KV],
+             torch.bfloat16: [torch.bfloat16, *EIGHT_BIT_KV]}
 """The caches' dtypes under each activation dtype (ops.KV_DTYPES)."""
 
 
 def tolerance(dtype: torch.dtype) -> dict:
     return dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+
+
+def assert_caches_match(ours: tuple, theirs: tuple, dtype: torch.dtype) -> None:
+    """Caches written from k and v that the kernel and the reference computed each in its own way: to dtype's
+    tolerance, or in 8-bit caches at most one step apart (int8 values, adjacent FP8 codes) and int8 scales close."""
+    if dtype not in EIGHT_BIT_KV:
+        return assert_matches(ours, theirs, dtype)
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        a, b = a.cpu(), b.cpu()
+        if dtype == torch.int8:
+            head_dim = ref.kv_head_dim(a)
+            scales = [t[..., head_dim:].contiguous().view(torch.float32) for t in (a, b)]
+            torch.testing.assert_close(*scales, rtol=1e-5, atol=0)
+            a, b = a[..., :head_dim], b[..., :head_dim]
+        else:  # FP8 codes of one sign are ordered as their values
+            a, b = a.view(torch.uint8), b.view(torch.uint8)
+        steps = (a.int() - b.int()).abs()
+        assert steps.max() <= 1, f"{int((steps > 1).sum())} values more than one step apart"
 
 
 def assert_matches(ours, theirs, dtype: torch.dtype, **override) -> None:
@@ -132,7 +154,8 @@ def run_special_values(ops, device: str, dtype: torch.dtype, _: object) -> None:
 def run_store_kv(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     tokens, kv_dtype = case
     pages, page_size, kv_heads, head_dim = tokens // 16 + 3, 16, 8, 128
-    caches = [torch.randn(pages, page_size, kv_heads, head_dim, device=device).to(kv_dtype) for _ in range(2)]
+    caches = [ref.to_kv_cache(torch.randn(pages, page_size, kv_heads, head_dim, device=device), kv_dtype)
+              for _ in range(2)]
     k = torch.randn(tokens, kv_heads, head_dim, device=device).to(dtype)
     v = torch.randn(tokens, kv_heads, head_dim, device=device).to(dtype)
     slots = torch.randperm(pages * page_size, device=device)[:tokens].to(torch.int32)
@@ -140,13 +163,15 @@ def run_store_kv(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     ours = [c.clone() for c in caches]
     ops.store_kv(k, v, *ours, slots)
     ref.store_kv(k, v, *caches, slots)
-    assert torch.equal(ours[0], caches[0]) and torch.equal(ours[1], caches[1])
+    bits = lambda t: t.view(torch.uint8)  # torch.equal takes no float8
+    assert torch.equal(bits(ours[0]), bits(caches[0])) and torch.equal(bits(ours[1]), bits(caches[1]))
 
 
 def run_qk_norm_rope_store(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     tokens, q_heads, kv_heads, head_dim, scaling, kv_dtype = case
     pages, page_size = tokens // 16 + 3, 16
-    caches = [torch.randn(pages, page_size, kv_heads, head_dim, device=device).to(kv_dtype) for _ in range(2)]
+    caches = [ref.to_kv_cache(torch.randn(pages, page_size, kv_heads, head_dim, device=device), kv_dtype)
+              for _ in range(2)]
     qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * head_dim, device=device).to(dtype)
     q_norm, k_norm = (
         (torch.rand(head_dim, device=device) + 0.5).to(dtype),
@@ -160,7 +185,7 @@ def run_qk_norm_rope_store(ops, device: str, dtype: torch.dtype, case: tuple) ->
     q = ops.qk_norm_rope_store(qkv, q_norm, k_norm, 1e-6, positions, inv_freq, scale, *ours, slots)
     expected = ref.qk_norm_rope_store(qkv, q_norm, k_norm, 1e-6, positions, inv_freq, scale, *caches, slots)
     assert_matches(q, expected, dtype)
-    assert_matches(tuple(ours), tuple(caches), kv_dtype)  # k, v rounded to the caches' dtype
+    assert_caches_match(tuple(ours), tuple(caches), kv_dtype)  # k, v rounded to the caches' dtype
 
 
 def run_attention(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
@@ -196,8 +221,8 @@ def run_qkv_attention(ops, device: str, dtype: torch.dtype, case: tuple) -> None
     ours = ops.qkv_attention(*args, *caches, *metadata)
     # over bfloat16 caches, to bfloat16's tolerance: the CPU kernel is exact there only for q in the caches' dtype
     # (run_attention draws q so), and this q is float32
-    assert_matches(ours, expected, kv_dtype)
-    assert_matches(tuple(caches), tuple(expected_caches), kv_dtype)  # the new tokens' k and v, stored
+    assert_matches(ours, expected, kv_dtype if kv_dtype not in EIGHT_BIT_KV else torch.bfloat16)
+    assert_caches_match(tuple(caches), tuple(expected_caches), kv_dtype)  # the new tokens' k and v, stored
 
 
 def linear_weight(n: int, k: int, weight_dtype: torch.dtype, device: str, block_k: int = 128) -> tuple:

@@ -10,8 +10,9 @@ The definition, shared with benchmarks/peers/run.py (which times llama.cpp and t
 - the systems (here each weight format) are loaded together and their runs interleaved: each timed run of a
   figure goes round all of them in turn, so a drift of the machine's speed (a shared VM's memory bandwidth moves
   by 10-15% over minutes) lands on all of them alike instead of on whichever ran during it.
-The engine runs float32 activations with the weights in --weight-dtypes, prefix caching off (every run
-computes its prompt). Prints a table and writes JSON under benchmarks/results/."""
+The engine runs float32 activations with the weights in --weight-dtypes and the KV cache in each of
+--kv-cache-dtypes, prefix caching off (every run computes its prompt). Long contexts: --prompt-len 2000. Prints a
+table and writes JSON under benchmarks/results/."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from typing import Callable, Sequence
 from benchmarks.common import device_argument, model_path, print_table, write_json
 
 from python_layer import InferenceEngine, SamplingParams
+from python_layer.memory.kv_cache_manager import DEFAULT_PAGE_SIZE
 
 SETTLE_S = 1.0
 """Pause before each run: the previous system's threads keep spinning for a while after its run (MAX's runtime
@@ -44,8 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-len", type=int, default=32, help="prompt length of the decode runs")
     parser.add_argument("--prefill-len", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                        help="MILI's KV cache (auto: float32, the activations' dtype)")
+    parser.add_argument("--kv-cache-dtypes", default="auto",
+                        help="MILI's KV caches, each timed with every weight format: auto (float32, the activations' "
+                        "dtype), float32, bfloat16, int8, fp8")
 
 
 def check_idle() -> float:
@@ -151,14 +154,23 @@ def _run_requests(engine: InferenceEngine, prompts: Sequence[list[int]], max_tok
     return started, max(first.values()), now
 
 
-def open_mili(path: str, weight_dtype: str, args: argparse.Namespace) -> Subject:
-    """MILI on the CPU: float32 activations, weights in weight_dtype, the KV cache in args.kv_cache_dtype, a KV pool
-    just big enough for the runs."""
+def mili_openers(path: str, weight_dtypes: str, args: argparse.Namespace) -> list[tuple[str, Callable[[], Subject]]]:
+    """MILI in each weight format (comma-separated) with each of args.kv_cache_dtypes."""
+    kvs = args.kv_cache_dtypes.split(",")
+    return [(f"mili {w}" + (f" kv {kv}" if kv != "auto" else ""), lambda w=w, kv=kv: open_mili(path, w, kv, args))
+            for w in weight_dtypes.split(",") for kv in kvs]
+
+
+def open_mili(path: str, weight_dtype: str, kv_cache_dtype: str, args: argparse.Namespace) -> Subject:
+    """MILI on the CPU: float32 activations, weights in weight_dtype, the KV cache in kv_cache_dtype, a KV pool big
+    enough for the runs."""
     started = time.perf_counter()
+    per_sequence = -(-(args.prompt_len + args.new_tokens) // DEFAULT_PAGE_SIZE)
+    pages = max(batch_sizes(args)) * per_sequence + -(-args.prefill_len // DEFAULT_PAGE_SIZE) + 8
     engine = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", weight_dtype=weight_dtype,
-                                             kv_cache_dtype=args.kv_cache_dtype,
+                                             kv_cache_dtype=kv_cache_dtype,
                                              enable_prefix_caching=False, max_num_seqs=max(8, *batch_sizes(args)),
-                                             max_num_batched_tokens=max(2048, args.prefill_len), kv_cache_memory_gb=0.5)
+                                             max_num_batched_tokens=max(2048, args.prefill_len), num_kv_pages=pages)
     load_s = time.perf_counter() - started
 
     def prefill(prompt: list[int]) -> float:
@@ -169,7 +181,8 @@ def open_mili(path: str, weight_dtype: str, args: argparse.Namespace) -> Subject
         _, first, last = _run_requests(engine, prompts, args.new_tokens)
         return last - first
 
-    return Subject(dict(system="mili", format=weight_dtype, bits=MILI_BITS.get(weight_dtype, ""), load_s=load_s),
+    kv = "" if kv_cache_dtype == "auto" else f" kv {kv_cache_dtype}"
+    return Subject(dict(system="mili", format=weight_dtype + kv, bits=MILI_BITS.get(weight_dtype, ""), load_s=load_s),
                    prefill, decode)
 
 
@@ -205,9 +218,7 @@ def main(argv: list[str] | None = None) -> int:
 
     path = model_path(args.model)
     load = check_idle()
-    subjects, failed = open_all(
-        [(f"mili {w}", lambda w=w: open_mili(path, w, args)) for w in args.weight_dtypes.split(",")]
-    )
+    subjects, failed = open_all(mili_openers(path, args.weight_dtypes, args))
     failed += measure(args, subjects)
     rows = [s.row for s in subjects if s.name not in failed]
     print_table(rows, columns(args))

@@ -11,8 +11,14 @@ weight's error over the RMS of the weights), and over every position of the prom
 over the RMS of the logits, the largest error over the largest |logit| and how often the argmax agrees with
 float32's. --layers keeps the first N decoder layers only: a random-weight model amplifies any error layer after
 layer until the logits of 28 layers share little with float32's at 4 bits, whichever the format.
+--kv-formats measures the KV caches the same way, with float32 weights: every layer's K (after its norm and RoPE)
+and V rounded as the cache holds them before attention reads them: MILI's kv bfloat16 / int8 (a scale per token
+and head) / fp8 (e4m3, no scale) exactly as bindings/reference.to_kv_cache stores them, llama.cpp's kv f16 and
+q8_0 (blocks of 32 values, a float16 scale each, as its quantize_row_q8_0); llama.cpp also rounds q to q8_0 for its
+dot products with a q8_0 K, which is not modelled here.
 
   mili bench peers accuracy [--model DIR] [--formats int8,int4,q8_0,q4_0,q4_k_m] [--layers N] [--prompts 4]
+                            [--kv-formats bfloat16,int8,fp8,f16,q8_0]
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import model_path, print_table, write_json
+from bindings import reference as ref
 from python_layer.model.quantization import convert
 
 PEERS = Path(__file__).resolve().parent / ".peers"
@@ -68,6 +75,40 @@ def mili_weights(state: dict[str, torch.Tensor], weight_dtype: str) -> dict[str,
     return out
 
 
+def _q8_0(x: torch.Tensor) -> torch.Tensor:
+    """llama.cpp's q8_0 round trip over the last dimension: blocks of 32, d = max |x| / 127 kept as float16,
+    q = round(x / d) (halves away from zero)."""
+    blocks = x.float().unflatten(-1, (-1, 32))
+    d = blocks.abs().amax(dim=-1, keepdim=True) / 127
+    scaled = blocks * torch.where(d > 0, 1 / d, 0)
+    q = scaled.sign() * (scaled.abs() + 0.5).floor()
+    return (q * d.half().float()).flatten(-2)
+
+
+KV_FORMATS = {
+    "bfloat16": ("mili", lambda x: x.to(torch.bfloat16).float()),
+    "int8": ("mili", lambda x: ref.from_kv_cache(ref.to_kv_cache(x, torch.int8), x.shape[-1])),
+    "fp8": ("mili", lambda x: ref.from_kv_cache(ref.to_kv_cache(x, torch.float8_e4m3fn), x.shape[-1])),
+    "f16": ("llama.cpp", lambda x: x.half().float()),
+    "q8_0": ("llama.cpp", _q8_0),
+}
+"""KV cache format -> (system, what attention reads of K or V rows [..., head_dim])."""
+
+
+def round_kv(model, rounding) -> None:
+    """Makes the model's attention read K and V through `rounding` (None: as they are)."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import eager_mask
+    from transformers.models.qwen3.modeling_qwen3 import eager_attention_forward
+
+    def rounded(module, query, key, value, *args, **kwargs):
+        return eager_attention_forward(module, query, rounding(key), rounding(value), *args, **kwargs)
+
+    AttentionInterface.register("kv_rounded", rounded)
+    AttentionMaskInterface.register("kv_rounded", eager_mask)  # the additive mask eager attention takes
+    model.config._attn_implementation = "kv_rounded" if rounding else "eager"
+
+
 @torch.inference_mode()
 def logits(model, prompts: torch.Tensor) -> torch.Tensor:
     return model(prompts).logits.float()
@@ -92,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None)
     parser.add_argument("--formats", default="int8,int4,q8_0,q4_0,q4_k_m")
+    parser.add_argument("--kv-formats", default="", help="KV caches: bfloat16,int8,fp8 (MILI), f16,q8_0 (llama.cpp)")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--layers", type=int, default=None, help="the first N decoder layers only (default: all)")
@@ -108,7 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     prompts = torch.randint(1000, 100000, (args.prompts, args.length), generator=g)
     exact = logits(model, prompts)
     rows = []
-    for fmt in args.formats.split(","):
+    for fmt in filter(None, args.kv_formats.split(",")):
+        system, rounding = KV_FORMATS[fmt]
+        round_kv(model, rounding)
+        ours = logits(model, prompts)
+        rows.append(dict(system=system, format=f"kv {fmt}", weights_rms_rel=0.0, **drift(ours, exact)))
+        print(rows[-1], flush=True)
+    round_kv(model, None)
+    for fmt in filter(None, args.formats.split(",")):
         if fmt in MILI_FORMATS:
             system, weights = "mili", mili_weights(original, fmt)
         else:

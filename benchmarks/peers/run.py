@@ -62,15 +62,16 @@ def _run_tool(cmd: list) -> str:
     return done.stdout
 
 
-def open_llama(gguf: Path, args: argparse.Namespace) -> latency.Subject:
-    """llama.cpp's own tools on one GGUF, each run a new process (its load not timed): llama-bench times the prefill
-    (-p N -n 0, one repetition after its own warm-up), llama-batched-bench the decode (-npp prompt_len -ntg
-    new_tokens - 1 -npl b: the tokens after the first, as MILI's figures count them)."""
+def open_llama(gguf: Path, kv: str, args: argparse.Namespace) -> latency.Subject:
+    """llama.cpp's own tools on one GGUF, its KV cache in `kv` (-ctk / -ctv), each run a new process (its load not
+    timed): llama-bench times the prefill (-p N -n 0, one repetition after its own warm-up), llama-batched-bench the
+    decode (-npp prompt_len -ntg new_tokens - 1 -npl b: the tokens after the first, as MILI's figures count them)."""
     bench, batched = llama_tool("llama-bench"), llama_tool("llama-batched-bench")
-    row = dict(system="llama.cpp", format=gguf.stem, bits="", load_s="")
+    row = dict(system="llama.cpp", format=gguf.stem + ("" if kv == "f16" else f" kv {kv}"), bits="", load_s="")
+    cache = ["-ctk", kv, "-ctv", kv]
 
     def prefill(prompt: list[int]) -> float:
-        out = json.loads(_run_tool([bench, "-m", gguf, "-p", len(prompt), "-n", 0, "-t", THREADS, "-r", 1,
+        out = json.loads(_run_tool([bench, "-m", gguf, "-p", len(prompt), "-n", 0, "-t", THREADS, "-r", 1, *cache,
                                     "-o", "json"]))[0]
         row["bits"] = round(8 * out["model_size"] / out["model_n_params"], 2)
         row["build"] = out["build_commit"]
@@ -79,7 +80,7 @@ def open_llama(gguf: Path, args: argparse.Namespace) -> latency.Subject:
     def decode(prompts: list[list[int]]) -> float:
         b, ctx = len(prompts), len(prompts) * (args.prompt_len + args.new_tokens)
         out = _run_tool([batched, "-m", gguf, "-c", ctx, "-b", 2048, "-ub", 512, "-npp", args.prompt_len,
-                         "-ntg", args.new_tokens - 1, "-npl", b, "-t", THREADS, "--output-format", "jsonl"])
+                         "-ntg", args.new_tokens - 1, "-npl", b, "-t", THREADS, *cache, "--output-format", "jsonl"])
         return json.loads(out.strip().splitlines()[-1])["t_tg"]
 
     return latency.Subject(row, prefill, decode)
@@ -175,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--systems", default="mili,llama,transformers")
     parser.add_argument("--mili-weight-dtypes", default="float32,bfloat16,int8,fp8,int4")
     parser.add_argument("--llama-types", default="f32,bf16,q8_0,q4_0,q4_k_m")
+    parser.add_argument("--llama-kv-types", default="f16", help="llama.cpp's KV caches (-ctk / -ctv): f16, q8_0, ...")
     parser.add_argument(
         "--gguf-dir", default=None, help="default: benchmarks/peers/.peers/gguf/<checkpoint folder name>"
     )
@@ -187,17 +189,16 @@ def main(argv: list[str] | None = None) -> int:
     load = latency.check_idle()
     openers: list[tuple[str, Callable[[], latency.Subject]]] = []
     if "mili" in systems:
-        openers += [
-            (f"mili {w}", lambda w=w: latency.open_mili(path, w, args)) for w in args.mili_weight_dtypes.split(",")
-        ]
+        openers += latency.mili_openers(path, args.mili_weight_dtypes, args)
     if "llama" in systems:
         for t in args.llama_types.split(","):
             if not (gguf_dir / f"{t}.gguf").is_file():
                 raise SystemExit(f"{gguf_dir / f'{t}.gguf'} is missing: convert the checkpoint with\n"
                                  f"  bash {HERE / 'setup.sh'} {path}")
         openers += [
-            (f"llama.cpp {t}", lambda t=t: open_llama(gguf_dir / f"{t}.gguf", args))
-            for t in args.llama_types.split(",")
+            (f"llama.cpp {t}" + ("" if kv == "f16" else f" kv {kv}"),
+             lambda t=t, kv=kv: open_llama(gguf_dir / f"{t}.gguf", kv, args))
+            for t in args.llama_types.split(",") for kv in args.llama_kv_types.split(",")
         ]
     if "transformers" in systems:
         openers.append(("transformers bfloat16", lambda: open_transformers(path, args)))

@@ -177,10 +177,11 @@ def store_kv[dtype: DType, cache_type: DType](mut args: Args) raises:
     var k_cache, v_cache = args.tensor[cache_type, 4](), args.tensor[cache_type, 4]()
     var slots = args.tensor[I32, 1]()
     args.done("store_kv")
-    var row = k.dims[1] * k.dims[2]
-    check_store_kv(k.dims[0], row, k_cache.dims[2] * k_cache.dims[3], k.size(), v.size(), slots.dims[0])
+    check_store_kv[cache_type](k.dims[0], k.dims[1], k.dims[2], k_cache.dims[2], k_cache.dims[3], k.size(), v.size(),
+                               slots.dims[0])
     if k.dims[0] > 0:
-        store_kv_cpu[dtype, cache_type](runner, k_cache.ptr(), v_cache.ptr(), k.ptr(), v.ptr(), slots.ptr(), k.dims[0], row)
+        store_kv_cpu[dtype, cache_type](runner, k_cache.ptr(), v_cache.ptr(), k.ptr(), v.ptr(), slots.ptr(), k.dims[0],
+                                        k.dims[1], k.dims[2])
 
 
 def paged_attention[dtype: DType, cache_type: DType](mut args: Args) raises:
@@ -191,8 +192,8 @@ def paged_attention[dtype: DType, cache_type: DType](mut args: Args) raises:
     var scale = _scalar(args)
     args.done("paged_attention")
     var batch = context_lens.dims[0]
-    check_attention(batch, q.dims[1], q.dims[2], k_cache.dims[2], k_cache.dims[3], k_cache.size(), v_cache.size(),
-                    page_table.dims[0], query_start.dims[0])
+    check_attention[cache_type](batch, q.dims[1], q.dims[2], k_cache.dims[2], k_cache.dims[3], k_cache.size(),
+                                v_cache.size(), page_table.dims[0], query_start.dims[0])
     if q.dims[0] > 0:
         attention_cpu[dtype, cache_type](output.ptr(), q.ptr(), k_cache.ptr(), v_cache.ptr(), page_table.ptr(), context_lens.ptr(),
                              query_start.ptr(), scale, batch, page_table.dims[1], q.dims[1], k_cache.dims[2], q.dims[2],
@@ -208,8 +209,9 @@ def qk_norm_rope_store[dtype: DType, cache_type: DType](mut args: Args) raises:
     var scale = _scalar(args)
     var k_cache, v_cache, slots = args.tensor[cache_type, 4](), args.tensor[cache_type, 4](), args.tensor[I32, 1]()
     args.done("qk_norm_rope_store")
-    check_qk_norm_rope_store(qkv.dims[0], qkv.dims[1], q.dims[0], q.dims[1], q.dims[2], k_cache.dims[2], k_cache.dims[3],
-                             q_norm.dims[0], k_norm.dims[0], positions.dims[0], inv_freq.dims[0], slots.dims[0])
+    check_qk_norm_rope_store[cache_type](qkv.dims[0], qkv.dims[1], q.dims[0], q.dims[1], q.dims[2], k_cache.dims[2],
+                                         k_cache.dims[3], q_norm.dims[0], k_norm.dims[0], positions.dims[0],
+                                         inv_freq.dims[0], slots.dims[0])
     if qkv.dims[0] > 0:
         qk_norm_rope_store_cpu[dtype, cache_type](runner, q.ptr(), k_cache.ptr(), v_cache.ptr(), qkv.ptr(), q_norm.ptr(), k_norm.ptr(),
                                       positions.ptr(), inv_freq.ptr(), slots.ptr(), eps, scale, qkv.dims[0], q.dims[1],
@@ -228,9 +230,10 @@ def qkv_attention[dtype: DType, cache_type: DType](mut args: Args) raises:
     var scale = _scalar(args)
     args.done("qkv_attention")
     var tokens, batch = qkv.dims[0], context_lens.dims[0]
-    check_qkv_attention(tokens, qkv.dims[1], output.dims[0], output.dims[1], output.dims[2], k_cache.dims[2],
-                        k_cache.dims[3], k_cache.size(), v_cache.size(), q_norm.dims[0], k_norm.dims[0],
-                        positions.dims[0], inv_freq.dims[0], slots.dims[0], batch, page_table.dims[0], query_start.dims[0])
+    check_qkv_attention[cache_type](tokens, qkv.dims[1], output.dims[0], output.dims[1], output.dims[2],
+                                    k_cache.dims[2], k_cache.dims[3], k_cache.size(), v_cache.size(), q_norm.dims[0],
+                                    k_norm.dims[0], positions.dims[0], inv_freq.dims[0], slots.dims[0], batch,
+                                    page_table.dims[0], query_start.dims[0])
     if tokens > 0:  # attention on Mojo's threads, as paged_attention
         qkv_attention_cpu[dtype, cache_type](
             runner, None, output.ptr(), k_cache.ptr(), v_cache.ptr(), qkv.ptr(), q_norm.ptr(), k_norm.ptr(), eps,
@@ -310,6 +313,22 @@ def _add_ops(mut m: PythonModuleBuilder) raises:
     m.def_py_c_function(_fastcall[qkv_attention[DType.float32, DType.float32]], "qkv_attention_float32")
     m.def_py_c_function(_fastcall[qkv_attention[DType.bfloat16, DType.bfloat16]], "qkv_attention_bfloat16")
     m.def_py_c_function(_fastcall[qkv_attention[DType.float32, DType.bfloat16]], "qkv_attention_float32_kv_bfloat16")
+    m.def_py_c_function(_fastcall[store_kv[DType.float32, DType.int8]], "store_kv_float32_kv_int8")
+    m.def_py_c_function(_fastcall[store_kv[DType.float32, DType.uint8]], "store_kv_float32_kv_uint8")
+    m.def_py_c_function(_fastcall[store_kv[DType.bfloat16, DType.int8]], "store_kv_bfloat16_kv_int8")
+    m.def_py_c_function(_fastcall[store_kv[DType.bfloat16, DType.uint8]], "store_kv_bfloat16_kv_uint8")
+    m.def_py_c_function(_fastcall[qk_norm_rope_store[DType.float32, DType.int8]], "qk_norm_rope_store_float32_kv_int8")
+    m.def_py_c_function(_fastcall[qk_norm_rope_store[DType.float32, DType.uint8]], "qk_norm_rope_store_float32_kv_uint8")
+    m.def_py_c_function(_fastcall[qk_norm_rope_store[DType.bfloat16, DType.int8]], "qk_norm_rope_store_bfloat16_kv_int8")
+    m.def_py_c_function(_fastcall[qk_norm_rope_store[DType.bfloat16, DType.uint8]], "qk_norm_rope_store_bfloat16_kv_uint8")
+    m.def_py_c_function(_fastcall[paged_attention[DType.float32, DType.int8]], "paged_attention_float32_kv_int8")
+    m.def_py_c_function(_fastcall[paged_attention[DType.float32, DType.uint8]], "paged_attention_float32_kv_uint8")
+    m.def_py_c_function(_fastcall[paged_attention[DType.bfloat16, DType.int8]], "paged_attention_bfloat16_kv_int8")
+    m.def_py_c_function(_fastcall[paged_attention[DType.bfloat16, DType.uint8]], "paged_attention_bfloat16_kv_uint8")
+    m.def_py_c_function(_fastcall[qkv_attention[DType.float32, DType.int8]], "qkv_attention_float32_kv_int8")
+    m.def_py_c_function(_fastcall[qkv_attention[DType.float32, DType.uint8]], "qkv_attention_float32_kv_uint8")
+    m.def_py_c_function(_fastcall[qkv_attention[DType.bfloat16, DType.int8]], "qkv_attention_bfloat16_kv_int8")
+    m.def_py_c_function(_fastcall[qkv_attention[DType.bfloat16, DType.uint8]], "qkv_attention_bfloat16_kv_uint8")
     m.def_py_c_function(_fastcall[linear[DType.float32, DType.float32]], "linear_float32_float32")
     m.def_py_c_function(_fastcall[linear[DType.float32, DType.bfloat16]], "linear_float32_bfloat16")
     m.def_py_c_function(_fastcall[linear[DType.float32, DType.uint8]], "linear_float32_uint8")

@@ -12,10 +12,7 @@
 #                         vpdpbusd does 64 int8 products per instruction, summed exactly in int32; AVX2's
 #                         vpmaddubsw + vpmaddwd 32 (as llama.cpp's q8_0 on AVX2)
 # Without those instructions the same numbers are computed with float32 FMAs / int32 multiplies.
-# FP8 e4m3 widening: the sign to bit 15 and the 7 exponent and mantissa bits to bits 7..13 make a float16 that is
-# the e4m3 value times 2^-8, normals and subnormals alike; the 2^8 goes into the scale. Its conversion to float32
-# (F16C) is exact and, unlike the same trick on float32 bits, makes no float32 subnormals, which cost a CPU
-# microcode assist per instruction (FP8 decode 3x slower on random weights).
+# FP8 weights are widened as utils/types.widen does: to their value times 2^-8 (FP8_SCALE goes into the scale).
 # CPU, by the number of rows M:
 #   decode (M <= DECODE_ROWS): every weight byte crosses the memory bus once, prefetched PREFETCH_BYTES ahead (all
 #     formats but float32). A tile of NR weight rows is widened in registers (or fed to the dot-product
@@ -43,7 +40,9 @@ from std.sys import CompilationTarget, llvm_intrinsic, size_of
 from std.sys.intrinsics import prefetch, PrefetchOptions
 
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
-from ..utils.types import addr, ptr, load_f32, narrow, Addr, F32, F32_WIDTH, Ptr, GPU_BLOCK, check_same
+from ..utils.types import (
+    addr, ptr, load_f32, narrow, round_even, widen, is_fp8, Addr, F32, F32_WIDTH, FP8_SCALE, Ptr, GPU_BLOCK, check_same,
+)
 
 comptime W = F32_WIDTH
 comptime NR = 4
@@ -58,8 +57,6 @@ comptime PANEL_ROWS = 6
 comptime PAIR_PANEL_ROWS = 12
 """Rows of x per pair-panel register tile (AVX-512 only): 24 accumulators, 2 panel vectors and a broadcast."""
 comptime SERIAL_MACS = 1 << 18
-comptime FP8_SCALE = Float32(256)
-"""2^8: see the widening above."""
 comptime BF16_DOT = CompilationTarget._has_feature["avx512bf16"]()
 comptime I8_DOT = CompilationTarget._has_feature["avx512vnni"]()
 comptime I8_MADD = CompilationTarget._has_feature["avx2"]()
@@ -86,25 +83,8 @@ their NR rows of a tile lie next to each other, and the hardware prefetchers alo
 
 
 @always_inline
-def is_fp8[w_type: DType]() -> Bool:
-    return w_type == DType.float8_e4m3fn or w_type == DType.uint8
-
-
-@always_inline
 def is_scaled[w_type: DType]() -> Bool:
     return is_fp8[w_type]() or w_type == DType.int8
-
-
-@always_inline
-def widen[w_type: DType, width: Int](w: Ptr[w_type], i: Int) -> SIMD[F32, width]:
-    """`width` weights at w[i] as float32, before their scale."""
-    comptime if is_fp8[w_type]():
-        var b = w.unsafe_bitcast[UInt8]().unsafe_load[width=width](i).cast[DType.uint16]()
-        return bitcast[DType.float16, width](((b & 0x80) << 8) | ((b & 0x7F) << 7)).cast[F32]()
-    elif w_type == DType.int8:
-        return w.unsafe_load[width=width](i).cast[F32]()
-    else:
-        return load_f32[w_type, width](w, i)
 
 
 @always_inline
@@ -189,12 +169,6 @@ struct _QuantizedX(ImplicitlyCopyable):
         return ptr(self.sums).unsafe_load(m * self.k_blocks + kb)
 
 
-@always_inline
-def _round_even[width: Int](v: SIMD[F32, width]) -> SIMD[F32, width]:
-    """To the nearest integer, ties to even (as torch.round; one vroundps, where __round__'s ties away are several)."""
-    return llvm_intrinsic["llvm.roundeven", SIMD[F32, width]](v)
-
-
 def _quantize_x[a_type: DType, dequantized: Bool](x: Ptr[a_type], xq: _QuantizedX, m: Int, k: Int, block_k: Int,
                                                    stride: Int, dst: Ptr[F32]):
     """x quantized per row and block: q = round(x * (127 / largest |x|)), scale = largest |x| / 127. Into xq, or
@@ -219,7 +193,7 @@ def _quantize_x[a_type: DType, dequantized: Bool](x: Ptr[a_type], xq: _Quantized
             var sum = Int32(0)
             i = 0
             while i + W <= count:
-                var v = _round_even(load_f32[a_type, W](x, start + i) * inv)
+                var v = round_even(load_f32[a_type, W](x, start + i) * inv)
                 comptime if dequantized:
                     dst.unsafe_store(out + i, v * scale)
                 else:
@@ -227,7 +201,7 @@ def _quantize_x[a_type: DType, dequantized: Bool](x: Ptr[a_type], xq: _Quantized
                     total += v.cast[DType.int32]()
                 i += W
             for t in range(i, count):
-                var v = _round_even[1](load_f32[a_type, 1](x, start + t) * inv)
+                var v = round_even[1](load_f32[a_type, 1](x, start + t) * inv)
                 comptime if dequantized:
                     dst.unsafe_store(out + t, v * scale)
                 else:
@@ -825,7 +799,7 @@ def _linear_gpu[a_type: DType, w_type: DType](
             comptime if w_type == DType.bfloat16:
                 xv = narrow[DType.bfloat16, 1](xv)[0].cast[F32]()
             elif w_type == DType.int8:
-                xv = _round_even[1](xv * inv)[0]
+                xv = round_even[1](xv * inv)[0]
             part += xv * widen[w_type, 1](w, col * K + i)[0]
         comptime if is_scaled[w_type]():
             part *= sx * block_scale[w_type](scales, col, kb, k_blocks)

@@ -3,7 +3,7 @@
 #   k = rope(head_rms_norm(k part, k_norm)), v                                written into the paged caches
 # at slot_mapping[t] (a negative slot is skipped), as three slices, two head_rms_norm, rope and store_kv would do,
 # rounded to dtype between the steps as they are; k and v are rounded to the caches' dtype (bfloat16 under float32
-# activations, say) when they are stored. One op instead of seven: each op of a graph costs its own dispatch on a
+# activations, an 8-bit cache: memory/kv_format.mojo) when they are stored. One op instead of seven: each op of a graph costs its own dispatch on a
 # CPU and its own kernel launch on a GPU (at one token, a few µs each, more than the work), and its own pass over
 # the data.
 from extensibility import register, InputTensor, OutputTensor
@@ -14,7 +14,8 @@ from max.gpu.primitives import warp
 from std.math import ceildiv, rsqrt
 
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
-from ..utils.types import addr, ptr, convert_row, Addr, F32, Ptr, SERIAL_ELEMENTS, check_same
+from ..memory.kv_format import is_8bit_kv, kv_head_dim, kv_head_len, store_kv_heads
+from ..utils.types import addr, ptr, Addr, F32, Ptr, SERIAL_ELEMENTS, check_same
 from .normalization import rms_norm_row
 from .rope import rope_cos_sin_gpu, rope_token
 
@@ -63,9 +64,10 @@ struct _QkTokens[dtype: DType, cache_type: DType](ChunkTask):
                                self.scale, hq, stored_k_heads, d)
         if slot < 0:
             return
+        var at = slot * hk * kv_head_len[Self.cache_type](d)
         comptime if Self.cache_type != Self.dtype:
-            convert_row(ptr(self.k_cache), slot * hk * d, k, 0, hk * d)
-        convert_row(ptr(self.v_cache), slot * hk * d, qkv, src + (hq + hk) * d, hk * d)
+            store_kv_heads(ptr(self.k_cache), at, k, 0, hk, d)
+        store_kv_heads(ptr(self.v_cache), at, qkv, src + (hq + hk) * d, hk, d)
         _ = k_row^
 
 
@@ -140,12 +142,13 @@ def qk_norm_rope_store_gpu[dtype: DType, cache_type: DType](
     )
 
 
-def check_qk_norm_rope_store(tokens: Int, qkv_cols: Int, q_tokens: Int, q_heads: Int, head_dim: Int, k_heads: Int,
-                             cache_head_dim: Int, q_norm_size: Int, k_norm_size: Int, num_positions: Int,
-                             inv_freq_size: Int, num_slots: Int) raises:
+def check_qk_norm_rope_store[cache_type: DType](
+    tokens: Int, qkv_cols: Int, q_tokens: Int, q_heads: Int, head_dim: Int, k_heads: Int, cache_head_len: Int,
+    q_norm_size: Int, k_norm_size: Int, num_positions: Int, inv_freq_size: Int, num_slots: Int,
+) raises:
     comptime what = "qk_norm_rope_store"
     check_same[what](q_tokens, tokens, "q tokens", "qkv tokens")
-    check_same[what](cache_head_dim, head_dim, "cache head_dim", "q head_dim")
+    check_same[what](kv_head_dim[cache_type](cache_head_len), head_dim, "cache head_dim", "q head_dim")
     check_same[what](qkv_cols, (q_heads + 2 * k_heads) * head_dim, "qkv columns", "(q heads + 2 * cache heads) * head_dim")
     check_same[what](q_norm_size, head_dim, "q_norm size", "head_dim")
     check_same[what](k_norm_size, head_dim, "k_norm size", "head_dim")
@@ -172,8 +175,8 @@ struct QkNormRopeStore:
         ctx: DeviceContext,
     ) raises:
         var tokens, q_heads, head_dim, k_heads = qkv.dim_size[0](), q.dim_size[1](), q.dim_size[2](), k_cache.dim_size[2]()
-        check_qk_norm_rope_store(tokens, qkv.dim_size[1](), q.dim_size[0](), q_heads, head_dim, k_heads,
-                                 k_cache.dim_size[3](), q_norm.dim_size[0](), k_norm.dim_size[0](),
+        check_qk_norm_rope_store[cache_type](tokens, qkv.dim_size[1](), q.dim_size[0](), q_heads, head_dim, k_heads,
+                                             k_cache.dim_size[3](), q_norm.dim_size[0](), k_norm.dim_size[0](),
                                  positions.dim_size[0](), inv_freq.dim_size[0](), slot_mapping.dim_size[0]())
         if tokens == 0:
             return
@@ -184,6 +187,8 @@ struct QkNormRopeStore:
                 slot_mapping.unsafe_ptr(), eps.unsafe_ptr().unsafe_load(0), scale.unsafe_ptr().unsafe_load(0), tokens,
                 q_heads, k_heads, head_dim,
             )
+        elif is_8bit_kv[cache_type]():
+            raise Error("qk_norm_rope_store: 8-bit KV caches are CPU only")
         else:
             qk_norm_rope_store_gpu[dtype, cache_type](
                 ctx, q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), qkv.unsafe_ptr(), q_norm.unsafe_ptr(),

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, List, Optional
 
 import torch
 
+from bindings.reference import kv_head_len
+
 if TYPE_CHECKING:
     from ..model.config import Qwen3Config
 
@@ -18,7 +20,8 @@ DEFAULT_PAGE_SIZE = 16  # tokens a page
 
 def kv_page_bytes(config: Qwen3Config, page_size: int, dtype: torch.dtype) -> int:
     """Bytes of one KV page: K and V of page_size tokens in every layer."""
-    return 2 * config.num_hidden_layers * page_size * config.num_key_value_heads * config.head_dim * dtype.itemsize
+    head_bytes = kv_head_len(config.head_dim, dtype) * dtype.itemsize
+    return 2 * config.num_hidden_layers * page_size * config.num_key_value_heads * head_bytes
 
 
 def kv_pages_for(page_bytes: int, num_pages: Optional[int] = None, memory_gb: Optional[float] = None) -> int:
@@ -50,7 +53,7 @@ class PagedKVCache:
         if num_pages < 1 or page_size < 1:
             raise ValueError(f"PagedKVCache needs num_pages >= 1 and page_size >= 1, got {num_pages} and {page_size}")
         self.num_pages, self.page_size = num_pages, page_size
-        shape = (num_pages, page_size, num_kv_heads, head_dim)
+        shape = (num_pages, page_size, num_kv_heads, kv_head_len(head_dim, dtype))
         self.k_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.ref_counts = [0] * num_pages

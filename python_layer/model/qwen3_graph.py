@@ -14,7 +14,8 @@ import torch
 
 from bindings import graph as mili, library  # library sets MODULAR_CACHE_DIR before max is imported
 from bindings.gpu_options import ENVIRONMENT, GpuOptions
-from bindings.reference import rope_inv_freq
+from bindings.ops import kv_bits_dtype, kv_cache_bits
+from bindings.reference import kv_head_len, rope_inv_freq
 
 from max._mlir_context import ensure_default_mlir_context
 from max.driver import Buffer
@@ -77,7 +78,8 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
     c, dev = config, library.device_ref(device_key)
     kv_dtype = kv_cache_dtype or dtype
     i32 = lambda *dims: TensorType(DType.int32, list(dims), dev)
-    cache = BufferType(torch_dtype_to_max(kv_dtype), ["pages", "page_size", c.num_key_value_heads, c.head_dim], dev)
+    cache = BufferType(torch_dtype_to_max(kv_bits_dtype(kv_dtype)),
+                       ["pages", "page_size", c.num_key_value_heads, kv_head_len(c.head_dim, kv_dtype)], dev)
     tokens, batch, batch_plus_1, rows = (1, 1, 2, 1) if batch_one else ("T", "B", "B_plus_1", "L")
     inputs = [i32(tokens), i32(tokens), i32(batch_plus_1), i32(batch), i32(batch, "max_pages"), i32(tokens), i32(rows)]
     inputs += [cache] * (2 * c.num_hidden_layers)
@@ -268,4 +270,4 @@ class CompiledQwen3:
 
 def _aliasing_buffers(kv_cache: "PagedKVCache") -> List[Buffer]:
     """MAX buffers that alias the cache's torch tensors: K of every layer, then V."""
-    return [Buffer.from_dlpack(t) for t in kv_cache.k_caches + kv_cache.v_caches]
+    return [Buffer.from_dlpack(kv_cache_bits(t)) for t in kv_cache.k_caches + kv_cache.v_caches]

@@ -52,21 +52,24 @@ def resolve_weight_dtype(weight_dtype: str, config: Qwen3Config, dtype: torch.dt
     return weight_dtype
 
 
-KV_CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+KV_CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8,
+                   "fp8": torch.float8_e4m3fn}
 
 
 def resolve_kv_cache_dtype(kv_cache_dtype: str, dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The KV cache's dtype. "auto": the activations' dtype. A CPU may keep bfloat16 K/V under float32
-    activations: attention reads half the bytes (0.64-0.80x its time); they are rounded when stored."""
+    activations: attention reads half the bytes (0.64-0.80x its time); they are rounded when stored. A CPU may also
+    keep int8 K/V (a scale per token and head) or FP8 e4m3 ones (no scale) under either: a quarter (a half) of the
+    bytes again (mojo_kernels/memory/kv_format.mojo)."""
     if kv_cache_dtype == "auto":
         return dtype
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} is not one of auto, {', '.join(KV_CACHE_DTYPES)}")
     cache = KV_CACHE_DTYPES[kv_cache_dtype]
-    if cache != dtype and not (device.type == "cpu" and kv_cache_supported(dtype, cache)):
+    if not kv_cache_supported(dtype, cache, device.type == "cpu") or (cache != dtype and device.type != "cpu"):
         raise ValueError(
             f"a {kv_cache_dtype} KV cache under {str(dtype).split('.')[-1]} activations on {device.type} is "
-            f"not supported: {KV_CACHE_RULE}, on a CPU only for the latter"
+            f"not supported: {KV_CACHE_RULE}; a model keeps another dtype than its activations' on a CPU only"
         )
     return cache
 

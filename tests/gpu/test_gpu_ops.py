@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tests.kernel_cases import kernel_cases, linear_weight, run_attention, run_linear_tiled
+from tests.kernel_cases import EIGHT_BIT_KV, kernel_cases, linear_weight, run_attention, run_linear_tiled
 
 if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
@@ -13,7 +13,8 @@ from bindings import reference as ref
 from bindings.gpu_options import GpuOptions
 
 
-GPU_CASES = [c for c in kernel_cases() if c.values[0] is not run_linear_tiled]  # tiled weights: a CPU layout
+GPU_CASES = [c for c in kernel_cases() if c.values[0] is not run_linear_tiled  # tiled weights: a CPU layout
+             and not any(f"-kv_{str(kv).split('.')[-1]}-" in c.id for kv in EIGHT_BIT_KV)]  # 8-bit caches: CPU only
 
 
 @pytest.mark.parametrize("runner, dtype, case", GPU_CASES)
@@ -22,7 +23,7 @@ def test_op_matches_reference_on_gpu(runner, dtype: torch.dtype, case) -> None:
     runner(ops, "cuda", dtype, case)
 
 
-@pytest.mark.parametrize("runner, dtype, case", [c for c in kernel_cases() if c.values[0] is run_attention])
+@pytest.mark.parametrize("runner, dtype, case", [c for c in GPU_CASES if c.values[0] is run_attention])
 def test_plain_attention_kernels_match_reference_on_gpu(monkeypatch, runner, dtype: torch.dtype, case) -> None:
     """The plain GPU attention kernels, which GpuOptions(flash_attention=False) takes instead of the flash ones (the
     default, which the test above runs), on every attention case."""
@@ -31,7 +32,7 @@ def test_plain_attention_kernels_match_reference_on_gpu(monkeypatch, runner, dty
     runner(ops, "cuda", dtype, case)
 
 
-@pytest.mark.parametrize("runner, dtype, case", [c for c in kernel_cases() if c.values[0] is run_attention
+@pytest.mark.parametrize("runner, dtype, case", [c for c in GPU_CASES if c.values[0] is run_attention
                                                   and c.values[1] == torch.bfloat16])
 def test_flash_prefill_with_two_row_tiles_a_block_matches_reference_on_gpu(monkeypatch, runner, dtype: torch.dtype,
                                                                           case) -> None:

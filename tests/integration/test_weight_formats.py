@@ -112,6 +112,24 @@ def test_bfloat16_kv_cache_matches_the_reference_backend_and_drifts_less_than_tr
     assert ours < _rel_err(_hf_logits(hf_bf16, prompts[2]), exact), ours
 
 
+@pytest.mark.parametrize("dtype, kv", [("float32", "int8"), ("bfloat16", "fp8")])
+def test_8bit_kv_cache_matches_the_reference_backend_and_stays_near_float32(tiny_checkpoint: Path, dtype: str,
+                                                                           kv: str) -> None:
+    """int8 K/V (a scale per token and head) and FP8 e4m3 ones under either activation dtype: the model graph's
+    attention over them against the reference backend's (bindings/reference.py), and the drift from float32."""
+    engines = {b: InferenceEngine.from_pretrained(tiny_checkpoint, dtype=dtype, kv_cache_dtype=kv, backend=b)
+               for b in ("mojo", "reference")}
+    cache, c = engines["mojo"].kv_cache, engines["mojo"].model.config
+    want = {"int8": (torch.int8, c.head_dim + 4), "fp8": (torch.float8_e4m3fn, c.head_dim)}[kv]
+    assert all((t.dtype, t.shape[-1]) == want for t in cache.k_caches + cache.v_caches)
+    prompts = _prompts(c.vocab_size, seed=5)  # prefill, then decode over the cache
+    assert _greedy(engines["mojo"], prompts) == _greedy(engines["reference"], prompts)
+    logits = [_Batch(e.model, 1).forward([prompts[2]], all_logits=True) for e in engines.values()]
+    assert _rel_err(logits[0], logits[1]) < 2e-2  # an 8-bit value one step apart here and there
+    exact = _hf_logits(_hf(tiny_checkpoint), prompts[2])
+    assert _rel_err(logits[0], exact) < {"int8": 3e-2, "fp8": 1e-1}[kv]
+
+
 def test_int4_weights_match_the_reference_backend_and_stay_near_float32(tiny_checkpoint: Path) -> None:
     engines = {b: InferenceEngine.from_pretrained(tiny_checkpoint, dtype="float32", weight_dtype="int4", backend=b)
                for b in ("mojo", "reference")}

@@ -46,11 +46,13 @@ def cpu_cases() -> list:
     """kernel_cases() through both CPU paths of bindings.ops: the Mojo extension module (eager) and MAX graphs. Each
     op and dtype is a graph compile (~40 s on 2 cores), so the graphs run bfloat16's cases alone by default (its caches
     bfloat16 too; every weight dtype): the registration code they test is the same in every dtype, and the eager path
-    runs each dtype's kernels. `pytest -m slow` runs the other dtypes' graphs too."""
+    runs each dtype's kernels (the model graphs over 8-bit caches: tests/integration/test_weight_formats.py).
+    `pytest -m slow` runs the other dtypes' graphs too."""
     cases = []
     for c in kernel_cases():
         cases.append(pytest.param("eager", *c.values, id=f"eager-{c.id}", marks=c.marks))
-        slow = [] if c.values[1] == torch.bfloat16 else [pytest.mark.slow]
+        eight_bit_kv = "-kv_int8-" in c.id or "-kv_float8_e4m3fn-" in c.id  # their graph path: the model tests'
+        slow = [] if c.values[1] == torch.bfloat16 and not eight_bit_kv else [pytest.mark.slow]
         cases.append(pytest.param("graph", *c.values, id=f"graph-{c.id}", marks=[*c.marks, *slow]))
     return cases
 
@@ -155,8 +157,10 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
                             torch.tensor([2], dtype=torch.int32), torch.tensor([0, 3], dtype=torch.int32), 0.25)
     kc16, table = torch.zeros(1, 16, 1, 16), torch.zeros(1, 1, dtype=torch.int32)
     lens, starts = torch.tensor([1], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32)
-    with pytest.raises(ValueError, match="torch.float32 caches under torch.bfloat16 activations are not supported"):
+    with pytest.raises(ValueError, match="torch.float32 caches under torch.bfloat16 activations on cpu are not supported"):
         ops.paged_attention(torch.randn(1, 2, 16, dtype=torch.bfloat16), kc16, kc16, table, lens, starts, 0.25)
+    with pytest.raises(ValueError, match="cache head_dim \\(12\\) must equal q head_dim \\(16\\)"):  # int8: D + 4
+        ops.paged_attention(torch.randn(1, 2, 16), kc16.to(torch.int8), kc16.to(torch.int8), table, lens, starts, 0.25)
     with pytest.raises(ValueError, match="K and V caches must have one dtype"):
         ops.paged_attention(torch.randn(1, 2, 16), kc16, kc16.bfloat16(), table, lens, starts, 0.25)
     with pytest.raises(ValueError, match="head_rms_norm: needs \\(3-d torch.float32"):
@@ -168,7 +172,7 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
     with pytest.raises(IndexError, match="outside the cache"):
         ops.store_kv(torch.randn(1, 1, 8), torch.randn(1, 1, 8), torch.zeros(1, 16, 1, 8), torch.zeros(1, 16, 1, 8),
                      torch.tensor([16], dtype=torch.int32))
-    with pytest.raises(ValueError, match="torch.float32 caches under torch.bfloat16 activations are not supported"):
+    with pytest.raises(ValueError, match="torch.float32 caches under torch.bfloat16 activations on cpu are not supported"):
         ops.store_kv(torch.randn(1, 1, 8, dtype=torch.bfloat16), torch.randn(1, 1, 8, dtype=torch.bfloat16),
                      torch.zeros(1, 16, 1, 8), torch.zeros(1, 16, 1, 8), torch.tensor([0], dtype=torch.int32))
     with pytest.raises(ValueError, match="k and v must have one dtype"):

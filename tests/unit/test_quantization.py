@@ -89,8 +89,12 @@ def test_kv_cache_dtype_resolution() -> None:
     assert resolve_kv_cache_dtype("auto", torch.float32, cpu) == torch.float32
     assert resolve_kv_cache_dtype("auto", torch.bfloat16, gpu) == torch.bfloat16
     assert resolve_kv_cache_dtype("bfloat16", torch.float32, cpu) == torch.bfloat16
-    with pytest.raises(ValueError, match="'fp8' is not one of auto, float32, bfloat16"):
-        resolve_kv_cache_dtype("fp8", torch.float32, cpu)
+    assert resolve_kv_cache_dtype("int8", torch.bfloat16, cpu) == torch.int8
+    assert resolve_kv_cache_dtype("fp8", torch.float32, cpu) == torch.float8_e4m3fn
+    with pytest.raises(ValueError, match="'int4' is not one of auto, float32, bfloat16, int8, fp8"):
+        resolve_kv_cache_dtype("int4", torch.float32, cpu)
+    with pytest.raises(ValueError, match="an? int8 KV cache under bfloat16 activations on cuda is not supported"):
+        resolve_kv_cache_dtype("int8", torch.bfloat16, gpu)
     with pytest.raises(ValueError, match="a float32 KV cache under bfloat16 activations on cpu is not supported"):
         resolve_kv_cache_dtype("float32", torch.bfloat16, cpu)
     with pytest.raises(ValueError, match="bfloat16 KV cache under float32 activations on cuda"):

@@ -9,6 +9,7 @@
 from std.math import ceildiv
 from std.sys import is_gpu
 
+from ...memory.kv_format import kv_head_dim
 from ...utils.types import F32, Ptr, check_same
 
 
@@ -48,9 +49,10 @@ def split_keys(n: Int, splits: Int, split: Int, fewest: Int, multiple: Int) -> T
     return begin, min(begin + per_split, n)
 
 
-def check_attention(batch: Int, q_heads: Int, head_dim: Int, kv_heads: Int, cache_head_dim: Int, k_cache_size: Int,
-                    v_cache_size: Int, page_table_rows: Int, query_start_size: Int) raises:
-    check_same["paged_attention"](cache_head_dim, head_dim, "cache head_dim", "q head_dim")
+def check_attention[cache_type: DType](batch: Int, q_heads: Int, head_dim: Int, kv_heads: Int, cache_head_len: Int,
+                                       k_cache_size: Int, v_cache_size: Int, page_table_rows: Int,
+                                       query_start_size: Int) raises:
+    check_same["paged_attention"](kv_head_dim[cache_type](cache_head_len), head_dim, "cache head_dim", "q head_dim")
     check_same["paged_attention"](v_cache_size, k_cache_size, "v_cache size", "k_cache size")
     check_same["paged_attention"](query_start_size, batch + 1, "query_start size", "sequences + 1")
     check_same["paged_attention"](page_table_rows, batch, "page_table rows", "sequences")

@@ -6,6 +6,8 @@
 # rows of a KV head at a time (each staged key / value vector loaded feeds four FMAs); the others (decode)
 # read the cache directly, KEY_GROUP keys at a time (the next group prefetched): the rows of a KV head (up
 # to four) score several keys at once, and accumulate the group's values in registers.
+# 8-bit caches (memory/kv_format.mojo) are widened in registers; a key's scale multiplies its scores, a value's
+# its weight.
 from max.algorithm import parallelize
 from std.math import ceildiv, exp, iota
 from std.collections import Array
@@ -13,7 +15,8 @@ from std.sys import num_logical_cores, size_of
 from std.sys.intrinsics import prefetch, PrefetchOptions
 from std.utils.index import IndexList
 
-from ...utils.types import load_f32, narrow, F32, F32_WIDTH, Ptr
+from ...memory.kv_format import kv_head_len, kv_scale
+from ...utils.types import narrow, widen, F32, F32_WIDTH, Ptr
 from ...utils.parallel import CpuContext
 
 comptime KEY_BLOCK = 32
@@ -88,7 +91,7 @@ def _score_tile[dtype: DType, R: Int, K: Int](
         comptime for r in range(R):
             qv[r] = buf.unsafe_load[width=W](rows[r] * head_dim + x)
         comptime for k in range(K):
-            var kv = load_f32[dtype, W](cache, offsets[jj + k] + head_off + x)
+            var kv = widen[dtype, W](cache, offsets[jj + k] + head_off + x)
             comptime for r in range(R):
                 acc[r * K + k] = qv[r].fma(kv, acc[r * K + k])
     var sums = _group_sums[R * K, W](_pair_sums[R * K](acc))
@@ -98,7 +101,9 @@ def _score_tile[dtype: DType, R: Int, K: Int](
         for x in range(vec_end, head_dim):
             var qx = buf.unsafe_load(rows[r] * head_dim + x)
             comptime for k in range(K):
-                s[k] += qx * load_f32[dtype, 1](cache, offsets[jj + k] + head_off + x)
+                s[k] += qx * widen[dtype, 1](cache, offsets[jj + k] + head_off + x)
+        comptime for k in range(K):
+            s[k] *= kv_scale(cache, offsets[jj + k] + head_off, head_dim)
         var visible = keys.le(SIMD[F32, K](buf.unsafe_load(last_off + rows[r])))
         buf.unsafe_store(s_off + rows[r] * KEY_BLOCK + jj, visible.select(s, SIMD[F32, K](MASKED)))
 
@@ -116,11 +121,12 @@ def _value_tile[dtype: DType, R: Int, C: Int, W: Int](
             acc[r * C + c] = buf.unsafe_load[width=W](acc_off + rows[r] * head_dim + x + c * W)
     for jj in range(jj_begin, jj_end):
         var at = offsets[jj] + head_off + x
+        var v_scale = kv_scale(cache, offsets[jj] + head_off, head_dim)
         var p = Array[SIMD[F32, W], R](fill=0)
         comptime for r in range(R):
-            p[r] = SIMD[F32, W](buf.unsafe_load(s_off + rows[r] * KEY_BLOCK + jj))
+            p[r] = SIMD[F32, W](buf.unsafe_load(s_off + rows[r] * KEY_BLOCK + jj) * v_scale)
         comptime for c in range(C):
-            var v = load_f32[dtype, W](cache, at + c * W)
+            var v = widen[dtype, W](cache, at + c * W)
             comptime for r in range(R):
                 acc[r * C + c] = v.fma(p[r], acc[r * C + c])
     comptime for r in range(R):
@@ -184,7 +190,7 @@ def _direct_block[dtype: DType, scores: Bool](
     for jj in range(0, n_keys, KEY_GROUP):
         var jj_end = min(jj + KEY_GROUP, n_keys)
         for g in range(kv_heads):
-            var at, head_off = g * per_head, g * head_dim
+            var at, head_off = g * per_head, g * kv_head_len[dtype](head_dim)
             if jj_end < n_keys:
                 _prefetch_head(cache, offsets, jj_end, min(jj_end + KEY_GROUP, n_keys), head_off, head_dim)
             else:
@@ -252,10 +258,10 @@ def _copy_row[dtype: DType](dst: Ptr[F32], dst_off: Int, src: Ptr[dtype], src_of
     """dst[dst_off + i] = src[src_off + i] * scale as float32, vectorized (a scalar bfloat16 cast costs ~1 ns)."""
     var i = 0
     while i + F32_WIDTH <= n:
-        dst.unsafe_store(dst_off + i, load_f32[dtype, F32_WIDTH](src, src_off + i) * scale)
+        dst.unsafe_store(dst_off + i, widen[dtype, F32_WIDTH](src, src_off + i) * scale)
         i += F32_WIDTH
     while i < n:
-        dst.unsafe_store(dst_off + i, load_f32[dtype, 1](src, src_off + i) * scale)
+        dst.unsafe_store(dst_off + i, widen[dtype, 1](src, src_off + i) * scale)
         i += 1
 
 
@@ -272,16 +278,17 @@ def _write_row[dtype: DType](dst: Ptr[dtype], dst_off: Int, src: Ptr[F32], src_o
 
 
 @always_inline
-def _copy_column[dtype: DType](dst: Ptr[F32], dst_off: Int, stride: Int, src: Ptr[dtype], src_off: Int, n: Int):
-    """dst[dst_off + x * stride] = src[src_off + x] (a key row into a column of the transposed block)."""
+def _copy_column[dtype: DType](dst: Ptr[F32], dst_off: Int, stride: Int, src: Ptr[dtype], src_off: Int, n: Int,
+                               scale: Float32):
+    """dst[dst_off + x * stride] = src[src_off + x] * scale (a key row into a column of the transposed block)."""
     var x = 0
     while x + F32_WIDTH <= n:
-        var v = load_f32[dtype, F32_WIDTH](src, src_off + x)
+        var v = widen[dtype, F32_WIDTH](src, src_off + x) * scale
         comptime for lane in range(F32_WIDTH):
             dst.unsafe_store(dst_off + (x + lane) * stride, v[lane])
         x += F32_WIDTH
     while x < n:
-        dst.unsafe_store(dst_off + x * stride, load_f32[dtype, 1](src, src_off + x))
+        dst.unsafe_store(dst_off + x * stride, widen[dtype, 1](src, src_off + x)[0] * scale)
         x += 1
 
 
@@ -404,7 +411,8 @@ def attention_cpu[dtype: DType, cache_type: DType](
     one split of its keys. All heads of a key are adjacent in the cache, so an item streams through memory.
     When there are fewer tiles than workers (decode), the keys are split and partial softmax states merged."""
     var group = q_heads // kv_heads
-    var row_len = kv_heads * head_dim  # one token's K (or V) for all heads
+    var head_len = kv_head_len[cache_type](head_dim)
+    var row_len = kv_heads * head_len  # one token's K (or V) for all heads
     var tiles = List[Int]()  # (sequence, first query) of every tile, flattened
     var max_context = 0
     var max_tile = 1  # queries in the largest tile: sizes the per-row buffers (decode needs one query's worth)
@@ -442,7 +450,7 @@ def attention_cpu[dtype: DType, cache_type: DType](
                         var query_tile}:
         # per row: scaled q [D], accumulator [D], running max, running sum, last visible key, scores [KEY_BLOCK];
         # then the key block staged in float32: K transposed per head [Hkv, D, KEY_BLOCK], V per head [Hkv, KEY_BLOCK, D]
-        var kv_heads = row_len // head_dim
+        var kv_heads = row_len // kv_head_len[cache_type](head_dim)
         var stage_len = kv_heads * head_dim * KEY_BLOCK if max_tile * group >= STAGE_MIN_ROWS else 0  # decode: none
         var buffers = List[Float32](length=rows * (2 * head_dim + 3 + KEY_BLOCK) + 2 * stage_len, fill=0)
         var buf = buffers.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
@@ -486,10 +494,12 @@ def attention_cpu[dtype: DType, cache_type: DType](
                     var offsets = _block_offsets(page_table, b * max_pages, j0, n_keys, page_size, row_len)
                     for jj in range(KEY_BLOCK):  # stage the block, reading the cache in address order
                         if jj < n_keys:
-                            var base = offsets[jj]
                             for g in range(kv_heads):
-                                _copy_column[cache_type](buf, kt_off + g * head_dim * KEY_BLOCK + jj, KEY_BLOCK, k_cache, base + g * head_dim, head_dim)
-                                _copy_row[cache_type](buf, vb_off + (g * KEY_BLOCK + jj) * head_dim, v_cache, base + g * head_dim, head_dim)
+                                var at = offsets[jj] + g * kv_head_len[cache_type](head_dim)
+                                _copy_column[cache_type](buf, kt_off + g * head_dim * KEY_BLOCK + jj, KEY_BLOCK, k_cache,
+                                                         at, head_dim, kv_scale(k_cache, at, head_dim))
+                                _copy_row[cache_type](buf, vb_off + (g * KEY_BLOCK + jj) * head_dim, v_cache, at,
+                                                      head_dim, kv_scale(v_cache, at, head_dim))
                         else:
                             for g in range(kv_heads):
                                 for x in range(head_dim):

@@ -1,6 +1,6 @@
 # The `mili_paged_attention` op: checks the shapes, then runs the CPU kernel (cpu.mojo) or enqueues the GPU
-# kernels (gpu.mojo). The caches may hold another dtype than q and the output (bfloat16 under float32). The
-# layout and the computation: common.mojo.
+# kernels (gpu.mojo). The caches may hold another dtype than q and the output (bfloat16 under float32; on a CPU
+# int8 or FP8 too: memory/kv_format.mojo). The layout and the computation: common.mojo.
 # `mili_paged_attention_flash` is the same op, except that on a GPU a batch of decode tokens (one per sequence)
 # goes to the split-KV decode kernel (gpu_decode.mojo) and other bfloat16 batches to the tensor-core
 # FlashAttention-2 kernel (gpu_prefill.mojo), where they take the shape. The model graph uses it unless
@@ -11,6 +11,7 @@ from max.gpu.host import DeviceContext
 
 from ...utils.parallel import CpuContext
 from ...utils.types import F32, Ptr
+from ...memory.kv_format import is_8bit_kv
 from .common import check_attention
 from .cpu import attention_cpu
 from .gpu import attention_gpu
@@ -36,8 +37,8 @@ def _paged_attention[dtype: DType, cache_type: DType, //, target: StaticString, 
     var batch = context_lens.dim_size[0]()
     var max_pages = page_table.dim_size[1]()
     var page_size = k_cache.dim_size[1]()
-    check_attention(batch, q_heads, head_dim, kv_heads, k_cache.dim_size[3](), k_cache.size(), v_cache.size(),
-                    page_table.dim_size[0](), query_start.dim_size[0]())
+    check_attention[cache_type](batch, q_heads, head_dim, kv_heads, k_cache.dim_size[3](), k_cache.size(),
+                                v_cache.size(), page_table.dim_size[0](), query_start.dim_size[0]())
     if tokens == 0:
         return
     comptime if target == "cpu":
@@ -46,12 +47,14 @@ def _paged_attention[dtype: DType, cache_type: DType, //, target: StaticString, 
             context_lens.unsafe_ptr(), query_start.unsafe_ptr(), scale.unsafe_ptr().unsafe_load(0), batch, max_pages,
             q_heads, kv_heads, head_dim, page_size, rebind[CpuContext](ctx),
         )
-        return
-    attention_on_gpu[flash, pdl, pairs](
-        ctx, output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), page_table.unsafe_ptr(),
-        context_lens.unsafe_ptr(), query_start.unsafe_ptr(), scale.unsafe_ptr(), tokens, batch, max_pages, q_heads,
-        kv_heads, head_dim, page_size,
-    )
+    elif is_8bit_kv[cache_type]():
+        raise Error("paged_attention: 8-bit KV caches are CPU only")
+    else:
+        attention_on_gpu[flash, pdl, pairs](
+            ctx, output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), page_table.unsafe_ptr(),
+            context_lens.unsafe_ptr(), query_start.unsafe_ptr(), scale.unsafe_ptr(), tokens, batch, max_pages, q_heads,
+            kv_heads, head_dim, page_size,
+        )
 
 
 def attention_on_gpu[dtype: DType, cache_type: DType, //, flash: Bool, pdl: Bool, pairs: Int](

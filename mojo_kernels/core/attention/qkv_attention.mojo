@@ -11,19 +11,20 @@ from max.gpu.host import DeviceContext
 from ...utils.parallel import CpuContext, MojoThreads, Runner
 from ...utils.types import ptr, F32, Ptr
 from ..qk_norm_rope import check_qk_norm_rope_store, qk_norm_rope_store_cpu, qk_norm_rope_store_gpu
+from ...memory.kv_format import is_8bit_kv
 from .common import check_attention
 from .cpu import attention_cpu
 from .gpu_decode import QkvRope, decode_attention_gpu, decode_supported
 from .paged_attention import attention_on_gpu
 
 
-def check_qkv_attention(tokens: Int, qkv_cols: Int, out_tokens: Int, q_heads: Int, head_dim: Int, kv_heads: Int,
-                        cache_head_dim: Int, k_cache_size: Int, v_cache_size: Int, q_norm_size: Int, k_norm_size: Int,
+def check_qkv_attention[cache_type: DType](
+    tokens: Int, qkv_cols: Int, out_tokens: Int, q_heads: Int, head_dim: Int, kv_heads: Int, cache_head_len: Int, k_cache_size: Int, v_cache_size: Int, q_norm_size: Int, k_norm_size: Int,
                         num_positions: Int, inv_freq_size: Int, num_slots: Int, batch: Int, page_table_rows: Int,
                         query_start_size: Int) raises:
-    check_qk_norm_rope_store(tokens, qkv_cols, out_tokens, q_heads, head_dim, kv_heads, cache_head_dim, q_norm_size,
-                             k_norm_size, num_positions, inv_freq_size, num_slots)
-    check_attention(batch, q_heads, head_dim, kv_heads, cache_head_dim, k_cache_size, v_cache_size, page_table_rows,
+    check_qk_norm_rope_store[cache_type](tokens, qkv_cols, out_tokens, q_heads, head_dim, kv_heads, cache_head_len,
+                                         q_norm_size, k_norm_size, num_positions, inv_freq_size, num_slots)
+    check_attention[cache_type](batch, q_heads, head_dim, kv_heads, cache_head_len, k_cache_size, v_cache_size, page_table_rows,
                     query_start_size)
 
 
@@ -93,7 +94,7 @@ struct QkvAttention:
         var tokens, q_heads, head_dim = qkv.dim_size[0](), output.dim_size[1](), output.dim_size[2]()
         var kv_heads, page_size = k_cache.dim_size[2](), k_cache.dim_size[1]()
         var batch, max_pages = context_lens.dim_size[0](), page_table.dim_size[1]()
-        check_qkv_attention(tokens, qkv.dim_size[1](), output.dim_size[0](), q_heads, head_dim, kv_heads,
+        check_qkv_attention[cache_type](tokens, qkv.dim_size[1](), output.dim_size[0](), q_heads, head_dim, kv_heads,
                             k_cache.dim_size[3](), k_cache.size(), v_cache.size(), q_norm.dim_size[0](),
                             k_norm.dim_size[0](), positions.dim_size[0](), inv_freq.dim_size[0](),
                             slot_mapping.dim_size[0](), batch, page_table.dim_size[0](), query_start.dim_size[0]())
@@ -108,6 +109,8 @@ struct QkvAttention:
                 context_lens.unsafe_ptr(), query_start.unsafe_ptr(), scale.unsafe_ptr().unsafe_load(0), tokens, batch,
                 max_pages, q_heads, kv_heads, head_dim, page_size,
             )
+        elif is_8bit_kv[cache_type]():
+            raise Error("qkv_attention: 8-bit KV caches are CPU only")
         else:
             _qkv_attention_gpu[dtype, cache_type, pdl, prefill_pairs](
                 ctx, output.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), qkv.unsafe_ptr(),
