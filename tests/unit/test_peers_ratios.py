@@ -30,3 +30,18 @@ def test_ratios_of_medians_and_of_rounds() -> None:
     assert best["comparison"] == "mili best / llama.cpp best"
     assert abs(best["prefill_paired"] - 2.2 / 1.5) < 1e-9  # rounds 2.2 / 1.5, 1.1 / 1.0, 3.0 / 1.4
     assert abs(best["decode_b1_paired"] - 10.0 / 6.0) < 1e-9  # rounds 11 / 9, 10 / 6, 21 / 11
+
+
+def test_kv_caches_and_vllm_pair_by_bits() -> None:
+    """MILI's KV caches meet llama.cpp's of the same bits (bfloat16 its default f16, int8 / fp8 its q8_0), and MILI's
+    weights vLLM's in the same dtype, int4 an AWQ / GPTQ checkpoint's own format."""
+    runs = [1.0, 1.0, 1.0], [2.0, 2.0, 2.0]
+    rows = [_row("mili", "int4 kv bfloat16", *runs), _row("mili", "int4 kv int8", *runs),
+            _row("mili", "int4 kv fp8", *runs), _row("mili", "bfloat16", *runs),
+            _row("llama.cpp", "q4_0", *runs), _row("llama.cpp", "q4_0 kv q8_0", *runs),
+            _row("vllm", "awq", *runs), _row("vllm", "bfloat16", *runs)]
+    names = [r["comparison"] for r in ratio_rows(rows, argparse.Namespace(batches="1"))]
+    assert names == ["mili int4 kv bfloat16 / llama.cpp q4_0", "mili int4 kv int8 / llama.cpp q4_0 kv q8_0",
+                     "mili int4 kv fp8 / llama.cpp q4_0 kv q8_0", "mili int4 kv bfloat16 / vllm awq",
+                     "mili int4 kv int8 / vllm awq", "mili int4 kv fp8 / vllm awq", "mili bfloat16 / vllm bfloat16",
+                     "mili best / llama.cpp best"]
