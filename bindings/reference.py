@@ -137,7 +137,6 @@ def relu(x: torch.Tensor) -> torch.Tensor:
     return F.relu(x)
 
 
-KV_CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.int8)
 KV_SCALE_BYTES = 4
 """An int8 cache's head row ends in its scale, the 4 bytes of a float32 (mojo_kernels/memory/kv_format.mojo)."""
 FP8_MAX = 448.0

@@ -55,6 +55,12 @@ ATTENTION_HEADS = [(8, 8, 64), (16, 8, 128), (8, 2, 128), (16, 2, 128), (4, 2, 4
 """GQA ratios 1, 2, 4, 8 and 5 (Qwen3-14B); 44: vector tails."""
 EIGHT_BIT_KV = [torch.int8, torch.float8_e4m3fn]
 """CPU only."""
+
+
+def eight_bit_kv_case(case) -> bool:
+    """Whether a kernel_cases() param runs over 8-bit caches (its id names them)."""
+    return any(f"-kv_{str(kv).split('.')[-1]}-" in case.id for kv in EIGHT_BIT_KV)
+
 KV_DTYPES = {torch.float32: [torch.float32, torch.bfloat16, *EIGHT_BIT_KV],
              torch.bfloat16: [torch.bfloat16, *EIGHT_BIT_KV]}
 """The caches' dtypes under each activation dtype (ops.KV_DTYPES)."""

@@ -154,10 +154,15 @@ def _run_requests(engine: InferenceEngine, prompts: Sequence[list[int]], max_tok
     return started, max(first.values()), now
 
 
+def kv_label(kv: str, default: str) -> str:
+    """What a system's format says of its KV cache: nothing for its default one."""
+    return "" if kv == default else f" kv {kv}"
+
+
 def mili_openers(path: str, weight_dtypes: str, args: argparse.Namespace) -> list[tuple[str, Callable[[], Subject]]]:
     """MILI in each weight format (comma-separated) with each of args.kv_cache_dtypes."""
     kvs = args.kv_cache_dtypes.split(",")
-    return [(f"mili {w}" + (f" kv {kv}" if kv != "auto" else ""), lambda w=w, kv=kv: open_mili(path, w, kv, args))
+    return [(f"mili {w}{kv_label(kv, 'auto')}", lambda w=w, kv=kv: open_mili(path, w, kv, args))
             for w in weight_dtypes.split(",") for kv in kvs]
 
 
@@ -181,9 +186,9 @@ def open_mili(path: str, weight_dtype: str, kv_cache_dtype: str, args: argparse.
         _, first, last = _run_requests(engine, prompts, args.new_tokens)
         return last - first
 
-    kv = "" if kv_cache_dtype == "auto" else f" kv {kv_cache_dtype}"
-    return Subject(dict(system="mili", format=weight_dtype + kv, bits=MILI_BITS.get(weight_dtype, ""), load_s=load_s),
-                   prefill, decode)
+    row = dict(system="mili", format=weight_dtype + kv_label(kv_cache_dtype, "auto"),
+               bits=MILI_BITS.get(weight_dtype, ""), load_s=load_s)
+    return Subject(row, prefill, decode)
 
 
 def open_all(openers: list[tuple[str, Callable[[], Subject]]]) -> tuple[list[Subject], list[str]]:

@@ -51,9 +51,9 @@ SAME_BITS = {"float32": "f32", "bfloat16": "bf16", "int8": "q8_0", "fp8": "q8_0"
 ALSO_AGAINST = {"int4": "q4_k_m"}
 """Other llama.cpp formats of about the same bits each MILI format is compared with."""
 KV_SAME_BITS = {"": "", "bfloat16": "", "int8": " kv q8_0", "fp8": " kv q8_0"}
+"""MILI's KV cache -> the suffix of llama.cpp's row with the same bits (its default f16 cache: none)."""
 VLLM_SAME_BITS = {"float32": ("float32",), "bfloat16": ("bfloat16",), "int4": ("awq", "gptq")}
 """MILI weight format -> vLLM's on the same checkpoint (int4 against an AWQ / GPTQ checkpoint's own format)."""
-"""MILI's KV cache -> the suffix of llama.cpp's row with the same bits (its default f16 cache: none)."""
 
 
 # ---- llama.cpp ----------------------------------------------------------------------------------------------
@@ -78,7 +78,7 @@ def open_llama(gguf: Path, kv: str, args: argparse.Namespace) -> latency.Subject
     timed): llama-bench times the prefill (-p N -n 0, one repetition after its own warm-up), llama-batched-bench the
     decode (-npp prompt_len -ntg new_tokens - 1 -npl b: the tokens after the first, as MILI's figures count them)."""
     bench, batched = llama_tool("llama-bench"), llama_tool("llama-batched-bench")
-    row = dict(system="llama.cpp", format=gguf.stem + ("" if kv == "f16" else f" kv {kv}"), bits="", load_s="")
+    row = dict(system="llama.cpp", format=gguf.stem + latency.kv_label(kv, "f16"), bits="", load_s="")
     cache = ["-ctk", kv, "-ctv", kv]
 
     def prefill(prompt: list[int]) -> float:
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"{gguf_dir / f'{t}.gguf'} is missing: convert the checkpoint with\n"
                                  f"  bash {HERE / 'setup.sh'} {path}")
         openers += [
-            (f"llama.cpp {t}" + ("" if kv == "f16" else f" kv {kv}"),
+            (f"llama.cpp {t}{latency.kv_label(kv, 'f16')}",
              lambda t=t, kv=kv: open_llama(gguf_dir / f"{t}.gguf", kv, args))
             for t in args.llama_types.split(",") for kv in args.llama_kv_types.split(",")
         ]

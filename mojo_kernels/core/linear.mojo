@@ -41,7 +41,7 @@ from std.sys.intrinsics import prefetch, PrefetchOptions
 
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
 from ..utils.types import (
-    addr, ptr, load_f32, narrow, round_even, widen, is_fp8, Addr, F32, F32_WIDTH, FP8_SCALE, Ptr, GPU_BLOCK, check_same,
+    addr, ptr, largest_abs, load_f32, narrow, round_even, widen, is_fp8, Addr, F32, F32_WIDTH, FP8_SCALE, Ptr, GPU_BLOCK, check_same,
 )
 
 comptime W = F32_WIDTH
@@ -179,19 +179,12 @@ def _quantize_x[a_type: DType, dequantized: Bool](x: Ptr[a_type], xq: _Quantized
             var start = r * k + kb * block_k
             var out = r * stride + kb * block_k
             var count = min(block_k, k - kb * block_k)
-            var big = SIMD[F32, W](0)
-            var i = 0
-            while i + W <= count:
-                big = max(big, abs(load_f32[a_type, W](x, start + i)))
-                i += W
-            var largest = big.reduce_max()
-            for t in range(i, count):
-                largest = max(largest, abs(load_f32[a_type, 1](x, start + t)[0]))
+            var largest = largest_abs(x, start, count)
             var inv = I8_X_MAX / largest if largest > 0 else Float32(0)
             var scale = largest / I8_X_MAX
             var total = SIMD[DType.int32, W](0)
             var sum = Int32(0)
-            i = 0
+            var i = 0
             while i + W <= count:
                 var v = round_even(load_f32[a_type, W](x, start + i) * inv)
                 comptime if dequantized:

@@ -8,7 +8,7 @@
 # and multiply what they sum by kv_scale. The 8-bit caches are CPU only.
 from std.memory import bitcast
 
-from ..utils.types import convert_row, load_f32, round_even, is_fp8, F32, F32_WIDTH, FP8_SCALE, Ptr
+from ..utils.types import convert_row, largest_abs, load_f32, round_even, is_fp8, F32, F32_WIDTH, FP8_SCALE, Ptr
 
 comptime KV_SCALE_BYTES = 4
 comptime FP8_MAX = Float32(448)
@@ -52,16 +52,9 @@ def kv_scale[cache_type: DType](cache: Ptr[cache_type], at: Int, head_dim: Int) 
 @always_inline
 def _store_int8_head[src_type: DType](cache: Ptr[DType.int8], at: Int, src: Ptr[src_type], src_at: Int, n: Int):
     comptime W = F32_WIDTH
-    var big = SIMD[F32, W](0)
-    var i = 0
-    while i + W <= n:
-        big = max(big, abs(load_f32[src_type, W](src, src_at + i)))
-        i += W
-    var largest = big.reduce_max()
-    for t in range(i, n):
-        largest = max(largest, abs(load_f32[src_type, 1](src, src_at + t)[0]))
+    var largest = largest_abs(src, src_at, n)
     var inv = I8_MAX / largest if largest > 0 else Float32(0)
-    i = 0
+    var i = 0
     while i + W <= n:
         cache.unsafe_store(at + i, round_even(load_f32[src_type, W](src, src_at + i) * inv).cast[DType.int8]())
         i += W

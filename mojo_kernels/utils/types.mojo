@@ -81,6 +81,20 @@ def convert_row[src_type: DType, dst_type: DType](dst: Ptr[dst_type], dst_at: In
         i += 1
 
 
+@always_inline
+def largest_abs[dtype: DType](p: Ptr[dtype], at: Int, n: Int) -> Float32:
+    """max |p[at + i]| over i < n, as float32 (0 when n is 0)."""
+    var big = SIMD[F32, F32_WIDTH](0)
+    var i = 0
+    while i + F32_WIDTH <= n:
+        big = max(big, abs(load_f32[dtype, F32_WIDTH](p, at + i)))
+        i += F32_WIDTH
+    var largest = big.reduce_max()
+    for t in range(i, n):
+        largest = max(largest, abs(load_f32[dtype, 1](p, at + t)[0]))
+    return largest
+
+
 comptime FP8_SCALE = Float32(256)
 """2^8: what widen leaves out of an FP8 value."""
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tests.kernel_cases import EIGHT_BIT_KV, kernel_cases, linear_weight, run_attention, run_linear_tiled
+from tests.kernel_cases import eight_bit_kv_case, kernel_cases, linear_weight, run_attention, run_linear_tiled
 
 if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
@@ -14,7 +14,7 @@ from bindings.gpu_options import GpuOptions
 
 
 GPU_CASES = [c for c in kernel_cases() if c.values[0] is not run_linear_tiled  # tiled weights: a CPU layout
-             and not any(f"-kv_{str(kv).split('.')[-1]}-" in c.id for kv in EIGHT_BIT_KV)]  # 8-bit caches: CPU only
+             and not eight_bit_kv_case(c)]  # 8-bit caches: CPU only
 
 
 @pytest.mark.parametrize("runner, dtype, case", GPU_CASES)

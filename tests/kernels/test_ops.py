@@ -9,7 +9,7 @@ import torch
 
 from bindings import reference as ref
 from tests.attention_cases import attention_case
-from tests.kernel_cases import kernel_cases, run_attention
+from tests.kernel_cases import eight_bit_kv_case, kernel_cases, run_attention
 
 ops = pytest.importorskip("bindings.ops", reason="MAX is not installed")
 from max.dtype import DType
@@ -51,8 +51,8 @@ def cpu_cases() -> list:
     cases = []
     for c in kernel_cases():
         cases.append(pytest.param("eager", *c.values, id=f"eager-{c.id}", marks=c.marks))
-        eight_bit_kv = "-kv_int8-" in c.id or "-kv_float8_e4m3fn-" in c.id  # their graph path: the model tests'
-        slow = [] if c.values[1] == torch.bfloat16 and not eight_bit_kv else [pytest.mark.slow]
+        fast = c.values[1] == torch.bfloat16 and not eight_bit_kv_case(c)  # 8-bit caches' graphs: the model tests'
+        slow = [] if fast else [pytest.mark.slow]
         cases.append(pytest.param("graph", *c.values, id=f"graph-{c.id}", marks=[*c.marks, *slow]))
     return cases
 
@@ -155,9 +155,10 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
         kc = torch.zeros(2, 16, 1, 16, dtype=bf16)
         ops.paged_attention(torch.randn(3, 2, 16, dtype=bf16), kc, kc, torch.zeros(1, 2, dtype=torch.int32),
                             torch.tensor([2], dtype=torch.int32), torch.tensor([0, 3], dtype=torch.int32), 0.25)
+    f32_caches_under_bf16 = "torch.float32 caches under torch.bfloat16 activations on cpu are not supported"
     kc16, table = torch.zeros(1, 16, 1, 16), torch.zeros(1, 1, dtype=torch.int32)
     lens, starts = torch.tensor([1], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32)
-    with pytest.raises(ValueError, match="torch.float32 caches under torch.bfloat16 activations on cpu are not supported"):
+    with pytest.raises(ValueError, match=f32_caches_under_bf16):
         ops.paged_attention(torch.randn(1, 2, 16, dtype=torch.bfloat16), kc16, kc16, table, lens, starts, 0.25)
     with pytest.raises(ValueError, match="cache head_dim \\(12\\) must equal q head_dim \\(16\\)"):  # int8: D + 4
         ops.paged_attention(torch.randn(1, 2, 16), kc16.to(torch.int8), kc16.to(torch.int8), table, lens, starts, 0.25)
@@ -172,7 +173,7 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
     with pytest.raises(IndexError, match="outside the cache"):
         ops.store_kv(torch.randn(1, 1, 8), torch.randn(1, 1, 8), torch.zeros(1, 16, 1, 8), torch.zeros(1, 16, 1, 8),
                      torch.tensor([16], dtype=torch.int32))
-    with pytest.raises(ValueError, match="torch.float32 caches under torch.bfloat16 activations on cpu are not supported"):
+    with pytest.raises(ValueError, match=f32_caches_under_bf16):
         ops.store_kv(torch.randn(1, 1, 8, dtype=torch.bfloat16), torch.randn(1, 1, 8, dtype=torch.bfloat16),
                      torch.zeros(1, 16, 1, 8), torch.zeros(1, 16, 1, 8), torch.tensor([0], dtype=torch.int32))
     with pytest.raises(ValueError, match="k and v must have one dtype"):

@@ -447,10 +447,10 @@ def attention_cpu[dtype: DType, cache_type: DType](
     def worker(w: Int) {var output, var q, var k_cache, var v_cache, var page_table, var context_lens, var query_start,
                         var scale, var max_pages, var q_heads, var head_dim, var page_size, var group, var row_len, var max_tile,
                         var tile_ptr, var part_ptr, var num_items, var workers, var rows, var splits, var state_len,
-                        var query_tile}:
+                        var query_tile, var head_len}:
         # per row: scaled q [D], accumulator [D], running max, running sum, last visible key, scores [KEY_BLOCK];
         # then the key block staged in float32: K transposed per head [Hkv, D, KEY_BLOCK], V per head [Hkv, KEY_BLOCK, D]
-        var kv_heads = row_len // kv_head_len[cache_type](head_dim)
+        var kv_heads = row_len // head_len
         var stage_len = kv_heads * head_dim * KEY_BLOCK if max_tile * group >= STAGE_MIN_ROWS else 0  # decode: none
         var buffers = List[Float32](length=rows * (2 * head_dim + 3 + KEY_BLOCK) + 2 * stage_len, fill=0)
         var buf = buffers.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
@@ -495,7 +495,7 @@ def attention_cpu[dtype: DType, cache_type: DType](
                     for jj in range(KEY_BLOCK):  # stage the block, reading the cache in address order
                         if jj < n_keys:
                             for g in range(kv_heads):
-                                var at = offsets[jj] + g * kv_head_len[cache_type](head_dim)
+                                var at = offsets[jj] + g * head_len
                                 _copy_column[cache_type](buf, kt_off + g * head_dim * KEY_BLOCK + jj, KEY_BLOCK, k_cache,
                                                          at, head_dim, kv_scale(k_cache, at, head_dim))
                                 _copy_row[cache_type](buf, vb_off + (g * KEY_BLOCK + jj) * head_dim, v_cache, at,

@@ -19,13 +19,14 @@ from .paged_attention import attention_on_gpu
 
 
 def check_qkv_attention[cache_type: DType](
-    tokens: Int, qkv_cols: Int, out_tokens: Int, q_heads: Int, head_dim: Int, kv_heads: Int, cache_head_len: Int, k_cache_size: Int, v_cache_size: Int, q_norm_size: Int, k_norm_size: Int,
-                        num_positions: Int, inv_freq_size: Int, num_slots: Int, batch: Int, page_table_rows: Int,
-                        query_start_size: Int) raises:
+    tokens: Int, qkv_cols: Int, out_tokens: Int, q_heads: Int, head_dim: Int, kv_heads: Int, cache_head_len: Int,
+    k_cache_size: Int, v_cache_size: Int, q_norm_size: Int, k_norm_size: Int, num_positions: Int, inv_freq_size: Int,
+    num_slots: Int, batch: Int, page_table_rows: Int, query_start_size: Int,
+) raises:
     check_qk_norm_rope_store[cache_type](tokens, qkv_cols, out_tokens, q_heads, head_dim, kv_heads, cache_head_len,
                                          q_norm_size, k_norm_size, num_positions, inv_freq_size, num_slots)
-    check_attention[cache_type](batch, q_heads, head_dim, kv_heads, cache_head_len, k_cache_size, v_cache_size, page_table_rows,
-                    query_start_size)
+    check_attention[cache_type](batch, q_heads, head_dim, kv_heads, cache_head_len, k_cache_size, v_cache_size,
+                                page_table_rows, query_start_size)
 
 
 def qkv_attention_cpu[dtype: DType, cache_type: DType, R: Runner](
@@ -95,9 +96,10 @@ struct QkvAttention:
         var kv_heads, page_size = k_cache.dim_size[2](), k_cache.dim_size[1]()
         var batch, max_pages = context_lens.dim_size[0](), page_table.dim_size[1]()
         check_qkv_attention[cache_type](tokens, qkv.dim_size[1](), output.dim_size[0](), q_heads, head_dim, kv_heads,
-                            k_cache.dim_size[3](), k_cache.size(), v_cache.size(), q_norm.dim_size[0](),
-                            k_norm.dim_size[0](), positions.dim_size[0](), inv_freq.dim_size[0](),
-                            slot_mapping.dim_size[0](), batch, page_table.dim_size[0](), query_start.dim_size[0]())
+                                        k_cache.dim_size[3](), k_cache.size(), v_cache.size(), q_norm.dim_size[0](),
+                                        k_norm.dim_size[0](), positions.dim_size[0](), inv_freq.dim_size[0](),
+                                        slot_mapping.dim_size[0](), batch, page_table.dim_size[0](),
+                                        query_start.dim_size[0]())
         if tokens == 0:
             return
         comptime if target == "cpu":
