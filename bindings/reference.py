@@ -343,24 +343,46 @@ def linear(
 
 INT4_RUN = 128
 """Columns per run of a 4-bit weight's packed row (mojo_kernels/core/linear_int4.mojo: RUN)."""
+PACKED_BITS = (4, 6)
+"""Bits of pack_int4's values: 4 (the int4 layers), 6 (the LM head under them)."""
 
 
-def pack_int4(q: torch.Tensor) -> torch.Tensor:
-    """4-bit values q [N, K] (0..15) as the 4-bit linear kernel reads them: each row as runs of 128 columns in 64
-    bytes, byte j holding column j in its low nibble and column 64 + j in its high one (0 past K), the rows tiled by
-    TILE_ROWS: uint8 [ceil(N / 4), runs * 4 * 64], a tile's first run of each row, then their second runs... (rows
-    past N are 0)."""
+def pack_int4(q: torch.Tensor, bits: int = 4) -> torch.Tensor:
+    """Values q [N, K] (0..2^bits - 1) as the 4-bit linear kernel reads them, the rows tiled by TILE_ROWS: uint8
+    [ceil(N / 4), runs * 4 * 128 * bits / 8]. Each row as runs of 128 columns; a tile holds its rows' first runs,
+    then their second runs... (0 past K and past N). A run of a tile: each row's 64 bytes of low nibbles, byte j
+    holding column j in its low nibble and column 64 + j in its high one; with 6 bits, then each row's 32 bytes of
+    high bit pairs, byte j holding those of columns j, 32 + j, 64 + j and 96 + j (bits 0-1, 2-3, 4-5, 6-7)."""
+    if bits not in PACKED_BITS:
+        raise ValueError(f"pack_int4: bits must be one of {PACKED_BITS}, got {bits}")
     n, k = q.shape
     runs, tiles = -(-k // INT4_RUN), -(-n // TILE_ROWS)
     q = torch.nn.functional.pad(q.to(torch.uint8), (0, runs * INT4_RUN - k, 0, tiles * TILE_ROWS - n))
-    q = q.view(tiles, TILE_ROWS, runs, 2, INT4_RUN // 2)
-    return (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).transpose(1, 2).reshape(tiles, runs * TILE_ROWS * INT4_RUN // 2)
+    q = q.view(tiles, TILE_ROWS, runs, INT4_RUN).transpose(1, 2)  # [tiles, runs, rows, 128]
+    low = (q & 15).view(tiles, runs, TILE_ROWS, 2, INT4_RUN // 2)
+    parts = [(low[:, :, :, 0] | (low[:, :, :, 1] << 4)).reshape(tiles, runs, -1)]
+    if bits == 6:
+        high = (q >> 4).view(tiles, runs, TILE_ROWS, 4, INT4_RUN // 4)
+        pairs = high[:, :, :, 0] | (high[:, :, :, 1] << 2) | (high[:, :, :, 2] << 4) | (high[:, :, :, 3] << 6)
+        parts.append(pairs.reshape(tiles, runs, -1))
+    return torch.cat(parts, dim=2).reshape(tiles, -1)
+
+
+def packed_bits(packed: torch.Tensor, k: int) -> int:
+    """The bits of pack_int4's values from its bytes per tile and the columns K."""
+    return packed.shape[1] * 8 // (-(-k // INT4_RUN) * TILE_ROWS * INT4_RUN)
 
 
 def unpack_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """pack_int4's q [N, K] (uint8) back from its tiles."""
-    runs = packed.view(packed.shape[0], -1, TILE_ROWS, INT4_RUN // 2).transpose(1, 2)
-    return torch.stack((runs & 15, runs >> 4), dim=3).reshape(-1, runs.shape[2] * INT4_RUN)[:n, :k]
+    bits = packed_bits(packed, k)
+    runs = packed.view(packed.shape[0], -1, TILE_ROWS * INT4_RUN * bits // 8)
+    low = runs[:, :, : TILE_ROWS * INT4_RUN // 2].reshape(*runs.shape[:2], TILE_ROWS, INT4_RUN // 2)
+    q = torch.cat((low & 15, low >> 4), dim=3)  # [tiles, runs, rows, 128]
+    if bits == 6:
+        pairs = runs[:, :, TILE_ROWS * INT4_RUN // 2 :].reshape(*runs.shape[:2], TILE_ROWS, INT4_RUN // 4)
+        q = q | (torch.cat([(pairs >> s) & 3 for s in (0, 2, 4, 6)], dim=3) << 4)
+    return q.transpose(1, 2).reshape(-1, runs.shape[1] * INT4_RUN)[:n, :k]
 
 
 def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, block_k: int,

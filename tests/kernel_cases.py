@@ -275,10 +275,10 @@ INT4_BLOCKS = [128, 256]
 
 
 def run_linear_int4(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
-    """Random 4-bit values (pack_int4's round trip checked), scales and mins of either sign."""
-    (m, k, n), block_k = case
-    q = torch.randint(0, 16, (n, k), dtype=torch.uint8)
-    packed = ref.pack_int4(q)
+    """Random 4- or 6-bit values (pack_int4's round trip checked), scales and mins of either sign."""
+    (m, k, n), block_k, bits = case
+    q = torch.randint(0, 2**bits, (n, k), dtype=torch.uint8)
+    packed = ref.pack_int4(q, bits)
     assert torch.equal(ref.unpack_int4(packed, n, k), q)
     blocks = -(-k // block_k)
     scales, mins = torch.randn(n, blocks) * 0.01, torch.randn(n, blocks) * 0.05
@@ -326,7 +326,7 @@ def kernel_cases() -> list:
                   for b in INT8_BLOCKS]
         cases += [pytest.param(run_linear_tiled, dtype, (s, w), id=f"linear_tiled-{d}-{str(w).split('.')[-1]}-{s}")
                   for w in ref.TILED_DTYPES for s in TILED_LINEAR_SHAPES]
-        cases += [pytest.param(run_linear_int4, dtype, (s, b), id=f"linear_int4-{d}-blocks_of_{b}-{s}")
-                  for b in INT4_BLOCKS for s in LINEAR_SHAPES if b == 128 or s[1] > 128]
+        cases += [pytest.param(run_linear_int4, dtype, (s, b, bits), id=f"linear_int4-{d}-{bits}bits-blocks_of_{b}-{s}")
+                  for bits in ref.PACKED_BITS for b in INT4_BLOCKS for s in LINEAR_SHAPES if b == 128 or s[1] > 128]
     group = lambda runner, dtype: pytest.mark.xdist_group(f"{runner.__name__}-{dtype}")
     return [pytest.param(*p.values, id=p.id, marks=group(*p.values[:2])) for p in cases]

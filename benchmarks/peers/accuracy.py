@@ -2,7 +2,7 @@
 the benchmarks' random-weight Qwen3-0.6B-shaped one). transformers runs in float32 on the checkpoint's weights, then
 on each format's weights dequantized:
 - MILI int8 / int4 / fp8: the projections as python_layer/model/quantization.py makes them at load, the LM head as
-  the model keeps it (int8 under int4, the format itself otherwise), the embedding as it is;
+  the model keeps it (6-bit under int4, the format itself otherwise), the embedding as it is;
 - llama.cpp's GGUFs written by benchmarks/peers/setup.sh (q8_0, Q4_0, Q4_K_M): every tensor read and dequantized by
   llama.cpp's own gguf-py (the embedding too, as llama.cpp looks it up).
 Each format's weights alone, with float32 activations: neither engine's activation rounding (both quantize x to int8
@@ -31,11 +31,10 @@ import torch
 
 from benchmarks.common import model_path, print_table, write_json
 from bindings import reference as ref
-from python_layer.model.quantization import convert
+from python_layer.model.quantization import convert, lm_head_dtype
 
 PEERS = Path(__file__).resolve().parent / ".peers"
 MILI_FORMATS = ("int8", "int4", "fp8")
-LM_HEAD = {"int4": "int8"}
 GGUF_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
@@ -71,7 +70,7 @@ def mili_weights(state: dict[str, torch.Tensor], weight_dtype: str) -> dict[str,
         if name.endswith("_proj.weight"):
             out[name] = convert(w, weight_dtype, torch.float32).dequantize()
         elif name == "lm_head.weight":
-            out[name] = convert(w, LM_HEAD.get(weight_dtype, weight_dtype), torch.float32).dequantize()
+            out[name] = convert(w, lm_head_dtype(weight_dtype), torch.float32).dequantize()
     return out
 
 

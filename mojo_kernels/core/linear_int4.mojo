@@ -1,21 +1,26 @@
 # Linear layers on 4-bit weights (MILI's int4 format; Qwen's AWQ and GPTQ-Int4 checkpoints are repacked into it when
-# they load): y[M, N] = x[M, K] @ dequantize(w)[N, K]^T with w[n, k] = q[n, k] * scales[n, kb] + mins[n, kb],
-# q in 0..15, kb = k / block_k (block_k a multiple of 128).
-# Layout (bindings/reference.pack_int4): each row as runs of RUN = 128 columns in 64 bytes, byte j of a run holding
-# column j in its low nibble and column 64 + j in its high nibble; columns past K are 0. A mask or a shift of one
-# vector load gives consecutive weights as bytes, the operand of the int8 dot products. The rows are tiled as the
-# decode tile reads them: packed [ceil(N / NR), runs * NR * 64], each NR rows' first runs, then their second runs...
-# (rows past N are 0), so that a worker streams one sequential run of memory (the model's batch-1 step 1.04x faster
-# than with [N, K / 2] rows on Zen 4).
+# they load), and on 6-bit ones (the LM head under int4 layers, as llama.cpp's 4-bit files keep theirs at Q6_K):
+# y[M, N] = x[M, K] @ dequantize(w)[N, K]^T with w[n, k] = q[n, k] * scales[n, kb] + mins[n, kb], q in
+# 0..2^bits - 1, kb = k / block_k (block_k a multiple of 128).
+# Layout (bindings/reference.pack_int4): each row as runs of RUN = 128 columns: 64 bytes of low nibbles, byte j of
+# a run holding column j in its low nibble and column 64 + j in its high nibble; with 6 bits also 32 bytes of high
+# bit pairs, byte j holding those of columns j, 32 + j, 64 + j, 96 + j; columns past K are 0. A mask or a shift of
+# one vector load gives consecutive weights as bytes, the operand of the int8 dot products. The rows are tiled as
+# the decode tile reads them: packed [ceil(N / NR), runs * NR * RUN * bits / 8], a tile's first run (each row's
+# nibbles, then each row's pairs), then its second run... (rows past N are 0), so that a worker streams one
+# sequential run of memory (the model's batch-1 step 1.04x faster than with [N, K / 2] rows on Zen 4). The bits
+# are told by the bytes per tile.
 # x is quantized to int8 per row and block of block_k columns as for int8 weights (reference.quantized_x, as
 # llama.cpp's q4 formats do with q8): per block, sum_k w x = sx * (s * sum_k q xq + m * sum_k xq), exact int32 sums
 # then the scales.
 # CPU, by the number of rows M:
 #   decode (M <= DECODE_ROWS): each weight byte crosses the memory bus once, prefetched PREFETCH_BYTES ahead. The
-#     nibbles are the unsigned operand of AVX512_VNNI's vpdpbusd as they are (64 products per instruction); AVX2's
-#     vpmaddubsw + vpmaddwd do 32 (15 * 127 * 2 fits its int16 pair sums).
+#     values (nibbles, or nibbles or'ed with their pairs) are the unsigned operand of AVX512_VNNI's vpdpbusd as
+#     they are (64 products per instruction); AVX2's vpmaddubsw + vpmaddwd do 32 (63 * 127 * 2 fits its int16
+#     pair sums).
 #   prefill: a panel of PANEL weight rows is unpacked once, then computed against every PANEL_ROWS rows of x by
-#     linear.mojo's panel tiles: with VNNI as int8 quads q - 8 (the min takes + 8 s), else as float32 weights.
+#     linear.mojo's panel tiles: with VNNI as int8 quads q - 2^(bits - 1) (the min takes it back), else as float32
+#     weights.
 # GPU: none (the model dequantizes 4-bit checkpoints to its activation dtype there).
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
@@ -35,42 +40,70 @@ from .linear import (
 comptime RUN = 128
 """Columns per run of a packed row."""
 comptime RUN_BYTES = RUN // 2
+"""Bytes of a row's low nibbles per run."""
+comptime PAIR_BYTES = RUN // 4
+"""Bytes of a 6-bit row's high bit pairs per run."""
 comptime S = 4 * DOT_LANES
 """Bytes per dot-product operand."""
 comptime Q4_ROWS = 2 if DOT_LANES == 16 else 1
 """Rows of x per decode tile: 2 x NR int32 sums, 2 x NR float32 totals, 4 x vectors and the weights fit AVX-512's 32
 registers; AVX2's 16 take one row."""
-comptime Q4_MIN_OFFSET = Float32(8)
-"""What the VNNI quad panels take off each q (q - 8 is a signed byte, vpdpbusd's offsetting in _dot_i8 needs one)."""
 
 
-struct _Int4Weights(ImplicitlyCopyable):
-    """w packed in tiles of NR rows (see the top), row_bytes = ceil(K / RUN) * RUN_BYTES per row, with its scales and
-    mins [N, ceil(K / block_k)]."""
+struct _Int4Weights[bits: Int](ImplicitlyCopyable):
+    """w packed in tiles of NR rows (see the top), with its scales and mins [N, ceil(K / block_k)]."""
+
+    comptime run_bytes = RUN * Self.bits // 8
+    """Bytes of a row per run."""
+    comptime min_offset = Float32(1 << (Self.bits - 1))
+    """What the VNNI quad panels take off each q (a signed byte, as vpdpbusd's offsetting in _dot_i8 needs)."""
 
     var w: Addr[DType.uint8]
     var scales: Addr[F32]
     var mins: Addr[F32]
     var n: Int
     var k: Int
-    var row_bytes: Int
+    var runs: Int
     var block_k: Int
     var k_blocks: Int
 
     def __init__(out self, w: Ptr[DType.uint8], scales: Ptr[F32], mins: Ptr[F32], n: Int, k: Int, block_k: Int):
+        comptime assert Self.bits == 4 or Self.bits == 6, "packed weights have 4 or 6 bits"
         self.w, self.scales, self.mins, self.n, self.k = addr(w), addr(scales), addr(mins), n, k
-        self.row_bytes = ceildiv(k, RUN) * RUN_BYTES
+        self.runs = ceildiv(k, RUN)
         self.block_k = block_k
         self.k_blocks = ceildiv(k, block_k)
 
     @always_inline
     def padded_k(self) -> Int:
-        return 2 * self.row_bytes
+        return self.runs * RUN
+
+    @always_inline
+    def _tile_run(self, n: Int, k: Int) -> Int:
+        return (n - n % NR) * self.runs * Self.run_bytes + (k // RUN) * (NR * Self.run_bytes)
 
     @always_inline
     def at(self, n: Int, k: Int) -> Int:
-        """The byte of row n's run holding column k (k a multiple of RUN)."""
-        return (n - n % NR) * self.row_bytes + (k // RUN) * (NR * RUN_BYTES) + (n % NR) * RUN_BYTES
+        """The first nibble byte of row n's run holding column k (k a multiple of RUN)."""
+        return self._tile_run(n, k) + (n % NR) * RUN_BYTES
+
+    @always_inline
+    def pairs_at(self, n: Int, k: Int) -> Int:
+        """The first high-pair byte of row n's run holding column k (6 bits)."""
+        return self._tile_run(n, k) + NR * RUN_BYTES + (n % NR) * PAIR_BYTES
+
+    @always_inline
+    def values[width: Int, part: Int](self, b: SIMD[DType.uint8, width], n: Int, k: Int) -> Tuple[
+        SIMD[DType.uint8, width], SIMD[DType.uint8, width]
+    ]:
+        """Row n's values of columns k + part * width ..., and of the same + 64, from their nibble bytes b (width 32
+        or 64, k a multiple of RUN)."""
+        var lo, hi = b & 15, b >> 4
+        comptime if Self.bits == 6:
+            var pairs = ptr(self.w).unsafe_load[width=PAIR_BYTES](self.pairs_at(n, k))
+            lo |= _high_pairs[width, 2 * part](pairs)
+            hi |= _high_pairs[width, 4 + 2 * part](pairs)
+        return lo, hi
 
     @always_inline
     def scale(self, n: Int, kb: Int) -> Float32:
@@ -82,10 +115,21 @@ struct _Int4Weights(ImplicitlyCopyable):
 
 
 @always_inline
+def _high_pairs[width: Int, shift: Int](pairs: SIMD[DType.uint8, PAIR_BYTES]) -> SIMD[DType.uint8, width]:
+    """Bits 4-5 of `width` consecutive 6-bit values whose pairs sit at `shift` of `pairs` (width 64: the first 32 at
+    shift, the next 32 at shift + 2)."""
+    comptime if width == 2 * PAIR_BYTES:
+        return rebind[SIMD[DType.uint8, width]](((pairs >> UInt8(shift)).join(pairs >> UInt8(shift + 2)) & 3) << 4)
+    else:
+        comptime assert width == PAIR_BYTES, "32 or 64 values at a time"
+        return rebind[SIMD[DType.uint8, width]](((pairs >> UInt8(shift)) & 3) << 4)
+
+
+@always_inline
 def _dot_u4(
     acc: SIMD[DType.int32, DOT_LANES], w: SIMD[DType.uint8, S], x: SIMD[DType.int8, S]
 ) -> SIMD[DType.int32, DOT_LANES]:
-    """acc plus the products w * x (w in 0..15) summed in fours (in any grouping: the lanes are summed at the end)."""
+    """acc plus the products w * x (w in 0..63) summed in fours (in any grouping: the lanes are summed at the end)."""
     comptime if I8_DOT and DOT_LANES == 16:
         return llvm_intrinsic["llvm.x86.avx512.vpdpbusd.512", SIMD[DType.int32, DOT_LANES]](
             acc, w, bitcast[DType.uint8, S](x)
@@ -104,8 +148,8 @@ def _dot_u4(
 
 
 @always_inline
-def _decode_tile_q4[a_type: DType, rows: Int, cols: Int, fetch: Bool](
-    y: Ptr[a_type], xq: _QuantizedX, wt: _Int4Weights, m0: Int, n0: Int,
+def _decode_tile_q4[a_type: DType, bits: Int, rows: Int, cols: Int, fetch: Bool](
+    y: Ptr[a_type], xq: _QuantizedX, wt: _Int4Weights[bits], m0: Int, n0: Int,
 ):
     """y[m0 : m0 + rows, n0 : n0 + cols] from x quantized to int8 (rows padded_k apart); `fetch`: the tile is read
     from memory (its first rows of x), not from L1."""
@@ -114,7 +158,6 @@ def _decode_tile_q4[a_type: DType, rows: Int, cols: Int, fetch: Bool](
     var acc = Array[SIMD[F32, DOT_LANES], rows * cols](fill=0)
     var tail = Array[Float32, rows * cols](fill=0)
     var n_of = _tile_rows[cols](wt.n, n0)
-    var low = SIMD[DType.uint8, S](15)
     for kb in range(wt.k_blocks):
         var dots = Array[SIMD[DType.int32, DOT_LANES], rows * cols](fill=0)
         var k = kb * wt.block_k
@@ -131,8 +174,11 @@ def _decode_tile_q4[a_type: DType, rows: Int, cols: Int, fetch: Bool](
                     var at = wt.at(n_of[j], k) + part * S
                     comptime if fetch and part == 0:
                         prefetch[PrefetchOptions().for_read().medium_locality()](w.unsafe_offset(at + PREFETCH_BYTES))
-                    var b = w.unsafe_load[width=S](at)
-                    var lo, hi = b & low, b >> 4
+                        comptime if bits == 6:
+                            prefetch[PrefetchOptions().for_read().medium_locality()](
+                                w.unsafe_offset(wt.pairs_at(n_of[j], k) + PREFETCH_BYTES)
+                            )
+                    var lo, hi = wt.values[S, part](w.unsafe_load[width=S](at), n_of[j], k)
                     comptime for i in range(rows):
                         dots[i * cols + j] = _dot_u4(_dot_u4(dots[i * cols + j], lo, x_low[i]), hi, x_high[i])
             k += RUN
@@ -145,10 +191,11 @@ def _decode_tile_q4[a_type: DType, rows: Int, cols: Int, fetch: Bool](
     _store_tile[a_type, rows, cols, DOT_LANES](y, acc, tail, m0, n0, wt.n)
 
 
-def _pack_q4_quad_panel(panel: Ptr[DType.uint32], panel_scales: Ptr[F32], panel_mins: Ptr[F32], wt: _Int4Weights,
-                        n0: Int):
-    """panel[kq * PANEL + c] = q - 8 of row n0 + c, columns 4kq .. 4kq + 3, as an int8 quad (linear.mojo's quad
-    panels); its scale and min + 8 * scale per block; 0 past the last row."""
+def _pack_q4_quad_panel[bits: Int](
+    panel: Ptr[DType.uint32], panel_scales: Ptr[F32], panel_mins: Ptr[F32], wt: _Int4Weights[bits], n0: Int
+):
+    """panel[kq * PANEL + c] = q - min_offset of row n0 + c, columns 4kq .. 4kq + 3, as an int8 quad (linear.mojo's
+    quad panels); its scale and min + min_offset * scale per block; 0 past the last row."""
     comptime WORDS = RUN_BYTES // 4
     var w = ptr(wt.w)
     var filled = min(PANEL, wt.n - n0)
@@ -157,11 +204,12 @@ def _pack_q4_quad_panel(panel: Ptr[DType.uint32], panel_scales: Ptr[F32], panel_
         for kb in range(wt.k_blocks):
             var s = wt.scale(n, kb)
             panel_scales.unsafe_store(kb * PANEL + c, s)
-            panel_mins.unsafe_store(kb * PANEL + c, wt.min(n, kb) + Q4_MIN_OFFSET * s)
-        for r in range(wt.row_bytes // RUN_BYTES):
-            var b = w.unsafe_load[width=RUN_BYTES](wt.at(n, r * RUN))
-            var lo = bitcast[DType.uint32, WORDS]((b & 15) - 8)  # wraps to q - 8's byte
-            var hi = bitcast[DType.uint32, WORDS]((b >> 4) - 8)
+            panel_mins.unsafe_store(kb * PANEL + c, wt.min(n, kb) + wt.min_offset * s)
+        for r in range(wt.runs):
+            var q_lo, q_hi = wt.values[RUN_BYTES, 0](w.unsafe_load[width=RUN_BYTES](wt.at(n, r * RUN)), n, r * RUN)
+            comptime offset = UInt8(1 << (bits - 1))
+            var lo = bitcast[DType.uint32, WORDS](q_lo - offset)  # wraps to q - offset's byte
+            var hi = bitcast[DType.uint32, WORDS](q_hi - offset)
             comptime for e in range(WORDS):
                 panel.unsafe_store((r * 2 * WORDS + e) * PANEL + c, lo[e])
                 panel.unsafe_store((r * 2 * WORDS + WORDS + e) * PANEL + c, hi[e])
@@ -171,7 +219,7 @@ def _pack_q4_quad_panel(panel: Ptr[DType.uint32], panel_scales: Ptr[F32], panel_
             panel_mins.unsafe_store(kb * PANEL + c, 0)
 
 
-def _pack_q4_panel(panel: Ptr[F32], wt: _Int4Weights, n0: Int):
+def _pack_q4_panel[bits: Int](panel: Ptr[F32], wt: _Int4Weights[bits], n0: Int):
     """panel[k * PANEL + c] = w[n0 + c, k] dequantized (k < K); 0 past the last row."""
     var w = ptr(wt.w)
     for c in range(PANEL):
@@ -179,22 +227,26 @@ def _pack_q4_panel(panel: Ptr[F32], wt: _Int4Weights, n0: Int):
         for k in range(wt.k):
             var v = Float32(0)
             if n < wt.n:
-                var byte = w.unsafe_load(wt.at(n, k - k % RUN) + k % RUN_BYTES)
-                var nibble = (byte >> 4) if k % RUN >= RUN_BYTES else (byte & 15)
+                var run, j = k - k % RUN, k % RUN
+                var byte = w.unsafe_load(wt.at(n, run) + j % RUN_BYTES)
+                var q = (byte >> 4) if j >= RUN_BYTES else (byte & 15)
+                comptime if bits == 6:
+                    var pairs = w.unsafe_load(wt.pairs_at(n, run) + j % PAIR_BYTES)
+                    q |= ((pairs >> UInt8(2 * (j // PAIR_BYTES))) & 3) << 4
                 var kb = k // wt.block_k
-                v = Float32(nibble).fma(wt.scale(n, kb), wt.min(n, kb))
+                v = Float32(q).fma(wt.scale(n, kb), wt.min(n, kb))
             panel.unsafe_store(k * PANEL + c, v)
 
 
-struct _Int4DecodeTiles[a_type: DType](ChunkTask):
+struct _Int4DecodeTiles[a_type: DType, bits: Int](ChunkTask):
     """Item: NR weight rows against every row of x."""
 
     var y: Addr[Self.a_type]
     var xq: _QuantizedX
-    var wt: _Int4Weights
+    var wt: _Int4Weights[Self.bits]
     var m: Int
 
-    def __init__(out self, y: Ptr[Self.a_type], xq: _QuantizedX, wt: _Int4Weights, m: Int):
+    def __init__(out self, y: Ptr[Self.a_type], xq: _QuantizedX, wt: _Int4Weights[Self.bits], m: Int):
         self.y, self.xq, self.wt, self.m = addr(y), xq, wt, m
 
     def run(self, item: Int):
@@ -204,24 +256,24 @@ struct _Int4DecodeTiles[a_type: DType](ChunkTask):
             comptime for r in range(1, Q4_ROWS + 1):
                 if rows == r:
                     if m0 == 0:
-                        _decode_tile_q4[Self.a_type, r, NR, True](ptr(self.y), self.xq, self.wt, m0, n0)
+                        _decode_tile_q4[Self.a_type, Self.bits, r, NR, True](ptr(self.y), self.xq, self.wt, m0, n0)
                     else:
-                        _decode_tile_q4[Self.a_type, r, NR, False](ptr(self.y), self.xq, self.wt, m0, n0)
+                        _decode_tile_q4[Self.a_type, Self.bits, r, NR, False](ptr(self.y), self.xq, self.wt, m0, n0)
 
 
-struct _Int4QuadPanelTiles[a_type: DType](ChunkTask):
+struct _Int4QuadPanelTiles[a_type: DType, bits: Int](ChunkTask):
     """Item: a PANEL of weight rows unpacked into int8 quads, against every row of x quantized to int8 (VNNI)."""
 
     var y: Addr[Self.a_type]
     var xq: _QuantizedX
-    var wt: _Int4Weights
+    var wt: _Int4Weights[Self.bits]
     var m: Int
 
-    def __init__(out self, y: Ptr[Self.a_type], xq: _QuantizedX, wt: _Int4Weights, m: Int):
+    def __init__(out self, y: Ptr[Self.a_type], xq: _QuantizedX, wt: _Int4Weights[Self.bits], m: Int):
         self.y, self.xq, self.wt, self.m = addr(y), xq, wt, m
 
     def run(self, item: Int):
-        var buffer = List[UInt32](length=self.wt.row_bytes // 2 * PANEL, fill=0)
+        var buffer = List[UInt32](length=self.wt.padded_k() // 4 * PANEL, fill=0)
         var scale_buffer = List[Float32](length=self.wt.k_blocks * PANEL, fill=0)
         var min_buffer = List[Float32](length=self.wt.k_blocks * PANEL, fill=0)
         var panel, panel_scales, panel_mins = _data(buffer), _data(scale_buffer), _data(min_buffer)
@@ -237,15 +289,15 @@ struct _Int4QuadPanelTiles[a_type: DType](ChunkTask):
                     )
 
 
-struct _Int4PanelTiles[a_type: DType](ChunkTask):
+struct _Int4PanelTiles[a_type: DType, bits: Int](ChunkTask):
     """Item: a PANEL of weight rows dequantized once into float32, against every row of the effective x."""
 
     var y: Addr[Self.a_type]
     var x: Addr[F32]
-    var wt: _Int4Weights
+    var wt: _Int4Weights[Self.bits]
     var m: Int
 
-    def __init__(out self, y: Ptr[Self.a_type], x: Ptr[F32], wt: _Int4Weights, m: Int):
+    def __init__(out self, y: Ptr[Self.a_type], x: Ptr[F32], wt: _Int4Weights[Self.bits], m: Int):
         self.y, self.x, self.wt, self.m = addr(y), addr(x), wt, m
 
     def run(self, item: Int):
@@ -262,11 +314,21 @@ struct _Int4PanelTiles[a_type: DType](ChunkTask):
 
 def linear_int4_cpu[a_type: DType, R: Runner](
     runner: R, y: Ptr[a_type], x: Ptr[a_type], w: Ptr[DType.uint8], scales: Ptr[F32], mins: Ptr[F32], m: Int, n: Int,
-    k: Int, block_k: Int,
+    k: Int, block_k: Int, bits: Int,
 ):
+    """bits: 4 or 6 (check_linear_int4's)."""
+    if bits == 6:
+        _linear_packed[a_type, 6](runner, y, x, _Int4Weights[6](w, scales, mins, n, k, block_k), m)
+    else:
+        _linear_packed[a_type, 4](runner, y, x, _Int4Weights[4](w, scales, mins, n, k, block_k), m)
+
+
+def _linear_packed[a_type: DType, bits: Int, R: Runner](
+    runner: R, y: Ptr[a_type], x: Ptr[a_type], wt: _Int4Weights[bits], m: Int
+):
+    var n, k, block_k = wt.n, wt.k, wt.block_k
     if m == 0 or n == 0:
         return
-    var wt = _Int4Weights(w, scales, mins, n, k, block_k)
     var serial = m * n * k <= SERIAL_MACS
     var decode = m <= DECODE_ROWS
     var q = List[Int8]()
@@ -284,11 +346,11 @@ def linear_int4_cpu[a_type: DType, R: Runner](
     else:
         _quantize_x[a_type, True](x, xq, m, k, block_k, k, _data(effective))
     if decode:
-        runner.run(_Int4DecodeTiles[a_type](y, xq, wt, m), ceildiv(n, NR), serial)
+        runner.run(_Int4DecodeTiles[a_type, bits](y, xq, wt, m), ceildiv(n, NR), serial)
     elif I8_DOT:
-        runner.run(_Int4QuadPanelTiles[a_type](y, xq, wt, m), ceildiv(n, PANEL), serial)
+        runner.run(_Int4QuadPanelTiles[a_type, bits](y, xq, wt, m), ceildiv(n, PANEL), serial)
     else:
-        runner.run(_Int4PanelTiles[a_type](y, _data(effective), wt, m), ceildiv(n, PANEL), serial)
+        runner.run(_Int4PanelTiles[a_type, bits](y, _data(effective), wt, m), ceildiv(n, PANEL), serial)
     _ = q^
     _ = q_scales^
     _ = q_sums^
@@ -296,11 +358,14 @@ def linear_int4_cpu[a_type: DType, R: Runner](
 
 
 def check_linear_int4(m: Int, k: Int, n: Int, tiles: Int, tile_bytes: Int, y_m: Int, y_n: Int, scale_cols: Int,
-                      min_rows: Int, min_cols: Int, block_k: Int) raises:
-    """n: the scales' rows."""
+                      min_rows: Int, min_cols: Int, block_k: Int) raises -> Int:
+    """n: the scales' rows. Returns the weight's bits."""
     check_same["linear_int4"](tiles, ceildiv(n, NR), "the weight's tiles", "ceil(scale rows / 4)")
-    check_same["linear_int4"](tile_bytes, ceildiv(k, RUN) * NR * RUN_BYTES, "the weight's bytes per tile",
-                              "256 per 128 columns of x (bindings.reference.pack_int4)")
+    var bits = 6 if tile_bytes == ceildiv(k, RUN) * NR * _Int4Weights[6].run_bytes else 4
+    if bits == 4:
+        check_same["linear_int4"](tile_bytes, ceildiv(k, RUN) * NR * _Int4Weights[4].run_bytes,
+                                  "the weight's bytes per tile", "256 (4 bits) or 384 (6 bits) per 128 columns of x "
+                                  "(bindings.reference.pack_int4)")
     check_same["linear_int4"](y_m, m, "output rows", "x rows")
     check_same["linear_int4"](y_n, n, "output columns", "scale rows")
     if block_k <= 0 or block_k % RUN != 0:
@@ -308,6 +373,7 @@ def check_linear_int4(m: Int, k: Int, n: Int, tiles: Int, tile_bytes: Int, y_m: 
     check_same["linear_int4"](min_rows, n, "min rows", "scale rows")
     check_same["linear_int4"](scale_cols, ceildiv(k, block_k), "scale columns", "ceil(in_features / block_k)")
     check_same["linear_int4"](min_cols, ceildiv(k, block_k), "min columns", "ceil(in_features / block_k)")
+    return bits
 
 
 @register("mili_linear_int4")
@@ -325,9 +391,9 @@ struct LinearInt4:
         comptime if target == "cpu":
             var m, k, bk = x.dim_size[0](), x.dim_size[1](), Int(block_k.unsafe_ptr().unsafe_load(0))
             var n = scales.dim_size[0]()
-            check_linear_int4(m, k, n, w.dim_size[0](), w.dim_size[1](), y.dim_size[0](), y.dim_size[1](),
-                              scales.dim_size[1](), mins.dim_size[0](), mins.dim_size[1](), bk)
-            linear_int4_cpu[a_type](MojoThreads(ctx), y.unsafe_ptr(), x.unsafe_ptr(), w.unsafe_ptr(), scales.unsafe_ptr(),
-                                    mins.unsafe_ptr(), m, n, k, bk)
+            var bits = check_linear_int4(m, k, n, w.dim_size[0](), w.dim_size[1](), y.dim_size[0](), y.dim_size[1](),
+                                         scales.dim_size[1](), mins.dim_size[0](), mins.dim_size[1](), bk)
+            linear_int4_cpu[a_type](MojoThreads(ctx), y.unsafe_ptr(), x.unsafe_ptr(), w.unsafe_ptr(),
+                                    scales.unsafe_ptr(), mins.unsafe_ptr(), m, n, k, bk, bits)
         else:
             raise Error("linear_int4: 4-bit weights are a CPU format: on a GPU the model dequantizes them when it loads")

@@ -38,8 +38,9 @@ class QuantizedWeight(NamedTuple):
 
 
 class Int4Weight(NamedTuple):
-    """A linear layer's weight [N, K] as 4-bit values q (0..15) packed by reference.pack_int4: w = q * scales + mins,
-    scales and mins float32 [N, ceil(K / block_k)] (block_k a multiple of 128)."""
+    """A linear layer's weight [N, K] as 4-bit values q (0..15; 6-bit, 0..63, for the LM head under 4-bit layers)
+    packed by reference.pack_int4: w = q * scales + mins, scales and mins float32 [N, ceil(K / block_k)] (block_k a
+    multiple of 128)."""
 
     packed: torch.Tensor
     scales: torch.Tensor
@@ -47,14 +48,17 @@ class Int4Weight(NamedTuple):
     block_k: int
     in_features: int
 
+    @property
+    def bits(self) -> int:
+        return reference.packed_bits(self.packed, self.in_features)
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return reference.dequantize_int4(self.packed, self.scales, self.mins, self.block_k, self.in_features).to(dtype)
 
 
 LinearWeight = Union[torch.Tensor, QuantizedWeight, Int4Weight]
-INT4_LEVELS = 15
 INT4_STEPS = (-1.0, -0.5, 0.0, 0.5, 1.0)
-"""The ranges quantize_int4 tries per block: (max - min) / (15 + step), each refined by least squares."""
+"""The ranges quantize_int4 tries per block: (max - min) / (2^bits - 1 + step), each refined by least squares."""
 INT4_ROWS_AT_ONCE = 256
 """Rows quantize_int4 fits at a time: its temporaries stay in cache (a 3072 x 1024 weight 4x faster than whole)."""
 
@@ -80,17 +84,19 @@ def quantize(weight: torch.Tensor, weight_dtype: str, block_k: int = BLOCK_K) ->
     return QuantizedWeight(q.to(qtype).view(n, blocks * block_k)[:, :k].contiguous(), scales, block_k)
 
 
-def quantize_int4(weight: torch.Tensor, block_k: int = BLOCK_K) -> Int4Weight:
-    """weight [N, K] as 4-bit values with a scale and a min per row and block (w ~ q * scale + min). For each block,
+def quantize_int4(weight: torch.Tensor, block_k: int = BLOCK_K, bits: int = 4) -> Int4Weight:
+    """weight [N, K] as 4-bit (or 6-bit) values with a scale and a min per row and block (w ~ q * scale + min). For
+    each block,
     q is tried for several ranges around its min..max, the scale and min of each fitted by least squares (as
     llama.cpp's K-quants choose theirs), and the fit with the least squared error kept."""
     n, k = weight.shape
-    parts = [_fit_int4(weight[i : i + INT4_ROWS_AT_ONCE], block_k) for i in range(0, n, INT4_ROWS_AT_ONCE)]
+    levels = 2**bits - 1
+    parts = [_fit_int4(weight[i : i + INT4_ROWS_AT_ONCE], block_k, levels) for i in range(0, n, INT4_ROWS_AT_ONCE)]
     q, scales, mins = (torch.cat(t) for t in zip(*parts))
-    return Int4Weight(reference.pack_int4(q), scales, mins, block_k, k)
+    return Int4Weight(reference.pack_int4(q, bits), scales, mins, block_k, k)
 
 
-def _fit_int4(weight: torch.Tensor, block_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _fit_int4(weight: torch.Tensor, block_k: int, levels: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     n, k = weight.shape
     blocks = -(-k // block_k)
     # the last block padded with its last column: its min and max stay, its fit barely moves
@@ -101,7 +107,7 @@ def _fit_int4(weight: torch.Tensor, block_k: int) -> tuple[torch.Tensor, torch.T
     best_err = torch.full_like(low, float("inf"))
     best_q, best_scale, best_min = None, low.clone(), low.clone()
     for step in INT4_STEPS:
-        q = ((w - low) * ((INT4_LEVELS + step) / spread)).round().clamp(0, INT4_LEVELS)
+        q = ((w - low) * ((levels + step) / spread)).round().clamp(0, levels)
         q_mean, w_mean = q.mean(dim=2, keepdim=True), w.mean(dim=2, keepdim=True)
         q_var = ((q - q_mean) ** 2).mean(dim=2, keepdim=True)
         scale = torch.where(q_var > 0, ((q - q_mean) * (w - w_mean)).mean(dim=2, keepdim=True) / q_var.clamp(min=1e-30),
@@ -162,10 +168,20 @@ def write_fp8_checkpoint(
     return dst
 
 
+def lm_head_dtype(weight_dtype: str) -> str:
+    """The LM head's format under layers in weight_dtype: 6 bits under 4-bit layers (as llama.cpp's 4-bit files keep
+    theirs at Q6_K: a quarter of Qwen3-0.6B's weights, its logits' accuracy), else the layers' own."""
+    return "int6" if weight_dtype == "int4" else weight_dtype
+
+
 def convert(weight: LinearWeight, weight_dtype: str, dense_dtype: torch.dtype) -> LinearWeight:
-    """weight in `weight_dtype` (dense formats in dense_dtype when weight_dtype is not one of them)."""
-    if weight_dtype == "int4":
-        return weight if isinstance(weight, Int4Weight) else quantize_int4(dense(weight, torch.float32))
+    """weight in `weight_dtype` (dense formats in dense_dtype when weight_dtype is not one of them; "int6": the
+    6-bit form of int4, the LM head's under 4-bit layers)."""
+    if weight_dtype in ("int4", "int6"):
+        bits = int(weight_dtype[3:])
+        if isinstance(weight, Int4Weight) and weight.bits == bits:
+            return weight
+        return quantize_int4(dense(weight, torch.float32), bits=bits)
     if weight_dtype in _QUANTIZED:
         if isinstance(weight, QuantizedWeight) and weight.weight.dtype == _QUANTIZED[weight_dtype]:
             return weight
@@ -182,10 +198,10 @@ def dense(weight: LinearWeight, dtype: torch.dtype) -> torch.Tensor:
 def cat_rows(parts: Sequence[LinearWeight]) -> LinearWeight:
     """Weights of several layers stacked along N (q, k, v; gate, up), in the format they share."""
     if isinstance(parts[0], Int4Weight):
-        if any(not isinstance(p, Int4Weight) or p[3:] != parts[0][3:] for p in parts):
-            raise ValueError("cannot stack 4-bit weights with other formats, blocks or input sizes")
+        if any(not isinstance(p, Int4Weight) or (p.bits, *p[3:]) != (parts[0].bits, *parts[0][3:]) for p in parts):
+            raise ValueError("cannot stack 4-bit weights with other formats, bits, blocks or input sizes")
         q = torch.cat([reference.unpack_int4(p.packed, p.scales.shape[0], p.in_features) for p in parts])
-        return Int4Weight(reference.pack_int4(q), torch.cat([p.scales for p in parts]),
+        return Int4Weight(reference.pack_int4(q, parts[0].bits), torch.cat([p.scales for p in parts]),
                           torch.cat([p.mins for p in parts]), *parts[0][3:])
     if isinstance(parts[0], QuantizedWeight):
         if any(p.block_k != parts[0].block_k or p.weight.dtype != parts[0].weight.dtype for p in parts):

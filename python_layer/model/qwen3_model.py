@@ -17,7 +17,9 @@ from ..memory.huge_pages import on_huge_pages
 from ..memory.kv_cache_manager import DEFAULT_PAGE_SIZE, PagedKVCache
 from .attention_metadata import AttentionMetadata
 from .config import Qwen3Config
-from .quantization import Int4Weight, LinearWeight, QuantizedWeight, cat_rows, convert, parse_weight_dtype
+from .quantization import (
+    Int4Weight, LinearWeight, QuantizedWeight, cat_rows, convert, lm_head_dtype, parse_weight_dtype,
+)
 # imports MAX here, on the importing (main) thread: MAX enters its MLIR context there
 from .qwen3_graph import CompiledQwen3
 from .reference_forward import ReferenceQwen3
@@ -131,11 +133,10 @@ class Qwen3CausalLM:
         self.forward_fn: Forward = BACKENDS[backend](self)
 
     def _lm_head_dtype(self) -> str:
-        # Qwen's FP8 checkpoints leave the LM head unquantized (bfloat16): kept so, not quantized again. Under 4-bit
-        # layers it is int8, as llama.cpp's 4-bit files keep theirs at 6 bits or more.
+        # Qwen's FP8 checkpoints leave the LM head unquantized (bfloat16): kept so, not quantized again
         if self.config.fp8_block_size and self.weight_dtype == "fp8":
             return "bfloat16"
-        return "int8" if self.weight_dtype == "int4" else self.weight_dtype
+        return lm_head_dtype(self.weight_dtype)
 
     def _linear(self, loader: WeightLoader, *names: str, weight_dtype: Optional[str] = None) -> LinearWeight:
         parts = [loader.get_linear(n) for n in names]

@@ -208,7 +208,8 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
     packed = torch.zeros(2, 512, dtype=torch.uint8)  # 8 rows, K 129..256
     with pytest.raises(ValueError, match="block_k must be a positive multiple of 128, got 64"):
         ops.linear_int4(torch.randn(2, 200), packed, torch.ones(8, 4), torch.ones(8, 4), 64)
-    with pytest.raises(ValueError, match="bytes per tile \\(512\\) must equal 256 per 128 columns of x"):
+    with pytest.raises(ValueError,
+                       match="bytes per tile \\(512\\) must equal 256 \\(4 bits\\) or 384 \\(6 bits\\) per 128"):
         ops.linear_int4(torch.randn(2, 100), packed, torch.ones(8, 1), torch.ones(8, 1), 128)
     with pytest.raises(ValueError, match="tiles \\(2\\) must equal ceil\\(scale rows / 4\\) \\(3\\)"):
         ops.linear_int4(torch.randn(2, 200), packed, torch.ones(9, 2), torch.ones(9, 2), 128)

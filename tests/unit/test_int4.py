@@ -79,31 +79,44 @@ def _read(path: Path) -> object:
     return loader.get_linear(LAYER + ".weight")
 
 
-def test_quantize_int4_error_and_round_trip() -> None:
+@pytest.mark.parametrize("bits", [4, 6])
+def test_quantize_int4_error_and_round_trip(bits: int) -> None:
     w = torch.randn(37, 300) * torch.rand(37, 1) * 3
-    q = quantize_int4(w)
-    assert q.packed.shape == (10, 3 * 256) and q.scales.shape == q.mins.shape == (37, 3) and q.in_features == 300
+    levels = 2**bits - 1
+    q = quantize_int4(w, bits=bits)
+    assert q.packed.shape == (10, 3 * 4 * 128 * bits // 8) and q.scales.shape == q.mins.shape == (37, 3)
+    assert q.in_features == 300 and q.bits == bits
     values = reference.unpack_int4(q.packed, 37, 300)
-    assert int(values.max()) <= 15 and torch.equal(reference.pack_int4(values), q.packed)
+    assert int(values.max()) <= levels and torch.equal(reference.pack_int4(values, bits), q.packed)
     err = (q.dequantize() - w).abs().view(37, -1)
-    # min..max rounding is half a 15th of the block's range off at most; the least-squares fit trades the extremes'
+    # min..max rounding is half a step of the block's range off at most; the least-squares fit trades the extremes'
     # error for the bulk's, up to about one such step
     blocks = torch.nn.functional.pad(w, (0, 84), value=float("nan")).view(37, 3, 128)
     spread = (blocks.nan_to_num(-1e9).amax(2) - blocks.nan_to_num(1e9).amin(2)).repeat_interleave(128, 1)[:, :300]
-    assert (err <= spread / 15 * 1.5).all()
+    assert (err <= spread / levels * 1.5).all()
     # the least-squares fit does better than min..max rounding
-    assert (q.dequantize() - w).norm() < 0.99 * (_minmax_int4(w) - w).norm()
-    stacked = cat_rows([q, quantize_int4(w[:5])])
-    assert isinstance(stacked, Int4Weight) and stacked.packed.shape[0] == 11
-    assert torch.equal(stacked.dequantize(), torch.cat([q.dequantize(), quantize_int4(w[:5]).dequantize()]))
+    assert (q.dequantize() - w).norm() < 0.99 * (_minmax_int4(w, levels) - w).norm()
+    stacked = cat_rows([q, quantize_int4(w[:5], bits=bits)])
+    assert isinstance(stacked, Int4Weight) and stacked.packed.shape[0] == 11 and stacked.bits == bits
+    assert torch.equal(stacked.dequantize(), torch.cat([q.dequantize(), quantize_int4(w[:5], bits=bits).dequantize()]))
     assert torch.equal(convert(q, "float32", torch.float32), q.dequantize())
-    assert convert(w, "int4", torch.float32).packed.shape == q.packed.shape
+    assert convert(w, f"int{bits}", torch.float32).packed.shape == q.packed.shape
+    other = 10 - bits
+    assert convert(q, f"int{other}", torch.float32).bits == other
+    with pytest.raises(ValueError, match="cannot stack 4-bit weights with other formats, bits"):
+        cat_rows([q, quantize_int4(w[:5], bits=other)])
 
 
-def _minmax_int4(w: torch.Tensor) -> torch.Tensor:
+def test_6bit_values_are_4x_more_accurate_than_4bit() -> None:
+    w = torch.randn(64, 512)
+    errors = [(quantize_int4(w, bits=b).dequantize() - w).norm() / w.norm() for b in (4, 6)]
+    assert errors[1] < errors[0] / 3.5, errors
+
+
+def _minmax_int4(w: torch.Tensor, levels: int) -> torch.Tensor:
     blocks = torch.nn.functional.pad(w, (0, 84), mode="replicate").view(w.shape[0], 3, 128)
     low, high = blocks.amin(2, keepdim=True), blocks.amax(2, keepdim=True)
-    scale = (high - low) / 15
+    scale = (high - low) / levels
     return (((blocks - low) / scale).round() * scale + low).view(w.shape[0], -1)[:, :300]
 
 
