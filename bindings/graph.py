@@ -106,6 +106,22 @@ def linear_int4(x: TensorValue, packed: TensorValue, scales: TensorValue, mins: 
     return _custom("mili_linear_int4", x, [x, packed, scales, mins, block_k], [[x.shape[0], scales.shape[0]]])[0]
 
 
+def moe(x: TensorValue, logits: TensorValue, gate_up: TensorValue, gate_up_scales: TensorValue, down: TensorValue,
+        down_scales: TensorValue, params: TensorValue) -> TensorValue:
+    """reference.moe on experts in the linear kernels' formats, each expert's weights (and scales) a row of gate_up /
+    down [E, ...] (dense weights: scales a [1, 1] placeholder); params int32 [block_k, top_k, normalize, tiled, I]
+    (mojo_kernels/core/moe.mojo), on a CPU."""
+    return _custom("mili_moe", x, [x, logits, gate_up, gate_up_scales, down, down_scales, params], [x.shape])[0]
+
+
+def moe_int4(x: TensorValue, logits: TensorValue, gate_up: TensorValue, gate_up_scales: TensorValue,
+             gate_up_mins: TensorValue, down: TensorValue, down_scales: TensorValue, down_mins: TensorValue,
+             params: TensorValue) -> TensorValue:
+    """moe on experts in the 4-bit format (reference.pack_int4's bytes, scales and mins a row per expert)."""
+    args = [x, logits, gate_up, gate_up_scales, gate_up_mins, down, down_scales, down_mins, params]
+    return _custom("mili_moe_int4", x, args, [x.shape])[0]
+
+
 def linear_tiled(x: TensorValue, tiles: TensorValue, scales: TensorValue, block_k: TensorValue) -> TensorValue:
     """x [M, K] @ dequantize(reference.untile_weight(tiles))^T: tiles [N / R, K / C, R, C], float32, bfloat16 or
     int8 (with scales [N, K / block_k]), on a CPU."""

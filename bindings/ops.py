@@ -475,6 +475,49 @@ def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, min
     return y
 
 
+_MOE = {
+    w: CompiledOp(
+        graph.moe,
+        [T(SAME, "T", "H")],
+        [T(SAME, "T", "H"), T(SAME, "T", "E"), T(torch_dtype_to_max(w), "E", "GU"), T(F32, "GS", "GSE"),
+         T(torch_dtype_to_max(w), "E", "DN"), T(F32, "DS", "DSE"), T(I32, 5)],
+        variant="_" + str(w).split(".")[-1],
+    )
+    for w in (torch.float32, torch.bfloat16, torch.uint8, torch.int8)
+}
+_MOE_INT4 = CompiledOp(
+    graph.moe_int4,
+    [T(SAME, "T", "H")],
+    [T(SAME, "T", "H"), T(SAME, "T", "E"), T(DType.uint8, "E", "GU"), T(F32, "E", "GS"), T(F32, "E", "GS"),
+     T(DType.uint8, "E", "DN"), T(F32, "E", "DS"), T(F32, "E", "DS"), T(I32, 5)],
+)
+
+
+def moe(x: torch.Tensor, logits: torch.Tensor, top_k: int, normalize: bool, inter: int,
+        gate_up: Sequence[torch.Tensor], down: Sequence[torch.Tensor], block_k: int = 0) -> torch.Tensor:
+    """reference.moe with the experts' linears on MILI's kernels, on a CPU: x [T, H], the router's logits [T, E],
+    each expert's intermediate size `inter`; gate_up / down the experts' stacked weights (quantization.stack_experts)
+    as their tensors: (weight,) dense [E, N, K] or tiled, (weight, scales) int8 / FP8, (packed, scales, mins) 4-bit."""
+    if not x.is_cpu:
+        raise ValueError(f"moe: the mixture-of-experts kernels run on a CPU, got x on {x.device}")
+    if len(gate_up) != len(down) or not 1 <= len(gate_up) <= 3:
+        raise ValueError("moe: gate_up and down are each (weight,), (weight, scales) or (packed, scales, mins)")
+    flat = lambda t: _c(t).view(t.shape[0], -1)
+    params = torch.tensor([block_k, top_k, int(normalize), int(gate_up[0].dim() > 3), inter], dtype=torch.int32)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if len(gate_up) == 3:
+        _MOE_INT4(y, _c(x), _c(logits), *map(flat, gate_up), *map(flat, down), params)
+        return y
+    if gate_up[0].dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"moe: expert weights must be one of {', '.join(map(str, WEIGHT_DTYPES))}, "
+                         f"got {gate_up[0].dtype}")
+    bits = _BITS.get(gate_up[0].dtype, gate_up[0].dtype)
+    weight = lambda w: flat(_c(w[0]).view(bits))
+    scales = lambda w: flat(w[1].float()) if len(w) == 2 else _scalar_on(1.0, x.device).view(1, 1)
+    _MOE[bits](y, _c(x), _c(logits), weight(gate_up), scales(gate_up), weight(down), scales(down), params)
+    return y
+
+
 def linear(
     x: torch.Tensor, weight: torch.Tensor, scales: Optional[torch.Tensor] = None, block_k: int = 0
 ) -> torch.Tensor:

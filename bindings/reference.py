@@ -11,7 +11,7 @@ Conventions shared by all ops:
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -122,6 +122,30 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """SwiGLU: x[T, 2I] = [gate | up] -> silu(gate) * up, [T, I]."""
     gate, up = x.float().chunk(2, dim=-1)
     return (F.silu(gate) * up).to(x.dtype)
+
+
+def moe_route(logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's experts (transformers' Qwen3MoeTopKRouter): the top_k of softmax(logits [T, E]) in float32, as
+    (weights [T, top_k] float32, ids [T, top_k] int32), largest first; normalize: the weights rescaled to sum to 1."""
+    weights, ids = torch.topk(torch.softmax(logits.float(), dim=-1), top_k, dim=-1)
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids.to(torch.int32)
+
+
+def moe(x: torch.Tensor, logits: torch.Tensor, top_k: int, normalize: bool,
+        gate_up: Callable[[torch.Tensor, int], torch.Tensor],
+        down: Callable[[torch.Tensor, int], torch.Tensor]) -> torch.Tensor:
+    """A sparse MLP [T, H] in x's dtype: over each token's experts e (moe_route), the sum in float32 of its weight
+    times down(silu_and_mul(gate_up(x, e)), e), where gate_up(x, e) [.., 2I] and down(h, e) [.., H] are expert e's
+    linears."""
+    weights, ids = moe_route(logits, top_k, normalize)
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e in ids.unique().tolist():
+        rows, slots = (ids == e).nonzero(as_tuple=True)
+        y = down(silu_and_mul(gate_up(x[rows], e)), e).float() * weights[rows, slots, None]
+        out.index_add_(0, rows, y)
+    return out.to(x.dtype)
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
@@ -370,7 +394,7 @@ def pack_int4(q: torch.Tensor, bits: int = 4) -> torch.Tensor:
 
 def packed_bits(packed: torch.Tensor, k: int) -> int:
     """The bits of pack_int4's values from its bytes per tile and the columns K."""
-    return packed.shape[1] * 8 // (-(-k // INT4_RUN) * TILE_ROWS * INT4_RUN)
+    return packed.shape[-1] * 8 // (-(-k // INT4_RUN) * TILE_ROWS * INT4_RUN)
 
 
 def unpack_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:

@@ -287,6 +287,42 @@ def run_linear_int4(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
                            ref.linear_int4(x, packed, scales, mins, block_k), dtype)
 
 
+MOE_SHAPES = [(1, 64, 40, 7, 3), (5, 130, 72, 9, 8), (70, 200, 136, 6, 2)]
+"""(tokens, hidden, experts' intermediate size, experts, top_k): decode and prefill blocks, experts no token chose."""
+MOE_TILED_SHAPES = [(3, 128, 64, 5, 2), (40, 128, 64, 4, 3)]
+MOE_FORMATS = ["float32", "bfloat16", "fp8", "int8", "int4", "bfloat16-tiled", "int8-tiled"]
+
+
+def _expert_weight(n: int, k: int, fmt: str) -> tuple[tuple, callable]:
+    """One expert's [N, K] weight in fmt: (its tensors as the kernel takes them, its linear in the reference)."""
+    if fmt == "int4":
+        packed = ref.pack_int4(torch.randint(0, 16, (n, k), dtype=torch.uint8))
+        scales, mins = torch.rand(n, -(-k // 128)) * 0.02, torch.randn(n, -(-k // 128)) * 0.05
+        return (packed, scales, mins), lambda x: ref.linear_int4(x, packed, scales, mins, 128)
+    dtype = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}.get(fmt.split("-")[0]) or getattr(torch, fmt.split("-")[0])
+    weight, scales, block_k = linear_weight(n, k, dtype, "cpu", 64 if fmt == "int8-tiled" else 32)
+    if weight.is_floating_point() and weight.dtype != torch.float8_e4m3fn:
+        weight = weight * k**-0.5  # unscaled, silu(gate) * up grows as K
+    tensors = (ref.tile_weight(weight) if fmt.endswith("tiled") else weight,) + ((scales,) if block_k else ())
+    return tensors, lambda x: ref.linear(x, weight, scales, block_k)
+
+
+def run_moe(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
+    """Random experts in one format, distinct router logits (exact in bfloat16: no ties between experts)."""
+    (t, h, inter, e_count, top_k), fmt, normalize = case
+    experts = [(_expert_weight(2 * inter, h, fmt), _expert_weight(h, inter, fmt)) for _ in range(e_count)]
+    stack = lambda which: tuple(torch.stack(ts) for ts in zip(*(ex[which][0] for ex in experts)))
+    x = torch.randn(t, h, device=device).to(dtype)
+    logits = (torch.stack([torch.randperm(e_count) for _ in range(t)]).float() * 0.75).to(dtype)
+    ours = ops.moe(x, logits, top_k, normalize, inter, stack(0), stack(1), 128 if fmt == "int4" else
+                   64 if fmt == "int8-tiled" else 32)
+    theirs = ref.moe(x, logits, top_k, normalize, lambda v, e: experts[e][0][1](v), lambda v, e: experts[e][1][1](v))
+    if fmt in ("float32", "fp8"):
+        _assert_linear_matches(ours, theirs, dtype)
+    else:  # down's input rounded to bfloat16 / quantized to int8: gate_up's sums in another order may flip a step
+        assert_matches(ours, theirs, dtype, atol=3e-3 * theirs.float().abs().max().item())
+
+
 def kernel_cases() -> list:
     """(runner, case) pairs for every op and path, as pytest params. Each runner and dtype is an xdist group, so
     that `pytest -n N --dist loadgroup` compiles each op's graph in one worker only."""
@@ -328,5 +364,7 @@ def kernel_cases() -> list:
                   for w in ref.TILED_DTYPES for s in TILED_LINEAR_SHAPES]
         cases += [pytest.param(run_linear_int4, dtype, (s, b, bits), id=f"linear_int4-{d}-{bits}bits-blocks_of_{b}-{s}")
                   for bits in ref.PACKED_BITS for b in INT4_BLOCKS for s in LINEAR_SHAPES if b == 128 or s[1] > 128]
+        cases += [pytest.param(run_moe, dtype, (s, f, i % 2 == 0), id=f"moe-{d}-{f}-{s}")
+                  for f in MOE_FORMATS for i, s in enumerate(MOE_TILED_SHAPES if f.endswith("tiled") else MOE_SHAPES)]
     group = lambda runner, dtype: pytest.mark.xdist_group(f"{runner.__name__}-{dtype}")
     return [pytest.param(*p.values, id=p.id, marks=group(*p.values[:2])) for p in cases]

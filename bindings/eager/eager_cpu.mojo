@@ -21,6 +21,7 @@ from mojo_kernels.core.attention.cpu import attention_cpu
 from mojo_kernels.core.attention.qkv_attention import check_qkv_attention, qkv_attention_cpu
 from mojo_kernels.core.linear import check_linear, check_linear_tiled, linear_cpu, I8_TILED
 from mojo_kernels.core.linear_int4 import check_linear_int4, linear_int4_cpu
+from mojo_kernels.core.moe import check_moe, moe_dense_cpu, moe_int4_cpu
 from mojo_kernels.core.normalization import check_norm, norm_rows_cpu
 from mojo_kernels.core.qk_norm_rope import check_qk_norm_rope_store, qk_norm_rope_store_cpu
 from mojo_kernels.core.rope import check_rope, rope_cpu
@@ -278,6 +279,34 @@ def linear_int4[a_type: DType](mut args: Args) raises:
                             x.dims[1], block_k, bits)
 
 
+def moe[a_type: DType, w_type: DType](mut args: Args) raises:
+    var runner = OpenMP(args.int())
+    var y, x, logits = args.tensor[a_type, 2](), args.tensor[a_type, 2](), args.tensor[a_type, 2]()
+    var gate_up, gate_up_scales = args.tensor[w_type, 2](), args.tensor[F32, 2]()
+    var down, down_scales = args.tensor[w_type, 2](), args.tensor[F32, 2]()
+    var p = args.tensor[I32, 1]().ptr()
+    args.done("moe")
+    check_moe(x.dims[0], x.dims[1], y.dims[0], y.dims[1], logits.dims[0], logits.dims[1], gate_up.dims[0],
+              down.dims[0], Int(p.unsafe_load(1)), Int(p.unsafe_load(4)))
+    moe_dense_cpu[a_type, w_type](runner, y.ptr(), x.ptr(), logits.ptr(), gate_up.ptr(), gate_up_scales.ptr(),
+                                  down.ptr(), down_scales.ptr(), x.dims[0], x.dims[1], logits.dims[1], gate_up.dims[1],
+                                  gate_up_scales.dims[1], down.dims[1], down_scales.dims[1], p)
+
+
+def moe_int4[a_type: DType](mut args: Args) raises:
+    var runner = OpenMP(args.int())
+    var y, x, logits = args.tensor[a_type, 2](), args.tensor[a_type, 2](), args.tensor[a_type, 2]()
+    var gate_up, gate_up_scales, gate_up_mins = args.tensor[DType.uint8, 2](), args.tensor[F32, 2](), args.tensor[F32, 2]()
+    var down, down_scales, down_mins = args.tensor[DType.uint8, 2](), args.tensor[F32, 2](), args.tensor[F32, 2]()
+    var p = args.tensor[I32, 1]().ptr()
+    args.done("moe_int4")
+    check_moe(x.dims[0], x.dims[1], y.dims[0], y.dims[1], logits.dims[0], logits.dims[1], gate_up.dims[0],
+              down.dims[0], Int(p.unsafe_load(1)), Int(p.unsafe_load(4)))
+    moe_int4_cpu[a_type](runner, y.ptr(), x.ptr(), logits.ptr(), gate_up.ptr(), gate_up_scales.ptr(), gate_up_mins.ptr(),
+                         down.ptr(), down_scales.ptr(), down_mins.ptr(), x.dims[0], x.dims[1], logits.dims[1],
+                         gate_up.dims[1], gate_up_scales.dims[1], down.dims[1], down_scales.dims[1], p)
+
+
 def int8_tiled() raises -> PythonObject:
     return PythonObject(I8_TILED)
 
@@ -345,6 +374,16 @@ def _add_ops(mut m: PythonModuleBuilder) raises:
     m.def_py_c_function(_fastcall[linear_tiled[DType.bfloat16, DType.int8]], "linear_tiled_bfloat16_int8")
     m.def_py_c_function(_fastcall[linear_int4[DType.float32]], "linear_int4_float32")
     m.def_py_c_function(_fastcall[linear_int4[DType.bfloat16]], "linear_int4_bfloat16")
+    m.def_py_c_function(_fastcall[moe[DType.float32, DType.float32]], "moe_float32_float32")
+    m.def_py_c_function(_fastcall[moe[DType.float32, DType.bfloat16]], "moe_float32_bfloat16")
+    m.def_py_c_function(_fastcall[moe[DType.float32, DType.uint8]], "moe_float32_uint8")
+    m.def_py_c_function(_fastcall[moe[DType.float32, DType.int8]], "moe_float32_int8")
+    m.def_py_c_function(_fastcall[moe_int4[DType.float32]], "moe_int4_float32")
+    m.def_py_c_function(_fastcall[moe[DType.bfloat16, DType.float32]], "moe_bfloat16_float32")
+    m.def_py_c_function(_fastcall[moe[DType.bfloat16, DType.bfloat16]], "moe_bfloat16_bfloat16")
+    m.def_py_c_function(_fastcall[moe[DType.bfloat16, DType.uint8]], "moe_bfloat16_uint8")
+    m.def_py_c_function(_fastcall[moe[DType.bfloat16, DType.int8]], "moe_bfloat16_int8")
+    m.def_py_c_function(_fastcall[moe_int4[DType.bfloat16]], "moe_int4_bfloat16")
 
 
 @export

@@ -357,13 +357,18 @@ def _linear_packed[a_type: DType, bits: Int, R: Runner](
     _ = effective^
 
 
+def packed_tile_bytes(k: Int, bits: Int) -> Int:
+    """Bytes per tile of NR rows of K columns of `bits`-bit values."""
+    return ceildiv(k, RUN) * NR * RUN * bits // 8
+
+
 def check_linear_int4(m: Int, k: Int, n: Int, tiles: Int, tile_bytes: Int, y_m: Int, y_n: Int, scale_cols: Int,
                       min_rows: Int, min_cols: Int, block_k: Int) raises -> Int:
     """n: the scales' rows. Returns the weight's bits."""
     check_same["linear_int4"](tiles, ceildiv(n, NR), "the weight's tiles", "ceil(scale rows / 4)")
-    var bits = 6 if tile_bytes == ceildiv(k, RUN) * NR * _Int4Weights[6].run_bytes else 4
+    var bits = 6 if tile_bytes == packed_tile_bytes(k, 6) else 4
     if bits == 4:
-        check_same["linear_int4"](tile_bytes, ceildiv(k, RUN) * NR * _Int4Weights[4].run_bytes,
+        check_same["linear_int4"](tile_bytes, packed_tile_bytes(k, 4),
                                   "the weight's bytes per tile", "256 (4 bits) or 384 (6 bits) per 128 columns of x "
                                   "(bindings.reference.pack_int4)")
     check_same["linear_int4"](y_m, m, "output rows", "x rows")

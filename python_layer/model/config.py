@@ -24,9 +24,13 @@ _POSITIVE_INTS = (
 )
 
 
+MODEL_TYPES = ("qwen3", "qwen3_moe")
+
+
 @dataclass
 class Qwen3Config:
-    """A dense Qwen3 model. Defaults are Qwen3-0.6B's published numbers."""
+    """A Qwen3 model: dense (model_type qwen3), or mixture-of-experts (qwen3_moe: num_experts > 0). Defaults are
+    Qwen3-0.6B's published numbers."""
 
     vocab_size: int = 151936
     hidden_size: int = 1024
@@ -52,6 +56,15 @@ class Qwen3Config:
     quantization_config: Optional[dict] = (
         None  # Qwen's FP8 checkpoints: {"quant_method": "fp8", "weight_block_size": [128, 128]}
     )
+    # qwen3_moe (transformers' Qwen3MoeConfig): the MLP of layer i is sparse when i is not in mlp_only_layers and
+    # (i + 1) % decoder_sparse_step == 0; a sparse MLP routes each token to num_experts_per_tok of num_experts
+    # SwiGLU experts of moe_intermediate_size, the others are dense of intermediate_size
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for name in _POSITIVE_INTS:
@@ -73,6 +86,7 @@ class Qwen3Config:
             raise ValueError(f"Qwen3Config.hidden_act must be 'silu' (Qwen3's SwiGLU), got {self.hidden_act!r}")
         self._validate_rope_scaling()
         self._validate_quantization()
+        self._validate_experts()
         self.eos_token_ids = [int(t) for t in self.eos_token_ids]
 
     def _validate_rope_scaling(self) -> None:
@@ -92,6 +106,30 @@ class Qwen3Config:
         if not isinstance(scaling.get("original_max_position_embeddings"), int):
             raise ValueError("Qwen3Config.rope_scaling needs an integer original_max_position_embeddings for yarn")
         self.rope_scaling = {**scaling, "rope_type": "yarn"}
+
+    def _validate_experts(self) -> None:
+        if not self.num_experts:
+            return
+        for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"Qwen3Config.{name} must be a positive integer for qwen3_moe, got {value!r}")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"Qwen3Config.num_experts_per_tok ({self.num_experts_per_tok}) must be at most "
+                             f"num_experts ({self.num_experts})")
+        bad = [i for i in self.mlp_only_layers if not isinstance(i, int) or not 0 <= i < self.num_hidden_layers]
+        if bad:
+            raise ValueError(f"Qwen3Config.mlp_only_layers must be layer indices below num_hidden_layers "
+                             f"({self.num_hidden_layers}), got {bad}")
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether layer's MLP is the mixture of experts (transformers' Qwen3MoeDecoderLayer's rule)."""
+        return (self.num_experts > 0 and layer not in self.mlp_only_layers
+                and (layer + 1) % self.decoder_sparse_step == 0)
+
+    @property
+    def model_type(self) -> str:
+        return "qwen3_moe" if self.num_experts else "qwen3"
 
     def _validate_quantization(self) -> None:
         q = self.quantization_config
@@ -130,7 +168,7 @@ class Qwen3Config:
     def to_dict(self) -> dict:
         """Hugging Face config.json keys (plus MILI's eos_token_ids and generation_defaults)."""
         d = dataclasses.asdict(self)
-        d["model_type"] = "qwen3"
+        d["model_type"] = self.model_type
         d["eos_token_id"] = self.eos_token_ids[0] if self.eos_token_ids else None
         return d
 
@@ -139,10 +177,15 @@ class Qwen3Config:
         """From a config.json dict (transformers 4 `rope_theta`/`rope_scaling` or 5 `rope_parameters` style)."""
         d = dict(config_dict)
         model_type = d.get("model_type", "qwen3")
-        if model_type != "qwen3":
-            raise ValueError(
-                f"config model_type is {model_type!r}: MILI serves dense Qwen3 checkpoints (model_type 'qwen3')"
-            )
+        if model_type not in MODEL_TYPES:
+            raise ValueError(f"config model_type is {model_type!r}: MILI serves Qwen3 checkpoints (model_type "
+                             f"{' or '.join(map(repr, MODEL_TYPES))})")
+        if model_type == "qwen3_moe":
+            d.setdefault("num_experts", d.get("num_local_experts"))  # transformers 5 writes num_local_experts
+            if not d.get("num_experts"):
+                raise ValueError("a qwen3_moe config needs num_experts (a positive integer)")
+        else:
+            d["num_experts"] = 0
         if d.get("use_sliding_window"):
             raise ValueError("config use_sliding_window=true is not supported: Qwen3 checkpoints use full attention")
         rope_parameters = d.pop("rope_parameters", None)

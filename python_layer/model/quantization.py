@@ -212,6 +212,30 @@ def cat_rows(parts: Sequence[LinearWeight]) -> LinearWeight:
     return torch.cat(list(parts))
 
 
+def stack_experts(experts: Sequence[LinearWeight]) -> LinearWeight:
+    """The experts' weights (one format and shape) stacked along a new first dimension: a dense weight [E, ...], a
+    quantized one with each of its tensors so (expert() takes one back)."""
+    first = experts[0]
+    if any(type(e) is not type(first) or _layout(e) != _layout(first) for e in experts):
+        raise ValueError("cannot stack experts' weights of different formats or shapes")
+    if isinstance(first, torch.Tensor):
+        return torch.stack(list(experts))
+    return type(first)(*(torch.stack([e[i] for e in experts]) if isinstance(f, torch.Tensor) else f
+                         for i, f in enumerate(first)))
+
+
+def _layout(weight: LinearWeight) -> tuple:
+    tensors = [weight] if isinstance(weight, torch.Tensor) else weight
+    return tuple((t.dtype, t.shape) if isinstance(t, torch.Tensor) else t for t in tensors)
+
+
+def expert(weights: LinearWeight, e: int) -> LinearWeight:
+    """Expert e's weight of stack_experts' weights."""
+    if isinstance(weights, torch.Tensor):
+        return weights[e]
+    return type(weights)(*(f[e] if isinstance(f, torch.Tensor) else f for f in weights))
+
+
 def linear(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
     """x @ weight^T in PyTorch as MILI's CPU kernel computes it (reference.linear), for the reference backend."""
     if isinstance(weight, QuantizedWeight):

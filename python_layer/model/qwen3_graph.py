@@ -120,6 +120,20 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
                 y = ops.matmul(x, ops.transpose(w[name], 0, 1))
             return y if bias is None else y + bias
 
+        def sparse_mlp(x: TensorValue, p: str) -> TensorValue:
+            """qwen3_moe's MLP: the router's logits, then mili.moe on the experts' stacks, a row per expert."""
+            gate_up, down = p + "experts_gate_up", p + "experts_down"
+            per_expert = lambda name: ops.reshape(w[name], [c.num_experts, -1])
+            tiled = len(w[gate_up].shape) > 3
+            params = ops.constant(np.array([block_k, c.num_experts_per_tok, c.norm_topk_prob, tiled,
+                                            c.moe_intermediate_size], np.int32), DType.int32, dev)
+            logits = linear(x, p + "router")
+            if gate_up + ".mins" in w:
+                return mili.moe_int4(x, logits, *(per_expert(n + s) for n in (gate_up, down)
+                                                   for s in ("", ".scales", ".mins")), params)
+            scales = lambda name: per_expert(name + ".scales") if name + ".scales" in w else no_scales
+            return mili.moe(x, logits, per_expert(gate_up), scales(gate_up), per_expert(down), scales(down), params)
+
         hidden, residual = ops.gather(w["embed_tokens"], ids, axis=0), None
         for i in range(c.num_hidden_layers):
             p = f"layers.{i}."
@@ -144,7 +158,10 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
             hidden = linear(ops.reshape(o, [-1, q_size]), p + "o_proj")
             x, residual = mili.fused_add_rms_norm(hidden, residual, w[p + "post_attention_norm"], c.rms_norm_eps,
                                                   options)
-            hidden = linear(mili.silu_and_mul(linear(x, p + "gate_up_proj")), p + "down_proj")
+            if p + "router" in w:
+                hidden = sparse_mlp(x, p)
+            else:
+                hidden = linear(mili.silu_and_mul(linear(x, p + "gate_up_proj")), p + "down_proj")
         hidden, residual = ops.gather(hidden, logits_indices, axis=0), ops.gather(residual, logits_indices, axis=0)
         x, _ = mili.fused_add_rms_norm(hidden, residual, w["final_norm"], c.rms_norm_eps, options)
         g.output(ops.cast(linear(x, "lm_head"), DType.float32))

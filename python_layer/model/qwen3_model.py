@@ -18,7 +18,7 @@ from ..memory.kv_cache_manager import DEFAULT_PAGE_SIZE, PagedKVCache
 from .attention_metadata import AttentionMetadata
 from .config import Qwen3Config
 from .quantization import (
-    Int4Weight, LinearWeight, QuantizedWeight, cat_rows, convert, lm_head_dtype, parse_weight_dtype,
+    Int4Weight, LinearWeight, QuantizedWeight, cat_rows, convert, lm_head_dtype, parse_weight_dtype, stack_experts,
 )
 # imports MAX here, on the importing (main) thread: MAX enters its MLIR context there
 from .qwen3_graph import CompiledQwen3
@@ -92,8 +92,13 @@ class DecoderLayerWeights:
     k_norm: torch.Tensor
     o_proj: LinearWeight
     post_attention_norm: torch.Tensor
-    gate_up_proj: LinearWeight  # [2 * intermediate, hidden]: gate then up, for silu_and_mul
-    down_proj: LinearWeight
+    gate_up_proj: Optional[LinearWeight]  # [2 * intermediate, hidden]: gate then up, for silu_and_mul
+    down_proj: Optional[LinearWeight]
+    # a sparse MLP instead (qwen3_moe): the router [experts, hidden] in the activations' dtype, and the experts'
+    # gate_up / down stacked along a first dimension of experts (quantization.stack_experts)
+    router: Optional[torch.Tensor] = None
+    experts_gate_up: Optional[LinearWeight] = None
+    experts_down: Optional[LinearWeight] = None
 
 
 class Qwen3CausalLM:
@@ -120,6 +125,9 @@ class Qwen3CausalLM:
         # desc_act's order), keep their weights dense when the format is the checkpoint's
         self._dense_unless_int4 = parse_weight_dtype(weight_dtype) == "auto" and self.weight_dtype == "int4"
         self.kv_cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype, self.dtype, self.device)
+        if config.num_experts and self.device.type != "cpu" and self.backend == "mojo":
+            raise ValueError("qwen3_moe checkpoints run on a CPU so far: MILI's mixture-of-experts kernels have no GPU "
+                             "path yet (pass device='cpu', or backend='reference' to run it in PyTorch)")
         if not weight_loader.weights:
             weight_loader.load_from_safetensors()
         self.embed_tokens = weight_loader.get_weight("model.embed_tokens.weight")
@@ -139,6 +147,14 @@ class Qwen3CausalLM:
         return lm_head_dtype(self.weight_dtype)
 
     def _linear(self, loader: WeightLoader, *names: str, weight_dtype: Optional[str] = None) -> LinearWeight:
+        return self._placed(self._formatted(loader, *names, weight_dtype=weight_dtype))
+
+    def _experts(self, loader: WeightLoader, *suffixes: str) -> LinearWeight:
+        """The experts' weights of suffixes (`{e}.gate_proj.weight` ...), stacked along a first dimension."""
+        return self._placed(stack_experts([self._formatted(loader, *(s.format(e=e) for s in suffixes))
+                                           for e in range(self.config.num_experts)]))
+
+    def _formatted(self, loader: WeightLoader, *names: str, weight_dtype: Optional[str] = None) -> LinearWeight:
         parts = [loader.get_linear(n) for n in names]
         weight_dtype = weight_dtype or self.weight_dtype
         if self._dense_unless_int4 and not any(isinstance(p, Int4Weight) for p in parts):
@@ -153,6 +169,11 @@ class Qwen3CausalLM:
             weight = tile_weight(weight)
         if isinstance(weight, QuantizedWeight) and _tiles_int8(weight):
             weight = weight._replace(weight=tile_weight(weight.weight))
+        return weight
+
+    def _placed(self, weight: LinearWeight) -> LinearWeight:
+        if self.backend != "mojo" or self.device.type != "cpu":
+            return weight
         # the decode kernels stream the weights fastest from huge pages (memory/huge_pages.py)
         if isinstance(weight, QuantizedWeight):
             return weight._replace(weight=on_huge_pages(weight.weight))
@@ -176,8 +197,20 @@ class Qwen3CausalLM:
             k_norm=w(attn + "k_norm.weight"),
             o_proj=lin(attn + "o_proj.weight"),
             post_attention_norm=w(p + "post_attention_layernorm.weight"),
-            gate_up_proj=lin(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
-            down_proj=lin(p + "mlp.down_proj.weight"),
+            **(self._sparse_mlp(loader, i) if self.config.is_sparse(i) else dict(
+                gate_up_proj=lin(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                down_proj=lin(p + "mlp.down_proj.weight"),
+            )),
+        )
+
+    def _sparse_mlp(self, loader: WeightLoader, i: int) -> dict:
+        experts = f"model.layers.{i}.mlp.experts.{{e}}."
+        return dict(
+            gate_up_proj=None,
+            down_proj=None,
+            router=loader.get_weight(f"model.layers.{i}.mlp.gate.weight").to(self.dtype),
+            experts_gate_up=self._experts(loader, experts + "gate_proj.weight", experts + "up_proj.weight"),
+            experts_down=self._experts(loader, experts + "down_proj.weight"),
         )
 
     def new_kv_cache(self, num_pages: int, page_size: int = DEFAULT_PAGE_SIZE) -> PagedKVCache:

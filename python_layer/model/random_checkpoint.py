@@ -39,18 +39,17 @@ def build_random_checkpoint(
     Weights are N(0, initializer_range) with norm weights around 1 (not exactly 1, so that a norm applied with
     the wrong weight shows up in parity tests). Built in a temporary directory and renamed into place.
     """
-    from transformers import GenerationConfig
-    from transformers import Qwen3Config as HFQwen3Config
-    from transformers import Qwen3ForCausalLM
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
     from transformers.utils import logging as hf_logging
 
     path = Path(path)
-    config = HFQwen3Config(**{
+    moe = "num_experts" in config_overrides
+    config = (Qwen3MoeConfig if moe else Qwen3Config)(**{
         "vocab_size": QWEN3_VOCAB, "max_position_embeddings": 40960, "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6,
         "initializer_range": 0.1, "bos_token_id": 151643, "eos_token_id": 151645, **config_overrides,
     })
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config)
+    model = (Qwen3MoeForCausalLM if moe else Qwen3ForCausalLM)(config)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):

@@ -10,7 +10,7 @@ import torch
 from bindings import reference as ops
 
 from .attention_metadata import AttentionMetadata
-from .quantization import linear
+from .quantization import expert, linear
 
 if TYPE_CHECKING:
     from ..memory.kv_cache_manager import PagedKVCache
@@ -53,7 +53,13 @@ class ReferenceQwen3:
             )
             hidden = linear(o.reshape(num_tokens, q_size), layer.o_proj)
             x, residual = ops.fused_add_rms_norm(hidden, residual, layer.post_attention_norm, c.rms_norm_eps)
-            hidden = linear(ops.silu_and_mul(linear(x, layer.gate_up_proj)), layer.down_proj)
+            if layer.router is None:
+                hidden = linear(ops.silu_and_mul(linear(x, layer.gate_up_proj)), layer.down_proj)
+            else:
+                gate_up, down = layer.experts_gate_up, layer.experts_down
+                hidden = ops.moe(x, linear(x, layer.router), c.num_experts_per_tok, c.norm_topk_prob,
+                                 lambda h, e, w=gate_up: linear(h, expert(w, e)),
+                                 lambda h, e, w=down: linear(h, expert(w, e)))
         hidden, residual = hidden[logits_indices.long()], residual[logits_indices.long()]
         x, _ = ops.fused_add_rms_norm(hidden, residual, m.final_norm, c.rms_norm_eps)
         return linear(x, m.lm_head).float()

@@ -44,10 +44,18 @@ def expected_weight_shapes(config: Qwen3Config) -> Dict[str, tuple[int, ...]]:
             p + "self_attn.o_proj.weight": (c.hidden_size, q_out),
             p + "self_attn.q_norm.weight": (c.head_dim,),
             p + "self_attn.k_norm.weight": (c.head_dim,),
-            p + "mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
-            p + "mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
-            p + "mlp.down_proj.weight": (c.hidden_size, c.intermediate_size),
         })
+        mlps = [p + "mlp."]
+        if c.is_sparse(i):
+            shapes[p + "mlp.gate.weight"] = (c.num_experts, c.hidden_size)
+            mlps = [p + f"mlp.experts.{e}." for e in range(c.num_experts)]
+        inner = c.moe_intermediate_size if c.is_sparse(i) else c.intermediate_size
+        for mlp in mlps:
+            shapes.update({
+                mlp + "gate_proj.weight": (inner, c.hidden_size),
+                mlp + "up_proj.weight": (inner, c.hidden_size),
+                mlp + "down_proj.weight": (c.hidden_size, inner),
+            })
         if c.attention_bias:
             shapes.update({
                 p + "self_attn.q_proj.bias": (q_out,),

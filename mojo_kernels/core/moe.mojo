@@ -1,0 +1,289 @@
+# Qwen3-MoE's sparse MLP (transformers' Qwen3MoeSparseMoeBlock; bindings/reference.moe): for each token t,
+#   y[t] = sum over its experts e of weight[t, e] * down_e(silu(gate_e(x[t])) * up_e(x[t]))
+# its experts the top_k of softmax(logits[t]) (the router's), their weights those probabilities, rescaled to sum to 1
+# when `normalize`. The experts' gate_up [E, 2I, H] and down [E, H, I] weights are stacks, one expert after the
+# other, of the linear kernels' weights in one format: linear.mojo's (float32, bfloat16, int8, FP8 bits; [N, K] or
+# tiled) for mili_moe, linear_int4.mojo's packed 4-bit ones for mili_moe_int4.
+# CPU: route every token; group its (token, slot) pairs by expert; then, for each expert some token chose, gather
+# its tokens' rows of x into one block and run that block through the expert's gate_up, silu_and_mul and down on
+# the linear kernels (so each chosen expert's weights are streamed once a step, for all its tokens, and the others
+# not at all: a decode step reads top_k experts a token; a prefill runs each expert's linears on its block of rows),
+# then add each row back into its token's float32 sum times its weight.
+# GPU: none yet (a qwen3_moe model refuses to load on a GPU).
+from extensibility import register, InputTensor, OutputTensor
+from max.gpu.host import DeviceContext
+from std.math import ceildiv, exp
+
+from ..utils.parallel import MojoThreads, Runner
+from ..utils.types import addr, ptr, Addr, F32, Ptr, check_same, is_fp8
+from .activations import silu_and_mul_cpu
+from .linear import _data, linear_cpu
+from .linear_int4 import linear_int4_cpu, RUN, packed_tile_bytes
+
+comptime MOE_PARAMS = 5
+"""The int32 params of both ops: block_k, top_k, normalize (0 / 1), tiled (0 / 1; mili_moe), I (each expert's
+intermediate size)."""
+
+
+struct _Experts[w_type: DType, tiled: Bool, packed: Bool](ImplicitlyCopyable):
+    """The experts' weights (see the top), each expert's `*_size` elements (scales: `*_scale_size`) apart; packed:
+    linear_int4.mojo's format (w_type uint8, `bits` 4 or 6), else linear.mojo's."""
+
+    var gate_up: Addr[Self.w_type]
+    var gate_up_scales: Addr[F32]
+    var gate_up_mins: Addr[F32]
+    var down: Addr[Self.w_type]
+    var down_scales: Addr[F32]
+    var down_mins: Addr[F32]
+    var gate_up_size: Int
+    var gate_up_scale_size: Int
+    var down_size: Int
+    var down_scale_size: Int
+    var hidden: Int
+    var inter: Int
+    var block_k: Int
+    var bits: Int
+
+    def __init__(out self, gate_up: Ptr[Self.w_type], gate_up_scales: Ptr[F32], gate_up_mins: Ptr[F32],
+                 down: Ptr[Self.w_type], down_scales: Ptr[F32], down_mins: Ptr[F32], gate_up_size: Int,
+                 gate_up_scale_size: Int, down_size: Int, down_scale_size: Int, hidden: Int, inter: Int, block_k: Int,
+                 bits: Int):
+        self.gate_up, self.gate_up_scales, self.gate_up_mins = addr(gate_up), addr(gate_up_scales), addr(gate_up_mins)
+        self.down, self.down_scales, self.down_mins = addr(down), addr(down_scales), addr(down_mins)
+        self.gate_up_size, self.gate_up_scale_size = gate_up_size, gate_up_scale_size
+        self.down_size, self.down_scale_size = down_size, down_scale_size
+        self.hidden, self.inter, self.block_k, self.bits = hidden, inter, block_k, bits
+
+    def run[a_type: DType, R: Runner, first: Bool](self, runner: R, y: Ptr[a_type], x: Ptr[a_type], m: Int, e: Int):
+        """y[m, 2I] = x @ gate_up[e]^T (first), else y[m, H] = x @ down[e]^T."""
+        var w, scales, mins = ptr(self.down), ptr(self.down_scales), ptr(self.down_mins)
+        var size, scale_size, n, k = self.down_size, self.down_scale_size, self.hidden, self.inter
+        comptime if first:
+            w, scales, mins = ptr(self.gate_up), ptr(self.gate_up_scales), ptr(self.gate_up_mins)
+            size, scale_size, n, k = self.gate_up_size, self.gate_up_scale_size, 2 * self.inter, self.hidden
+        w, scales, mins = w.unsafe_offset(e * size), scales.unsafe_offset(e * scale_size), mins.unsafe_offset(e * scale_size)
+        comptime if Self.packed:
+            linear_int4_cpu[a_type](runner, y, x, rebind[Ptr[DType.uint8]](w), scales, mins, m, n, k, self.block_k,
+                                    self.bits)
+        else:
+            linear_cpu[a_type, Self.w_type, R, Self.tiled](runner, y, x, w, scales, m, n, k, self.block_k)
+
+
+def _route[a_type: DType](logits: Ptr[a_type], t: Int, e_count: Int, top_k: Int, normalize: Bool,
+                          ids: Ptr[DType.int32], weights: Ptr[F32]):
+    """ids / weights [t, top_k]: each token's top_k experts by softmax(logits) (largest first, the lower index among
+    equals) and their probabilities (rescaled to sum to 1 when normalize)."""
+    var probs = List[Float32](length=e_count, fill=0)
+    for i in range(t):
+        var row = logits.unsafe_offset(i * e_count)
+        var largest = row.unsafe_load(0).cast[F32]()
+        for e in range(1, e_count):
+            largest = max(largest, row.unsafe_load(e).cast[F32]())
+        var total = Float32(0)
+        for e in range(e_count):
+            probs[e] = exp(row.unsafe_load(e).cast[F32]() - largest)
+            total += probs[e]
+        var chosen = Float32(0)
+        for j in range(top_k):
+            var best = -1
+            for e in range(e_count):
+                if probs[e] >= 0 and (best < 0 or probs[e] > probs[best]):
+                    best = e
+            ids.unsafe_store(i * top_k + j, Int32(best))
+            weights.unsafe_store(i * top_k + j, probs[best] / total)
+            chosen += probs[best] / total
+            probs[best] = -1  # taken
+        if normalize:
+            for j in range(top_k):
+                weights.unsafe_store(i * top_k + j, weights.unsafe_load(i * top_k + j) / chosen)
+
+
+def moe_cpu[a_type: DType, w_type: DType, tiled: Bool, packed: Bool, R: Runner](
+    runner: R, y: Ptr[a_type], x: Ptr[a_type], logits: Ptr[a_type], experts: _Experts[w_type, tiled, packed], t: Int,
+    e_count: Int, top_k: Int, normalize: Bool,
+):
+    var h, inter = experts.hidden, experts.inter
+    if t == 0:
+        return
+    var ids = List[Int32](length=t * top_k, fill=0)
+    var weights = List[Float32](length=t * top_k, fill=0)
+    _route(logits, t, e_count, top_k, normalize, _data(ids), _data(weights))
+    # the (token, slot) pairs grouped by expert: expert e's are order[start[e] : start[e + 1]]
+    var start = List[Int](length=e_count + 1, fill=0)
+    for p in range(t * top_k):
+        start[Int(ids[p]) + 1] += 1
+    var most = 0
+    for e in range(e_count):
+        most = max(most, start[e + 1])
+        start[e + 1] += start[e]
+    var filled = List[Int](length=e_count, fill=0)
+    var order = List[Int](length=t * top_k, fill=0)
+    for p in range(t * top_k):
+        var e = Int(ids[p])
+        order[start[e] + filled[e]] = p
+        filled[e] += 1
+    var xe = List[Scalar[a_type]](length=most * h, fill=0)
+    var gate_up = List[Scalar[a_type]](length=most * 2 * inter, fill=0)
+    var act = List[Scalar[a_type]](length=most * inter, fill=0)
+    var out = List[Scalar[a_type]](length=most * h, fill=0)
+    var acc = List[Float32](length=t * h, fill=0)
+    for e in range(e_count):
+        var rows = start[e + 1] - start[e]
+        if rows == 0:
+            continue
+        for r in range(rows):
+            var token = order[start[e] + r] // top_k
+            for c in range(h):
+                xe[r * h + c] = x.unsafe_load(token * h + c)
+        experts.run[a_type, R, True](runner, _data(gate_up), _data(xe), rows, e)
+        silu_and_mul_cpu[a_type](runner, _data(act), _data(gate_up), rows, inter)
+        experts.run[a_type, R, False](runner, _data(out), _data(act), rows, e)
+        for r in range(rows):
+            var p = order[start[e] + r]
+            var token, weight = p // top_k, weights[p]
+            for c in range(h):
+                acc[token * h + c] += weight * out[r * h + c].cast[F32]()
+    for i in range(t * h):
+        y.unsafe_store(i, acc[i].cast[a_type]())
+
+
+def check_moe(t: Int, h: Int, y_t: Int, y_h: Int, logit_rows: Int, e_count: Int, gate_up_experts: Int,
+              down_experts: Int, top_k: Int, inter: Int) raises:
+    check_same["moe"](y_t, t, "output rows", "x rows")
+    check_same["moe"](y_h, h, "output columns", "x columns")
+    check_same["moe"](logit_rows, t, "router logit rows", "x rows")
+    check_same["moe"](gate_up_experts, e_count, "gate_up's experts", "router logit columns")
+    check_same["moe"](down_experts, e_count, "down's experts", "router logit columns")
+    if top_k < 1 or top_k > e_count:
+        raise Error("moe: top_k must be in 1..", e_count, " (the experts), got ", top_k)
+    if inter < 1:
+        raise Error("moe: the experts' intermediate size must be positive, got ", inter)
+
+
+def check_moe_sizes[scaled: Bool](h: Int, inter: Int, block_k: Int, gate_up_size: Int, gate_up_scale_size: Int,
+                                  down_size: Int, down_scale_size: Int) raises:
+    """An expert's elements in linear.mojo's formats ([N, K] or tiled: N * K), and its scales'."""
+    check_same["moe"](gate_up_size, 2 * inter * h, "gate_up's elements per expert", "2 I x H")
+    check_same["moe"](down_size, h * inter, "down's elements per expert", "H x I")
+    comptime if scaled:
+        if block_k <= 0:
+            raise Error("moe: block_k must be positive, got ", block_k)
+        check_same["moe"](gate_up_scale_size, 2 * inter * ceildiv(h, block_k), "gate_up's scales per expert",
+                          "2 I x ceil(H / block_k)")
+        check_same["moe"](down_scale_size, h * ceildiv(inter, block_k), "down's scales per expert",
+                          "H x ceil(I / block_k)")
+
+
+def packed_bits(n: Int, k: Int, bytes: Int) raises -> Int:
+    """The bits (4 or 6) of a packed weight [N, K] of `bytes` bytes (linear_int4.mojo's layout)."""
+    for bits in range(4, 7, 2):
+        if bytes == ceildiv(n, 4) * packed_tile_bytes(k, bits):
+            return bits
+    raise Error("moe: a packed expert [", n, ", ", k, "] has ", bytes, " bytes, neither 4 nor 6 bits of ",
+                "bindings.reference.pack_int4")
+
+
+def moe_dense_cpu[a_type: DType, w_type: DType, R: Runner](
+    runner: R, y: Ptr[a_type], x: Ptr[a_type], logits: Ptr[a_type], gate_up: Ptr[w_type], gate_up_scales: Ptr[F32],
+    down: Ptr[w_type], down_scales: Ptr[F32], t: Int, h: Int, e_count: Int, gate_up_size: Int, gate_up_scale_size: Int,
+    down_size: Int, down_scale_size: Int, params: Ptr[DType.int32],
+) raises:
+    """mili_moe on a CPU (params: MOE_PARAMS), after check_moe."""
+    var block_k, top_k, inter = Int(params.unsafe_load(0)), Int(params.unsafe_load(1)), Int(params.unsafe_load(4))
+    var normalize, tiled = params.unsafe_load(2) != 0, params.unsafe_load(3) != 0
+    comptime scaled = w_type == DType.int8 or is_fp8[w_type]()
+    check_moe_sizes[scaled](h, inter, block_k, gate_up_size, gate_up_scale_size, down_size, down_scale_size)
+    # dense weights have no scales (the graph passes one placeholder): no expert moves past it
+    var gate_up_scales_apart, down_scales_apart = (gate_up_scale_size, down_scale_size) if scaled else (0, 0)
+    comptime if not is_fp8[w_type]():
+        if tiled:
+            var experts = _Experts[w_type, True, False](gate_up, gate_up_scales, gate_up_scales, down, down_scales,
+                                                        down_scales, gate_up_size, gate_up_scales_apart, down_size,
+                                                        down_scales_apart, h, inter, block_k, 0)
+            moe_cpu(runner, y, x, logits, experts, t, e_count, top_k, normalize)
+            return
+    var experts = _Experts[w_type, False, False](gate_up, gate_up_scales, gate_up_scales, down, down_scales,
+                                                 down_scales, gate_up_size, gate_up_scales_apart, down_size,
+                                                 down_scales_apart, h, inter, block_k, 0)
+    moe_cpu(runner, y, x, logits, experts, t, e_count, top_k, normalize)
+
+
+def moe_int4_cpu[a_type: DType, R: Runner](
+    runner: R, y: Ptr[a_type], x: Ptr[a_type], logits: Ptr[a_type], gate_up: Ptr[DType.uint8], gate_up_scales: Ptr[F32],
+    gate_up_mins: Ptr[F32], down: Ptr[DType.uint8], down_scales: Ptr[F32], down_mins: Ptr[F32], t: Int, h: Int,
+    e_count: Int, gate_up_size: Int, gate_up_scale_size: Int, down_size: Int, down_scale_size: Int,
+    params: Ptr[DType.int32],
+) raises:
+    """mili_moe_int4 on a CPU (params: MOE_PARAMS, tiled unused), after check_moe."""
+    var block_k, top_k, inter = Int(params.unsafe_load(0)), Int(params.unsafe_load(1)), Int(params.unsafe_load(4))
+    var normalize = params.unsafe_load(2) != 0
+    if block_k <= 0 or block_k % RUN != 0:
+        raise Error("moe: block_k must be a positive multiple of ", RUN, ", got ", block_k)
+    var bits = packed_bits(2 * inter, h, gate_up_size)
+    check_same["moe"](packed_bits(h, inter, down_size), bits, "down's bits", "gate_up's bits")
+    check_same["moe"](gate_up_scale_size, 2 * inter * ceildiv(h, block_k), "gate_up's scales per expert",
+                      "2 I x ceil(H / block_k)")
+    check_same["moe"](down_scale_size, h * ceildiv(inter, block_k), "down's scales per expert", "H x ceil(I / block_k)")
+    var experts = _Experts[DType.uint8, False, True](gate_up, gate_up_scales, gate_up_mins, down, down_scales,
+                                                     down_mins, gate_up_size, gate_up_scale_size, down_size,
+                                                     down_scale_size, h, inter, block_k, bits)
+    moe_cpu(runner, y, x, logits, experts, t, e_count, top_k, normalize)
+
+
+@register("mili_moe")
+struct Moe:
+    @staticmethod
+    def execute[a_type: DType, w_type: DType, //, target: StaticString](
+        y: OutputTensor[dtype=a_type, rank=2, ...],
+        x: InputTensor[dtype=a_type, rank=2, ...],
+        logits: InputTensor[dtype=a_type, rank=2, ...],
+        gate_up: InputTensor[dtype=w_type, rank=2, ...],
+        gate_up_scales: InputTensor[dtype=DType.float32, rank=2, ...],
+        down: InputTensor[dtype=w_type, rank=2, ...],
+        down_scales: InputTensor[dtype=DType.float32, rank=2, ...],
+        params: InputTensor[dtype=DType.int32, rank=1, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime if target == "cpu":
+            var t, h, e_count = x.dim_size[0](), x.dim_size[1](), logits.dim_size[1]()
+            var p = params.unsafe_ptr()
+            check_moe(t, h, y.dim_size[0](), y.dim_size[1](), logits.dim_size[0](), e_count, gate_up.dim_size[0](),
+                      down.dim_size[0](), Int(p.unsafe_load(1)), Int(p.unsafe_load(4)))
+            moe_dense_cpu[a_type, w_type](
+                MojoThreads(ctx), y.unsafe_ptr(), x.unsafe_ptr(), logits.unsafe_ptr(), gate_up.unsafe_ptr(),
+                gate_up_scales.unsafe_ptr(), down.unsafe_ptr(), down_scales.unsafe_ptr(), t, h, e_count,
+                gate_up.dim_size[1](), gate_up_scales.dim_size[1](), down.dim_size[1](), down_scales.dim_size[1](), p,
+            )
+        else:
+            raise Error("moe: the mixture-of-experts kernels are CPU only so far")
+
+
+@register("mili_moe_int4")
+struct MoeInt4:
+    @staticmethod
+    def execute[a_type: DType, //, target: StaticString](
+        y: OutputTensor[dtype=a_type, rank=2, ...],
+        x: InputTensor[dtype=a_type, rank=2, ...],
+        logits: InputTensor[dtype=a_type, rank=2, ...],
+        gate_up: InputTensor[dtype=DType.uint8, rank=2, ...],
+        gate_up_scales: InputTensor[dtype=DType.float32, rank=2, ...],
+        gate_up_mins: InputTensor[dtype=DType.float32, rank=2, ...],
+        down: InputTensor[dtype=DType.uint8, rank=2, ...],
+        down_scales: InputTensor[dtype=DType.float32, rank=2, ...],
+        down_mins: InputTensor[dtype=DType.float32, rank=2, ...],
+        params: InputTensor[dtype=DType.int32, rank=1, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime if target == "cpu":
+            var t, h, e_count = x.dim_size[0](), x.dim_size[1](), logits.dim_size[1]()
+            var p = params.unsafe_ptr()
+            check_moe(t, h, y.dim_size[0](), y.dim_size[1](), logits.dim_size[0](), e_count, gate_up.dim_size[0](),
+                      down.dim_size[0](), Int(p.unsafe_load(1)), Int(p.unsafe_load(4)))
+            moe_int4_cpu[a_type](
+                MojoThreads(ctx), y.unsafe_ptr(), x.unsafe_ptr(), logits.unsafe_ptr(), gate_up.unsafe_ptr(),
+                gate_up_scales.unsafe_ptr(), gate_up_mins.unsafe_ptr(), down.unsafe_ptr(), down_scales.unsafe_ptr(),
+                down_mins.unsafe_ptr(), t, h, e_count, gate_up.dim_size[1](), gate_up_scales.dim_size[1](),
+                down.dim_size[1](), down_scales.dim_size[1](), p,
+            )
+        else:
+            raise Error("moe: the mixture-of-experts kernels are CPU only so far")

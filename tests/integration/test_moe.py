@@ -1,0 +1,144 @@
+"""Qwen3-MoE (model_type qwen3_moe) against transformers' Qwen3MoeForCausalLM on random-weight checkpoints of odd
+shapes, on both backends (the compiled graph on mili_moe, and the PyTorch reference); and served by `mili serve`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from transformers import Qwen3MoeForCausalLM
+
+from python_layer import InferenceEngine, SamplingParams
+from python_layer.model.loader import load_model
+from python_layer.model.quantization import Int4Weight, QuantizedWeight
+from python_layer.model.random_checkpoint import build_random_checkpoint
+from tests.integration.test_parity import _Batch, _prompts, _rel_err
+from tests.server.test_lifecycle import _free_port
+
+MOE_SHAPES = {
+    # norm_topk_prob, a dense layer among sparse ones, untied embeddings
+    "normalized_dense_layer": dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=40, num_hidden_layers=3,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=7,
+                                   num_experts_per_tok=3, norm_topk_prob=True, mlp_only_layers=[1],
+                                   tie_word_embeddings=False),
+    # every other layer sparse, top-8 of 10, tied embeddings, weights not renormalised
+    "sparse_step_2_top8": dict(hidden_size=48, intermediate_size=72, moe_intermediate_size=20, num_hidden_layers=4,
+                               num_attention_heads=6, num_key_value_heads=3, head_dim=8, num_experts=10,
+                               num_experts_per_tok=8, norm_topk_prob=False, decoder_sparse_step=2,
+                               tie_word_embeddings=True),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(MOE_SHAPES))
+def moe_checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("moe") / request.param
+    return build_random_checkpoint(path, seed=3, **MOE_SHAPES[request.param])
+
+
+def _hf(path: Path) -> Qwen3MoeForCausalLM:
+    return Qwen3MoeForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+@torch.inference_mode()
+def _hf_greedy(hf: Qwen3MoeForCausalLM, prompt: list[int], n: int) -> list[int]:
+    out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, min_new_tokens=n)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("backend", ["mojo", "reference"])
+def test_moe_logits_match_transformers(moe_checkpoint: Path, backend: str) -> None:
+    hf = _hf(moe_checkpoint)
+    model = load_model(moe_checkpoint, device="cpu", dtype="float32", backend=backend)
+    assert model.config.model_type == "qwen3_moe"
+    sparse = [i for i in range(model.config.num_hidden_layers) if model.config.is_sparse(i)]
+    assert 0 < len(sparse) < model.config.num_hidden_layers
+    assert all((model.layers[i].router is None) == (i not in sparse) for i in range(len(model.layers)))
+    prompts = _prompts(model.config.vocab_size)
+    batch = _Batch(model, len(prompts))
+    logits = batch.forward(prompts, all_logits=True)  # a batch of mixed lengths
+    offset = 0
+    for prompt in prompts:
+        with torch.inference_mode():
+            expected = hf(torch.tensor([prompt])).logits[0].float()
+        assert _rel_err(logits[offset : offset + len(prompt)], expected) < 1e-4
+        offset += len(prompt)
+    # a decode step of every sequence at once, on their cached keys
+    step = [[t] for t in (11, 222, 3333)]
+    decoded = batch.forward(step, all_logits=False)
+    for prompt, token, row in zip(prompts, step, decoded):
+        with torch.inference_mode():
+            expected = hf(torch.tensor([prompt + token])).logits[0, -1].float()
+        assert _rel_err(row, expected) < 1e-4
+
+
+def test_moe_greedy_tokens_with_chunked_prefill_and_prefix_hits(moe_checkpoint: Path) -> None:
+    hf = _hf(moe_checkpoint)
+    engine = InferenceEngine.from_pretrained(moe_checkpoint, device="cpu", dtype="float32", max_num_batched_tokens=16,
+                                             enable_prefix_caching=True)
+    vocab = engine.model.config.vocab_size
+    shared = torch.randint(0, vocab, (40,), generator=torch.Generator().manual_seed(7)).tolist()
+    prompts = [shared + [5, 6, 7], shared + [900], _prompts(vocab, seed=2)[1]]
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    first = engine.generate(prompts, params)  # 16 tokens a step: the prompts are prefilled in chunks
+    again = engine.generate(prompts[:2], params)  # the shared prefix from the prefix cache
+    assert engine.prefix_cache.hit_tokens >= 32
+    for prompt, out in zip(prompts, first):
+        assert out.token_ids == _hf_greedy(hf, prompt, 10)
+    assert [o.token_ids for o in again] == [o.token_ids for o in first[:2]]
+    assert engine.kv_cache.num_free_pages == engine.kv_cache.num_usable_pages
+
+
+@pytest.mark.parametrize("weight_dtype", ["bfloat16", "int8", "fp8", "int4"])
+def test_moe_weight_formats_match_the_reference_backend(moe_checkpoint: Path, weight_dtype: str) -> None:
+    engines = {b: InferenceEngine.from_pretrained(moe_checkpoint, device="cpu", dtype="float32",
+                                                  weight_dtype=weight_dtype, backend=b, enable_prefix_caching=False)
+               for b in ("mojo", "reference")}
+    layer = next(layer for layer in engines["mojo"].model.layers if layer.router is not None)
+    kind = {"int4": Int4Weight, "int8": QuantizedWeight, "fp8": QuantizedWeight}.get(weight_dtype, torch.Tensor)
+    assert isinstance(layer.experts_gate_up, kind) and isinstance(layer.experts_down, kind)
+    prompts = _prompts(engines["mojo"].model.config.vocab_size, seed=4)
+    logits = [_Batch(e.model, 1).forward([prompts[2]], all_logits=True) for e in engines.values()]
+    assert _rel_err(logits[0], logits[1]) < 1e-3
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    assert ([o.token_ids for o in engines["mojo"].generate(prompts, params)]
+            == [o.token_ids for o in engines["reference"].generate(prompts, params)])
+
+
+def test_mili_serve_serves_a_moe_checkpoint(tmp_path: Path) -> None:
+    checkpoint = build_random_checkpoint(tmp_path / "moe", seed=5, **MOE_SHAPES["normalized_dense_layer"])
+    port = _free_port()
+    cmd = [sys.executable, "-m", "python_layer.cli", "serve", "--model", str(checkpoint), "--port", str(port),
+           "--served-model-name", "tiny-moe", "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "mili serve did not become ready"
+            time.sleep(0.2)
+        chat = httpx.post(url + "/v1/chat/completions", timeout=60, json={
+            "model": "tiny-moe", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 6,
+            "temperature": 0})
+        assert chat.status_code == 200, chat.text
+        assert chat.json()["usage"]["completion_tokens"] == 6
+        with httpx.stream("POST", url + "/v1/completions", timeout=60, json={
+                "model": "tiny-moe", "prompt": "Once upon", "max_tokens": 5, "stream": True, "ignore_eos": True}) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        assert sum(bool(e["choices"][0]["text"]) or e["choices"][0]["finish_reason"] for e in events) >= 1
+        assert events[-1]["choices"][0]["finish_reason"] == "length"
+    finally:
+        proc.terminate()
+        proc.wait(60)
