@@ -17,7 +17,7 @@ from transformers import Qwen3MoeForCausalLM
 
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.loader import load_model
-from python_layer.model.quantization import Int4Weight, QuantizedWeight
+from python_layer.model.quantization import Int4Weight, QuantizedWeight, write_fp8_checkpoint
 from python_layer.model.random_checkpoint import build_random_checkpoint
 from tests.integration.test_parity import _Batch, _prompts, _rel_err
 from tests.server.test_lifecycle import _free_port
@@ -36,10 +36,18 @@ MOE_SHAPES = {
 }
 
 
+def _checkpoint(factory: pytest.TempPathFactory, shape: str) -> Path:
+    return build_random_checkpoint(factory.mktemp("moe") / shape, seed=3, **MOE_SHAPES[shape])
+
+
 @pytest.fixture(scope="module", params=sorted(MOE_SHAPES))
 def moe_checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("moe") / request.param
-    return build_random_checkpoint(path, seed=3, **MOE_SHAPES[request.param])
+    return _checkpoint(tmp_path_factory, request.param)
+
+
+@pytest.fixture(scope="module")
+def moe_dense_layer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _checkpoint(tmp_path_factory, "normalized_dense_layer")
 
 
 def _hf(path: Path) -> Qwen3MoeForCausalLM:
@@ -95,14 +103,24 @@ def test_moe_greedy_tokens_with_chunked_prefill_and_prefix_hits(moe_checkpoint: 
     assert engine.kv_cache.num_free_pages == engine.kv_cache.num_usable_pages
 
 
-@pytest.mark.parametrize("weight_dtype", ["bfloat16", "int8", "fp8", "int4"])
-def test_moe_weight_formats_match_the_reference_backend(moe_checkpoint: Path, weight_dtype: str) -> None:
-    engines = {b: InferenceEngine.from_pretrained(moe_checkpoint, device="cpu", dtype="float32",
-                                                  weight_dtype=weight_dtype, backend=b, enable_prefix_caching=False)
+@pytest.mark.parametrize("weight_dtype", [pytest.param("bfloat16", marks=pytest.mark.slow), "int8",
+                                          pytest.param("fp8", marks=pytest.mark.slow), "int4", "fp8-checkpoint"])
+def test_moe_weight_formats_match_the_reference_backend(moe_dense_layer: Path, weight_dtype: str,
+                                                        tmp_path: Path) -> None:
+    """Every CPU format through mili_moe (the kernel tests cover each on its own); "fp8-checkpoint": one in the
+    layout of Qwen's FP8 releases (Qwen3-30B-A3B-FP8: each expert's projections FP8 with weight_scale_inv),
+    loaded with no flag."""
+    path, options = moe_dense_layer, dict(weight_dtype=weight_dtype)
+    if weight_dtype == "fp8-checkpoint":
+        path, options = write_fp8_checkpoint(moe_dense_layer, tmp_path / "fp8"), {}
+    engines = {b: InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", backend=b,
+                                                  enable_prefix_caching=False, **options)
                for b in ("mojo", "reference")}
     layer = next(layer for layer in engines["mojo"].model.layers if layer.router is not None)
-    kind = {"int4": Int4Weight, "int8": QuantizedWeight, "fp8": QuantizedWeight}.get(weight_dtype, torch.Tensor)
+    kind = {"int4": Int4Weight, "bfloat16": torch.Tensor}.get(weight_dtype, QuantizedWeight)
     assert isinstance(layer.experts_gate_up, kind) and isinstance(layer.experts_down, kind)
+    if weight_dtype.startswith("fp8"):
+        assert layer.experts_gate_up.weight.dtype == torch.float8_e4m3fn
     prompts = _prompts(engines["mojo"].model.config.vocab_size, seed=4)
     logits = [_Batch(e.model, 1).forward([prompts[2]], all_logits=True) for e in engines.values()]
     assert _rel_err(logits[0], logits[1]) < 1e-3
@@ -111,8 +129,8 @@ def test_moe_weight_formats_match_the_reference_backend(moe_checkpoint: Path, we
             == [o.token_ids for o in engines["reference"].generate(prompts, params)])
 
 
-def test_mili_serve_serves_a_moe_checkpoint(tmp_path: Path) -> None:
-    checkpoint = build_random_checkpoint(tmp_path / "moe", seed=5, **MOE_SHAPES["normalized_dense_layer"])
+def test_mili_serve_serves_a_moe_checkpoint(moe_dense_layer: Path) -> None:
+    checkpoint = moe_dense_layer
     port = _free_port()
     cmd = [sys.executable, "-m", "python_layer.cli", "serve", "--model", str(checkpoint), "--port", str(port),
            "--served-model-name", "tiny-moe", "--log-level", "warning"]
