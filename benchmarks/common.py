@@ -14,23 +14,30 @@ from typing import Optional, Sequence
 import torch
 
 from bindings.gpu_options import GpuOptions
-from python_layer.model.random_checkpoint import QWEN3_0_6B_SHAPE, build_random_checkpoint, cache_dir
+from python_layer.model.random_checkpoint import (
+    QWEN3_0_6B_SHAPE, QWEN3_30B_A3B_SHAPE, build_random_checkpoint, cache_dir,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+RANDOM_MODELS = {
+    "qwen3-0.6b-random": QWEN3_0_6B_SHAPE,
+    "qwen3-30b-a3b-4-layers-random": {**QWEN3_30B_A3B_SHAPE, "num_hidden_layers": 4},
+}
+"""Random-weight checkpoints --model may name: built once (bfloat16) into the cache."""
+
+
 def model_path(model: Optional[str]) -> str:
-    """The --model given, else Qwen3-0.6B's exact shapes with random bfloat16 weights (built once, 1.2 GB)."""
-    if model:
-        return model
-    path = cache_dir() / "models" / "qwen3-0.6b-random"
+    """The --model given: a checkpoint directory, or one of RANDOM_MODELS (default: Qwen3-0.6B's exact shapes, 1.2
+    GB; 4 layers of Qwen3-30B-A3B's shapes, 6.1 GB)."""
+    name = model or "qwen3-0.6b-random"
+    if name not in RANDOM_MODELS:
+        return name
+    path = cache_dir() / "models" / name
     if not (path / "config.json").is_file():
-        print(
-            f"building the random-weight Qwen3-0.6B-shaped checkpoint into {path} (first run only)",
-            file=sys.stderr,
-            flush=True,
-        )
-        build_random_checkpoint(path, seed=0, dtype=torch.bfloat16, **QWEN3_0_6B_SHAPE)
+        print(f"building the random-weight checkpoint {name} into {path} (first run only)", file=sys.stderr, flush=True)
+        build_random_checkpoint(path, seed=0, dtype=torch.bfloat16, **RANDOM_MODELS[name])
     return str(path)
 
 

@@ -502,6 +502,8 @@ def moe(x: torch.Tensor, logits: torch.Tensor, top_k: int, normalize: bool, inte
         raise ValueError(f"moe: the mixture-of-experts kernels run on a CPU, got x on {x.device}")
     if len(gate_up) != len(down) or not 1 <= len(gate_up) <= 3:
         raise ValueError("moe: gate_up and down are each (weight,), (weight, scales) or (packed, scales, mins)")
+    if gate_up[0].dim() != down[0].dim():
+        raise ValueError("moe: gate_up and down must be both tiled or both [E, N, K] (one layout for both)")
     flat = lambda t: _c(t).view(t.shape[0], -1)
     params = torch.tensor([block_k, top_k, int(normalize), int(gate_up[0].dim() > 3), inter], dtype=torch.int32)
     y = torch.empty_like(x, memory_format=torch.contiguous_format)

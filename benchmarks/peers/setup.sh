@@ -71,14 +71,16 @@ PYTHONPATH="$SITE" "$PY" -c 'import gguf' 2>/dev/null || \
 # 3. the GGUFs, written by llama.cpp's converter (it reads config.json, the safetensors and the tokenizer files)
 OUT="$WORK/gguf/$(basename "$CKPT")"
 mkdir -p "$OUT"
+# GGUF_TYPES: the files to write (default all; the 4-bit ones are quantized from f32)
+TYPES="${GGUF_TYPES:-f32 bf16 q8_0 q4_0 q4_k_m}"
 for t in f32 bf16 q8_0; do
-    if [ ! -s "$OUT/$t.gguf" ]; then
+    if [[ " $TYPES " == *" $t "* ]] && [ ! -s "$OUT/$t.gguf" ]; then
         PYTHONPATH="$SITE" "$PY" "$LLAMA_CPP/convert_hf_to_gguf.py" "$CKPT" --outtype "$t" --outfile "$OUT/$t.gguf.part"
         mv "$OUT/$t.gguf.part" "$OUT/$t.gguf"
     fi
 done
 for t in q4_0 q4_k_m; do
-    if [ ! -s "$OUT/$t.gguf" ]; then
+    if [[ " $TYPES " == *" $t "* ]] && [ ! -s "$OUT/$t.gguf" ]; then
         "$BIN/llama-quantize" "$OUT/f32.gguf" "$OUT/$t.gguf.part" "$(echo $t | tr a-z A-Z)" "$(nproc)" >/dev/null 2>&1
         mv "$OUT/$t.gguf.part" "$OUT/$t.gguf"
     fi

@@ -4,7 +4,7 @@ compiled MAX graph on the Mojo kernels (qwen3_graph.py) or op by op in PyTorch (
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import Optional, Protocol, Sequence
 
 import torch
 
@@ -147,28 +147,35 @@ class Qwen3CausalLM:
         return lm_head_dtype(self.weight_dtype)
 
     def _linear(self, loader: WeightLoader, *names: str, weight_dtype: Optional[str] = None) -> LinearWeight:
-        return self._placed(self._formatted(loader, *names, weight_dtype=weight_dtype))
+        return self._placed(self._tiled(self._formatted(loader, *names, weight_dtype=weight_dtype)))
 
-    def _experts(self, loader: WeightLoader, *suffixes: str) -> LinearWeight:
-        """The experts' weights of suffixes (`{e}.gate_proj.weight` ...), stacked along a first dimension."""
-        return self._placed(stack_experts([self._formatted(loader, *(s.format(e=e) for s in suffixes))
-                                           for e in range(self.config.num_experts)]))
+    def _experts(self, loader: WeightLoader, gate_up: Sequence[str], down: Sequence[str]) -> tuple:
+        """The experts' gate_up and down weights (names with `{e}`), each stacked along a first dimension; tiled
+        when both can be (mili_moe reads both in one layout)."""
+        stacks = []
+        for names in (gate_up, down):
+            stacks.append([self._formatted(loader, *(n.format(e=e) for n in names))
+                           for e in range(self.config.num_experts)])
+        tile = all(self._tiled(s[0]) is not s[0] for s in stacks)
+        return tuple(self._placed(stack_experts([self._tiled(w) if tile else w for w in s])) for s in stacks)
 
     def _formatted(self, loader: WeightLoader, *names: str, weight_dtype: Optional[str] = None) -> LinearWeight:
         parts = [loader.get_linear(n) for n in names]
         weight_dtype = weight_dtype or self.weight_dtype
         if self._dense_unless_int4 and not any(isinstance(p, Int4Weight) for p in parts):
             weight_dtype = str(self.dtype).split(".")[-1]
-        weight = convert(cat_rows(parts), weight_dtype, self.dtype)
+        return convert(cat_rows(parts), weight_dtype, self.dtype)
+
+    def _tiled(self, weight: LinearWeight) -> LinearWeight:
+        """weight in the order the Mojo decode kernel reads it, where it has one (else weight itself)."""
         if self.backend != "mojo" or self.device.type != "cpu":
             return weight
-        # in the order the Mojo decode kernel reads it (bindings/reference.tile_weight; batch-1 decode 1.1-1.3x faster):
-        # bfloat16, and int8 where the kernel reads several of its rows at a time. float32 stays [N, K]: its
-        # kernel streams as fast without, and slower with.
+        # bindings/reference.tile_weight (batch-1 decode 1.1-1.3x faster): bfloat16, and int8 where the kernel reads
+        # several of its rows at a time. float32 stays [N, K]: its kernel streams as fast without, and slower with.
         if isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16 and can_tile(weight):
-            weight = tile_weight(weight)
+            return tile_weight(weight)
         if isinstance(weight, QuantizedWeight) and _tiles_int8(weight):
-            weight = weight._replace(weight=tile_weight(weight.weight))
+            return weight._replace(weight=tile_weight(weight.weight))
         return weight
 
     def _placed(self, weight: LinearWeight) -> LinearWeight:
@@ -205,13 +212,10 @@ class Qwen3CausalLM:
 
     def _sparse_mlp(self, loader: WeightLoader, i: int) -> dict:
         experts = f"model.layers.{i}.mlp.experts.{{e}}."
-        return dict(
-            gate_up_proj=None,
-            down_proj=None,
-            router=loader.get_weight(f"model.layers.{i}.mlp.gate.weight").to(self.dtype),
-            experts_gate_up=self._experts(loader, experts + "gate_proj.weight", experts + "up_proj.weight"),
-            experts_down=self._experts(loader, experts + "down_proj.weight"),
-        )
+        gate_up, down = self._experts(loader, (experts + "gate_proj.weight", experts + "up_proj.weight"),
+                                      (experts + "down_proj.weight",))
+        router = loader.get_weight(f"model.layers.{i}.mlp.gate.weight").to(self.dtype)
+        return dict(gate_up_proj=None, down_proj=None, router=router, experts_gate_up=gate_up, experts_down=down)
 
     def new_kv_cache(self, num_pages: int, page_size: int = DEFAULT_PAGE_SIZE) -> PagedKVCache:
         return PagedKVCache.for_model(self.config, num_pages, page_size, dtype=self.kv_cache_dtype, device=self.device)

@@ -24,6 +24,9 @@ BUILTIN = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_
                num_key_value_heads=4, head_dim=64, tie_word_embeddings=True)
 QWEN3_0_6B_SHAPE = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                         num_key_value_heads=8, head_dim=128, tie_word_embeddings=True)
+QWEN3_30B_A3B_SHAPE = dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=48, num_attention_heads=32,
+                           num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+                           moe_intermediate_size=768, norm_topk_prob=True, tie_word_embeddings=False)
 BUILTIN_NAME = "mili-random-qwen3-256h4l-v1"
 
 
@@ -49,7 +52,8 @@ def build_random_checkpoint(
         "initializer_range": 0.1, "bos_token_id": 151643, "eos_token_id": 151645, **config_overrides,
     })
     torch.manual_seed(seed)
-    model = (Qwen3MoeForCausalLM if moe else Qwen3ForCausalLM)(config)
+    # a MoE is made in its dtype at once: Qwen3-30B-A3B's layers are 1.2 GB each in float32
+    model = Qwen3MoeForCausalLM._from_config(config, dtype=dtype) if moe else Qwen3ForCausalLM(config)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):

@@ -19,6 +19,7 @@ from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.loader import load_model
 from python_layer.model.quantization import Int4Weight, QuantizedWeight, write_fp8_checkpoint
 from python_layer.model.random_checkpoint import build_random_checkpoint
+from tests.engine_checks import no_request_holds_pages
 from tests.integration.test_parity import _Batch, _prompts, _rel_err
 from tests.server.test_lifecycle import _free_port
 
@@ -100,7 +101,7 @@ def test_moe_greedy_tokens_with_chunked_prefill_and_prefix_hits(moe_checkpoint: 
     for prompt, out in zip(prompts, first):
         assert out.token_ids == _hf_greedy(hf, prompt, 10)
     assert [o.token_ids for o in again] == [o.token_ids for o in first[:2]]
-    assert engine.kv_cache.num_free_pages == engine.kv_cache.num_usable_pages
+    assert no_request_holds_pages(engine)
 
 
 @pytest.mark.parametrize("weight_dtype", [pytest.param("bfloat16", marks=pytest.mark.slow), "int8",
@@ -123,7 +124,9 @@ def test_moe_weight_formats_match_the_reference_backend(moe_dense_layer: Path, w
         assert layer.experts_gate_up.weight.dtype == torch.float8_e4m3fn
     prompts = _prompts(engines["mojo"].model.config.vocab_size, seed=4)
     logits = [_Batch(e.model, 1).forward([prompts[2]], all_logits=True) for e in engines.values()]
-    assert _rel_err(logits[0], logits[1]) < 1e-3
+    # the experts' sums in another order than torch's; where x is rounded for the weights (bfloat16, int8 blocks: a
+    # step of 1/127), a value on a rounding boundary may land a step apart
+    assert _rel_err(logits[0], logits[1]) < (1e-3 if weight_dtype.startswith("fp8") else 2e-2)
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     assert ([o.token_ids for o in engines["mojo"].generate(prompts, params)]
             == [o.token_ids for o in engines["reference"].generate(prompts, params)])
