@@ -51,9 +51,8 @@ def cpu_cases() -> list:
     cases = []
     for c in kernel_cases():
         cases.append(pytest.param("eager", *c.values, id=f"eager-{c.id}", marks=c.marks))
-        # 8-bit caches' graphs: the model tests'; mili_moe's: int8 and int4 here, the model tests' float32
-        fast = (c.values[1] == torch.bfloat16 and not eight_bit_kv_case(c)
-                and not (c.id.startswith("moe-") and not c.values[2][1].startswith(("int8", "int4"))))
+        # the graphs of 8-bit caches and of mili_moe run in the model tests (test_weight_formats.py, test_moe.py)
+        fast = c.values[1] == torch.bfloat16 and not eight_bit_kv_case(c) and not c.id.startswith("moe-")
         slow = [] if fast else [pytest.mark.slow]
         cases.append(pytest.param("graph", *c.values, id=f"graph-{c.id}", marks=[*c.marks, *slow]))
     return cases
