@@ -3,6 +3,10 @@ at its engine), serving the tiny checkpoint on the Mojo backend."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -75,3 +79,28 @@ class LiveServer:
         self.client.close()
         self.server.should_exit = True
         self.thread.join(60)
+
+
+def start_mili_serve(checkpoint: Path, *options: str) -> tuple[subprocess.Popen, str]:
+    """`mili serve --model checkpoint [options]` in a process of its own on a free port, once its /health answers
+    200: (the process, its URL); the caller ends the process."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "python_layer.cli", "serve", "--model", str(checkpoint), "--port", str(port),
+           "--log-level", "warning", *options]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(proc.stdout.read())
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("mili serve did not become ready")
+        time.sleep(0.2)

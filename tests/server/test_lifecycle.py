@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.live_server import MODEL_NAME, LiveServer, tiny_loader
+from tests.server.live_server import MODEL_NAME, LiveServer, start_mili_serve, tiny_loader
 
 # Holds the engine for seconds whatever the random weights say: /generate has no ignore_eos, so /v1/completions.
 LONG = {"prompt": "tell me everything", "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True}
@@ -109,30 +105,11 @@ def test_disconnects_abort_requests_and_free_pages(server: LiveServer) -> None:
     assert aborted and float(aborted[0].rsplit(" ", 1)[1]) >= 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_mili_serve_shuts_down_gracefully(tiny_checkpoint: Path, sig: signal.Signals) -> None:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "python_layer.cli", "serve", "--model", str(tiny_checkpoint), "--port", str(port),
-           "--kv-pages", "1024", "--served-model-name", MODEL_NAME, "--shutdown-timeout", "2", "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
-    url = f"http://127.0.0.1:{port}"
+    proc, url = start_mili_serve(tiny_checkpoint, "--kv-pages", "1024", "--served-model-name", MODEL_NAME,
+                                 "--shutdown-timeout", "2")
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "mili serve did not become ready"
-            time.sleep(0.2)
         with httpx.stream("POST", url + "/v1/completions", json={**LONG, "max_tokens": 5000}, timeout=60) as stream:
             lines = stream.iter_lines()
             next(line for line in lines if line.startswith("data: "))
