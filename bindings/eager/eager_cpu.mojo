@@ -21,7 +21,7 @@ from mojo_kernels.core.attention.cpu import attention_cpu
 from mojo_kernels.core.attention.qkv_attention import check_qkv_attention, qkv_attention_cpu
 from mojo_kernels.core.linear import check_linear, check_linear_tiled, linear_cpu, I8_TILED
 from mojo_kernels.core.linear_int4 import check_linear_int4, linear_int4_cpu
-from mojo_kernels.core.moe import check_moe, moe_dense_cpu, moe_int4_cpu
+from mojo_kernels.core.moe import check_moe, check_moe_params, moe_dense_cpu, moe_int4_cpu
 from mojo_kernels.core.normalization import check_norm, norm_rows_cpu
 from mojo_kernels.core.qk_norm_rope import check_qk_norm_rope_store, qk_norm_rope_store_cpu
 from mojo_kernels.core.rope import check_rope, rope_cpu
@@ -284,10 +284,12 @@ def moe[a_type: DType, w_type: DType](mut args: Args) raises:
     var y, x, logits = args.tensor[a_type, 2](), args.tensor[a_type, 2](), args.tensor[a_type, 2]()
     var gate_up, gate_up_scales = args.tensor[w_type, 2](), args.tensor[F32, 2]()
     var down, down_scales = args.tensor[w_type, 2](), args.tensor[F32, 2]()
-    var p = args.tensor[I32, 1]().ptr()
+    var params = args.tensor[I32, 1]()
+    var p = params.ptr()
     args.done("moe")
     check_moe(x.dims[0], x.dims[1], y.dims[0], y.dims[1], logits.dims[0], logits.dims[1], gate_up.dims[0],
-              down.dims[0], Int(p.unsafe_load(1)), Int(p.unsafe_load(4)))
+              down.dims[0], params.dims[0])
+    check_moe_params(logits.dims[1], Int(p.unsafe_load(1)), Int(p.unsafe_load(4)))
     moe_dense_cpu[a_type, w_type](runner, y.ptr(), x.ptr(), logits.ptr(), gate_up.ptr(), gate_up_scales.ptr(),
                                   down.ptr(), down_scales.ptr(), x.dims[0], x.dims[1], logits.dims[1], gate_up.dims[1],
                                   gate_up_scales.dims[1], down.dims[1], down_scales.dims[1], p)
@@ -298,10 +300,12 @@ def moe_int4[a_type: DType](mut args: Args) raises:
     var y, x, logits = args.tensor[a_type, 2](), args.tensor[a_type, 2](), args.tensor[a_type, 2]()
     var gate_up, gate_up_scales, gate_up_mins = args.tensor[DType.uint8, 2](), args.tensor[F32, 2](), args.tensor[F32, 2]()
     var down, down_scales, down_mins = args.tensor[DType.uint8, 2](), args.tensor[F32, 2](), args.tensor[F32, 2]()
-    var p = args.tensor[I32, 1]().ptr()
+    var params = args.tensor[I32, 1]()
+    var p = params.ptr()
     args.done("moe_int4")
     check_moe(x.dims[0], x.dims[1], y.dims[0], y.dims[1], logits.dims[0], logits.dims[1], gate_up.dims[0],
-              down.dims[0], Int(p.unsafe_load(1)), Int(p.unsafe_load(4)))
+              down.dims[0], params.dims[0])
+    check_moe_params(logits.dims[1], Int(p.unsafe_load(1)), Int(p.unsafe_load(4)))
     moe_int4_cpu[a_type](runner, y.ptr(), x.ptr(), logits.ptr(), gate_up.ptr(), gate_up_scales.ptr(), gate_up_mins.ptr(),
                          down.ptr(), down_scales.ptr(), down_mins.ptr(), x.dims[0], x.dims[1], logits.dims[1],
                          gate_up.dims[1], gate_up_scales.dims[1], down.dims[1], down_scales.dims[1], p)

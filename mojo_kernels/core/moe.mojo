@@ -7,18 +7,17 @@
 # CPU: route every token; group its (token, slot) pairs by expert; then, for each expert some token chose, gather
 # its tokens' rows of x into one block and run that block through the expert's gate_up, silu_and_mul and down on
 # the linear kernels (so each chosen expert's weights are streamed once a step, for all its tokens, and the others
-# not at all), then add each row back into its token's float32 sum times its weight. With a few rows an expert
-# (decode) the workers take whole experts each, one parallel launch for all; with more (prefill) the experts run in
-# turn, each linear parallel over its rows of weights.
+# not at all: a decode step reads top_k experts a token; a prefill runs each expert's linears on its block of rows),
+# then add each row back into its token's float32 sum times its weight.
 # GPU: none yet (a qwen3_moe model refuses to load on a GPU).
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
 from std.math import ceildiv, exp
 
-from ..utils.parallel import ChunkTask, MojoThreads, OneThread, Runner
+from ..utils.parallel import MojoThreads, Runner
 from ..utils.types import addr, ptr, Addr, F32, Ptr, check_same, is_fp8
 from .activations import silu_and_mul_cpu
-from .linear import _data, linear_cpu, DECODE_ROWS
+from .linear import _data, linear_cpu
 from .linear_int4 import linear_int4_cpu, RUN, packed_tile_bytes
 
 comptime MOE_PARAMS = 5
@@ -99,113 +98,67 @@ def _route[a_type: DType](logits: Ptr[a_type], t: Int, e_count: Int, top_k: Int,
                 weights.unsafe_store(i * top_k + j, weights.unsafe_load(i * top_k + j) / chosen)
 
 
-struct _Blocks[a_type: DType](ImplicitlyCopyable):
-    """The (token, slot) pairs grouped by expert, and each group's rows through the expert's MLP: pair order[q]
-    (= token * top_k + slot) is row q of every buffer (xe: x's rows; gate_up, act, down: the MLP's), expert e's rows
-    are start[e] .. start[e + 1]."""
-
-    var x: Addr[Self.a_type]
-    var xe: Addr[Self.a_type]
-    var gate_up: Addr[Self.a_type]
-    var act: Addr[Self.a_type]
-    var down: Addr[Self.a_type]
-    var start: Addr[DType.int32]
-    var order: Addr[DType.int32]
-    var top_k: Int
-
-    def __init__(out self, x: Ptr[Self.a_type], xe: Ptr[Self.a_type], gate_up: Ptr[Self.a_type],
-                 act: Ptr[Self.a_type], down: Ptr[Self.a_type], start: Ptr[DType.int32], order: Ptr[DType.int32],
-                 top_k: Int):
-        self.x, self.xe, self.gate_up, self.act, self.down = addr(x), addr(xe), addr(gate_up), addr(act), addr(down)
-        self.start, self.order, self.top_k = addr(start), addr(order), top_k
-
-    def run_expert[w_type: DType, tiled: Bool, packed: Bool, R: Runner](
-        self, runner: R, experts: _Experts[w_type, tiled, packed], e: Int
-    ):
-        """Expert e's rows of x gathered, then gate_up, silu_and_mul and down on them."""
-        var first, h, inter = Int(ptr(self.start).unsafe_load(e)), experts.hidden, experts.inter
-        var rows = Int(ptr(self.start).unsafe_load(e + 1)) - first
-        var xe = ptr(self.xe).unsafe_offset(first * h)
-        for r in range(rows):
-            var token = Int(ptr(self.order).unsafe_load(first + r)) // self.top_k
-            for c in range(h):
-                xe.unsafe_store(r * h + c, ptr(self.x).unsafe_load(token * h + c))
-        var gate_up, act = ptr(self.gate_up).unsafe_offset(first * 2 * inter), ptr(self.act).unsafe_offset(first * inter)
-        experts.run[Self.a_type, R, True](runner, gate_up, xe, rows, e)
-        silu_and_mul_cpu[Self.a_type](runner, act, gate_up, rows, inter)
-        experts.run[Self.a_type, R, False](runner, ptr(self.down).unsafe_offset(first * h), act, rows, e)
-
-
-struct _ExpertsAtOnce[a_type: DType, w_type: DType, tiled: Bool, packed: Bool](ChunkTask):
-    """Item: the i-th chosen expert's rows, on the worker's thread alone (a few rows an expert: each worker streams
-    whole experts, one parallel launch a layer instead of three an expert)."""
-
-    var blocks: _Blocks[Self.a_type]
-    var experts: _Experts[Self.w_type, Self.tiled, Self.packed]
-    var chosen: Addr[DType.int32]
-
-    def __init__(out self, blocks: _Blocks[Self.a_type], experts: _Experts[Self.w_type, Self.tiled, Self.packed],
-                 chosen: Ptr[DType.int32]):
-        self.blocks, self.experts, self.chosen = blocks, experts, addr(chosen)
-
-    def run(self, item: Int):
-        self.blocks.run_expert(OneThread(), self.experts, Int(ptr(self.chosen).unsafe_load(item)))
-
-
 def moe_cpu[a_type: DType, w_type: DType, tiled: Bool, packed: Bool, R: Runner](
     runner: R, y: Ptr[a_type], x: Ptr[a_type], logits: Ptr[a_type], experts: _Experts[w_type, tiled, packed], t: Int,
     e_count: Int, top_k: Int, normalize: Bool,
 ):
-    var h, inter, pairs = experts.hidden, experts.inter, t * top_k
+    var h, inter = experts.hidden, experts.inter
     if t == 0:
         return
-    var ids = List[Int32](length=pairs, fill=0)
-    var weights = List[Float32](length=pairs, fill=0)
+    var ids = List[Int32](length=t * top_k, fill=0)
+    var weights = List[Float32](length=t * top_k, fill=0)
     _route(logits, t, e_count, top_k, normalize, _data(ids), _data(weights))
-    var start = List[Int32](length=e_count + 1, fill=0)
-    for p in range(pairs):
+    # the (token, slot) pairs grouped by expert: expert e's are order[start[e] : start[e + 1]]
+    var start = List[Int](length=e_count + 1, fill=0)
+    for p in range(t * top_k):
         start[Int(ids[p]) + 1] += 1
-    var chosen = List[Int32]()
     var most = 0
     for e in range(e_count):
-        if start[e + 1] > 0:
-            chosen.append(Int32(e))
-        most = max(most, Int(start[e + 1]))
+        most = max(most, start[e + 1])
         start[e + 1] += start[e]
-    var filled = List[Int32](length=e_count, fill=0)
-    var order = List[Int32](length=pairs, fill=0)
-    for p in range(pairs):
+    var filled = List[Int](length=e_count, fill=0)
+    var order = List[Int](length=t * top_k, fill=0)
+    for p in range(t * top_k):
         var e = Int(ids[p])
-        order[Int(start[e] + filled[e])] = Int32(p)
+        order[start[e] + filled[e]] = p
         filled[e] += 1
-    var xe = List[Scalar[a_type]](length=pairs * h, fill=0)
-    var gate_up = List[Scalar[a_type]](length=pairs * 2 * inter, fill=0)
-    var act = List[Scalar[a_type]](length=pairs * inter, fill=0)
-    var down = List[Scalar[a_type]](length=pairs * h, fill=0)
-    var blocks = _Blocks[a_type](x, _data(xe), _data(gate_up), _data(act), _data(down), _data(start), _data(order),
-                                 top_k)
-    if most <= DECODE_ROWS:
-        runner.run(_ExpertsAtOnce(blocks, experts, _data(chosen)), len(chosen), False)
-    else:
-        for e in chosen:
-            blocks.run_expert(runner, experts, Int(e))
+    var xe = List[Scalar[a_type]](length=most * h, fill=0)
+    var gate_up = List[Scalar[a_type]](length=most * 2 * inter, fill=0)
+    var act = List[Scalar[a_type]](length=most * inter, fill=0)
+    var out = List[Scalar[a_type]](length=most * h, fill=0)
     var acc = List[Float32](length=t * h, fill=0)
-    for q in range(pairs):
-        var p = Int(order[q])
-        var token, weight = p // top_k, weights[p]
-        for c in range(h):
-            acc[token * h + c] += weight * down[q * h + c].cast[F32]()
+    for e in range(e_count):
+        var rows = start[e + 1] - start[e]
+        if rows == 0:
+            continue
+        for r in range(rows):
+            var token = order[start[e] + r] // top_k
+            for c in range(h):
+                xe[r * h + c] = x.unsafe_load(token * h + c)
+        experts.run[a_type, R, True](runner, _data(gate_up), _data(xe), rows, e)
+        silu_and_mul_cpu[a_type](runner, _data(act), _data(gate_up), rows, inter)
+        experts.run[a_type, R, False](runner, _data(out), _data(act), rows, e)
+        for r in range(rows):
+            var p = order[start[e] + r]
+            var token, weight = p // top_k, weights[p]
+            for c in range(h):
+                acc[token * h + c] += weight * out[r * h + c].cast[F32]()
     for i in range(t * h):
         y.unsafe_store(i, acc[i].cast[a_type]())
 
 
 def check_moe(t: Int, h: Int, y_t: Int, y_h: Int, logit_rows: Int, e_count: Int, gate_up_experts: Int,
-              down_experts: Int, top_k: Int, inter: Int) raises:
+              down_experts: Int, params: Int) raises:
+    """params: the params tensor's length; check its values with check_moe_params."""
     check_same["moe"](y_t, t, "output rows", "x rows")
     check_same["moe"](y_h, h, "output columns", "x columns")
     check_same["moe"](logit_rows, t, "router logit rows", "x rows")
     check_same["moe"](gate_up_experts, e_count, "gate_up's experts", "router logit columns")
     check_same["moe"](down_experts, e_count, "down's experts", "router logit columns")
+    check_same["moe"](params, MOE_PARAMS, "params", "5 (block_k, top_k, normalize, tiled, I)")
+
+
+def check_moe_params(e_count: Int, top_k: Int, inter: Int) raises:
     if top_k < 1 or top_k > e_count:
         raise Error("moe: top_k must be in 1..", e_count, " (the experts), got ", top_k)
     if inter < 1:
@@ -300,7 +253,8 @@ struct Moe:
             var t, h, e_count = x.dim_size[0](), x.dim_size[1](), logits.dim_size[1]()
             var p = params.unsafe_ptr()
             check_moe(t, h, y.dim_size[0](), y.dim_size[1](), logits.dim_size[0](), e_count, gate_up.dim_size[0](),
-                      down.dim_size[0](), Int(p.unsafe_load(1)), Int(p.unsafe_load(4)))
+                      down.dim_size[0](), params.dim_size[0]())
+            check_moe_params(e_count, Int(p.unsafe_load(1)), Int(p.unsafe_load(4)))
             moe_dense_cpu[a_type, w_type](
                 MojoThreads(ctx), y.unsafe_ptr(), x.unsafe_ptr(), logits.unsafe_ptr(), gate_up.unsafe_ptr(),
                 gate_up_scales.unsafe_ptr(), down.unsafe_ptr(), down_scales.unsafe_ptr(), t, h, e_count,
@@ -330,7 +284,8 @@ struct MoeInt4:
             var t, h, e_count = x.dim_size[0](), x.dim_size[1](), logits.dim_size[1]()
             var p = params.unsafe_ptr()
             check_moe(t, h, y.dim_size[0](), y.dim_size[1](), logits.dim_size[0](), e_count, gate_up.dim_size[0](),
-                      down.dim_size[0](), Int(p.unsafe_load(1)), Int(p.unsafe_load(4)))
+                      down.dim_size[0](), params.dim_size[0]())
+            check_moe_params(e_count, Int(p.unsafe_load(1)), Int(p.unsafe_load(4)))
             moe_int4_cpu[a_type](
                 MojoThreads(ctx), y.unsafe_ptr(), x.unsafe_ptr(), logits.unsafe_ptr(), gate_up.unsafe_ptr(),
                 gate_up_scales.unsafe_ptr(), gate_up_mins.unsafe_ptr(), down.unsafe_ptr(), down_scales.unsafe_ptr(),

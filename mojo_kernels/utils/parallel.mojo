@@ -53,16 +53,6 @@ def _items_left(state: Int64) -> Int:
     return Int(state & 0xFFFFFFFF) - Int(state >> 32)
 
 
-struct OneThread(Runner):
-    """Runs every item on the calling thread: the Runner of the work inside one item of another parallel loop."""
-
-    def __init__(out self):
-        pass
-
-    def run[T: ChunkTask](self, task: T, items: Int, serial: Bool):
-        _on_this_thread(task, items)
-
-
 struct MojoThreads(Runner):
     var ctx: Optional[CpuContext]
     """The op's context: without one, every `parallelize` makes a DeviceContext of its own."""

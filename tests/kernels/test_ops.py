@@ -219,6 +219,18 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
         ops.linear_int4(torch.randn(2, 200), packed, torch.ones(8, 2), torch.ones(8, 1), 128)
     with pytest.raises(ValueError, match="packed weights are uint8"):
         ops.linear_int4(torch.randn(2, 200), packed.to(torch.int8), torch.ones(8, 2), torch.ones(8, 2), 128)
+    if cpu_path == "graph":  # mili_moe's graphs compile in the model tests (test_moe.py); its checks are shared
+        return
+    x, logits = torch.randn(3, 64), torch.randn(3, 5)
+    gate_up, down = (torch.randn(5, 80, 64),), (torch.randn(5, 64, 40),)
+    with pytest.raises(ValueError, match="top_k must be in 1..5"):
+        ops.moe(x, logits, 6, True, 40, gate_up, down)
+    with pytest.raises(ValueError, match="gate_up's elements per expert \\(5120\\) must equal 2 I x H \\(4096\\)"):
+        ops.moe(x, logits, 2, True, 32, gate_up, down)
+    with pytest.raises(ValueError, match="gate_up's experts \\(4\\) must equal router logit columns \\(5\\)"):
+        ops.moe(x, logits, 2, True, 40, (gate_up[0][:4],), down)
+    with pytest.raises(ValueError, match="both tiled or both"):
+        ops.moe(x, logits, 2, True, 40, (torch.ones(5, 20, 2, 4, 32, dtype=torch.bfloat16),), down)
 
 
 def test_gpu_compile_check_passes() -> None:
