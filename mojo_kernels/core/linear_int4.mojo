@@ -362,12 +362,20 @@ def packed_tile_bytes(k: Int, bits: Int) -> Int:
     return ceildiv(k, RUN) * NR * RUN * bits // 8
 
 
+def tile_bits(k: Int, tile_bytes: Int) -> Int:
+    """The bits (4 or 6) of a tile of `tile_bytes` bytes over K columns; 0 when neither."""
+    for bits in range(4, 7, 2):
+        if tile_bytes == packed_tile_bytes(k, bits):
+            return bits
+    return 0
+
+
 def check_linear_int4(m: Int, k: Int, n: Int, tiles: Int, tile_bytes: Int, y_m: Int, y_n: Int, scale_cols: Int,
                       min_rows: Int, min_cols: Int, block_k: Int) raises -> Int:
     """n: the scales' rows. Returns the weight's bits."""
     check_same["linear_int4"](tiles, ceildiv(n, NR), "the weight's tiles", "ceil(scale rows / 4)")
-    var bits = 6 if tile_bytes == packed_tile_bytes(k, 6) else 4
-    if bits == 4:
+    var bits = tile_bits(k, tile_bytes)
+    if bits == 0:
         check_same["linear_int4"](tile_bytes, packed_tile_bytes(k, 4),
                                   "the weight's bytes per tile", "256 (4 bits) or 384 (6 bits) per 128 columns of x "
                                   "(bindings.reference.pack_int4)")

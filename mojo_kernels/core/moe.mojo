@@ -18,7 +18,7 @@ from ..utils.parallel import MojoThreads, Runner
 from ..utils.types import addr, ptr, Addr, F32, Ptr, check_same, is_fp8
 from .activations import silu_and_mul_cpu
 from .linear import _data, linear_cpu
-from .linear_int4 import linear_int4_cpu, RUN, packed_tile_bytes
+from .linear_int4 import linear_int4_cpu, RUN, tile_bits
 
 comptime MOE_PARAMS = 5
 """The int32 params of both ops: block_k, top_k, normalize (0 / 1), tiled (0 / 1; mili_moe), I (each expert's
@@ -173,17 +173,22 @@ def check_moe_sizes[scaled: Bool](h: Int, inter: Int, block_k: Int, gate_up_size
     comptime if scaled:
         if block_k <= 0:
             raise Error("moe: block_k must be positive, got ", block_k)
-        check_same["moe"](gate_up_scale_size, 2 * inter * ceildiv(h, block_k), "gate_up's scales per expert",
-                          "2 I x ceil(H / block_k)")
-        check_same["moe"](down_scale_size, h * ceildiv(inter, block_k), "down's scales per expert",
-                          "H x ceil(I / block_k)")
+        _check_scale_sizes(h, inter, block_k, gate_up_scale_size, down_scale_size)
+
+
+def _check_scale_sizes(h: Int, inter: Int, block_k: Int, gate_up_scale_size: Int, down_scale_size: Int) raises:
+    """An expert's scales (and mins): a row per output and block of block_k inputs."""
+    check_same["moe"](gate_up_scale_size, 2 * inter * ceildiv(h, block_k), "gate_up's scales per expert",
+                      "2 I x ceil(H / block_k)")
+    check_same["moe"](down_scale_size, h * ceildiv(inter, block_k), "down's scales per expert", "H x ceil(I / block_k)")
 
 
 def packed_bits(n: Int, k: Int, bytes: Int) raises -> Int:
     """The bits (4 or 6) of a packed weight [N, K] of `bytes` bytes (linear_int4.mojo's layout)."""
-    for bits in range(4, 7, 2):
-        if bytes == ceildiv(n, 4) * packed_tile_bytes(k, bits):
-            return bits
+    var tiles = ceildiv(n, 4)
+    var bits = tile_bits(k, bytes // tiles) if bytes % tiles == 0 else 0
+    if bits != 0:
+        return bits
     raise Error("moe: a packed expert [", n, ", ", k, "] has ", bytes, " bytes, neither 4 nor 6 bits of ",
                 "bindings.reference.pack_int4")
 
@@ -226,9 +231,7 @@ def moe_int4_cpu[a_type: DType, R: Runner](
         raise Error("moe: block_k must be a positive multiple of ", RUN, ", got ", block_k)
     var bits = packed_bits(2 * inter, h, gate_up_size)
     check_same["moe"](packed_bits(h, inter, down_size), bits, "down's bits", "gate_up's bits")
-    check_same["moe"](gate_up_scale_size, 2 * inter * ceildiv(h, block_k), "gate_up's scales per expert",
-                      "2 I x ceil(H / block_k)")
-    check_same["moe"](down_scale_size, h * ceildiv(inter, block_k), "down's scales per expert", "H x ceil(I / block_k)")
+    _check_scale_sizes(h, inter, block_k, gate_up_scale_size, down_scale_size)
     var experts = _Experts[DType.uint8, False, True](gate_up, gate_up_scales, gate_up_mins, down, down_scales,
                                                      down_mins, gate_up_size, gate_up_scale_size, down_size,
                                                      down_scale_size, h, inter, block_k, bits)

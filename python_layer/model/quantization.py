@@ -86,9 +86,8 @@ def quantize(weight: torch.Tensor, weight_dtype: str, block_k: int = BLOCK_K) ->
 
 def quantize_int4(weight: torch.Tensor, block_k: int = BLOCK_K, bits: int = 4) -> Int4Weight:
     """weight [N, K] as 4-bit (or 6-bit) values with a scale and a min per row and block (w ~ q * scale + min). For
-    each block,
-    q is tried for several ranges around its min..max, the scale and min of each fitted by least squares (as
-    llama.cpp's K-quants choose theirs), and the fit with the least squared error kept."""
+    each block, q is tried for several ranges around its min..max, the scale and min of each fitted by least squares
+    (as llama.cpp's K-quants choose theirs), and the fit with the least squared error kept."""
     n, k = weight.shape
     levels = 2**bits - 1
     parts = [_fit_int4(weight[i : i + INT4_ROWS_AT_ONCE], block_k, levels) for i in range(0, n, INT4_ROWS_AT_ONCE)]

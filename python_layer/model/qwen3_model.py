@@ -156,7 +156,7 @@ class Qwen3CausalLM:
         for names in (gate_up, down):
             stacks.append([self._formatted(loader, *(n.format(e=e) for n in names))
                            for e in range(self.config.num_experts)])
-        tile = all(self._tiled(s[0]) is not s[0] for s in stacks)
+        tile = all(self._tileable(s[0]) for s in stacks)
         return tuple(self._placed(stack_experts([self._tiled(w) if tile else w for w in s])) for s in stacks)
 
     def _formatted(self, loader: WeightLoader, *names: str, weight_dtype: Optional[str] = None) -> LinearWeight:
@@ -166,17 +166,23 @@ class Qwen3CausalLM:
             weight_dtype = str(self.dtype).split(".")[-1]
         return convert(cat_rows(parts), weight_dtype, self.dtype)
 
+    def _tileable(self, weight: LinearWeight) -> bool:
+        """Whether the Mojo decode kernel reads weight in an order of its own (bindings/reference.tile_weight; batch-1
+        decode 1.1-1.3x faster): bfloat16, and int8 where the kernel reads several of its rows at a time. float32
+        stays [N, K]: its kernel streams as fast without, and slower with."""
+        if self.backend != "mojo" or self.device.type != "cpu":
+            return False
+        if isinstance(weight, QuantizedWeight):
+            return _tiles_int8(weight)
+        return isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16 and can_tile(weight)
+
     def _tiled(self, weight: LinearWeight) -> LinearWeight:
         """weight in the order the Mojo decode kernel reads it, where it has one (else weight itself)."""
-        if self.backend != "mojo" or self.device.type != "cpu":
+        if not self._tileable(weight):
             return weight
-        # bindings/reference.tile_weight (batch-1 decode 1.1-1.3x faster): bfloat16, and int8 where the kernel reads
-        # several of its rows at a time. float32 stays [N, K]: its kernel streams as fast without, and slower with.
-        if isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16 and can_tile(weight):
-            return tile_weight(weight)
-        if isinstance(weight, QuantizedWeight) and _tiles_int8(weight):
+        if isinstance(weight, QuantizedWeight):
             return weight._replace(weight=tile_weight(weight.weight))
-        return weight
+        return tile_weight(weight)
 
     def _placed(self, weight: LinearWeight) -> LinearWeight:
         if self.backend != "mojo" or self.device.type != "cpu":
