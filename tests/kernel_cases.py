@@ -70,11 +70,12 @@ def tolerance(dtype: torch.dtype) -> dict:
     return dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
 
 
-def assert_caches_match(ours: tuple, theirs: tuple, dtype: torch.dtype) -> None:
+def assert_caches_match(ours: tuple, theirs: tuple, dtype: torch.dtype, **override) -> None:
     """Caches written from k and v that the kernel and the reference computed each in its own way: to dtype's
-    tolerance, or in 8-bit caches at most one step apart (int8 values, adjacent FP8 codes) and int8 scales close."""
+    tolerance (or override's), or in 8-bit caches at most one step apart (int8 values, adjacent FP8 codes) and int8
+    scales close."""
     if dtype not in EIGHT_BIT_KV:
-        return assert_matches(ours, theirs, dtype)
+        return assert_matches(ours, theirs, dtype, **override)
     for a, b in zip(ours, theirs, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape
         a, b = a.cpu(), b.cpu()
@@ -190,8 +191,15 @@ def run_qk_norm_rope_store(ops, device: str, dtype: torch.dtype, case: tuple) ->
     ours = [c.clone() for c in caches]
     q = ops.qk_norm_rope_store(qkv, q_norm, k_norm, 1e-6, positions, inv_freq, scale, *ours, slots)
     expected = ref.qk_norm_rope_store(qkv, q_norm, k_norm, 1e-6, positions, inv_freq, scale, *caches, slots)
-    assert_matches(q, expected, dtype)
-    assert_caches_match(tuple(ours), tuple(caches), kv_dtype)  # k, v rounded to the caches' dtype
+    # bfloat16 normed values are rounded before the rotation; summing squares in another order can round one to the
+    # neighbouring value, and the rotation carries that step (up to 1/32) into a result that may be near zero: allow
+    # two steps of the largest normed value
+    steps = {}
+    if dtype == torch.bfloat16:
+        normed = ref.head_rms_norm(qkv.view(tokens, -1, head_dim), torch.maximum(q_norm, k_norm), 1e-6)
+        steps = dict(atol=2 * torch.finfo(dtype).eps * 2 ** normed.float().abs().max().log2().floor().item())
+    assert_matches(q, expected, dtype, **steps)
+    assert_caches_match(tuple(ours), tuple(caches), kv_dtype, **steps)  # k, v rounded to the caches' dtype
 
 
 def run_attention(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
