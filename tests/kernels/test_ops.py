@@ -162,7 +162,8 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
     with pytest.raises(ValueError, match=f32_caches_under_bf16):
         ops.paged_attention(torch.randn(1, 2, 16, dtype=torch.bfloat16), kc16, kc16, table, lens, starts, 0.25)
     with pytest.raises(ValueError, match="cache head_dim \\(12\\) must equal q head_dim \\(16\\)"):  # int8: D + 4
-        ops.paged_attention(torch.randn(1, 2, 16), kc16.to(torch.int8), kc16.to(torch.int8), table, lens, starts, 0.25)
+        ops.paged_attention(torch.randn(1, 2, 16, dtype=bf16), kc16.to(torch.int8), kc16.to(torch.int8), table, lens,
+                            starts, 0.25)
     with pytest.raises(ValueError, match="K and V caches must have one dtype"):
         ops.paged_attention(torch.randn(1, 2, 16), kc16, kc16.bfloat16(), table, lens, starts, 0.25)
     with pytest.raises(ValueError, match="head_rms_norm: needs \\(3-d torch.float32"):
@@ -208,17 +209,17 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
         ref.tile_weight(torch.ones(6, 64, dtype=torch.bfloat16))
     packed = torch.zeros(2, 512, dtype=torch.uint8)  # 8 rows, K 129..256
     with pytest.raises(ValueError, match="block_k must be a positive multiple of 128, got 64"):
-        ops.linear_int4(torch.randn(2, 200), packed, torch.ones(8, 4), torch.ones(8, 4), 64)
+        ops.linear_int4(torch.randn(2, 200, dtype=bf16), packed, torch.ones(8, 4), torch.ones(8, 4), 64)
     with pytest.raises(ValueError,
                        match="bytes per tile \\(512\\) must equal 256 \\(4 bits\\) or 384 \\(6 bits\\) per 128"):
-        ops.linear_int4(torch.randn(2, 100), packed, torch.ones(8, 1), torch.ones(8, 1), 128)
+        ops.linear_int4(torch.randn(2, 100, dtype=bf16), packed, torch.ones(8, 1), torch.ones(8, 1), 128)
     with pytest.raises(ValueError, match="tiles \\(2\\) must equal ceil\\(scale rows / 4\\) \\(3\\)"):
-        ops.linear_int4(torch.randn(2, 200), packed, torch.ones(9, 2), torch.ones(9, 2), 128)
+        ops.linear_int4(torch.randn(2, 200, dtype=bf16), packed, torch.ones(9, 2), torch.ones(9, 2), 128)
     with pytest.raises(ValueError,
                        match="min columns \\(1\\) must equal ceil\\(in_features / block_k\\) \\(2\\)|dimension 'KB'"):
-        ops.linear_int4(torch.randn(2, 200), packed, torch.ones(8, 2), torch.ones(8, 1), 128)
+        ops.linear_int4(torch.randn(2, 200, dtype=bf16), packed, torch.ones(8, 2), torch.ones(8, 1), 128)
     with pytest.raises(ValueError, match="packed weights are uint8"):
-        ops.linear_int4(torch.randn(2, 200), packed.to(torch.int8), torch.ones(8, 2), torch.ones(8, 2), 128)
+        ops.linear_int4(torch.randn(2, 200, dtype=bf16), packed.to(torch.int8), torch.ones(8, 2), torch.ones(8, 2), 128)
     if cpu_path == "graph":  # mili_moe's graphs compile in the model tests (test_moe.py); its checks are shared
         return
     x, logits = torch.randn(3, 64), torch.randn(3, 5)
