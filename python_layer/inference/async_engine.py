@@ -115,7 +115,22 @@ class AsyncEngine:
 
     def get_request_status(self, request_id: str) -> dict:
         """The design documents' {"status": "processing" | "completed" | "not_found", ...}: queued requests
-        the engine thread has not taken yet are processing too."""
+        the engine thread has not taken yet are processing too. The id of an API call that made several requests
+        (`id-0`, `id-1`, ...: n choices, several prompts) answers for them all, each in "choices"."""
+        status = self._status(request_id)
+        if status["status"] != "not_found":
+            return status
+        choices = []
+        while (child := self._status(f"{request_id}-{len(choices)}"))["status"] != "not_found":
+            choices.append(child)
+        if not choices:
+            return status
+        return {"status": "processing" if any(c["status"] == "processing" for c in choices) else "completed",
+                "tokens_generated": sum(c["tokens_generated"] for c in choices),
+                "tokens_remaining": sum(c["tokens_remaining"] for c in choices),
+                "choices": [{"index": i, **c} for i, c in enumerate(choices)]}
+
+    def _status(self, request_id: str) -> dict:
         request = self._unfinished.get(request_id)
         return request.status_dict() if request is not None else self.engine.get_request_status(request_id)
 

@@ -79,9 +79,9 @@ def build_app(config: ServerConfig, loader: Loader, on_load_failure: Optional[Ca
     @app.post("/generate")
     async def generate(body: GenerateRequest, http_request: Request):
         prompt_ids = await state.token_ids(body.prompt)
-        stream = state.submit(
-            [prompt_ids], [body.sampling_params(state.config.sampling_defaults)], new_request_id("gen")
-        )
+        room = state.require_engine().engine.max_model_len - len(prompt_ids)
+        stream = state.submit([prompt_ids], [body.sampling_params(state.config.sampling_defaults, room)],
+                              new_request_id("gen"))
         deltas = state.outputs(http_request, stream)
         if body.stream:
             return StreamingResponse(_generate_events(stream, deltas), media_type="text/event-stream")

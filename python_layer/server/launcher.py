@@ -25,6 +25,7 @@ from ..inference.sampling_params import SamplingParams
 from ..model.loader import load_model
 from .app import build_app
 from .config_file import ensure_random_model, random_model_dir
+from .header_timeout import HeaderTimeoutProtocol
 from .state import ServerConfig
 
 
@@ -146,7 +147,7 @@ def serve(args: argparse.Namespace) -> int:
 
     app = build_app(config, make_loader(args, gpu_options), on_load_failure)
     server = _Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
-                                    timeout_graceful_shutdown=args.shutdown_timeout + 5))
+                                    http=HeaderTimeoutProtocol, timeout_graceful_shutdown=args.shutdown_timeout + 5))
     server.grace = args.shutdown_timeout
     logging.getLogger("uvicorn.error").addFilter(_NotReadyYet())
     print(f"[mili] listening on http://{args.host}:{args.port} (GET /health answers 503 until the model has loaded)",

@@ -33,8 +33,9 @@ class GuardMiddleware:
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if self.api_key is not None and scope["path"] not in _OPEN_PATHS:
-            given = headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+            scheme, _, key = headers.get("authorization", "").strip().partition(" ")
+            # the scheme is case-insensitive (RFC 7235), the key is not
+            if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.api_key.encode()):
                 return await _reply(send, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
                                     {"www-authenticate": "Bearer"})
         if scope["method"] not in _BODY_METHODS:

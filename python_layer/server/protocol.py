@@ -74,12 +74,14 @@ class GenerateRequest(_Body):
     stream: bool = False
     ignore_eos: bool = False  # as on the OpenAI routes (vLLM's extension): benchmarks and tests of output lengths
 
-    def sampling_params(self, server_defaults: Dict[str, Any]) -> SamplingParams:
-        """Fields left out: the server's defaults (a config file's `sampling`), else the design documents'."""
+    def sampling_params(self, server_defaults: Dict[str, Any], room: int) -> SamplingParams:
+        """Fields left out: the server's defaults (a config file's `sampling`), else the design documents'; a
+        max_tokens left out is at most the `room` the context leaves after the prompt."""
         defaults = {**GENERATE_DEFAULTS, **server_defaults}
         pick = lambda name: getattr(self, name) if getattr(self, name) is not None else defaults[name]
+        max_tokens = self.max_tokens if "max_tokens" in self.model_fields_set else min(self.max_tokens, room)
         return SamplingParams(temperature=pick("temperature"), top_p=pick("top_p"), top_k=pick("top_k"),
-                              max_tokens=self.max_tokens, ignore_eos=self.ignore_eos)
+                              max_tokens=max_tokens, ignore_eos=self.ignore_eos)
 
 
 class StreamOptions(_Request):

@@ -87,11 +87,19 @@ class ServerState:
 
     def submit(self, prompts: Sequence[List[int]], params: Sequence[SamplingParams], request_id: str) -> RequestStream:
         """Queue the requests of one API call (token ids from `token_ids`). With one request its id is
-        `request_id`; with several (n choices, several prompts) each one's is `request_id-i`."""
+        `request_id`; with several (n choices, several prompts) each one's is `request_id-i`. 400 when a prompt and
+        its max_tokens do not fit in the context."""
         engine = self.require_engine()
         if len(prompts) > engine.capacity:  # would be refused however long the client waits: not a 503
             raise ApiError(400, f"the request asks for {len(prompts)} completions (n times the prompts), more than the "
                                 f"server can hold at once: at most {engine.capacity}", param="n")
+        context = engine.engine.max_model_len
+        for prompt, p in zip(prompts, params):
+            if len(prompt) + p.max_tokens > context:  # refused, as vLLM does, rather than cut short without a word
+                raise ApiError(400, f"the model's context is {context} tokens (max_model_len), but this request asks "
+                                    f"for {len(prompt) + p.max_tokens}: {len(prompt)} in the prompt and max_tokens "
+                                    f"{p.max_tokens}: lower max_tokens or shorten the prompt", param="max_tokens",
+                               code="context_length_exceeded")
         ids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
         try:
             return engine.add_requests(prompts, params, ids)

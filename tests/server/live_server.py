@@ -18,6 +18,7 @@ import uvicorn
 from python_layer import InferenceEngine
 from python_layer.inference.async_engine import AsyncEngine
 from python_layer.server.app import build_app
+from python_layer.server.header_timeout import HeaderTimeoutProtocol
 from python_layer.server.state import ServerConfig, ServerState
 from tests.engine_checks import no_request_holds_pages
 
@@ -38,7 +39,8 @@ class LiveServer:
     def __init__(self, loader, api_key: Optional[str] = None, max_body_bytes: int = 2**20, wait: bool = True) -> None:
         config = ServerConfig(model_name=MODEL_NAME, api_key=api_key, max_body_bytes=max_body_bytes)
         self.app = build_app(config, loader)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning",
+                                                    http=HeaderTimeoutProtocol))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30

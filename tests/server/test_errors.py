@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
+import time
+from typing import Iterator
 
 import pytest
+import uvicorn
 from fastapi import FastAPI, Request
 
 from python_layer.inference.sampling_params import SamplingParams
 from python_layer.server.errors import HANDLERS, ApiError, _api_error
+from python_layer.server.header_timeout import HeaderTimeoutProtocol
 from python_layer.server.middleware import GuardMiddleware
 from tests.server.live_server import MODEL_NAME, LiveServer
 
@@ -25,12 +30,14 @@ CASES = [
     ("/generate", {"prompt": "hi", "top_p": 0}, 400, "top_p"),
     ("/generate", {"prompt": "hi", "top_p": 1.5}, 400, "top_p"),
     ("/generate", {"prompt": "hi " * 600}, 400, "max_model_len"),
+    ("/generate", {"prompt": "hi", "max_tokens": 2**70}, 400, "max_model_len"),
     ("/v1/completions", {**COMPLETION, "max_tokens": 0}, 400, "max_tokens"),
     ("/v1/completions", {**COMPLETION, "temperature": -1}, 400, "temperature"),
     ("/v1/completions", {**COMPLETION, "top_p": 2}, 400, "top_p"),
     ("/v1/completions", {**COMPLETION, "prompt": []}, 400, "prompt"),
     ("/v1/completions", {**COMPLETION, "prompt": [5, 10**9]}, 400, "prompt token ids"),
     ("/v1/completions", {**COMPLETION, "prompt": "hi " * 600}, 400, "max_model_len"),
+    ("/v1/completions", {**COMPLETION, "max_tokens": 10**12}, 400, "max_model_len"),
     ("/v1/completions", {**COMPLETION, "model": "gpt-4"}, 404, "gpt-4"),
     ("/v1/completions", {**COMPLETION, "stop": [""]}, 400, "stop"),
     ("/v1/completions", {**COMPLETION, "n": 0}, 400, "n"),
@@ -39,6 +46,7 @@ CASES = [
     ("/v1/chat/completions", {**CHAT, "messages": []}, 400, "messages"),
     ("/v1/chat/completions", {**CHAT, "messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
     ("/v1/chat/completions", {**CHAT, "max_completion_tokens": -1}, 400, "max_completion_tokens"),
+    ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 512}, 400, "max_model_len"),
     ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, 400, "logprobs"),
     ("/v1/chat/completions", {**CHAT, "chat_template_kwargs": {"enable_thinking": "maybe"}}, 400, "enable_thinking"),
     ("/v1/chat/completions", {**CHAT, "model": "nope"}, 404, "nope"),
@@ -52,6 +60,21 @@ def test_bad_request_bodies(server: LiveServer, route: str, body: dict, status: 
     error = response.json()["error"]
     assert mentions in error["message"] or mentions == error["param"], error
     assert error["type"] in ("invalid_request_error", "not_found_error")
+
+
+def test_max_tokens_must_fit_in_the_context(server: LiveServer) -> None:
+    """Asked for, max_tokens must fit after the prompt (400, as vLLM answers); left out, it is what the context
+    leaves (on /generate, at most its default of 50)."""
+    context, prompt = server.engine.max_model_len, "hi " * 480
+    room = context - len(server.engine.tokenizer.encode(prompt))
+    assert 0 < room < 50
+    refused = server.client.post("/generate", json={"prompt": prompt, "max_tokens": room + 1})
+    assert refused.status_code == 400 and f"max_tokens {room + 1}" in refused.json()["error"]["message"]
+    fits = server.client.post("/generate", json={"prompt": prompt, "ignore_eos": True})
+    assert fits.status_code == 200 and len(fits.json()["tokens"]) == room
+    completion = server.client.post("/v1/completions", json={**COMPLETION, "prompt": prompt, "ignore_eos": True,
+                                                              "max_tokens": None})
+    assert completion.status_code == 200 and completion.json()["usage"]["completion_tokens"] == room
 
 
 def test_malformed_json_wrong_content_type_oversized_body(server: LiveServer) -> None:
@@ -207,3 +230,66 @@ def test_the_body_timeout_ends_with_the_body() -> None:
                 late_disconnect]
     status, body = _call(_guarded_echo(0.2), messages)
     assert status == 200 and body == b'{"body":{"a":1},"after":"http.disconnect"}'
+
+
+class _QuickHeadTimeout(HeaderTimeoutProtocol):
+    header_timeout = 0.3
+
+
+@pytest.fixture(scope="module")
+def slow_app_port() -> Iterator[int]:
+    """A server whose only route answers after 0.6 s, with a 0.3 s deadline on request heads."""
+    app = FastAPI()
+
+    @app.get("/slow")
+    async def slow() -> dict:
+        await asyncio.sleep(0.6)
+        return {"ok": True}
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", http=_QuickHeadTimeout))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    yield server.servers[0].sockets[0].getsockname()[1]
+    server.should_exit = True
+    thread.join(10)
+
+
+def _exchange(port: int, *parts: bytes, pause: float = 0.1) -> bytes:
+    """Everything the server sends until it closes (or 5 s pass) after `parts` are sent, `pause` s apart."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        for part in parts:
+            s.sendall(part)
+            time.sleep(pause)
+        received = b""
+        try:
+            while chunk := s.recv(4096):
+                received += chunk
+        except TimeoutError:
+            pass
+        return received
+
+
+REQUEST = b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def test_a_request_head_not_sent_in_time_is_a_408(slow_app_port: int) -> None:
+    started = time.monotonic()
+    for parts in ([b"GET /slow HTTP/1.1\r\nHost: x\r\n"], [b"GE"], []):  # stalled in the headers, the line, before
+        reply = _exchange(slow_app_port, *parts)
+        assert reply.startswith(b"HTTP/1.1 408 ") and b"were not received within 0.3 s" in reply, (parts, reply)
+    assert time.monotonic() - started < 4  # each closed after its deadline, not at the 5 s read timeout
+
+
+def test_the_head_deadline_spares_slow_answers_and_kept_alive_requests(slow_app_port: int) -> None:
+    # a head in two parts 0.1 s apart, an answer after 0.6 s, then a second request on the same connection
+    reply = _exchange(slow_app_port, REQUEST[:10], REQUEST[10:], pause=0.1)
+    assert reply.startswith(b"HTTP/1.1 200 ") and reply.endswith(b'{"ok":true}'), reply
+    with socket.create_connection(("127.0.0.1", slow_app_port), timeout=5) as s:
+        for _ in range(2):
+            s.sendall(REQUEST)
+            reply = b""
+            while not reply.endswith(b'{"ok":true}'):
+                reply += s.recv(4096)
+            assert reply.startswith(b"HTTP/1.1 200 ")

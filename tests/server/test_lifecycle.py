@@ -82,6 +82,10 @@ def test_api_key(tiny_checkpoint: Path) -> None:
             wrong.models.list()
         right = openai.OpenAI(base_url=live.url + "/v1", api_key="sesame", max_retries=0)
         assert right.completions.create(model=MODEL_NAME, prompt="hi", max_tokens=2).choices[0].text is not None
+        # the scheme is case-insensitive (RFC 7235); the key is not
+        for given, status in (("bearer sesame", 200), ("BEARER  sesame", 200), ("Bearer SESAME", 401),
+                              ("Basic sesame", 401), ("sesame", 401), ("Bearer", 401)):
+            assert anonymous.get("/v1/models", headers={"Authorization": given}).status_code == status, given
     finally:
         live.stop()
 

@@ -101,12 +101,12 @@ def test_status_while_processing(server: LiveServer) -> None:
     server.wait_idle()  # leaving the stream early aborted the request
 
 
-def test_status_reports_the_clamped_output_limit(server: LiveServer) -> None:
-    body = {"prompt": "count", "max_tokens": 10**21, "temperature": 0, "stream": True, "ignore_eos": True}
-    with server.client.stream("POST", "/generate", json=body) as response:
+def test_status_reports_the_output_limit_the_context_leaves(server: LiveServer) -> None:
+    body = {"model": MODEL_NAME, "prompt": [7], "temperature": 0, "stream": True, "ignore_eos": True}  # no max_tokens
+    with server.client.stream("POST", "/v1/completions", json=body) as response:
         lines = response.iter_lines()  # kept referenced: a dropped iterator closes the connection (an abort)
         first = json.loads(next(line for line in lines if line.startswith("data: "))[6:])
-        status = server.client.get(f"/status/{first['request_id']}").json()
+        status = server.client.get(f"/status/{first['id']}").json()
         assert status["tokens_generated"] + status["tokens_remaining"] == 512 - 1  # max_model_len - prompt tokens
     server.wait_idle()
 
@@ -121,6 +121,10 @@ def test_status_knows_openai_ids_and_ids_are_random(server: LiveServer, client: 
             "tokens_remaining": 0}
     several = client.completions.create(prompt="Hi", n=2, **kw)  # each choice has its own id: ID-INDEX
     assert [server.client.get(f"/status/{several.id}-{i}").json()["status"] for i in range(2)] == ["completed"] * 2
+    choice = {"status": "completed", "finish_reason": "length", "tokens_generated": 3, "tokens_remaining": 0}
+    assert server.client.get(f"/status/{several.id}").json() == {  # the call's id answers for its choices
+        "request_id": several.id, "status": "completed", "tokens_generated": 6, "tokens_remaining": 0,
+        "choices": [{"index": 0, **choice}, {"index": 1, **choice}]}
     ids = [
         server.client.post("/generate", json={"prompt": "a", "max_tokens": 1}).json()["request_id"] for _ in range(2)
     ]
