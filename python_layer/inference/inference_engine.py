@@ -279,7 +279,7 @@ class InferenceEngine:
             if r.status == RequestStatus.RUNNING and r.num_tokens + 1 < r.max_total_tokens
         ]
         requests = [launched.requests[i] for i in rows]
-        if not requests or not scheduler.grow_from_free_pages(requests, 1):
+        if not requests or not scheduler.pages.grow_from_free_pages(requests, 1):
             return None
         input_ids = launched.unread.on_device
         if len(rows) < len(input_ids):

@@ -111,7 +111,7 @@ def test_a_prefix_computed_twice_is_kept_once(model) -> None:
     """Two requests that computed the same pages in one step (here: waiting for the other is switched off) end
     up sharing the cached copy; the duplicate goes back to the pool."""
     engine = _engine(model)
-    engine.scheduler._prefix_in_flight = lambda request: False
+    engine.scheduler.pages.prefix_in_flight = lambda request, running: False
     prompt = _prompts(1, (40, 40), seed=11)[0]
     a, b = engine.add_request(prompt, GREEDY), engine.add_request(prompt, GREEDY)
     engine.step()  # both prefill the whole prompt
