@@ -36,16 +36,17 @@ QKV_ATTENTION_BATCHES = [ATTENTION_BATCHES[i] for i in (0, 2, 3, 4, 5, 7)] + [([
 """Decode batches (the GPU's one-kernel path, long contexts split over blocks), prefill, extension and a mixed batch."""
 QKV_ATTENTION_HEADS = [(16, 8, 128), (8, 2, 64), (8, 8, 16), (10, 2, 128)]
 """16: the narrowest row RoPE pairs across bfloat16 lanes; 10 over 2: Qwen3-14B's 5 query heads a KV head."""
-# (M, K, N): decode (M <= 8) and prefill (M > 8) kernels; K past a vector width and a 128-column scale block;
+# (M, K, N): decode (M <= 32) and prefill (M > 32) kernels; K past a vector width and a 128-column scale block;
 # N past the decode tile (4 rows) and the prefill panel (2 vector widths)
-LINEAR_SHAPES = [(1, 37, 5), (1, 1000, 130), (7, 200, 133), (8, 2048, 64), (9, 128, 33), (64, 301, 70), (130, 1024, 96)]
+LINEAR_SHAPES = [(1, 37, 5), (1, 1000, 130), (7, 200, 133), (20, 2048, 64), (33, 128, 33), (64, 301, 70),
+                 (130, 1024, 96)]
 WEIGHT_DTYPES = [torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.int8]
 TILED_LINEAR_SHAPES = [
     (1, 64, 4),
     (1, 1024, 132),
     (7, 192, 36),
-    (8, 2048, 64),
-    (9, 128, 8),
+    (20, 2048, 64),
+    (33, 128, 8),
     (64, 320, 68),
     (130, 1024, 96),
 ]
@@ -366,7 +367,7 @@ def kernel_cases() -> list:
             ]
         cases += [pytest.param(run_linear, dtype, (s, w), id=f"linear-{d}-{str(w).split('.')[-1]}-{s}")
                   for w in WEIGHT_DTYPES for s in LINEAR_SHAPES]
-        cases += [pytest.param(run_linear, dtype, ((20, 301, 70), torch.int8, b), id=f"linear-{d}-int8-blocks_of_{b}")
+        cases += [pytest.param(run_linear, dtype, ((40, 301, 70), torch.int8, b), id=f"linear-{d}-int8-blocks_of_{b}")
                   for b in INT8_BLOCKS]
         cases += [pytest.param(run_linear_tiled, dtype, (s, w), id=f"linear_tiled-{d}-{str(w).split('.')[-1]}-{s}")
                   for w in ref.TILED_DTYPES for s in TILED_LINEAR_SHAPES]
