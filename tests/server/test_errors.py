@@ -284,7 +284,8 @@ def test_a_request_head_not_sent_in_time_is_a_408(slow_app_port: int) -> None:
 
 def test_the_head_deadline_spares_slow_answers_and_kept_alive_requests(slow_app_port: int) -> None:
     # a head in two parts 0.1 s apart, an answer after 0.6 s, then a second request on the same connection
-    reply = _exchange(slow_app_port, REQUEST[:10], REQUEST[10:], pause=0.1)
+    closing = REQUEST.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")
+    reply = _exchange(slow_app_port, closing[:10], closing[10:], pause=0.1)
     assert reply.startswith(b"HTTP/1.1 200 ") and reply.endswith(b'{"ok":true}'), reply
     with socket.create_connection(("127.0.0.1", slow_app_port), timeout=5) as s:
         for _ in range(2):
