@@ -16,7 +16,7 @@ from typing import AsyncIterator, Callable, Dict, List, Optional, Sequence
 
 from .inference_engine import InferenceEngine
 from .metrics import EngineMetrics
-from .request import InferenceRequest, RequestDelta
+from .request import InferenceRequest, RequestDelta, choice_request_id
 from .sampling_params import SamplingParams
 
 logger = logging.getLogger("mili.engine")
@@ -121,7 +121,7 @@ class AsyncEngine:
         if status["status"] != "not_found":
             return status
         choices = []
-        while (child := self._status(f"{request_id}-{len(choices)}"))["status"] != "not_found":
+        while (child := self._status(choice_request_id(request_id, len(choices))))["status"] != "not_found":
             choices.append(child)
         if not choices:
             return status

@@ -26,6 +26,11 @@ def new_request_id(prefix: str = "req") -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def choice_request_id(call_id: str, index: int) -> str:
+    """The id of request `index` of an API call that made several (n choices, several prompts)."""
+    return f"{call_id}-{index}"
+
+
 @dataclass
 class RequestDelta:
     """What one step added to a request: its new tokens, the text that became final, their logprobs, and the

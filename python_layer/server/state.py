@@ -12,7 +12,7 @@ from fastapi import Request
 
 from ..inference.async_engine import AsyncEngine, EngineOverloaded, EngineStopped, RequestStream
 from ..inference.metrics import EngineMetrics
-from ..inference.request import RequestDelta
+from ..inference.request import RequestDelta, choice_request_id
 from ..inference.sampling_params import SamplingParams
 from ..tokenizer.chat_template import ChatTemplate
 from .errors import ApiError
@@ -100,7 +100,7 @@ class ServerState:
                                     f"for {len(prompt) + p.max_tokens}: {len(prompt)} in the prompt and max_tokens "
                                     f"{p.max_tokens}: lower max_tokens or shorten the prompt", param="max_tokens",
                                code="context_length_exceeded")
-        ids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
+        ids = [request_id] if len(prompts) == 1 else [choice_request_id(request_id, i) for i in range(len(prompts))]
         try:
             return engine.add_requests(prompts, params, ids)
         except EngineOverloaded as e:
