@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from .kv_cache_manager import PagedKVCache
-from .radix_cache import RadixAttentionCache
+from .radix_cache import RadixAttentionCache, common_pages
 
 if TYPE_CHECKING:
     from ..inference.request import InferenceRequest
@@ -38,7 +38,7 @@ class KVPageManager:
         for other in running:
             cached = other.num_cached_tokens // ps
             if other.num_tokens - other.num_cached_tokens > 1 and cached < matchable:
-                if _common_pages(request.token_ids, other.token_ids, ps, matchable) > cached:
+                if common_pages(request.token_ids, other.token_ids, ps, matchable) > cached:
                     return True
         return False
 
@@ -126,10 +126,3 @@ class KVPageManager:
         """Pages the request lacks for n more tokens (0 or less: none)."""
         return self.kv_cache.pages_for(request.num_cached_tokens + n) - len(request.page_ids)
 
-
-def _common_pages(a: Sequence[int], b: Sequence[int], page_size: int, limit: int) -> int:
-    """Full pages (at most `limit`) that token lists a and b share from their start."""
-    n = 0
-    while n < limit and a[n * page_size : (n + 1) * page_size] == b[n * page_size : (n + 1) * page_size]:
-        n += 1
-    return n

@@ -159,10 +159,7 @@ class RadixAttentionCache:
         return nodes
 
     def _common_pages(self, key: tuple[int, ...], tokens: tuple[int, ...]) -> int:
-        ps, n, limit = self.page_size, 0, min(len(key), len(tokens)) // self.page_size
-        while n < limit and key[n * ps : (n + 1) * ps] == tokens[n * ps : (n + 1) * ps]:
-            n += 1
-        return n
+        return common_pages(key, tokens, self.page_size, min(len(key), len(tokens)) // self.page_size)
 
     def _split(self, child: RadixNode, n: int) -> RadixNode:
         """Cut child after its n-th page; returns the new parent holding the first n pages."""
@@ -191,3 +188,11 @@ class RadixAttentionCache:
             if node.lock_ref == 0:
                 self._num_evictable += len(node.pages)
             node = node.parent
+
+
+def common_pages(a: Sequence[int], b: Sequence[int], page_size: int, limit: int) -> int:
+    """Full pages (at most `limit`) that token sequences a and b share from their start."""
+    n = 0
+    while n < limit and a[n * page_size : (n + 1) * page_size] == b[n * page_size : (n + 1) * page_size]:
+        n += 1
+    return n
