@@ -318,35 +318,42 @@ def quantized_x(x: torch.Tensor, block_k: int) -> torch.Tensor:
 
 
 TILE_ROWS = 4
-"""Weight rows per tile of the CPU linear kernel's tiled layout (mojo_kernels/core/linear.mojo: NR)."""
+"""Weight rows per tile of a float32 / bfloat16 weight in the CPU linear kernel's tiled layout
+(mojo_kernels/core/linear.mojo: NR)."""
 TILE_BYTES = 64
-"""Bytes of a row per step of the tiled layout (linear.mojo: TILE_BYTES)."""
+"""Bytes of a float32 / bfloat16 row per run of the tiled layout (linear.mojo: TILE_BYTES)."""
+I8_TILE_ROWS, I8_TILE_COLUMNS = 32, 4
+"""An int8 weight's tiles: quads of its rows, 32 rows in turn (linear.mojo: the quad panels vpdpbusd reads)."""
 TILED_DTYPES = (torch.float32, torch.bfloat16, torch.int8)
 
 
+def tile_rows(dtype: torch.dtype) -> int:
+    return I8_TILE_ROWS if dtype == torch.int8 else TILE_ROWS
+
+
 def tile_columns(dtype: torch.dtype) -> int:
-    return TILE_BYTES // dtype.itemsize
+    return I8_TILE_COLUMNS if dtype == torch.int8 else TILE_BYTES // dtype.itemsize
 
 
 def can_tile(weight: torch.Tensor) -> bool:
-    """Whether tile_weight takes this weight: float32 / bfloat16 / int8, N a multiple of TILE_ROWS and K of
+    """Whether tile_weight takes this weight: float32 / bfloat16 / int8, N a multiple of tile_rows and K of
     tile_columns (every Qwen3 projection)."""
-    return (weight.dim() == 2 and weight.dtype in TILED_DTYPES and weight.shape[0] % TILE_ROWS == 0
+    return (weight.dim() == 2 and weight.dtype in TILED_DTYPES and weight.shape[0] % tile_rows(weight.dtype) == 0
             and weight.shape[1] % tile_columns(weight.dtype) == 0)
 
 
 def tile_weight(weight: torch.Tensor) -> torch.Tensor:
-    """A weight [N, K] in the CPU linear kernel's tiled layout [N / R, K / C, R, C] (R = TILE_ROWS rows, C =
-    tile_columns columns): each R rows as C-column blocks of each row in turn, the order the decode kernel
-    reads them in. An int8 weight's scales stay [N, K / block_k] (block_k a multiple of C)."""
+    """A weight [N, K] in the CPU linear kernel's tiled layout [N / R, K / C, R, C] (R = tile_rows rows, C =
+    tile_columns columns): each R rows as C-column runs of each row in turn, the order the kernel reads them in.
+    An int8 weight's scales stay [N, K / block_k] (block_k a multiple of C)."""
     if not can_tile(weight):
         raise ValueError(
-            f"tile_weight: needs a float32 / bfloat16 / int8 [N, K] weight with N a multiple of {TILE_ROWS} and K "
-            f"of {TILE_BYTES} bytes, got {weight.dtype} {tuple(weight.shape)}"
+            f"tile_weight: needs a float32 / bfloat16 / int8 [N, K] weight with N a multiple of "
+            f"{tile_rows(weight.dtype)} and K of {tile_columns(weight.dtype)}, got {weight.dtype} {tuple(weight.shape)}"
         )
     n, k = weight.shape
-    c = tile_columns(weight.dtype)
-    return weight.reshape(n // TILE_ROWS, TILE_ROWS, k // c, c).transpose(1, 2).contiguous()
+    r, c = tile_rows(weight.dtype), tile_columns(weight.dtype)
+    return weight.reshape(n // r, r, k // c, c).transpose(1, 2).contiguous()
 
 
 def untile_weight(tiles: torch.Tensor) -> torch.Tensor:

@@ -50,8 +50,12 @@ TILED_LINEAR_SHAPES = [
     (64, 320, 68),
     (130, 1024, 96),
 ]
-"""(M, K, N) with N a multiple of 4 and K of 64: decode and panel paths, serial and parallel, partial panels and
-(int8, 128-column blocks) partial last blocks."""
+"""(M, K, N) with N a multiple of 4 and K of 64 (float32 and bfloat16 tiles): decode and panel paths, serial and
+parallel, partial panels."""
+I8_TILED_LINEAR_SHAPES = [(1, 148, 32), (1, 1024, 160), (7, 192, 64), (20, 2048, 96), (33, 132, 32), (64, 320, 64),
+                          (130, 1024, 96)]
+"""(M, K, N) with N a multiple of 32 and K of 4 (int8 tiles, read as quad panels): every row count of the register
+tile, serial and parallel, partial last blocks of 128 columns."""
 ATTENTION_HEADS = [(8, 8, 64), (16, 8, 128), (8, 2, 128), (16, 2, 128), (4, 2, 44), (10, 2, 128)]
 """GQA ratios 1, 2, 4, 8 and 5 (Qwen3-14B); 44: vector tails."""
 EIGHT_BIT_KV = [torch.int8, torch.float8_e4m3fn]
@@ -370,7 +374,8 @@ def kernel_cases() -> list:
         cases += [pytest.param(run_linear, dtype, ((40, 301, 70), torch.int8, b), id=f"linear-{d}-int8-blocks_of_{b}")
                   for b in INT8_BLOCKS]
         cases += [pytest.param(run_linear_tiled, dtype, (s, w), id=f"linear_tiled-{d}-{str(w).split('.')[-1]}-{s}")
-                  for w in ref.TILED_DTYPES for s in TILED_LINEAR_SHAPES]
+                  for w in ref.TILED_DTYPES
+                  for s in (I8_TILED_LINEAR_SHAPES if w == torch.int8 else TILED_LINEAR_SHAPES)]
         cases += [pytest.param(run_linear_int4, dtype, (s, b, bits), id=f"linear_int4-{d}-{bits}bits-blocks_of_{b}-{s}")
                   for bits in ref.PACKED_BITS for b in INT4_BLOCKS for s in LINEAR_SHAPES if b == 128 or s[1] > 128]
         cases += [pytest.param(run_moe, dtype, (s, f, i % 2 == 0), id=f"moe-{d}-{f}-{s}")

@@ -23,12 +23,18 @@
 #     bfloat16 weights are packed in pairs instead ([K / 2, PANEL] pairs) for vdpbf16ps: twice the FMAs' work. With
 #     AVX512_VNNI, int8 weights in quads ([K / 4, PANEL] quads, with their scales per block) for vpdpbusd against x
 #     quantized per block (block_k a multiple of 4; else the float32 panels).
-# Tiled weights (mili_linear_tiled, CPU only; float32, bfloat16 and int8): w as [N / NR, K / tile_k, NR, tile_k],
-#   tile_k = TILE_BYTES of a row (int8: block_k a multiple of it; the scales stay [N, K / block_k]): each NR rows
-#   of a decode tile lie in memory in the order the tile reads them, so a worker streams one sequential run of
-#   memory instead of NR rows at once (the model's linears at batch 1: bfloat16 ~1.1x faster on the AVX2 VM, whose
-#   prefetchers keep fewer streams going than the tile has rows; on the Zen 5 VM bfloat16 1.17x, int8 with VNNI
-#   1.3x, but 0.92x at 8 rows). bindings/reference.tile_weight makes them.
+# Tiled weights (mili_linear_tiled, CPU only; float32, bfloat16 and int8): w as [N / R, K / C, R, C], R =
+#   tile_rows, C = tile_k columns: each R rows as C-column runs of each row in turn (bindings/reference.tile_weight
+#   makes them).
+#   float32, bfloat16: R = NR rows, C = TILE_BYTES of a row: the rows of a decode tile lie in memory in the order
+#     the tile reads them, so a worker streams one sequential run of memory instead of NR rows at once (the model's
+#     linears at batch 1: bfloat16 ~1.1x faster on the AVX2 VM, whose prefetchers keep fewer streams going than the
+#     tile has rows; 1.17x on the Zen 5 VM).
+#   int8: R = I8_TILE_ROWS, C = 4: the quad panels themselves, read in place at every M (no decode tiles, nothing
+#     packed; block_k a multiple of 4, the scales stay [N, K / block_k]). The quad panel tile does 12 vpdpbusd per 8
+#     loads where the decode tile does 8 per 6 loads and 4 sign flips and converts its block sums per weight row:
+#     linears of Qwen3-0.6B's shape at 16-32 rows of x took 0.4x the time of the decode tiles on a Zen 4, at one row
+#     the same.
 # GPU: a thread per output element (the model graph dequantizes to bfloat16 and uses MAX's matmul there).
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
@@ -68,8 +74,8 @@ comptime BF16_DOT = CompilationTarget._has_feature["avx512bf16"]()
 comptime I8_DOT = CompilationTarget._has_feature["avx512vnni"]()
 comptime I8_MADD = CompilationTarget._has_feature["avx2"]()
 comptime I8_TILED = I8_DOT
-"""Whether int8 weights are best tiled on this CPU (the model loader asks, bindings/eager): the VNNI decode tile
-reads NR rows at a time; the AVX2 one reads one row at a time, for which [N, K] is the order it reads."""
+"""Whether int8 weights are best tiled on this CPU (the model loader asks, bindings/eager): with VNNI the quad
+panels, read in place; on AVX2 the decode tile reads one row at a time, for which [N, K] is the order it reads."""
 comptime I8_OFFSET = Int32(128) if I8_DOT else Int32(0)
 """What vpdpbusd adds to each weight (see _dot_i8); the other paths multiply the weights as they are."""
 comptime DOT_LANES = F32_WIDTH
@@ -81,7 +87,9 @@ comptime QUAD_PANEL_ROWS = 6
 """Rows of x per int8 quad-panel register tile (VNNI only): 12 int32 block sums, 12 float32 totals, 2 panel vectors
 and a broadcast."""
 comptime TILE_BYTES = 64
-"""Bytes of each weight row per step of a tiled weight's stream: a cache line."""
+"""Bytes of each weight row per step of a tiled float32 / bfloat16 weight's stream: a cache line."""
+comptime I8_TILE_ROWS = 32
+"""Rows of a tiled int8 weight's quad panels: PANEL on AVX-512, two panels on AVX2."""
 comptime PREFETCH_BYTES = 4096
 """How far ahead the decode tiles prefetch each weight row: the hardware prefetchers alone left the bfloat16 / int8
 LM head at half the memory bandwidth. With the weights on huge pages, 4 KiB ahead streamed the model's linears in
@@ -96,8 +104,14 @@ def is_scaled[w_type: DType]() -> Bool:
 
 @always_inline
 def tile_k[w_type: DType]() -> Int:
-    """Columns of a tiled weight's row per step: TILE_BYTES of them."""
-    return TILE_BYTES // size_of[w_type]()
+    """Columns of a tiled weight's row per run: TILE_BYTES of them, int8 a quad."""
+    return 4 if w_type == DType.int8 else TILE_BYTES // size_of[w_type]()
+
+
+@always_inline
+def tile_rows[w_type: DType]() -> Int:
+    """Rows of a tiled weight's tile."""
+    return I8_TILE_ROWS if w_type == DType.int8 else NR
 
 
 @always_inline
@@ -134,8 +148,8 @@ struct _Weights[w_type: DType, tiled: Bool](ImplicitlyCopyable):
     def at(self, n: Int, k: Int) -> Int:
         """The index of w[n, k]; `tile_k[w_type]()` columns from k on follow it when k is a multiple of them."""
         comptime if Self.tiled:
-            comptime tk = tile_k[Self.w_type]()
-            return (n - n % NR) * self.k + (k - k % tk) * NR + (n % NR) * tk + k % tk
+            comptime tk, tr = tile_k[Self.w_type](), tile_rows[Self.w_type]()
+            return (n - n % tr) * self.k + (k - k % tk) * tr + (n % tr) * tk + k % tk
         else:
             return n * self.k + k
 
@@ -538,7 +552,7 @@ def _pack_quad_panel[w_type: DType, tiled: Bool](panel: Ptr[DType.uint32], panel
     -128 (0 once _dot_i8 offsets them: whatever x holds there adds nothing); panel_scales[kb * PANEL + c] = the
     weight scale of row n0 + c and block kb, 0 past the last row (its quads, left as they are, add nothing). Each
     64-byte run of a row is loaded as one vector of 16 quads."""
-    comptime RUN = tile_k[w_type]()
+    comptime RUN = TILE_BYTES // size_of[w_type]()
     var K = wt.k
     var w = ptr(wt.w).unsafe_bitcast[Int8]()
     var filled = min(PANEL, wt.n - n0)
@@ -547,7 +561,7 @@ def _pack_quad_panel[w_type: DType, tiled: Bool](panel: Ptr[DType.uint32], panel
         for kb in range(wt.k_blocks):
             panel_scales.unsafe_store(kb * PANEL + c, wt.scale(n, kb))
         var k = 0
-        while k + RUN <= K:  # tiled weights have K a multiple of RUN: no tail
+        while k + RUN <= K:  # whole runs of the row, then its last quads
             _pack_run(panel, wt, n, k, c)
             k += RUN
         for kq in range(k // 4, ceildiv(K, 4)):
@@ -562,28 +576,29 @@ def _pack_quad_panel[w_type: DType, tiled: Bool](panel: Ptr[DType.uint32], panel
 
 
 @always_inline
-def _quad_panel_tile[a_type: DType, rows: Int, biased: Bool = False](
+def _quad_panel_tile[a_type: DType, rows: Int, biased: Bool = False, stride: Int = PANEL](
     y: Ptr[a_type], xq: _QuantizedX, panel: Ptr[DType.uint32], panel_scales: Ptr[F32], m0: Int, n0: Int, N: Int, K: Int,
     block_k: Int, panel_mins: Ptr[F32],
 ):
     """y[m0 : m0 + rows, n0 : n0 + PANEL] from a quad panel: each step a quad of x broadcast against 2 x 16 quads,
-    exact int32 sums per block, then both scales; `biased`: plus panel_mins[kb * PANEL + c] (a weight added to every
-    quad of its row and block, 4-bit weights' min) times the block's sum of x. K: the rows' stride in xq."""
+    exact int32 sums per block, then both scales; `biased`: plus panel_mins[kb * stride + c] (a weight added to every
+    quad of its row and block, 4-bit weights' min) times the block's sum of x. K: the rows' stride in xq; `stride`:
+    the panel's, its scales' and mins' (a PANEL within a wider one)."""
     comptime assert PANEL == 2 * DOT_LANES, "quad panels are two dot-product accumulators wide"
     var q = ptr(xq.q).unsafe_bitcast[UInt8]()
     var acc = Array[SIMD[F32, DOT_LANES], 2 * rows](fill=0)
     for kb in range(xq.k_blocks):
         var dots = Array[SIMD[DType.int32, DOT_LANES], 2 * rows](fill=0)
         for kq in range(kb * block_k // 4, ceildiv(min(K, kb * block_k + block_k), 4)):
-            var b0 = bitcast[DType.int8, 4 * DOT_LANES](panel.unsafe_load[width=DOT_LANES](kq * PANEL))
-            var b1 = bitcast[DType.int8, 4 * DOT_LANES](panel.unsafe_load[width=DOT_LANES](kq * PANEL + DOT_LANES))
+            var b0 = bitcast[DType.int8, 4 * DOT_LANES](panel.unsafe_load[width=DOT_LANES](kq * stride))
+            var b1 = bitcast[DType.int8, 4 * DOT_LANES](panel.unsafe_load[width=DOT_LANES](kq * stride + DOT_LANES))
             comptime for i in range(rows):
                 var quad = bitcast[DType.uint32, 1](q.unsafe_load[width=4]((m0 + i) * K + 4 * kq))[0]
                 var a = bitcast[DType.int8, 4 * DOT_LANES](SIMD[DType.uint32, DOT_LANES](quad))
                 dots[2 * i] = _dot_i8(dots[2 * i], b0, a)
                 dots[2 * i + 1] = _dot_i8(dots[2 * i + 1], b1, a)
-        var s0 = panel_scales.unsafe_load[width=DOT_LANES](kb * PANEL)
-        var s1 = panel_scales.unsafe_load[width=DOT_LANES](kb * PANEL + DOT_LANES)
+        var s0 = panel_scales.unsafe_load[width=DOT_LANES](kb * stride)
+        var s1 = panel_scales.unsafe_load[width=DOT_LANES](kb * stride + DOT_LANES)
         comptime for i in range(rows):
             var sx = xq.scale(m0 + i, kb)
             var offset = SIMD[DType.int32, DOT_LANES](I8_OFFSET * xq.sum(m0 + i, kb))
@@ -591,8 +606,8 @@ def _quad_panel_tile[a_type: DType, rows: Int, biased: Bool = False](
             acc[2 * i + 1] = (dots[2 * i + 1] - offset).cast[F32]().fma(s1 * sx, acc[2 * i + 1])
             comptime if biased:
                 var x_sum = sx * Float32(xq.sum(m0 + i, kb))
-                acc[2 * i] = panel_mins.unsafe_load[width=DOT_LANES](kb * PANEL).fma(x_sum, acc[2 * i])
-                acc[2 * i + 1] = panel_mins.unsafe_load[width=DOT_LANES](kb * PANEL + DOT_LANES).fma(x_sum, acc[2 * i + 1])
+                acc[2 * i] = panel_mins.unsafe_load[width=DOT_LANES](kb * stride).fma(x_sum, acc[2 * i])
+                acc[2 * i + 1] = panel_mins.unsafe_load[width=DOT_LANES](kb * stride + DOT_LANES).fma(x_sum, acc[2 * i + 1])
     _store_panel_rows[a_type, rows, DOT_LANES](y, acc, m0, n0, N)
 
 
@@ -712,6 +727,52 @@ struct _QuadPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
                                                      self.wt.k, self.wt.block_k, panel_scales)
 
 
+def _quantized_x[a_type: DType, w_type: DType, tiled: Bool](
+    x: Ptr[a_type], m: Int, wt: _Weights[w_type, tiled], mut q: List[Int8], mut scales: List[Float32],
+    mut sums: List[Int32],
+) -> _QuantizedX:
+    """x [m, K] quantized per row and block of wt's columns into q, scales and sums (the caller keeps them alive)."""
+    q.resize(m * wt.k + 4, 0)  # a quad read at the end of the last row may run 3 bytes past it
+    scales.resize(m * wt.k_blocks, 0)
+    sums.resize(m * wt.k_blocks, 0)
+    var xq = _QuantizedX(_data(q), _data(scales), _data(sums), wt.k_blocks)
+    var unused = List[Float32]()
+    _quantize_x[a_type, False](x, xq, m, wt.k, wt.block_k, wt.k, _data(unused))
+    return xq
+
+
+struct _StoredQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
+    """Item: I8_TILE_ROWS rows of a tiled int8 weight, its quad panels read in place, against every row of x
+    quantized to int8."""
+
+    var y: Addr[Self.a_type]
+    var xq: _QuantizedX
+    var wt: _Weights[Self.w_type, Self.tiled]
+    var m: Int
+
+    def __init__(out self, y: Ptr[Self.a_type], xq: _QuantizedX, wt: _Weights[Self.w_type, Self.tiled], m: Int):
+        self.y, self.xq, self.wt, self.m = addr(y), xq, wt, m
+
+    def run(self, item: Int):
+        comptime assert I8_TILE_ROWS % PANEL == 0, "a tile is whole quad panels"
+        var n0 = item * I8_TILE_ROWS
+        var scale_buffer = List[Float32](length=self.wt.k_blocks * I8_TILE_ROWS, fill=0)
+        var panel_scales = _data(scale_buffer)
+        for c in range(I8_TILE_ROWS):  # tiled weights have N a multiple of I8_TILE_ROWS
+            for kb in range(self.wt.k_blocks):
+                panel_scales.unsafe_store(kb * I8_TILE_ROWS + c, self.wt.scale(n0 + c, kb))
+        var panel = ptr(self.wt.w).unsafe_bitcast[UInt32]().unsafe_offset(n0 * (self.wt.k // 4))
+        comptime for half in range(0, I8_TILE_ROWS, PANEL):
+            for m0 in range(0, self.m, QUAD_PANEL_ROWS):
+                var rows = min(QUAD_PANEL_ROWS, self.m - m0)
+                comptime for r in range(1, QUAD_PANEL_ROWS + 1):
+                    if rows == r:
+                        _quad_panel_tile[Self.a_type, r, stride=I8_TILE_ROWS](
+                            ptr(self.y), self.xq, panel.unsafe_offset(half), panel_scales.unsafe_offset(half), m0,
+                            n0 + half, self.wt.n, self.wt.k, self.wt.block_k, panel_scales,
+                        )
+
+
 def linear_cpu[a_type: DType, w_type: DType, R: Runner, tiled: Bool = False](
     runner: R, y: Ptr[a_type], x: Ptr[a_type], w: Ptr[w_type], scales: Ptr[F32], m: Int, n: Int, k: Int, block_k: Int,
 ):
@@ -720,6 +781,24 @@ def linear_cpu[a_type: DType, w_type: DType, R: Runner, tiled: Bool = False](
         return
     var wt = _Weights[w_type, tiled](w, scales, n, k, block_k)
     var serial = m * n * k <= SERIAL_MACS
+    comptime if tiled and w_type == DType.int8:
+        var q = List[Int8]()
+        var q_scales = List[Float32]()
+        var q_sums = List[Int32]()
+        var xq = _quantized_x(x, m, wt, q, q_scales, q_sums)
+        runner.run(_StoredQuadPanels[a_type, w_type, tiled](y, xq, wt, m), n // I8_TILE_ROWS, serial)
+        _ = q^
+        _ = q_scales^
+        _ = q_sums^
+    else:
+        _linear_cpu_rows[a_type, w_type, R, tiled](runner, y, x, wt, m, serial)
+
+
+def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
+    runner: R, y: Ptr[a_type], x: Ptr[a_type], wt: _Weights[w_type, tiled], m: Int, serial: Bool,
+):
+    """The decode tiles or the panels packed per call (every format and layout but tiled int8)."""
+    var n, k = wt.n, wt.k
     var decode = m <= DECODE_ROWS
     # int8 prefill with VNNI: quads of x against quads of a panel (which must not straddle a block)
     var quads = False
@@ -734,11 +813,7 @@ def linear_cpu[a_type: DType, w_type: DType, R: Runner, tiled: Bool = False](
     var xq = _QuantizedX(_data(q), _data(q_scales), _data(q_sums), wt.k_blocks)
     comptime if w_type == DType.int8:
         if decode or quads:
-            q.resize(m * k + 4, 0)  # a quad read at the end of the last row may run 3 bytes past it
-            q_scales.resize(m * wt.k_blocks, 0)
-            q_sums.resize(m * wt.k_blocks, 0)
-            xq = _QuantizedX(_data(q), _data(q_scales), _data(q_sums), wt.k_blocks)
-            _quantize_x[a_type, False](x, xq, m, k, wt.block_k, k, _data(effective))
+            xq = _quantized_x(x, m, wt, q, q_scales, q_sums)
         else:
             effective.resize(m * k, 0)
             _quantize_x[a_type, True](x, xq, m, k, wt.block_k, k, _data(effective))
@@ -857,9 +932,10 @@ def check_linear_tiled[w_type: DType](m: Int, k: Int, tiles_n: Int, tiles_k: Int
                                       y_n: Int, scale_rows: Int, scale_cols: Int, block_k: Int) raises:
     comptime if is_fp8[w_type]():
         raise Error("linear_tiled: tiled weights are float32, bfloat16 or int8, not FP8: pass the [N, K] weight")
-    if rows != NR or cols != tile_k[w_type]():
-        raise Error("linear_tiled: ", w_type, " weights must be tiled [N / ", NR, ", K / ", tile_k[w_type](), ", ", NR, ", ",
-                    tile_k[w_type](), "], got tiles of [", rows, ", ", cols, "] (bindings.reference.tile_weight makes them)")
+    comptime tr, tk = tile_rows[w_type](), tile_k[w_type]()
+    if rows != tr or cols != tk:
+        raise Error("linear_tiled: ", w_type, " weights must be tiled [N / ", tr, ", K / ", tk, ", ", tr, ", ", tk,
+                    "], got tiles of [", rows, ", ", cols, "] (bindings.reference.tile_weight makes them)")
     check_linear[w_type](m, k, tiles_n * rows, tiles_k * cols, y_m, y_n, scale_rows, scale_cols, block_k)
     comptime if is_scaled[w_type]():
         if block_k % tile_k[w_type]() != 0:
