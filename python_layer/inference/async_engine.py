@@ -182,8 +182,9 @@ class AsyncEngine:
                 self.engine.abort(request_id)
                 self._fail(request_id, RuntimeError(f"the engine failed while running this request: {e}"))
             return
-        for delta in deltas:
-            self._deliver(delta)
+        with self.engine.times.phase("deliver"):
+            for delta in deltas:
+                self._deliver(delta)
 
     def _add(self, request: InferenceRequest) -> None:
         try:

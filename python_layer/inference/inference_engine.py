@@ -24,6 +24,7 @@ from .model_runner import ModelRunner
 from .request import InferenceRequest, RequestDelta, RequestOutput, RequestStatus, new_request_id
 from .sampler import BatchSampler, DeviceTokens, SamplerOutput, TokenLogprobs, logits_only, to_device
 from .scheduler import ContinuousBatchScheduler
+from .step_times import StepTimes
 from .sampling_params import SamplingParams
 
 Prompt = Union[str, List[int]]
@@ -113,6 +114,7 @@ class InferenceEngine:
         self.debug_checks = debug_checks
         self.overlap = overlap  # with decode graphs: see step()
         self._in_flight: Optional[_Launched] = None
+        self.times = StepTimes()
         self.finished: "OrderedDict[str, InferenceRequest]" = OrderedDict()  # the latest finished, for /status
         self.max_finished_requests = max_finished_requests
 
@@ -243,7 +245,8 @@ class InferenceEngine:
         launched, self._in_flight = self._in_flight, None
         with self._torch_stream():
             if launched is None:
-                batch = self.scheduler.get_next_batch()
+                with self.times.phase("schedule"):
+                    batch = self.scheduler.get_next_batch()
                 if not batch:
                     return []
                 launched = self._launch(batch.items)
@@ -257,14 +260,16 @@ class InferenceEngine:
     def _launch(self, items: List[Tuple[InferenceRequest, int]]) -> _Launched:
         """Give the device a scheduled batch. Its tokens are left unread when overlap can go on from it."""
         decode_only = self.runner.only_decodes(items)  # before update_request moves num_cached_tokens on
-        logits, sampling = self.runner.run(items)
+        with self.times.forward(items, decode_only):
+            logits, sampling = self.runner.run(items)
         for request, num_computed in items:
             self.scheduler.update_request(request, num_computed)
         if decode_only and self._overlaps() and all(logits_only(r.params) for r in sampling):
             return _Launched(sampling, unread=self._sample_on_device(logits, sampling))
         if not sampling:
             return _Launched([], sampled=SamplerOutput([], []))
-        sampled = self.sampler(logits, [r.params for r in sampling], [r.generator for r in sampling], sampling)
+        with self.times.phase("sample"):
+            sampled = self.sampler(logits, [r.params for r in sampling], [r.generator for r in sampling], sampling)
         return _Launched(sampling, sampled=sampled)
 
     def _launch_following(self, launched: _Launched) -> Optional[_Launched]:
@@ -284,7 +289,8 @@ class InferenceEngine:
         input_ids = launched.unread.on_device
         if len(rows) < len(input_ids):
             input_ids = input_ids[to_device(rows, torch.long, input_ids.device)]
-        logits = self.runner.run_following(requests, input_ids)
+        with self.times.forward([(r, 1) for r in requests], decode=True):
+            logits = self.runner.run_following(requests, input_ids)
         for request in requests:
             scheduler.update_request(request, 1)
         return _Launched(requests, unread=self._sample_on_device(logits, requests))
@@ -292,21 +298,24 @@ class InferenceEngine:
     def _complete(self, launched: _Launched) -> List[RequestDelta]:
         """Read a launched step's tokens and hand them to their requests (none to those that ended meanwhile)."""
         if launched.unread is not None:
-            token_ids, logprobs = launched.unread.tolist(), [None] * len(launched.requests)
+            with self.times.phase("sample"):
+                token_ids, logprobs = launched.unread.tolist(), [None] * len(launched.requests)
         else:
             token_ids, logprobs = launched.sampled.token_ids, launched.sampled.logprobs
         now = time.perf_counter()
-        deltas = [
-            self._append_token(request, token, lp, now)
-            for request, token, lp in zip(launched.requests, token_ids, logprobs)
-            if request.status == RequestStatus.RUNNING
-        ]
+        with self.times.phase("output"):
+            deltas = [
+                self._append_token(request, token, lp, now)
+                for request, token, lp in zip(launched.requests, token_ids, logprobs)
+                if request.status == RequestStatus.RUNNING
+            ]
         if self.debug_checks:
             self.scheduler.check_page_accounting()
         return deltas
 
     def _sample_on_device(self, logits: torch.Tensor, requests: List[InferenceRequest]) -> DeviceTokens:
-        return self.sampler.on_device(logits, [r.params for r in requests], [r.generator for r in requests])
+        with self.times.phase("sample"):
+            return self.sampler.on_device(logits, [r.params for r in requests], [r.generator for r in requests])
 
     def _overlaps(self) -> bool:
         graphs = self.runner.decode_graphs

@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .inference_engine import InferenceEngine
 from .request import InferenceRequest
+from .step_times import PHASES, STEP_KINDS
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                     20.0, 40.0, 80.0)
@@ -42,8 +43,21 @@ class EngineMetrics:
                                       buckets=_LATENCY_BUCKETS, registry=r))
         self._success = Counter("mili_request_success", "Finished requests by finish reason",
                                 ["model_name", "finished_reason"], registry=r)
+        # where the engine's time goes (step_times.py): rates over a window give the share of each phase
+        phase_seconds = Counter("mili_engine_phase_seconds", "Engine thread seconds by phase of its steps",
+                                ["model_name", "phase"], registry=r)
+        steps = Counter("mili_engine_steps", "Steps run, by kind", ["model_name", "kind"], registry=r)
+        step_rows = Counter("mili_engine_step_rows", "Requests computed in steps, by kind", ["model_name", "kind"],
+                            registry=r)
+        step_tokens = Counter("mili_engine_step_tokens", "Tokens computed in steps, by kind", ["model_name", "kind"],
+                              registry=r)
+        self._totals = [(phase_seconds.labels(model_name, p), ("seconds", p)) for p in PHASES]
+        for kind in STEP_KINDS:
+            self._totals += [(steps.labels(model_name, kind), ("steps", kind)),
+                             (step_rows.labels(model_name, kind), ("rows", kind)),
+                             (step_tokens.labels(model_name, kind), ("tokens", kind))]
         self._model_name = model_name
-        self._seen = {"preemptions": 0, "queries": 0, "hits": 0}
+        self._seen = {"preemptions": 0, "queries": 0, "hits": 0, **{key: 0 for _, key in self._totals}}
 
     def observe_engine(self, engine: InferenceEngine) -> None:
         """Gauges and cumulative counters read off the engine after a step (engine thread)."""
@@ -55,11 +69,14 @@ class EngineMetrics:
         # pages referenced only by the prefix cache are reusable: they do not count as used
         self.kv_usage.set(engine.num_request_pages / kv.num_usable_pages)
         self._add(self.preemptions, "preemptions", scheduler.num_preemptions)
+        times = engine.times
+        for counter, (field, name) in self._totals:
+            self._add(counter, (field, name), getattr(times, field)[name])
         if engine.prefix_cache is not None:
             self._add(self.prefix_queries, "queries", engine.prefix_cache.queried_tokens)
             self._add(self.prefix_hits, "hits", engine.prefix_cache.hit_tokens)
 
-    def _add(self, counter, key: str, total: int) -> None:
+    def _add(self, counter, key, total: float) -> None:
         counter.inc(total - self._seen[key])
         self._seen[key] = total
 

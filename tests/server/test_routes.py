@@ -222,13 +222,19 @@ def test_chat_completions(client: openai.OpenAI, offline: InferenceEngine) -> No
     assert thinking.usage.prompt_tokens == len(prompt) - 4  # without the empty <think>\n\n</think>\n\n block
 
 
-def test_metrics(server: LiveServer) -> None:
-    server.client.post("/generate", json={"prompt": "metrics", "max_tokens": 3})
-    server.wait_idle()
+def _metric_values(server: LiveServer) -> dict:
     text = server.client.get("/metrics").text
-    values = {
+    return {
         line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and line[0] != "#"
     }
+
+
+def test_metrics(server: LiveServer) -> None:
+    server.wait_idle()
+    before = _metric_values(server)
+    server.client.post("/generate", json={"prompt": "the engine's metrics, counted", "max_tokens": 3})
+    server.wait_idle()
+    values = _metric_values(server)
     label = f'{{model_name="{MODEL_NAME}"}}'
     for name in ("mili_prompt_tokens_total", "mili_generation_tokens_total", "mili_time_to_first_token_seconds_count",
                  "mili_inter_token_latency_seconds_count", "mili_e2e_request_latency_seconds_count",
@@ -238,3 +244,14 @@ def test_metrics(server: LiveServer) -> None:
     assert values["mili_kv_cache_usage_perc" + label] == 0
     assert "mili_prefix_cache_hits_total" + label in values
     assert values[f'mili_request_success_total{{finished_reason="length",model_name="{MODEL_NAME}"}}'] >= 1
+
+    def added(name: str, **labels: str) -> float:
+        key = name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted({**labels, "model_name": MODEL_NAME}.items())) + "}"
+        return values[key] - before.get(key, 0.0)
+
+    # the engine's steps: the prompt (several tokens) in one step, then a decode step per further token
+    assert added("mili_engine_steps_total", kind="prefill") == 1
+    assert added("mili_engine_steps_total", kind="decode") == added("mili_engine_step_rows_total", kind="decode") == 2
+    assert added("mili_engine_step_tokens_total", kind="prefill") >= 1
+    for phase in ("schedule", "prefill", "decode", "sample", "output", "deliver"):
+        assert added("mili_engine_phase_seconds_total", phase=phase) > 0, phase
