@@ -59,3 +59,38 @@ def ttft_percentiles(rows: Sequence[dict], title: str, out: Path) -> Path:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def breakdown(rows: Sequence[dict], title: str, out: Path) -> Path:
+    """MILI's engine thread by concurrency, served (light client) beside offline: the share of the wall time in
+    prefill steps, decode steps, host work around them (schedule, sample, output, deliver) and the rest, with the
+    event loop's CPU (cores) marked on the served bars."""
+    parts = [("prefill", ("prefill_share",)), ("decode", ("decode_share",)),
+             ("host", ("schedule_share", "sample_share", "output_share", "deliver_share")),
+             ("idle or untimed", ("idle_share",))]
+    served = {r["concurrency"]: r for r in rows if r["client"] != "offline"}
+    offline = {r["concurrency"]: r for r in rows if r["client"] == "offline"}
+    concurrencies = sorted(set(served) | set(offline))
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    width = 0.38
+    for shift, side, hatch in ((-width / 2, served, ""), (width / 2, offline, "//")):
+        xs = [i + shift for i, c in enumerate(concurrencies) if c in side]
+        bottom = [0.0] * len(xs)
+        for j, (label, keys) in enumerate(parts):
+            heights = [sum(side[c][k] for k in keys) for c in concurrencies if c in side]
+            ax.bar(xs, heights, width, bottom=bottom, color=f"C{j}", hatch=hatch, edgecolor="white",
+                   label=label if side is served else None)
+            bottom = [b + h for b, h in zip(bottom, heights)]
+    loop = [(i - width / 2, served[c]["loop_cpu"]) for i, c in enumerate(concurrencies) if c in served]
+    if loop:
+        ax.plot(*zip(*loop), "kD", label="event loop CPU (cores), served")
+    ax.set_xticks(range(len(concurrencies)), [f"{c}\nserved | offline" for c in concurrencies], fontsize=8)
+    ax.set_xlabel("concurrent streams")
+    ax.set_ylabel("share of the engine thread's wall time")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -2,11 +2,13 @@
 light asyncio client, MILI beside llama.cpp's server in the same run.
 
 Starts every system's server, then at each concurrency runs each server in turn with guidellm (closed-loop
-streams, `--requests` streamed /v1/completions, synthetic prompts of `--prompt-tokens`, exactly `--output-tokens`
-out, the same sampling for every server) and then with the light client (the same shape), and stops them. The
-CPU that guidellm, the light client and the server took during each point is recorded: on 2 cores the load
-generator competes with the server. Writes benchmarks/results/serving-<time>.json and two
-PNGs beside it (throughput against latency, TTFT percentiles)."""
+streams, at least `--requests` streamed /v1/completions and two per stream, synthetic prompts of
+`--prompt-tokens`, exactly `--output-tokens` out, the same sampling for every server) and then with the light
+client (the same shape), then the same requests offline through MILI's engine (`--no-offline`: not), and stops
+the servers. The CPU that guidellm, the light client and the server took during each point is recorded: on 2 cores
+the load generator competes with the server. For MILI the light client's points and the offline ones also break
+the engine's time down (benchmarks/serving/breakdown.py). Writes benchmarks/results/serving-<time>.json and three
+PNGs beside it (throughput against latency, TTFT percentiles, MILI's breakdown)."""
 
 from __future__ import annotations
 
@@ -22,9 +24,11 @@ from typing import List
 
 from transformers import AutoTokenizer
 
+from benchmarks.serving import breakdown
 from benchmarks.serving import guidellm_sweep
 from benchmarks.serving import light_client
 from benchmarks.serving import plots
+from benchmarks.serving.offline import offline_point
 from benchmarks.common import print_table, write_json
 from benchmarks.serving.cpu_meter import CpuMeter
 # the pause `mili bench engine latency` takes before each run, for the same reason
@@ -53,35 +57,45 @@ def _prompts(tokenizer_dir: str, count: int, tokens: int) -> List[str]:
     return prompts
 
 
+def _requests(args: argparse.Namespace, concurrency: int) -> int:
+    return max(args.requests, 2 * concurrency)
+
+
 def _light_point(server: Server, args: argparse.Namespace, prompts: List[str], concurrency: int) -> dict:
-    pids = {"server": server.process.pid} if server.process else {}
-    with CpuMeter(pids) as meter:
+    pid = server.process.pid if server.process else None
+    before = breakdown.engine_counters(server.url) if server.mili else None
+    loop_cpu = breakdown.event_loop_cpu_seconds(pid) if server.mili and pid else 0.0
+    with CpuMeter({"server": pid} if pid else {}) as meter:
         start = time.time()
-        timings, wall, cpu = light_client.run_concurrency(server.url, server.model, prompts[: args.requests],
+        timings, wall, cpu = light_client.run_concurrency(server.url, server.model,
+                                                          prompts[: _requests(args, concurrency)],
                                                           args.output_tokens, concurrency, SAMPLING)
         end = time.time()
-    return dict(light_client.summarize(timings, wall), concurrency=concurrency, client_cpu=cpu / wall,
-                server_cpu=meter.share("server", start, end) if pids else None)
+    row = dict(light_client.summarize(timings, wall), concurrency=concurrency, client_cpu=cpu / wall,
+               server_cpu=meter.share("server", start, end) if pid else None)
+    if before is not None:
+        loop_cpu = breakdown.event_loop_cpu_seconds(pid) - loop_cpu if pid else 0.0
+        row.update(breakdown.summarize(before, breakdown.engine_counters(server.url), loop_cpu, wall))
+    return row
 
 
 def _guidellm_point(server: Server, args: argparse.Namespace, concurrency: int, work: Path) -> dict:
-    spec = guidellm_sweep.scenario(server.url, server.model, args.model, [concurrency], args.requests,
+    spec = guidellm_sweep.scenario(server.url, server.model, args.model, [concurrency], _requests(args, concurrency),
                                    args.prompt_tokens, args.output_tokens, SAMPLING, work / "guidellm.json")
     (row,) = guidellm_sweep.run(spec, work, server.process.pid if server.process else None)
     return dict(row, client_cpu=row.pop("generator_cpu"))
 
 
 def _sweep(servers: List[Server], args: argparse.Namespace, prompts: List[str], work: Path) -> List[dict]:
-    """Every point of every server in turn (concurrency, then server, then client), after a pause for the
-    last run's threads to go idle: this VM's speed drifts over minutes, and running them in turn keeps the
+    """Every point of every server in turn (concurrency, then server, then client), then offline, after a pause
+    for the last run's threads to go idle: this VM's speed drifts over minutes, and running them in turn keeps the
     drift out of the comparisons."""
     for server in servers:
         light_client.run_concurrency(server.url, server.model, prompts[:2], 8, 2, SAMPLING)  # warm-up
     rows = []
     for c in args.concurrencies:
         for server in servers:
-            clients = ["guidellm"] + ([] if args.no_light_client else ["light"])
-            for client in clients:
+            for client in args.clients:
                 time.sleep(SETTLE_S)
                 print(f"{server.name}: {client} at concurrency {c}", flush=True)
                 if client == "guidellm":
@@ -89,6 +103,12 @@ def _sweep(servers: List[Server], args: argparse.Namespace, prompts: List[str], 
                 else:
                     row = _light_point(server, args, prompts, c)
                 rows.append(dict(row, system=server.name, client=client))
+        if args.offline:
+            time.sleep(SETTLE_S)
+            print(f"MILI {args.mili_weight_dtype} offline at concurrency {c}", flush=True)
+            row = offline_point(args.model, args.mili_weight_dtype, prompts[: _requests(args, c)], args.output_tokens,
+                                c, SAMPLING, work)
+            rows.append(dict(row, concurrency=c, system=f"MILI {args.mili_weight_dtype}", client="offline"))
     return rows
 
 
@@ -100,7 +120,9 @@ def _servers(args: argparse.Namespace, log_dir: Path):
         if system == "mili":
             yield start_mili(args.model, args.mili_weight_dtype, log_dir)
         else:
-            yield start_llama(PEERS / "gguf" / Path(args.model).name / f"{args.llama_gguf}.gguf", args.threads, log_dir)
+            for gguf in args.llama_ggufs:
+                yield start_llama(PEERS / "gguf" / Path(args.model).name / f"{gguf}.gguf", args.threads, log_dir,
+                                  slots=max(args.concurrencies))
 
 
 def main(argv=None) -> int:
@@ -110,16 +132,21 @@ def main(argv=None) -> int:
     parser.add_argument("--url", default=None, help="drive this running server instead of starting any")
     parser.add_argument("--served-model", default="mili", help="with --url: the model name it serves")
     parser.add_argument("--concurrencies", default="1,2,4,8,16")
-    parser.add_argument("--requests", type=int, default=32, help="requests per concurrency")
+    parser.add_argument("--requests", type=int, default=32, help="requests per concurrency (at least 2 a stream)")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--mili-weight-dtype", default="bfloat16")
-    parser.add_argument(
-        "--llama-gguf", default="bf16", help="f32, bf16 or q8_0 (benchmarks/peers/setup.sh writes them)"
-    )
+    parser.add_argument("--llama-ggufs", default="bf16",
+                        help="comma-separated, a llama-server each: f32, bf16, q8_0, q4_0, q4_k_m "
+                             "(benchmarks/peers/setup.sh writes them)")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
-    parser.add_argument("--no-light-client", action="store_true", help="guidellm only, no cross-check")
+    parser.add_argument("--clients", default="guidellm,light", help="comma-separated: guidellm, light")
+    parser.add_argument("--no-offline", action="store_true", help="no offline run of the workload")
     args = parser.parse_args(argv)
+    args.llama_ggufs = [g.strip() for g in args.llama_ggufs.split(",") if g.strip()]
+    args.clients = [c.strip() for c in args.clients.split(",") if c.strip()]
+    if not args.clients or set(args.clients) - {"guidellm", "light"}:
+        parser.error(f"--clients: {args.clients}; choose from guidellm, light")
     args.model = str(Path(args.model or builtin_model_path()).resolve())
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = set(args.systems) - {"mili", "llama"}
@@ -129,8 +156,9 @@ def main(argv=None) -> int:
     load = os.getloadavg()[0]
     if load > 1:
         print(f"warning: load average {load:.1f}: the figures need an otherwise idle machine", file=sys.stderr)
-    prompts = _prompts(args.model, max(args.requests, 2), args.prompt_tokens)
+    prompts = _prompts(args.model, max(_requests(args, c) for c in args.concurrencies), args.prompt_tokens)
     servers: List[Server] = []
+    args.offline = "mili" in args.systems and not args.no_offline and not args.url
     with tempfile.TemporaryDirectory(prefix="mili-serving-") as tmp:
         try:
             for server in _servers(args, Path(tmp)):
@@ -140,20 +168,27 @@ def main(argv=None) -> int:
             for server in servers:
                 server.stop()
     rows.sort(key=lambda r: (r["system"], r["client"], r["concurrency"]))
-    print_table(rows, COLUMNS)
+    print_table([r for r in rows if r["client"] != "offline"], COLUMNS)
+    mili_rows = [r for r in rows if "decode_ms" in r]
+    if mili_rows:
+        print("\nwhere MILI's engine thread spent the window (light client, offline):")
+        print_table(mili_rows, ["client", "concurrency", "output_tok_s", *breakdown.COLUMNS])
     generator = subprocess.run(
         [str(guidellm_sweep.GUIDELLM), "--version"], capture_output=True, text=True
     ).stdout.strip()
     meta = dict(benchmark="serving", generator=generator, generator_env=guidellm_sweep.GENERATOR_ENV,
                 model=args.model, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
                 requests=args.requests, sampling=SAMPLING, load_average=load, mili_weight_dtype=args.mili_weight_dtype,
-                llama_gguf=args.llama_gguf, threads=args.threads)
+                llama_ggufs=args.llama_ggufs, threads=args.threads)
     out = write_json("serving", meta, rows)
     title = (f"{Path(args.model).name}: {args.prompt_tokens} tokens in, {args.output_tokens} out, "
-             f"{args.requests} requests per point (guidellm)")
-    chosen = [r for r in rows if r["client"] == "guidellm"]
-    for path in (plots.throughput_latency(chosen, title, out.with_name(out.stem + "-throughput-latency.png")),
-                 plots.ttft_percentiles(chosen, title, out.with_name(out.stem + "-ttft.png"))):
+             f"at least {args.requests} requests and 2 a stream per point ({args.clients[0]})")
+    chosen = [r for r in rows if r["client"] == args.clients[0]]
+    paths = [plots.throughput_latency(chosen, title, out.with_name(out.stem + "-throughput-latency.png")),
+             plots.ttft_percentiles(chosen, title, out.with_name(out.stem + "-ttft.png"))]
+    if mili_rows:
+        paths.append(plots.breakdown(mili_rows, title, out.with_name(out.stem + "-breakdown.png")))
+    for path in paths:
         print(f"wrote {path}")
     return 0
 

@@ -25,6 +25,7 @@ class Server:
     url: str
     process: Optional[subprocess.Popen] = None  # None: a server started by someone else (--url)
     log: Optional[Path] = None
+    mili: bool = False  # a MILI server: /metrics has its engine's counters
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
@@ -47,19 +48,23 @@ def start_mili(checkpoint: str, weight_dtype: str, log_dir: Path) -> Server:
     port = free_port()
     cmd = [sys.executable, "-m", "python_layer.cli", "serve", "--model", checkpoint, "--port", str(port),
            "--weight-dtype", weight_dtype, "--served-model-name", "mili", "--log-level", "warning"]
-    return _start(f"MILI {weight_dtype}", "mili", port, cmd, dict(os.environ), log_dir / "mili.log")
+    server = _start(f"MILI {weight_dtype}", "mili", port, cmd, dict(os.environ), log_dir / "mili.log")
+    server.mili = True
+    return server
 
 
 def start_llama(gguf: Path, threads: int, log_dir: Path, slots: int = 8) -> Server:
     """llama.cpp's own server (built by benchmarks/peers/setup.sh) on a GGUF it wrote: `slots` sequences decoded
-    together (its continuous batching), 2,048 tokens of context each, the weights read into memory (no mmap)."""
+    together (its continuous batching; at least 8), 1,024 tokens of context each, the weights read into memory (no
+    mmap)."""
+    slots = max(slots, 8)
     server, tools = PEERS / "build" / "bin" / "llama-server", "bash benchmarks/serving/setup.sh CHECKPOINT"
     if not gguf.is_file() or not server.is_file():
         raise SystemExit(f"{gguf if not gguf.is_file() else server} not found: run `{tools}` first")
     port = free_port()
     cmd = [str(server), "-m", str(gguf), "--alias", "llama", "--host", "127.0.0.1", "--port", str(port),
-           "-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(2048 * slots), "--no-mmap"]
-    return _start(f"llama.cpp {gguf.stem}", "llama", port, cmd, dict(os.environ), log_dir / "llama.log")
+           "-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(1024 * slots), "--no-mmap"]
+    return _start(f"llama.cpp {gguf.stem}", "llama", port, cmd, dict(os.environ), log_dir / f"llama-{gguf.stem}.log")
 
 
 def _start(name: str, model: str, port: int, cmd: List[str], env: dict, log: Path) -> Server:
