@@ -63,7 +63,7 @@ def start_llama(gguf: Path, threads: int, log_dir: Path, slots: int = 8) -> Serv
         raise SystemExit(f"{gguf if not gguf.is_file() else server} not found: run `{tools}` first")
     port = free_port()
     cmd = [str(server), "-m", str(gguf), "--alias", "llama", "--host", "127.0.0.1", "--port", str(port),
-           "-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(1024 * slots), "--no-mmap"]
+           "-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(1024 * slots), "--load-mode", "none"]
     return _start(f"llama.cpp {gguf.stem}", "llama", port, cmd, dict(os.environ), log_dir / f"llama-{gguf.stem}.log")
 
 
