@@ -11,7 +11,8 @@ PHASES = ("schedule", "prefill", "decode", "sample", "output", "deliver")
 """schedule: choosing the batch and its KV pages; prefill: the model on a step where some row computes prompt
 tokens (inputs and graph); decode: the model on a step where every row computes its one next token; sample: the
 sampler; output: tokens into text, stop checks; deliver (served engines): handing deltas to the server's streams.
-The rest of the engine thread's time is idle, or bookkeeping between phases."""
+The rest of the engine thread's time is idle, or bookkeeping between phases. On a GPU a forward returns once the
+device has its work: the wait for it falls in sample, where the tokens are read."""
 STEP_KINDS = ("prefill", "decode")
 
 
