@@ -200,13 +200,17 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
         ops.linear(torch.randn(2, 32, dtype=bf16), torch.ones(2, 4, 4, 8, dtype=bf16))
     with pytest.raises(ValueError, match="tiled weights are float32 / bfloat16 / int8 on a CPU"):
         ops.linear(torch.randn(2, 128), torch.ones(2, 2, 4, 64, dtype=torch.uint8))
-    tiled_int8 = torch.ones(2, 2, 4, 64, dtype=torch.int8)
-    with pytest.raises(ValueError, match="scales must be \\(8, 2\\) for a \\(8, 128\\) weight"):
+    with pytest.raises(ValueError, match="int8 weights must be tiled \\[N / 32, K / 4, 32, 4\\], got tiles of \\[4, "):
+        ops.linear(torch.randn(2, 128), torch.ones(8, 2, 4, 64, dtype=torch.int8), torch.ones(32, 1), 128)
+    tiled_int8 = torch.ones(1, 32, 32, 4, dtype=torch.int8)
+    with pytest.raises(ValueError, match="scales must be \\(32, 2\\) for a \\(32, 128\\) weight"):
         ops.linear(torch.randn(2, 128), tiled_int8, torch.ones(8, 1), 64)
-    with pytest.raises(ValueError, match="block_k \\(96\\) must be a multiple of the tiles' 64 columns"):
-        ops.linear(torch.randn(2, 128, dtype=bf16), tiled_int8, torch.ones(8, 2), 96)
-    with pytest.raises(ValueError, match="N a multiple of 4 and K of 64 bytes, got torch.bfloat16 \\(6, 64\\)"):
+    with pytest.raises(ValueError, match="block_k \\(30\\) must be a multiple of the tiles' 4 columns"):
+        ops.linear(torch.randn(2, 128, dtype=bf16), tiled_int8, torch.ones(32, 5), 30)
+    with pytest.raises(ValueError, match="N a multiple of 4 and K of 32, got torch.bfloat16 \\(6, 64\\)"):
         ref.tile_weight(torch.ones(6, 64, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="N a multiple of 32 and K of 4, got torch.int8 \\(4, 64\\)"):
+        ref.tile_weight(torch.ones(4, 64, dtype=torch.int8))
     packed = torch.zeros(2, 512, dtype=torch.uint8)  # 8 rows, K 129..256
     with pytest.raises(ValueError, match="block_k must be a positive multiple of 128, got 64"):
         ops.linear_int4(torch.randn(2, 200, dtype=bf16), packed, torch.ones(8, 4), torch.ones(8, 4), 64)
