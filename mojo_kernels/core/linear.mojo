@@ -611,6 +611,19 @@ def _quad_panel_tile[a_type: DType, rows: Int, biased: Bool = False, stride: Int
     _store_panel_rows[a_type, rows, DOT_LANES](y, acc, m0, n0, N)
 
 
+def _quad_panel_rows[a_type: DType, biased: Bool = False, stride: Int = PANEL](
+    y: Ptr[a_type], xq: _QuantizedX, panel: Ptr[DType.uint32], panel_scales: Ptr[F32], m: Int, n0: Int, N: Int, K: Int,
+    block_k: Int, panel_mins: Ptr[F32],
+):
+    """y[:, n0 : n0 + PANEL] from a quad panel, QUAD_PANEL_ROWS rows of x at a time (see _quad_panel_tile)."""
+    for m0 in range(0, m, QUAD_PANEL_ROWS):
+        var rows = min(QUAD_PANEL_ROWS, m - m0)
+        comptime for r in range(1, QUAD_PANEL_ROWS + 1):
+            if rows == r:
+                _quad_panel_tile[a_type, r, biased, stride](y, xq, panel, panel_scales, m0, n0, N, K, block_k,
+                                                            panel_mins)
+
+
 struct _DecodeTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
     """Item: NR weight rows against every row of x, as the weight format reads x (x, xb or xq)."""
 
@@ -719,12 +732,8 @@ struct _QuadPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
         var panel, panel_scales = _data(buffer), _data(scale_buffer)
         var n0 = item * PANEL
         _pack_quad_panel(panel, panel_scales, self.wt, n0)
-        for m0 in range(0, self.m, QUAD_PANEL_ROWS):
-            var rows = min(QUAD_PANEL_ROWS, self.m - m0)
-            comptime for r in range(1, QUAD_PANEL_ROWS + 1):
-                if rows == r:
-                    _quad_panel_tile[Self.a_type, r](ptr(self.y), self.xq, panel, panel_scales, m0, n0, self.wt.n,
-                                                     self.wt.k, self.wt.block_k, panel_scales)
+        _quad_panel_rows(ptr(self.y), self.xq, panel, panel_scales, self.m, n0, self.wt.n, self.wt.k, self.wt.block_k,
+                         panel_scales)
 
 
 def _quantized_x[a_type: DType, w_type: DType, tiled: Bool](
@@ -763,14 +772,10 @@ struct _StoredQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
                 panel_scales.unsafe_store(kb * I8_TILE_ROWS + c, self.wt.scale(n0 + c, kb))
         var panel = ptr(self.wt.w).unsafe_bitcast[UInt32]().unsafe_offset(n0 * (self.wt.k // 4))
         comptime for half in range(0, I8_TILE_ROWS, PANEL):
-            for m0 in range(0, self.m, QUAD_PANEL_ROWS):
-                var rows = min(QUAD_PANEL_ROWS, self.m - m0)
-                comptime for r in range(1, QUAD_PANEL_ROWS + 1):
-                    if rows == r:
-                        _quad_panel_tile[Self.a_type, r, stride=I8_TILE_ROWS](
-                            ptr(self.y), self.xq, panel.unsafe_offset(half), panel_scales.unsafe_offset(half), m0,
-                            n0 + half, self.wt.n, self.wt.k, self.wt.block_k, panel_scales,
-                        )
+            _quad_panel_rows[stride=I8_TILE_ROWS](
+                ptr(self.y), self.xq, panel.unsafe_offset(half), panel_scales.unsafe_offset(half), self.m, n0 + half,
+                self.wt.n, self.wt.k, self.wt.block_k, panel_scales,
+            )
 
 
 def linear_cpu[a_type: DType, w_type: DType, R: Runner, tiled: Bool = False](

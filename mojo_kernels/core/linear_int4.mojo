@@ -33,8 +33,8 @@ from std.sys.intrinsics import prefetch, PrefetchOptions
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
 from ..utils.types import addr, ptr, Addr, F32, Ptr, check_same
 from .linear import (
-    _QuantizedX, _quantize_x, _data, _tile_rows, _store_tile, _panel_tile, _quad_panel_tile, DECODE_ROWS, DOT_LANES,
-    I8_DOT, I8_MADD, NR, PANEL, PANEL_ROWS, PREFETCH_BYTES, QUAD_PANEL_ROWS, SERIAL_MACS,
+    _QuantizedX, _quantize_x, _data, _tile_rows, _store_tile, _panel_tile, _quad_panel_rows, DECODE_ROWS, DOT_LANES,
+    I8_DOT, I8_MADD, NR, PANEL, PANEL_ROWS, PREFETCH_BYTES, SERIAL_MACS,
 )
 
 comptime RUN = 128
@@ -279,14 +279,8 @@ struct _Int4QuadPanelTiles[a_type: DType, bits: Int](ChunkTask):
         var panel, panel_scales, panel_mins = _data(buffer), _data(scale_buffer), _data(min_buffer)
         var n0 = item * PANEL
         _pack_q4_quad_panel(panel, panel_scales, panel_mins, self.wt, n0)
-        for m0 in range(0, self.m, QUAD_PANEL_ROWS):
-            var rows = min(QUAD_PANEL_ROWS, self.m - m0)
-            comptime for r in range(1, QUAD_PANEL_ROWS + 1):
-                if rows == r:
-                    _quad_panel_tile[Self.a_type, r, biased=True](
-                        ptr(self.y), self.xq, panel, panel_scales, m0, n0, self.wt.n, self.wt.padded_k(),
-                        self.wt.block_k, panel_mins,
-                    )
+        _quad_panel_rows[biased=True](ptr(self.y), self.xq, panel, panel_scales, self.m, n0, self.wt.n,
+                                      self.wt.padded_k(), self.wt.block_k, panel_mins)
 
 
 struct _Int4PanelTiles[a_type: DType, bits: Int](ChunkTask):
