@@ -102,8 +102,9 @@ def linear(x: TensorValue, weight: TensorValue, scales: TensorValue, block_k: Un
 
 def linear_int4(x: TensorValue, packed: TensorValue, scales: TensorValue, mins: TensorValue,
                 block_k: TensorValue) -> TensorValue:
-    """x [M, K] @ dequantize_int4(packed, scales, mins, block_k, K)^T (reference.linear_int4), on a CPU."""
-    return _custom("mili_linear_int4", x, [x, packed, scales, mins, block_k], [[x.shape[0], scales.shape[0]]])[0]
+    """x [M, K] @ dequantize_int4(packed, scales, mins, block_k, K)^T (reference.linear_int4; scales and mins
+    [ceil(K / block_k), N]), on a CPU."""
+    return _custom("mili_linear_int4", x, [x, packed, scales, mins, block_k], [[x.shape[0], scales.shape[1]]])[0]
 
 
 def moe(x: TensorValue, logits: TensorValue, gate_up: TensorValue, gate_up_scales: TensorValue, down: TensorValue,

@@ -459,7 +459,7 @@ _LINEAR_TILED = {
 _LINEAR_INT4 = CompiledOp(
     graph.linear_int4,
     [T(SAME, "M", "N")],
-    [T(SAME, "M", "K"), T(DType.uint8, "NT", "TB"), T(F32, "N", "KB"), T(F32, "N", "KB"), T(I32, 1)],
+    [T(SAME, "M", "K"), T(DType.uint8, "NT", "TB"), T(F32, "KB", "N"), T(F32, "KB", "N"), T(I32, 1)],
 )
 
 
@@ -470,7 +470,7 @@ def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, min
         raise ValueError(f"linear_int4: 4-bit weights are a CPU format, got x on {x.device}")
     if packed.dtype != torch.uint8:
         raise ValueError(f"linear_int4: packed weights are uint8 (reference.pack_int4), got {packed.dtype}")
-    y = x.new_empty((x.shape[0], scales.shape[0]))
+    y = x.new_empty((x.shape[0], scales.shape[1]))
     _LINEAR_INT4(y, _c(x), _c(packed), _c(scales.float()), _c(mins.float()), _block_k_on(int(block_k), x.device))
     return y
 

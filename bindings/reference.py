@@ -372,56 +372,56 @@ def linear(
     return torch.matmul(effective_x(x, weight, block_k), dequantize(weight, scales, block_k).t()).to(x.dtype)
 
 
-INT4_RUN = 128
-"""Columns per run of a 4-bit weight's packed row (mojo_kernels/core/linear_int4.mojo: RUN)."""
+INT4_TILE_ROWS, INT4_GROUP = 32, 8
+"""A 4-bit weight's tiles: 32 rows, read 8 columns at a time (mojo_kernels/core/linear_int4.mojo)."""
 PACKED_BITS = (4, 6)
 """Bits of pack_int4's values: 4 (the int4 layers), 6 (the LM head under them)."""
 
 
 def pack_int4(q: torch.Tensor, bits: int = 4) -> torch.Tensor:
-    """Values q [N, K] (0..2^bits - 1) as the 4-bit linear kernel reads them, the rows tiled by TILE_ROWS: uint8
-    [ceil(N / 4), runs * 4 * 128 * bits / 8]. Each row as runs of 128 columns; a tile holds its rows' first runs,
-    then their second runs... (0 past K and past N). A run of a tile: each row's 64 bytes of low nibbles, byte j
-    holding column j in its low nibble and column 64 + j in its high one; with 6 bits, then each row's 32 bytes of
-    high bit pairs, byte j holding those of columns j, 32 + j, 64 + j and 96 + j (bits 0-1, 2-3, 4-5, 6-7)."""
+    """Values q [N, K] (0..2^bits - 1) as the 4-bit linear kernel reads them: uint8 [ceil(N / 32), ceil(K / 8) *
+    32 * bits], tiles of 32 rows (0 past N), each as groups of 8 columns (0 past K). A group: the 32 rows' 4-byte
+    lanes, byte c of row r's lane holding column c in its low nibble and column 4 + c in its high one (128 bytes:
+    the int8 quads vpdpbusd reads, once masked or shifted); with 6 bits then each 16 rows' 32 bytes of high bit
+    pairs, byte j holding those of lane bytes j (bits 0-3) and 32 + j (bits 4-7), a lane byte's 4 bits those of its
+    low-nibble column (0-1) and of its high-nibble column (2-3)."""
     if bits not in PACKED_BITS:
         raise ValueError(f"pack_int4: bits must be one of {PACKED_BITS}, got {bits}")
     n, k = q.shape
-    runs, tiles = -(-k // INT4_RUN), -(-n // TILE_ROWS)
-    q = torch.nn.functional.pad(q.to(torch.uint8), (0, runs * INT4_RUN - k, 0, tiles * TILE_ROWS - n))
-    q = q.view(tiles, TILE_ROWS, runs, INT4_RUN).transpose(1, 2)  # [tiles, runs, rows, 128]
-    low = (q & 15).view(tiles, runs, TILE_ROWS, 2, INT4_RUN // 2)
-    parts = [(low[:, :, :, 0] | (low[:, :, :, 1] << 4)).reshape(tiles, runs, -1)]
+    tiles, groups = -(-n // INT4_TILE_ROWS), -(-k // INT4_GROUP)
+    q = torch.nn.functional.pad(q.to(torch.uint8), (0, groups * INT4_GROUP - k, 0, tiles * INT4_TILE_ROWS - n))
+    q = q.view(tiles, INT4_TILE_ROWS, groups, 2, 4).permute(0, 2, 1, 3, 4)  # [tiles, groups, rows, half, 4]
+    parts = [((q[:, :, :, 0] & 15) | ((q[:, :, :, 1] & 15) << 4)).reshape(tiles, groups, -1)]
     if bits == 6:
-        high = (q >> 4).view(tiles, runs, TILE_ROWS, 4, INT4_RUN // 4)
-        pairs = high[:, :, :, 0] | (high[:, :, :, 1] << 2) | (high[:, :, :, 2] << 4) | (high[:, :, :, 3] << 6)
-        parts.append(pairs.reshape(tiles, runs, -1))
+        high = ((q[:, :, :, 0] >> 4) | ((q[:, :, :, 1] >> 4) << 2)).reshape(tiles, groups, 2, 2, 32)  # lane bytes
+        parts.append((high[:, :, :, 0] | (high[:, :, :, 1] << 4)).reshape(tiles, groups, -1))
     return torch.cat(parts, dim=2).reshape(tiles, -1)
 
 
 def packed_bits(packed: torch.Tensor, k: int) -> int:
     """The bits of pack_int4's values from its bytes per tile and the columns K."""
-    return packed.shape[-1] * 8 // (-(-k // INT4_RUN) * TILE_ROWS * INT4_RUN)
+    return packed.shape[-1] // (-(-k // INT4_GROUP) * INT4_TILE_ROWS)
 
 
 def unpack_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """pack_int4's q [N, K] (uint8) back from its tiles."""
     bits = packed_bits(packed, k)
-    runs = packed.view(packed.shape[0], -1, TILE_ROWS * INT4_RUN * bits // 8)
-    low = runs[:, :, : TILE_ROWS * INT4_RUN // 2].reshape(*runs.shape[:2], TILE_ROWS, INT4_RUN // 2)
-    q = torch.cat((low & 15, low >> 4), dim=3)  # [tiles, runs, rows, 128]
+    groups = packed.view(packed.shape[0], -1, INT4_TILE_ROWS * bits)
+    lanes = groups[:, :, : INT4_TILE_ROWS * 4].reshape(*groups.shape[:2], INT4_TILE_ROWS, 4)
+    q = torch.stack((lanes & 15, lanes >> 4), dim=3)  # [tiles, groups, rows, half, 4]
     if bits == 6:
-        pairs = runs[:, :, TILE_ROWS * INT4_RUN // 2 :].reshape(*runs.shape[:2], TILE_ROWS, INT4_RUN // 4)
-        q = q | (torch.cat([(pairs >> s) & 3 for s in (0, 2, 4, 6)], dim=3) << 4)
-    return q.transpose(1, 2).reshape(-1, runs.shape[1] * INT4_RUN)[:n, :k]
+        pairs = groups[:, :, INT4_TILE_ROWS * 4 :].reshape(*groups.shape[:2], 2, 32)
+        high = torch.stack((pairs & 15, pairs >> 4), dim=3).reshape(*groups.shape[:2], INT4_TILE_ROWS, 4)
+        q = q | (torch.stack((high & 3, high >> 2), dim=3) << 4)
+    return q.permute(0, 2, 1, 3, 4).reshape(packed.shape[0] * INT4_TILE_ROWS, -1)[:n, :k]
 
 
 def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, block_k: int,
                     k: int) -> torch.Tensor:
-    """A 4-bit weight [N, K] in float32: q * scales + mins, scales and mins [N, ceil(K / block_k)] per row and block
-    of block_k columns."""
-    expand = lambda t: t.float().repeat_interleave(block_k, dim=1)[:, :k]
-    return unpack_int4(packed, scales.shape[0], k).float() * expand(scales) + expand(mins)
+    """A 4-bit weight [N, K] in float32: q * scales + mins, scales and mins [ceil(K / block_k), N] per block of
+    block_k columns and row (a block's a row of them, as AWQ / GPTQ store theirs)."""
+    expand = lambda t: t.float().t().repeat_interleave(block_k, dim=1)[:, :k]
+    return unpack_int4(packed, scales.shape[1], k).float() * expand(scales) + expand(mins)
 
 
 def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,

@@ -576,14 +576,13 @@ def _pack_quad_panel[w_type: DType, tiled: Bool](panel: Ptr[DType.uint32], panel
 
 
 @always_inline
-def _quad_panel_tile[a_type: DType, rows: Int, biased: Bool = False, stride: Int = PANEL](
+def _quad_panel_tile[a_type: DType, rows: Int, stride: Int = PANEL](
     y: Ptr[a_type], xq: _QuantizedX, panel: Ptr[DType.uint32], panel_scales: Ptr[F32], m0: Int, n0: Int, N: Int, K: Int,
-    block_k: Int, panel_mins: Ptr[F32],
+    block_k: Int,
 ):
     """y[m0 : m0 + rows, n0 : n0 + PANEL] from a quad panel: each step a quad of x broadcast against 2 x 16 quads,
-    exact int32 sums per block, then both scales; `biased`: plus panel_mins[kb * stride + c] (a weight added to every
-    quad of its row and block, 4-bit weights' min) times the block's sum of x. K: the rows' stride in xq; `stride`:
-    the panel's, its scales' and mins' (a PANEL within a wider one)."""
+    exact int32 sums per block, then both scales. K: the rows' stride in xq; `stride`: the panel's and its scales'
+    (a PANEL within a wider one)."""
     comptime assert PANEL == 2 * DOT_LANES, "quad panels are two dot-product accumulators wide"
     var q = ptr(xq.q).unsafe_bitcast[UInt8]()
     var acc = Array[SIMD[F32, DOT_LANES], 2 * rows](fill=0)
@@ -604,24 +603,19 @@ def _quad_panel_tile[a_type: DType, rows: Int, biased: Bool = False, stride: Int
             var offset = SIMD[DType.int32, DOT_LANES](I8_OFFSET * xq.sum(m0 + i, kb))
             acc[2 * i] = (dots[2 * i] - offset).cast[F32]().fma(s0 * sx, acc[2 * i])
             acc[2 * i + 1] = (dots[2 * i + 1] - offset).cast[F32]().fma(s1 * sx, acc[2 * i + 1])
-            comptime if biased:
-                var x_sum = sx * Float32(xq.sum(m0 + i, kb))
-                acc[2 * i] = panel_mins.unsafe_load[width=DOT_LANES](kb * stride).fma(x_sum, acc[2 * i])
-                acc[2 * i + 1] = panel_mins.unsafe_load[width=DOT_LANES](kb * stride + DOT_LANES).fma(x_sum, acc[2 * i + 1])
     _store_panel_rows[a_type, rows, DOT_LANES](y, acc, m0, n0, N)
 
 
-def _quad_panel_rows[a_type: DType, biased: Bool = False, stride: Int = PANEL](
+def _quad_panel_rows[a_type: DType, stride: Int = PANEL](
     y: Ptr[a_type], xq: _QuantizedX, panel: Ptr[DType.uint32], panel_scales: Ptr[F32], m: Int, n0: Int, N: Int, K: Int,
-    block_k: Int, panel_mins: Ptr[F32],
+    block_k: Int,
 ):
     """y[:, n0 : n0 + PANEL] from a quad panel, QUAD_PANEL_ROWS rows of x at a time (see _quad_panel_tile)."""
     for m0 in range(0, m, QUAD_PANEL_ROWS):
         var rows = min(QUAD_PANEL_ROWS, m - m0)
         comptime for r in range(1, QUAD_PANEL_ROWS + 1):
             if rows == r:
-                _quad_panel_tile[a_type, r, biased, stride](y, xq, panel, panel_scales, m0, n0, N, K, block_k,
-                                                            panel_mins)
+                _quad_panel_tile[a_type, r, stride](y, xq, panel, panel_scales, m0, n0, N, K, block_k)
 
 
 struct _DecodeTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
@@ -732,8 +726,7 @@ struct _QuadPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
         var panel, panel_scales = _data(buffer), _data(scale_buffer)
         var n0 = item * PANEL
         _pack_quad_panel(panel, panel_scales, self.wt, n0)
-        _quad_panel_rows(ptr(self.y), self.xq, panel, panel_scales, self.m, n0, self.wt.n, self.wt.k, self.wt.block_k,
-                         panel_scales)
+        _quad_panel_rows(ptr(self.y), self.xq, panel, panel_scales, self.m, n0, self.wt.n, self.wt.k, self.wt.block_k)
 
 
 def _quantized_x[a_type: DType, w_type: DType, tiled: Bool](
@@ -774,7 +767,7 @@ struct _StoredQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
         comptime for half in range(0, I8_TILE_ROWS, PANEL):
             _quad_panel_rows[stride=I8_TILE_ROWS](
                 ptr(self.y), self.xq, panel.unsafe_offset(half), panel_scales.unsafe_offset(half), self.m, n0 + half,
-                self.wt.n, self.wt.k, self.wt.block_k, panel_scales,
+                self.wt.n, self.wt.k, self.wt.block_k,
             )
 
 

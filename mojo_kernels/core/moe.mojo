@@ -18,7 +18,7 @@ from ..utils.parallel import MojoThreads, Runner
 from ..utils.types import addr, ptr, Addr, F32, Ptr, check_same, is_fp8
 from .activations import silu_and_mul_cpu
 from .linear import _data, linear_cpu
-from .linear_int4 import linear_int4_cpu, RUN, tile_bits
+from .linear_int4 import linear_int4_cpu, GROUP, TILE_ROWS, tile_bits
 
 comptime MOE_PARAMS = 5
 """The int32 params of both ops: block_k, top_k, normalize (0 / 1), tiled (0 / 1; mili_moe), I (each expert's
@@ -185,7 +185,7 @@ def _check_scale_sizes(h: Int, inter: Int, block_k: Int, gate_up_scale_size: Int
 
 def packed_bits(n: Int, k: Int, bytes: Int) raises -> Int:
     """The bits (4 or 6) of a packed weight [N, K] of `bytes` bytes (linear_int4.mojo's layout)."""
-    var tiles = ceildiv(n, 4)
+    var tiles = ceildiv(n, TILE_ROWS)
     var bits = tile_bits(k, bytes // tiles) if bytes % tiles == 0 else 0
     if bits != 0:
         return bits
@@ -227,8 +227,8 @@ def moe_int4_cpu[a_type: DType, R: Runner](
     """mili_moe_int4 on a CPU (params: MOE_PARAMS, tiled unused), after check_moe."""
     var block_k, top_k, inter = Int(params.unsafe_load(0)), Int(params.unsafe_load(1)), Int(params.unsafe_load(4))
     var normalize = params.unsafe_load(2) != 0
-    if block_k <= 0 or block_k % RUN != 0:
-        raise Error("moe: block_k must be a positive multiple of ", RUN, ", got ", block_k)
+    if block_k <= 0 or block_k % GROUP != 0:
+        raise Error("moe: block_k must be a positive multiple of ", GROUP, ", got ", block_k)
     var bits = packed_bits(2 * inter, h, gate_up_size)
     check_same["moe"](packed_bits(h, inter, down_size), bits, "down's bits", "gate_up's bits")
     _check_scale_sizes(h, inter, block_k, gate_up_scale_size, down_scale_size)

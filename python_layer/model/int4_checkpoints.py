@@ -100,7 +100,7 @@ class Int4Checkpoint:
         if self.bits == 4 and torch.equal(group_of, in_order) and (self.group_size == -1 or block % BLOCK_K == 0):
             # each group's scale and min repeated over its blocks of 128 columns
             blocks = torch.arange(-(-k // BLOCK_K), device=scales.device) * BLOCK_K // block
-            s, z = scales[blocks].t().contiguous(), zeros[blocks].t().float()
+            s, z = scales[blocks].contiguous(), zeros[blocks].float()
             return Int4Weight(reference.pack_int4(q.t()), s, (-z * s).contiguous(), BLOCK_K, k)
         return ((q.float() - zeros[group_of].float()) * scales[group_of]).t().contiguous()
 

@@ -39,7 +39,7 @@ class QuantizedWeight(NamedTuple):
 
 class Int4Weight(NamedTuple):
     """A linear layer's weight [N, K] as 4-bit values q (0..15; 6-bit, 0..63, for the LM head under 4-bit layers)
-    packed by reference.pack_int4: w = q * scales + mins, scales and mins float32 [N, ceil(K / block_k)] (block_k a
+    packed by reference.pack_int4: w = q * scales + mins, scales and mins float32 [ceil(K / block_k), N] (block_k a
     multiple of 128)."""
 
     packed: torch.Tensor
@@ -92,7 +92,7 @@ def quantize_int4(weight: torch.Tensor, block_k: int = BLOCK_K, bits: int = 4) -
     levels = 2**bits - 1
     parts = [_fit_int4(weight[i : i + INT4_ROWS_AT_ONCE], block_k, levels) for i in range(0, n, INT4_ROWS_AT_ONCE)]
     q, scales, mins = (torch.cat(t) for t in zip(*parts))
-    return Int4Weight(reference.pack_int4(q, bits), scales, mins, block_k, k)
+    return Int4Weight(reference.pack_int4(q, bits), scales.t().contiguous(), mins.t().contiguous(), block_k, k)
 
 
 def _fit_int4(weight: torch.Tensor, block_k: int, levels: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -199,9 +199,9 @@ def cat_rows(parts: Sequence[LinearWeight]) -> LinearWeight:
     if isinstance(parts[0], Int4Weight):
         if any(not isinstance(p, Int4Weight) or (p.bits, *p[3:]) != (parts[0].bits, *parts[0][3:]) for p in parts):
             raise ValueError("cannot stack 4-bit weights with other formats, bits, blocks or input sizes")
-        q = torch.cat([reference.unpack_int4(p.packed, p.scales.shape[0], p.in_features) for p in parts])
-        return Int4Weight(reference.pack_int4(q, parts[0].bits), torch.cat([p.scales for p in parts]),
-                          torch.cat([p.mins for p in parts]), *parts[0][3:])
+        q = torch.cat([reference.unpack_int4(p.packed, p.scales.shape[1], p.in_features) for p in parts])
+        return Int4Weight(reference.pack_int4(q, parts[0].bits), torch.cat([p.scales for p in parts], dim=1),
+                          torch.cat([p.mins for p in parts], dim=1), *parts[0][3:])
     if isinstance(parts[0], QuantizedWeight):
         if any(p.block_k != parts[0].block_k or p.weight.dtype != parts[0].weight.dtype for p in parts):
             raise ValueError("cannot stack quantized weights of different formats or block sizes")
