@@ -34,6 +34,23 @@ def _greedy(engine: InferenceEngine, prompts: list[list[int]]) -> list[list[int]
     return [o.token_ids for o in engine.generate(prompts, GREEDY)]
 
 
+GREEDY_TOP2 = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
+NEAR_TIE = 0.1
+"""Log-probabilities of the mojo and reference backends on the same 4-bit weights differ by up to ~0.06 (their
+summation orders, over random weights): two tokens closer than this may come out of them either way."""
+
+
+def _assert_greedy_agrees(ours: list, reference: list) -> None:
+    """The same greedy tokens, up to a step where the reference's best two tokens are a near tie (the rest of that
+    sequence then follows another token)."""
+    for a, b in zip(ours, reference, strict=True):
+        for step, (x, y, top) in enumerate(zip(a.token_ids, b.token_ids, b.logprobs, strict=True)):
+            if x != y:
+                gap = top.top[0][1] - top.top[1][1]
+                assert gap < NEAR_TIE, f"step {step}: {x} against the reference's {y}, {gap:.3f} ahead of the next"
+                break
+
+
 def test_fp8_checkpoint_runs_fp8_and_matches_float32_on_its_dequantized_weights(fp8_checkpoint: Path) -> None:
     fp8 = InferenceEngine.from_pretrained(fp8_checkpoint, device="cpu", dtype="float32")  # no flag: the config says FP8
     dense = InferenceEngine.from_pretrained(fp8_checkpoint, device="cpu", dtype="float32", weight_dtype="float32")
@@ -187,7 +204,7 @@ def test_awq_and_gptq_checkpoints_load_with_no_flag(int4_dense: Path, tmp_path: 
     assert isinstance(engine.model.layers[0].qkv_proj, Int4Weight) == repacked
     assert torch.equal(_dequantized(engine.model.layers[1].down_proj), exact.model.layers[1].down_proj)
     prompts = _prompts(engine.model.config.vocab_size, seed=5)
-    assert _greedy(engine, prompts) == _greedy(reference, prompts)
+    _assert_greedy_agrees(engine.generate(prompts, GREEDY_TOP2), reference.generate(prompts, GREEDY_TOP2))
     # the same dequantized weights in float32 (MILI's --weight-dtype float32 and transformers): the same tokens
     hf = _hf_on_dequantized(path)
     for prompt, tokens in zip(prompts, _greedy(exact, prompts)):
