@@ -97,7 +97,7 @@ def test_quantize_int4_error_and_round_trip(bits: int) -> None:
     # the least-squares fit does better than min..max rounding
     assert (q.dequantize() - w).norm() < 0.99 * (_minmax_int4(w, levels) - w).norm()
     stacked = cat_rows([q, quantize_int4(w[:5], bits=bits)])
-    assert isinstance(stacked, Int4Weight) and stacked.packed.shape[0] == 11 and stacked.bits == bits
+    assert isinstance(stacked, Int4Weight) and stacked.packed.shape[0] == 2 and stacked.bits == bits  # 42 rows
     assert torch.equal(stacked.dequantize(), torch.cat([q.dequantize(), quantize_int4(w[:5], bits=bits).dequantize()]))
     assert torch.equal(convert(q, "float32", torch.float32), q.dequantize())
     assert convert(w, f"int{bits}", torch.float32).packed.shape == q.packed.shape
