@@ -56,11 +56,11 @@ comptime NR = 4
 comptime MR = 4 if F32_WIDTH >= 16 else 2
 """Rows of x per decode tile: MR x NR accumulators, NR widened weight vectors and MR x vectors fit the registers."""
 comptime DECODE_ROWS = 32
-"""Rows of x up to which the decode tiles beat unpacking panels once: a decode tile rereads its weight rows from L1
-for every row of x, a panel costs a pass over the weights that few rows do not repay. Decode steps of Qwen3-0.6B's
-shape on a 2-core Zen 4, against a threshold of 8: at 16 rows 99 against 157 ms in int8, 100 / 158 in int4, 107 / 173
-in bfloat16; at 32 184 / 205, 203 / 220, 190 / 251; at 64 the panels win in int8 and int4 (304 against 373 ms,
-316 / 384)."""
+"""Rows of x up to which the decode tiles beat unpacking panels once (the weights not read in place as quad panels):
+a decode tile rereads its weight rows from L1 for every row of x, a panel costs a pass over the weights that few rows
+do not repay. Decode steps of Qwen3-0.6B's shape on a 2-core Zen 4, against a threshold of 8: at 16 rows 107 against
+173 ms in bfloat16, at 32 190 / 251 (int8 and int4 then had decode tiles too: 99 / 157 and 100 / 158 at 16 rows; at
+64 their panels won, 304 / 373 and 316 / 384)."""
 comptime I8_ROW_TILE = 8
 """Rows of x per int8 decode tile without VNNI (one weight row at a time: an accumulator per row of x)."""
 comptime PANEL = 2 * F32_WIDTH
