@@ -82,15 +82,16 @@ struct _Int4Tiles[bits: Int](ImplicitlyCopyable):
         var b = ptr(self.w).unsafe_load[width=S](at + v * S)
         var lo, hi = b & 15, b >> 4
         comptime if Self.bits == 6:
-            comptime half, part = v * S // HALF_BYTES, v * S % HALF_BYTES
-            var pairs = ptr(self.w).unsafe_load[width=HALF_BYTES // 2](at + LANE_BYTES + half * HALF_BYTES // 2)
+            # lane byte b of a half has its pairs in byte b % 32 of the half's pairs, nibble b / 32
+            comptime half, offset = v * S // HALF_BYTES, v * S % HALF_BYTES
+            comptime pairs_at = LANE_BYTES + half * HALF_BYTES // 2
             var e: SIMD[DType.uint8, S]
             comptime if S == HALF_BYTES:
+                var pairs = ptr(self.w).unsafe_load[width=HALF_BYTES // 2](at + pairs_at)
                 e = rebind[SIMD[DType.uint8, S]]((pairs & 15).join(pairs >> 4))
-            elif part == 0:
-                e = rebind[SIMD[DType.uint8, S]](pairs & 15)
             else:
-                e = rebind[SIMD[DType.uint8, S]](pairs >> 4)
+                var pairs = ptr(self.w).unsafe_load[width=S](at + pairs_at + offset % (HALF_BYTES // 2))
+                e = (pairs & 15) if offset < HALF_BYTES // 2 else (pairs >> 4)
             lo |= (e & 3) << 4
             hi |= (e & 12) << 2
         return lo, hi
