@@ -729,17 +729,19 @@ struct _QuadPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
         _quad_panel_rows(ptr(self.y), self.xq, panel, panel_scales, self.m, n0, self.wt.n, self.wt.k, self.wt.block_k)
 
 
-def _quantized_x[a_type: DType, w_type: DType, tiled: Bool](
-    x: Ptr[a_type], m: Int, wt: _Weights[w_type, tiled], mut q: List[Int8], mut scales: List[Float32],
+def _quantized_x[a_type: DType](
+    x: Ptr[a_type], m: Int, k: Int, block_k: Int, stride: Int, mut q: List[Int8], mut scales: List[Float32],
     mut sums: List[Int32],
 ) -> _QuantizedX:
-    """x [m, K] quantized per row and block of wt's columns into q, scales and sums (the caller keeps them alive)."""
-    q.resize(m * wt.k + 4, 0)  # a quad read at the end of the last row may run 3 bytes past it
-    scales.resize(m * wt.k_blocks, 0)
-    sums.resize(m * wt.k_blocks, 0)
-    var xq = _QuantizedX(_data(q), _data(scales), _data(sums), wt.k_blocks)
+    """x [m, k] quantized per row and block of block_k columns into q (empty: its rows `stride` apart, zeros past k),
+    scales and sums (the caller keeps them alive)."""
+    q.resize(m * stride + 8, 0)  # a quad or an 8-column group read at the end of the last row may run past it
+    var k_blocks = ceildiv(k, block_k)
+    scales.resize(m * k_blocks, 0)
+    sums.resize(m * k_blocks, 0)
+    var xq = _QuantizedX(_data(q), _data(scales), _data(sums), k_blocks)
     var unused = List[Float32]()
-    _quantize_x[a_type, False](x, xq, m, wt.k, wt.block_k, wt.k, _data(unused))
+    _quantize_x[a_type, False](x, xq, m, k, block_k, stride, _data(unused))
     return xq
 
 
@@ -783,7 +785,7 @@ def linear_cpu[a_type: DType, w_type: DType, R: Runner, tiled: Bool = False](
         var q = List[Int8]()
         var q_scales = List[Float32]()
         var q_sums = List[Int32]()
-        var xq = _quantized_x(x, m, wt, q, q_scales, q_sums)
+        var xq = _quantized_x(x, m, wt.k, wt.block_k, wt.k, q, q_scales, q_sums)
         runner.run(_StoredQuadPanels[a_type, w_type, tiled](y, xq, wt, m), n // I8_TILE_ROWS, serial)
         _ = q^
         _ = q_scales^
@@ -811,7 +813,7 @@ def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
     var xq = _QuantizedX(_data(q), _data(q_scales), _data(q_sums), wt.k_blocks)
     comptime if w_type == DType.int8:
         if decode or quads:
-            xq = _quantized_x(x, m, wt, q, q_scales, q_sums)
+            xq = _quantized_x(x, m, wt.k, wt.block_k, wt.k, q, q_scales, q_sums)
         else:
             effective.resize(m * k, 0)
             _quantize_x[a_type, True](x, xq, m, k, wt.block_k, k, _data(effective))

@@ -27,7 +27,7 @@ from std.sys.intrinsics import prefetch, PrefetchOptions
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
 from ..utils.types import addr, ptr, Addr, F32, Ptr, check_same
 from .linear import (
-    _QuantizedX, _quantize_x, _data, _store_panel_rows, DOT_LANES, I8_DOT, I8_MADD, PANEL, PREFETCH_BYTES,
+    _QuantizedX, _quantized_x, _data, _store_panel_rows, DOT_LANES, I8_DOT, I8_MADD, PANEL, PREFETCH_BYTES,
     QUAD_PANEL_ROWS, SERIAL_MACS,
 )
 
@@ -225,12 +225,10 @@ def _linear_tiles[a_type: DType, bits: Int, R: Runner](runner: R, y: Ptr[a_type]
                                                       m: Int):
     if m == 0 or wt.n == 0:
         return
-    var q = List[Int8](length=m * wt.padded_k() + GROUP, fill=0)  # rows padded to whole groups with zeros
-    var q_scales = List[Float32](length=m * wt.k_blocks, fill=0)
-    var q_sums = List[Int32](length=m * wt.k_blocks, fill=0)
-    var xq = _QuantizedX(_data(q), _data(q_scales), _data(q_sums), wt.k_blocks)
-    var unused = List[Float32]()
-    _quantize_x[a_type, False](x, xq, m, wt.k, wt.block_k, wt.padded_k(), _data(unused))
+    var q = List[Int8]()
+    var q_scales = List[Float32]()
+    var q_sums = List[Int32]()
+    var xq = _quantized_x(x, m, wt.k, wt.block_k, wt.padded_k(), q, q_scales, q_sums)  # rows padded to whole groups
     runner.run(_Int4TileRows[a_type, bits](y, xq, wt, m), ceildiv(wt.n, TILE_ROWS), m * wt.n * wt.k <= SERIAL_MACS)
     _ = q^
     _ = q_scales^
