@@ -47,7 +47,7 @@ from std.sys.intrinsics import prefetch, PrefetchOptions
 
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
 from ..utils.types import (
-    addr, ptr, largest_abs, load_f32, narrow, round_even, widen, is_fp8, Addr, F32, F32_WIDTH, FP8_SCALE, Ptr, GPU_BLOCK, check_same,
+    addr, ptr, dot_bf16, largest_abs, load_f32, BF16_DOT, narrow, round_even, widen, is_fp8, Addr, F32, F32_WIDTH, FP8_SCALE, Ptr, GPU_BLOCK, check_same,
 )
 
 comptime W = F32_WIDTH
@@ -70,7 +70,6 @@ comptime PANEL_ROWS = 6
 comptime PAIR_PANEL_ROWS = 12
 """Rows of x per pair-panel register tile (AVX-512 only): 24 accumulators, 2 panel vectors and a broadcast."""
 comptime SERIAL_MACS = 1 << 18
-comptime BF16_DOT = CompilationTarget._has_feature["avx512bf16"]()
 comptime I8_DOT = CompilationTarget._has_feature["avx512vnni"]()
 comptime I8_MADD = CompilationTarget._has_feature["avx2"]()
 comptime I8_TILED = I8_DOT
@@ -160,6 +159,17 @@ struct _Weights[w_type: DType, tiled: Bool](ImplicitlyCopyable):
             return
         var at = ptr(self.w).unsafe_bitcast[UInt8]().unsafe_offset(self.at(n, k) * size_of[Self.w_type]() + PREFETCH_BYTES)
         prefetch[PrefetchOptions().for_read().medium_locality()](at)
+
+    @always_inline
+    def prefetch_rows(self, n0: Int, part: Int, parts: Int):
+        """Asks for the part-th of `parts` slices of the PANEL rows from n0 on (adjacent in memory in either layout):
+        a worker's next panel fetched while it computes this one, a slice per row tile."""
+        var size = size_of[Self.w_type]()
+        var total = max(0, min(PANEL, self.n - n0)) * self.k * size
+        var chunk = ceildiv(ceildiv(total, parts), 64) * 64
+        var first = ptr(self.w).unsafe_bitcast[UInt8]().unsafe_offset(min(n0, self.n) * self.k * size)
+        for offset in range(part * chunk, min(total, part * chunk + chunk), 64):
+            prefetch[PrefetchOptions().for_read().medium_locality()](first.unsafe_offset(offset))
 
     @always_inline
     def load[width: Int](self, n: Int, k: Int, scale: Float32) -> SIMD[F32, width]:
@@ -299,20 +309,6 @@ def _decode_tile[a_type: DType, w_type: DType, tiled: Bool, rows: Int, cols: Int
 
 
 @always_inline
-def _dot_bf16(
-    acc: SIMD[F32, DOT_LANES], a: SIMD[DType.bfloat16, 2 * DOT_LANES], b: SIMD[DType.bfloat16, 2 * DOT_LANES],
-) -> SIMD[F32, DOT_LANES]:
-    """acc plus the products of a and b, summed in pairs."""
-    comptime if BF16_DOT and DOT_LANES == 16:
-        return llvm_intrinsic["llvm.x86.avx512bf16.dpbf16ps.512", SIMD[F32, DOT_LANES]](acc, a, b)
-    else:  # each 32-bit lane holds a pair: its low half shifted up and its high half masked are float32 as they are
-        var ua, ub = bitcast[DType.uint32, DOT_LANES](a), bitcast[DType.uint32, DOT_LANES](b)
-        comptime high = UInt32(0xFFFF0000)
-        var lows = bitcast[F32, DOT_LANES](ua << 16).fma(bitcast[F32, DOT_LANES](ub << 16), acc)
-        return bitcast[F32, DOT_LANES](ua & high).fma(bitcast[F32, DOT_LANES](ub & high), lows)
-
-
-@always_inline
 def _dot_i8(
     acc: SIMD[DType.int32, DOT_LANES], w: SIMD[DType.int8, 4 * DOT_LANES], x: SIMD[DType.int8, 4 * DOT_LANES],
 ) -> SIMD[DType.int32, DOT_LANES]:
@@ -364,7 +360,7 @@ def _decode_tile_bf16[a_type: DType, w_type: DType, tiled: Bool, rows: Int, cols
                     wt.prefetch(n_of[j], k)
                 var wv = w.unsafe_load[width=S](wt.at(n_of[j], kp))
                 comptime for i in range(rows):
-                    acc[i * cols + j] = _dot_bf16(acc[i * cols + j], xv[i], wv)
+                    acc[i * cols + j] = dot_bf16(acc[i * cols + j], xv[i], wv)
         k += step
     while k < K:
         comptime for j in range(cols):
@@ -420,38 +416,31 @@ def _decode_tile_i8[a_type: DType, w_type: DType, tiled: Bool, rows: Int, cols: 
 
 
 def _pack_panel[w_type: DType, tiled: Bool](panel: Ptr[F32], wt: _Weights[w_type, tiled], n0: Int):
-    """panel[k * PANEL + c] = dequantized w[n0 + c, k]; 0 for rows past N."""
+    """panel[k * PANEL + c] = dequantized w[n0 + c, k]; 0 for rows past N. NR rows at a time, transposed in registers
+    (tiled weights: N is a multiple of NR, block_k of the runs)."""
     var K = wt.k
-    for c in range(PANEL):
+    var filled = min(PANEL, wt.n - n0)
+    var rows = filled - filled % NR
+    for c in range(0, rows, NR):
         var n = n0 + c
-        if n >= wt.n:
-            for k in range(K):
-                panel.unsafe_store(k * PANEL + c, 0)
-            continue
-        comptime if tiled:  # a whole tile at a time, in the order it lies in memory
-            comptime tk = tile_k[w_type]()
-            if c % NR != 0:
-                continue
-            for k0 in range(0, K, tk):
-                comptime for r in range(NR):
-                    var s = wt.scale(n + r, k0 // wt.block_k)  # block_k is a multiple of tk
-                    comptime for part in range(tk // W):
-                        var v = wt.load[W](n + r, k0 + part * W, s)
-                        comptime for e in range(W):
-                            panel.unsafe_store((k0 + part * W + e) * PANEL + c + r, v[e])
-            continue
         for kb in range(wt.k_blocks):
-            var s = wt.scale(n, kb)
+            var s = SIMD[F32, NR](wt.scale(n, kb), wt.scale(n + 1, kb), wt.scale(n + 2, kb), wt.scale(n + 3, kb))
             var k = kb * wt.block_k
             var end = min(K, k + wt.block_k)
             while k + W <= end:
-                var v = wt.load[W](n, k, s)
-                comptime for e in range(W):
-                    panel.unsafe_store((k + e) * PANEL + c, v[e])
+                _store_columns[F32, W](panel, k * PANEL + c, wt.load[W](n, k, s[0]), wt.load[W](n + 1, k, s[1]),
+                                       wt.load[W](n + 2, k, s[2]), wt.load[W](n + 3, k, s[3]))
                 k += W
-            while k < end:
-                panel.unsafe_store(k * PANEL + c, wt.load[1](n, k, s)[0])
-                k += 1
+            for kk in range(k, end):
+                comptime for r in range(NR):
+                    panel.unsafe_store(kk * PANEL + c + r, wt.load[1](n + r, kk, s[r])[0])
+    for c in range(rows, PANEL):
+        var n = n0 + c
+        for k in range(K):
+            var v = Float32(0)
+            if c < filled:
+                v = wt.load[1](n, k, wt.scale(n, k // wt.block_k))[0]
+            panel.unsafe_store(k * PANEL + c, v)
 
 
 @always_inline
@@ -487,15 +476,32 @@ def _store_panel_rows[a_type: DType, rows: Int, lanes: Int](
 
 
 @always_inline
+def _store_columns[dtype: DType, n: Int](
+    panel: Ptr[dtype], at: Int, r0: SIMD[dtype, n], r1: SIMD[dtype, n], r2: SIMD[dtype, n], r3: SIMD[dtype, n],
+):
+    """panel[at + e * PANEL : + 4] = r0[e], r1[e], r2[e], r3[e]: NR weight rows' 32-bit words transposed in registers
+    into the panel's columns, one 16-byte store per word (not four scattered ones)."""
+    comptime assert NR == 4 and size_of[dtype]() == 4, "four rows of 32-bit words"
+    var low, high = r0.interleave(r1), r2.interleave(r3)
+    var quads = bitcast[dtype, 4 * n](bitcast[DType.uint64, n](low).interleave(bitcast[DType.uint64, n](high)))
+    comptime for e in range(n):
+        panel.unsafe_store(at + e * PANEL, quads.slice[4, offset=4 * e]())
+
+
+@always_inline
 def _pack_run[w_type: DType, tiled: Bool](panel: Ptr[DType.uint32], wt: _Weights[w_type, tiled], n: Int, k: Int, c: Int):
     """The TILE_BYTES of row n from column k on (a tiled weight's run), loaded as one vector of 32-bit words
     (bfloat16 pairs, int8 quads) into panel column c, from the panel row of column k on."""
-    comptime WORDS = TILE_BYTES // 4
-    var bytes = ptr(wt.w).unsafe_bitcast[UInt8]().unsafe_load[width=TILE_BYTES](wt.at(n, k) * size_of[w_type]())
-    var words = bitcast[DType.uint32, WORDS](bytes)
+    var words = _run_words(wt, n, k)
     var first = k * size_of[w_type]() // 4
-    comptime for e in range(WORDS):
+    comptime for e in range(TILE_BYTES // 4):
         panel.unsafe_store((first + e) * PANEL + c, words[e])
+
+
+@always_inline
+def _run_words[w_type: DType, tiled: Bool](wt: _Weights[w_type, tiled], n: Int, k: Int) -> SIMD[DType.uint32, TILE_BYTES // 4]:
+    var bytes = ptr(wt.w).unsafe_bitcast[UInt8]().unsafe_load[width=TILE_BYTES](wt.at(n, k) * size_of[w_type]())
+    return bitcast[DType.uint32, TILE_BYTES // 4](bytes)
 
 
 def _pack_pair_panel[w_type: DType, tiled: Bool](panel: Ptr[DType.uint32], wt: _Weights[w_type, tiled], n0: Int):
@@ -505,9 +511,10 @@ def _pack_pair_panel[w_type: DType, tiled: Bool](panel: Ptr[DType.uint32], wt: _
     comptime if tiled:  # each run of a tile's row as one vector of pairs, in the order they lie in memory
         var filled = min(PANEL, wt.n - n0)  # a multiple of NR: tiled weights have N a multiple of it
         for c in range(0, filled, NR):
+            var n = n0 + c
             for k0 in range(0, K, tile_k[w_type]()):
-                comptime for r in range(NR):
-                    _pack_run(panel, wt, n0 + c + r, k0, c + r)
+                _store_columns[DType.uint32, TILE_BYTES // 4](panel, k0 // 2 * PANEL + c, _run_words(wt, n, k0), _run_words(wt, n + 1, k0),
+                               _run_words(wt, n + 2, k0), _run_words(wt, n + 3, k0))
         for kp in range(K // 2):
             for c in range(filled, PANEL):
                 panel.unsafe_store(kp * PANEL + c, 0)
@@ -541,8 +548,8 @@ def _pair_panel_tile[a_type: DType, rows: Int](
             else:  # the last column of an odd K: its pair's weight is 0, so is x's
                 pair = UInt32(xb.unsafe_bitcast[UInt16]().unsafe_load((m0 + i) * K + 2 * kp))
             var a = bitcast[DType.bfloat16, 2 * DOT_LANES](SIMD[DType.uint32, DOT_LANES](pair))
-            acc[2 * i] = _dot_bf16(acc[2 * i], a, b0)
-            acc[2 * i + 1] = _dot_bf16(acc[2 * i + 1], a, b1)
+            acc[2 * i] = dot_bf16(acc[2 * i], a, b0)
+            acc[2 * i + 1] = dot_bf16(acc[2 * i + 1], a, b1)
     _store_panel_rows[a_type, rows, DOT_LANES](y, acc, m0, n0, N)
 
 
@@ -675,11 +682,12 @@ struct _PanelTiles[a_type: DType, x_type: DType, w_type: DType, tiled: Bool](Chu
         self.y, self.x, self.wt, self.m = addr(y), addr(x), wt, m
 
     def run(self, item: Int):
-        var buffer = List[Float32](length=self.wt.k * PANEL, fill=0)
+        var buffer = List[Float32](unsafe_uninit_length=self.wt.k * PANEL)  # _pack_panel writes all of it
         var panel = _data(buffer)
         var n0 = item * PANEL
         _pack_panel(panel, self.wt, n0)
         for m0 in range(0, self.m, PANEL_ROWS):
+            self.wt.prefetch_rows(n0 + PANEL, m0 // PANEL_ROWS, ceildiv(self.m, PANEL_ROWS))
             var rows = min(PANEL_ROWS, self.m - m0)
             comptime for r in range(1, PANEL_ROWS + 1):
                 if rows == r:
@@ -698,11 +706,12 @@ struct _PairPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
         self.y, self.xb, self.wt, self.m = addr(y), addr(xb), wt, m
 
     def run(self, item: Int):
-        var buffer = List[UInt32](length=ceildiv(self.wt.k, 2) * PANEL, fill=0)
+        var buffer = List[UInt32](unsafe_uninit_length=ceildiv(self.wt.k, 2) * PANEL)  # _pack_pair_panel writes all of it
         var panel = _data(buffer)
         var n0 = item * PANEL
         _pack_pair_panel(panel, self.wt, n0)
         for m0 in range(0, self.m, PAIR_PANEL_ROWS):
+            self.wt.prefetch_rows(n0 + PANEL, m0 // PAIR_PANEL_ROWS, ceildiv(self.m, PAIR_PANEL_ROWS))
             var rows = min(PAIR_PANEL_ROWS, self.m - m0)
             comptime for r in range(1, PAIR_PANEL_ROWS + 1):
                 if rows == r:
@@ -819,10 +828,10 @@ def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
             _quantize_x[a_type, True](x, xq, m, k, wt.block_k, k, _data(effective))
     elif w_type == DType.bfloat16:
         if decode or BF16_DOT:
-            rounded.resize(m * k, 0)
+            rounded = List[BFloat16](unsafe_uninit_length=m * k)
             _round_x(x, _data(rounded), m * k)
         else:
-            effective.resize(m * k, 0)
+            effective = List[Float32](unsafe_uninit_length=m * k)
             _round_x(x, _data(effective), m * k)
     var xb = _data(rounded)
     if decode:

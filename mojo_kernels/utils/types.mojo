@@ -1,10 +1,12 @@
 # Shared helpers of MILI's kernels: pointer aliases, the CPU vector width, argument checks.
 from std.memory import bitcast
-from std.sys import llvm_intrinsic, simd_width_of
+from std.sys import CompilationTarget, llvm_intrinsic, simd_width_of
 
 comptime F32 = DType.float32
 comptime F32_WIDTH = simd_width_of[DType.float32]()
 """SIMD lanes of float32 on the host CPU (8 with AVX2, 16 with AVX-512)."""
+comptime BF16_DOT = CompilationTarget._has_feature["avx512bf16"]()
+"""AVX512_BF16's vdpbf16ps: 32 bfloat16 products summed in pairs into 16 float32 lanes per instruction."""
 
 comptime Ptr[dtype: DType] = Pointer[Scalar[dtype], MutAnyOrigin]
 comptime Addr[dtype: DType] = Pointer[Scalar[dtype], MutUntrackedOrigin]
@@ -125,3 +127,17 @@ def widen[dtype: DType, width: Int](p: Ptr[dtype], i: Int) -> SIMD[F32, width]:
 def round_even[width: Int](v: SIMD[F32, width]) -> SIMD[F32, width]:
     """To the nearest integer, ties to even (as torch.round; one vroundps, where __round__'s ties away are several)."""
     return llvm_intrinsic["llvm.roundeven", SIMD[F32, width]](v)
+
+
+@always_inline
+def dot_bf16(
+    acc: SIMD[F32, F32_WIDTH], a: SIMD[DType.bfloat16, 2 * F32_WIDTH], b: SIMD[DType.bfloat16, 2 * F32_WIDTH],
+) -> SIMD[F32, F32_WIDTH]:
+    """acc plus the products of a and b, summed in pairs (vdpbf16ps)."""
+    comptime if BF16_DOT and F32_WIDTH == 16:
+        return llvm_intrinsic["llvm.x86.avx512bf16.dpbf16ps.512", SIMD[F32, F32_WIDTH]](acc, a, b)
+    else:  # each 32-bit lane holds a pair: its low half shifted up and its high half masked are float32 as they are
+        var ua, ub = bitcast[DType.uint32, F32_WIDTH](a), bitcast[DType.uint32, F32_WIDTH](b)
+        comptime high = UInt32(0xFFFF0000)
+        var lows = bitcast[F32, F32_WIDTH](ua << 16).fma(bitcast[F32, F32_WIDTH](ub << 16), acc)
+        return bitcast[F32, F32_WIDTH](ua & high).fma(bitcast[F32, F32_WIDTH](ub & high), lows)

@@ -8,15 +8,19 @@
 # to four) score several keys at once, and accumulate the group's values in registers.
 # 8-bit caches (memory/kv_format.mojo) are widened in registers; a key's scale multiplies its scores, a value's
 # its weight.
+# Over bfloat16 caches with AVX512_BF16, staged tiles stage the block in bfloat16 pairs instead and score and sum it
+# with vdpbf16ps, twice the work of an FMA per instruction: q and the softmax weights are rounded to bfloat16 for
+# it (as llama.cpp's and vLLM's CPU attention round them to the cache's type), the sums stay float32.
 from max.algorithm import parallelize
 from std.math import ceildiv, exp, iota
 from std.collections import Array
+from std.memory import bitcast
 from std.sys import num_logical_cores, size_of
 from std.sys.intrinsics import prefetch, PrefetchOptions
 from std.utils.index import IndexList
 
 from ...memory.kv_format import kv_head_len, kv_scale
-from ...utils.types import narrow, widen, F32, F32_WIDTH, Ptr
+from ...utils.types import dot_bf16, narrow, widen, BF16_DOT, F32, F32_WIDTH, Ptr
 from ...utils.parallel import CpuContext
 
 comptime KEY_BLOCK = 32
@@ -35,6 +39,8 @@ comptime KEY_GROUP = 8
 comptime VALUE_WIDTH = 2 * F32_WIDTH
 """Head dimensions of a row accumulated per pass over a staged value block (two registers)."""
 comptime MASKED = Float32(-1.0e30)
+comptime PAIR_LANES = 2 * F32_WIDTH
+"""bfloat16 values in one operand of dot_bf16."""
 
 
 @always_inline
@@ -230,18 +236,24 @@ def _rescale(acc: Ptr[F32], acc_off: Int, keep: Float32, n: Int):
 def _softmax_block(s: Ptr[F32], s_off: Int, n: Int, m_at: Int, l_at: Int) -> Float32:
     """Online softmax over the scores s[s_off : s_off + n] of one row: turns them into weights exp(s - m_new),
     updates the row's running max s[m_at] and sum s[l_at], and returns the factor its accumulator must be scaled by."""
-    var block_max = MASKED
-    for j in range(n):
+    var maxima = SIMD[F32, F32_WIDTH](MASKED)
+    var i = 0
+    while i + F32_WIDTH <= n:
+        maxima = max(maxima, s.unsafe_load[width=F32_WIDTH](s_off + i))
+        i += F32_WIDTH
+    var block_max = maxima.reduce_max()
+    for j in range(i, n):
         block_max = max(block_max, s.unsafe_load(s_off + j))
     var m_old = s.unsafe_load(m_at)
     var m_new = max(m_old, block_max)
-    var total = Float32(0)
+    var sums = SIMD[F32, F32_WIDTH](0)
     var j = 0
     while j + F32_WIDTH <= n:
         var p = exp(s.unsafe_load[width=F32_WIDTH](s_off + j) - m_new)
         s.unsafe_store(s_off + j, p)
-        total += p.reduce_add()
+        sums += p
         j += F32_WIDTH
+    var total = sums.reduce_add()
     while j < n:
         var p = exp(s.unsafe_load(s_off + j) - m_new)
         s.unsafe_store(s_off + j, p)
@@ -375,6 +387,90 @@ def _four_rows_block(buf: Ptr[F32], r0: Int, r1: Int, r2: Int, r3: Int, j0: Int,
 
 
 @always_inline
+def _to_pairs(buf: Ptr[F32], off: Int, n: Int):
+    """buf[off : off + n] rounded to bfloat16 in place, as n / 2 words of pairs from off on (n a multiple of
+    PAIR_LANES)."""
+    var words = buf.unsafe_bitcast[UInt32]()
+    for x in range(0, n, PAIR_LANES):  # each chunk is read before the words land on it or before it
+        var rounded = narrow[DType.bfloat16, PAIR_LANES](buf.unsafe_load[width=PAIR_LANES](off + x))
+        words.unsafe_store(off + x // 2, bitcast[DType.uint32, F32_WIDTH](rounded))
+
+
+@always_inline
+def _stage_pairs[dtype: DType](
+    words: Ptr[DType.uint32], k_cache: Ptr[dtype], v_cache: Ptr[dtype], offsets: Array[Int, KEY_BLOCK], n_keys: Int,
+    kv_heads: Int, head_dim: Int, kt_off: Int, vb_off: Int,
+):
+    """The block of a bfloat16 cache staged for dot_bf16, per KV head g: K at kt_off + g * head_dim * KEY_BLOCK as
+    [head_dim / 2, KEY_BLOCK] words, each a key's pair of adjacent dimensions; V at vb_off + g * KEY_BLOCK * head_dim
+    as [KEY_BLOCK / 2, head_dim] words, each a dimension's pair of adjacent keys. Zeros for keys past n_keys."""
+    var half = head_dim // 2
+    var k_words, v_bits = k_cache.unsafe_bitcast[UInt32](), v_cache.unsafe_bitcast[UInt16]()
+    for jp in range(KEY_BLOCK // 2):
+        var j = 2 * jp
+        for g in range(kv_heads):
+            var kt = kt_off + g * head_dim * KEY_BLOCK
+            comptime for e in range(2):
+                var at = (offsets[j + e] + g * head_dim) // 2
+                for d2 in range(0, half, F32_WIDTH):
+                    var w = SIMD[DType.uint32, F32_WIDTH](0)
+                    if j + e < n_keys:
+                        w = k_words.unsafe_load[width=F32_WIDTH](at + d2)
+                    comptime for lane in range(F32_WIDTH):
+                        words.unsafe_store(kt + (d2 + lane) * KEY_BLOCK + j + e, w[lane])
+            var vb = vb_off + g * KEY_BLOCK * head_dim + jp * head_dim
+            for x in range(0, head_dim, F32_WIDTH):
+                var v0, v1 = SIMD[DType.uint16, F32_WIDTH](0), SIMD[DType.uint16, F32_WIDTH](0)
+                if j < n_keys:
+                    v0 = v_bits.unsafe_load[width=F32_WIDTH](offsets[j] + g * head_dim + x)
+                if j + 1 < n_keys:
+                    v1 = v_bits.unsafe_load[width=F32_WIDTH](offsets[j + 1] + g * head_dim + x)
+                words.unsafe_store(vb + x, bitcast[DType.uint32, F32_WIDTH](v0.interleave(v1)))
+
+
+@always_inline
+def _pair_rows[R: Int](buf: Ptr[F32], rows: IndexList[R], j0: Int, n_keys: Int, kt: Int, vb: Int, s_off: Int,
+                       acc_off: Int, m_off: Int, l_off: Int, last_off: Int, head_dim: Int):
+    """_four_rows_block over a block staged in pairs (_stage_pairs) for R rows of a KV head, each row's q held as
+    pairs at its start: each staged vector loaded feeds R vdpbf16ps. head_dim must be a multiple of VALUE_WIDTH."""
+    comptime KV = KEY_BLOCK // F32_WIDTH
+    var words = buf.unsafe_bitcast[UInt32]()
+    var scores = Array[SIMD[F32, F32_WIDTH], R * KV](fill=0)
+    for d2 in range(head_dim // 2):
+        var k = Array[SIMD[DType.bfloat16, PAIR_LANES], KV](fill=0)
+        comptime for v in range(KV):
+            k[v] = bitcast[DType.bfloat16, PAIR_LANES](words.unsafe_load[width=F32_WIDTH](kt + d2 * KEY_BLOCK + v * F32_WIDTH))
+        comptime for r in range(R):
+            var q = bitcast[DType.bfloat16, PAIR_LANES](SIMD[DType.uint32, F32_WIDTH](words.unsafe_load(rows[r] * head_dim + d2)))
+            comptime for v in range(KV):
+                scores[r * KV + v] = dot_bf16(scores[r * KV + v], q, k[v])
+    var keep = Array[Float32, R](fill=1)
+    comptime for r in range(R):
+        var p = s_off + rows[r] * KEY_BLOCK
+        comptime for v in range(KV):
+            buf.unsafe_store(p + v * F32_WIDTH, scores[r * KV + v])
+        keep[r] = _block_weights(buf, p, j0, n_keys, Int(buf.unsafe_load(last_off + rows[r])), m_off + rows[r],
+                                 l_off + rows[r])
+        _to_pairs(buf, p, KEY_BLOCK)
+    for x in range(0, head_dim, VALUE_WIDTH):
+        var acc = Array[SIMD[F32, F32_WIDTH], 2 * R](fill=0)
+        comptime for r in range(R):
+            comptime for c in range(2):
+                acc[2 * r + c] = buf.unsafe_load[width=F32_WIDTH](acc_off + rows[r] * head_dim + x + c * F32_WIDTH) * keep[r]
+        for jp in range(KEY_BLOCK // 2):
+            var v0 = bitcast[DType.bfloat16, PAIR_LANES](words.unsafe_load[width=F32_WIDTH](vb + jp * head_dim + x))
+            var v1 = bitcast[DType.bfloat16, PAIR_LANES](words.unsafe_load[width=F32_WIDTH](vb + jp * head_dim + x + F32_WIDTH))
+            comptime for r in range(R):
+                var p = bitcast[DType.bfloat16, PAIR_LANES](SIMD[DType.uint32, F32_WIDTH](
+                    words.unsafe_load(s_off + rows[r] * KEY_BLOCK + jp)))
+                acc[2 * r] = dot_bf16(acc[2 * r], p, v0)
+                acc[2 * r + 1] = dot_bf16(acc[2 * r + 1], p, v1)
+        comptime for r in range(R):
+            comptime for c in range(2):
+                buf.unsafe_store(acc_off + rows[r] * head_dim + x + c * F32_WIDTH, acc[2 * r + c])
+
+
+@always_inline
 def _merge_splits[dtype: DType](
     output: Ptr[dtype], dst: Int, partial: Ptr[F32], first: Int, stride: Int, acc_at: Int, m_at: Int, l_at: Int,
     splits: Int, n: Int,
@@ -489,9 +585,32 @@ def attention_cpu[dtype: DType, cache_type: DType](
                 buf.unsafe_store(l_off + r, 0)
                 buf.unsafe_store(last_off + r, Float32(context - q_len + first + r // q_heads))
             if n_queries * group >= STAGE_MIN_ROWS:  # enough rows per head to pay for staging the keys
+                var pairs = False
+                comptime if BF16_DOT and cache_type == DType.bfloat16:
+                    pairs = head_dim % VALUE_WIDTH == 0
+                if pairs:
+                    for r in range(n_rows):
+                        _to_pairs(buf, r * head_dim, head_dim)
                 for j0 in range(k_begin, k_end, KEY_BLOCK):
                     var n_keys = min(KEY_BLOCK, k_end - j0)
                     var offsets = _block_offsets(page_table, b * max_pages, j0, n_keys, page_size, row_len)
+                    var group_rows = n_queries * group
+                    if pairs:
+                        _stage_pairs(buf.unsafe_bitcast[UInt32](), k_cache, v_cache, offsets, n_keys, kv_heads, head_dim,
+                                     kt_off, vb_off)
+                        for g in range(kv_heads):
+                            var kt, vb = kt_off + g * head_dim * KEY_BLOCK, vb_off + g * KEY_BLOCK * head_dim
+                            var at = g * per_head
+                            var k = 0
+                            while k + 4 <= group_rows:
+                                var rows4 = IndexList[4](Int(kv_rows.unsafe_load(at + k)), Int(kv_rows.unsafe_load(at + k + 1)),
+                                                         Int(kv_rows.unsafe_load(at + k + 2)), Int(kv_rows.unsafe_load(at + k + 3)))
+                                _pair_rows(buf, rows4, j0, n_keys, kt, vb, s_off, acc_off, m_off, l_off, last_off, head_dim)
+                                k += 4
+                            for kk in range(k, group_rows):
+                                var row = IndexList[1](Int(kv_rows.unsafe_load(at + kk)))
+                                _pair_rows(buf, row, j0, n_keys, kt, vb, s_off, acc_off, m_off, l_off, last_off, head_dim)
+                        continue
                     for jj in range(KEY_BLOCK):  # stage the block, reading the cache in address order
                         if jj < n_keys:
                             for g in range(kv_heads):
@@ -505,7 +624,6 @@ def attention_cpu[dtype: DType, cache_type: DType](
                                 for x in range(head_dim):
                                     buf.unsafe_store(kt_off + (g * head_dim + x) * KEY_BLOCK + jj, 0)
                                     buf.unsafe_store(vb_off + (g * KEY_BLOCK + jj) * head_dim + x, 0)
-                    var group_rows = n_queries * group
                     for g in range(kv_heads):
                         var kt, vb = kt_off + g * head_dim * KEY_BLOCK, vb_off + g * KEY_BLOCK * head_dim
                         var at = g * per_head
