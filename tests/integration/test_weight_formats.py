@@ -120,7 +120,9 @@ def test_bfloat16_kv_cache_matches_the_reference_backend_and_drifts_less_than_tr
     prompts = _prompts(engines["mojo"].model.config.vocab_size, seed=2)  # prefill, then decode over the cache
     assert _greedy(engines["mojo"], prompts) == _greedy(engines["reference"], prompts)
     logits = [_Batch(e.model, len(prompts)).forward(prompts, all_logits=True) for e in engines.values()]
-    assert _rel_err(logits[0], logits[1]) < 1e-3  # K / V rounded alike (2e-5 here): float32 sums in another order
+    # K / V rounded alike; with AVX512_BF16 the prefill's attention rounds q and its softmax weights to bfloat16 too
+    # (vdpbf16ps: 4e-3 here, 2e-5 without: float32 sums in another order)
+    assert _rel_err(logits[0], logits[1]) < 1e-2
     exact = _hf_logits(_hf(tiny_checkpoint), prompts[2])
     ours = _rel_err(_Batch(engines["mojo"].model, 1).forward([prompts[2]], all_logits=True), exact)
     hf_bf16 = Qwen3ForCausalLM.from_pretrained(
