@@ -327,12 +327,11 @@ def _dot_i8(
         return acc + llvm_intrinsic["llvm.x86.avx2.pmadd.wd", SIMD[DType.int32, DOT_LANES]](
             pairs, SIMD[DType.int16, 2 * DOT_LANES](1)
         )
-    else:
-        var total = acc
-        comptime for c in range(4):
-            comptime at = c * DOT_LANES
-            total += w.slice[DOT_LANES, offset=at]().cast[DType.int32]() * x.slice[DOT_LANES, offset=at]().cast[DType.int32]()
-        return total
+    else:  # lane l sums products 4l .. 4l + 3, as vpdpbusd (a quad panel's lane is a column)
+        var products = w.cast[DType.int32]() * x.cast[DType.int32]()
+        var halves = products.deinterleave()
+        var pairs = (halves[0] + halves[1]).deinterleave()
+        return acc + rebind[SIMD[DType.int32, DOT_LANES]](pairs[0] + pairs[1])
 
 
 @always_inline
