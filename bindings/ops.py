@@ -26,7 +26,7 @@ from max.dtype import DType
 from max.experimental.torch import max_dtype_to_torch, torch_dtype_to_max
 from max.graph import BufferType, DeviceRef, Graph, TensorType, ops
 
-F32, I32 = DType.float32, DType.int32
+F16, F32, I32 = DType.float16, DType.float32, DType.int32
 SAME = None  # in a spec: the op's own dtype
 ALL_OPS: list["CompiledOp"] = []
 EAGER_CPU = True
@@ -459,7 +459,7 @@ _LINEAR_TILED = {
 _LINEAR_INT4 = CompiledOp(
     graph.linear_int4,
     [T(SAME, "M", "N")],
-    [T(SAME, "M", "K"), T(DType.uint8, "NT", "TB"), T(F32, "KB", "N"), T(F32, "KB", "N"), T(I32, 1)],
+    [T(SAME, "M", "K"), T(DType.uint8, "NT", "TB"), T(F16, "KB", "N"), T(F16, "KB", "N"), T(I32, 1)],
 )
 
 
@@ -470,9 +470,16 @@ def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, min
         raise ValueError(f"linear_int4: 4-bit weights are a CPU format, got x on {x.device}")
     if packed.dtype != torch.uint8:
         raise ValueError(f"linear_int4: packed weights are uint8 (reference.pack_int4), got {packed.dtype}")
+    _check_half("linear_int4", scales, mins)
     y = x.new_empty((x.shape[0], scales.shape[1]))
-    _LINEAR_INT4(y, _c(x), _c(packed), _c(scales.float()), _c(mins.float()), _block_k_on(int(block_k), x.device))
+    _LINEAR_INT4(y, _c(x), _c(packed), _c(scales), _c(mins), _block_k_on(int(block_k), x.device))
     return y
+
+
+def _check_half(op: str, *scales: torch.Tensor) -> None:
+    if any(s.dtype != torch.float16 for s in scales):
+        raise ValueError(f"{op}: 4-bit weights' scales and mins are float16 (quantization.Int4Weight), got "
+                         f"{', '.join(sorted({str(s.dtype) for s in scales}))}")
 
 
 _MOE = {
@@ -488,8 +495,8 @@ _MOE = {
 _MOE_INT4 = CompiledOp(
     graph.moe_int4,
     [T(SAME, "T", "H")],
-    [T(SAME, "T", "H"), T(SAME, "T", "E"), T(DType.uint8, "E", "GU"), T(F32, "E", "GS"), T(F32, "E", "GS"),
-     T(DType.uint8, "E", "DN"), T(F32, "E", "DS"), T(F32, "E", "DS"), T(I32, 5)],
+    [T(SAME, "T", "H"), T(SAME, "T", "E"), T(DType.uint8, "E", "GU"), T(F16, "E", "GS"), T(F16, "E", "GS"),
+     T(DType.uint8, "E", "DN"), T(F16, "E", "DS"), T(F16, "E", "DS"), T(I32, 5)],
 )
 
 
@@ -508,6 +515,7 @@ def moe(x: torch.Tensor, logits: torch.Tensor, top_k: int, normalize: bool, inte
     params = torch.tensor([block_k, top_k, int(normalize), int(gate_up[0].dim() > 3), inter], dtype=torch.int32)
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     if len(gate_up) == 3:
+        _check_half("moe", *gate_up[1:], *down[1:])
         _MOE_INT4(y, _c(x), _c(logits), *map(flat, gate_up), *map(flat, down), params)
         return y
     if gate_up[0].dtype not in WEIGHT_DTYPES:

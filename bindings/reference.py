@@ -427,6 +427,6 @@ def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tens
 def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
                 block_k: int) -> torch.Tensor:
     """quantized_x(x) [M, K] @ dequantize_int4(...)[N, K]^T in float32, in x's dtype (x quantized to int8 per row and
-    block of block_k columns, as for int8 weights); block_k a multiple of 128."""
+    block of block_k columns, as for int8 weights); block_k a multiple of 8."""
     w = dequantize_int4(packed, scales, mins, block_k, x.shape[1])
     return torch.matmul(quantized_x(x, block_k), w.t()).to(x.dtype)

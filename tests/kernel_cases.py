@@ -289,7 +289,7 @@ def run_linear_tiled(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     _assert_linear_matches(ops.linear(x, tiles, scales, block_k), ref.linear(x, weight, scales, block_k), dtype)
 
 
-INT4_BLOCKS = [128, 256, 40]
+INT4_BLOCKS = [64, 128, 256, 40]
 
 
 def run_linear_int4(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
@@ -299,7 +299,7 @@ def run_linear_int4(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     packed = ref.pack_int4(q, bits)
     assert torch.equal(ref.unpack_int4(packed, n, k), q)
     blocks = -(-k // block_k)
-    scales, mins = torch.randn(blocks, n) * 0.01, torch.randn(blocks, n) * 0.05
+    scales, mins = (torch.randn(blocks, n) * 0.01).half(), (torch.randn(blocks, n) * 0.05).half()
     x = torch.randn(m, k, device=device).to(dtype)
     _assert_linear_matches(ops.linear_int4(x, packed, scales, mins, block_k),
                            ref.linear_int4(x, packed, scales, mins, block_k), dtype)
@@ -315,8 +315,8 @@ def _expert_weight(n: int, k: int, fmt: str) -> tuple[tuple, callable]:
     """One expert's [N, K] weight in fmt: (its tensors as the kernel takes them, its linear in the reference)."""
     if fmt == "int4":
         packed = ref.pack_int4(torch.randint(0, 16, (n, k), dtype=torch.uint8))
-        scales, mins = torch.rand(-(-k // 128), n) * 0.02, torch.randn(-(-k // 128), n) * 0.05
-        return (packed, scales, mins), lambda x: ref.linear_int4(x, packed, scales, mins, 128)
+        scales, mins = (torch.rand(-(-k // 64), n) * 0.02).half(), (torch.randn(-(-k // 64), n) * 0.05).half()
+        return (packed, scales, mins), lambda x: ref.linear_int4(x, packed, scales, mins, 64)
     dtype = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}.get(fmt.split("-")[0]) or getattr(torch, fmt.split("-")[0])
     weight, scales, block_k = linear_weight(n, k, dtype, "cpu", 64 if fmt == "int8-tiled" else 32)
     if weight.is_floating_point() and weight.dtype != torch.float8_e4m3fn:
@@ -332,8 +332,8 @@ def run_moe(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     stack = lambda which: tuple(torch.stack(ts) for ts in zip(*(ex[which][0] for ex in experts)))
     x = torch.randn(t, h, device=device).to(dtype)
     logits = (torch.stack([torch.randperm(e_count) for _ in range(t)]).float() * 0.75).to(dtype)
-    ours = ops.moe(x, logits, top_k, normalize, inter, stack(0), stack(1), 128 if fmt == "int4" else
-                   64 if fmt == "int8-tiled" else 32)
+    ours = ops.moe(x, logits, top_k, normalize, inter, stack(0), stack(1), 64 if fmt in ("int4", "int8-tiled")
+                   else 32)
     theirs = ref.moe(x, logits, top_k, normalize, lambda v, e: experts[e][0][1](v), lambda v, e: experts[e][1][1](v))
     if fmt in ("float32", "fp8"):
         _assert_linear_matches(ours, theirs, dtype)

@@ -27,7 +27,7 @@ from mojo_kernels.core.qk_norm_rope import check_qk_norm_rope_store, qk_norm_rop
 from mojo_kernels.core.rope import check_rope, rope_cpu
 from mojo_kernels.memory.kv_cache import check_store_kv, store_kv_cpu
 from mojo_kernels.utils.parallel import OpenMP
-from mojo_kernels.utils.types import F32, Ptr
+from mojo_kernels.utils.types import F16, F32, Ptr
 
 comptime I32 = DType.int32
 comptime PyArgs = Pointer[PyObjectPtr, MutUntrackedOrigin]
@@ -270,7 +270,7 @@ def linear_tiled[a_type: DType, w_type: DType](mut args: Args) raises:
 def linear_int4[a_type: DType](mut args: Args) raises:
     var runner = OpenMP(args.int())
     var y, x, w = args.tensor[a_type, 2](), args.tensor[a_type, 2](), args.tensor[DType.uint8, 2]()
-    var scales, mins = args.tensor[F32, 2](), args.tensor[F32, 2]()
+    var scales, mins = args.tensor[F16, 2](), args.tensor[F16, 2]()
     var block_k = Int(args.tensor[I32, 1]().ptr().unsafe_load(0))
     args.done("linear_int4")
     var bits = check_linear_int4(x.dims[0], x.dims[1], scales.dims[1], w.dims[0], w.dims[1], y.dims[0], y.dims[1],
@@ -298,8 +298,8 @@ def moe[a_type: DType, w_type: DType](mut args: Args) raises:
 def moe_int4[a_type: DType](mut args: Args) raises:
     var runner = OpenMP(args.int())
     var y, x, logits = args.tensor[a_type, 2](), args.tensor[a_type, 2](), args.tensor[a_type, 2]()
-    var gate_up, gate_up_scales, gate_up_mins = args.tensor[DType.uint8, 2](), args.tensor[F32, 2](), args.tensor[F32, 2]()
-    var down, down_scales, down_mins = args.tensor[DType.uint8, 2](), args.tensor[F32, 2](), args.tensor[F32, 2]()
+    var gate_up, gate_up_scales, gate_up_mins = args.tensor[DType.uint8, 2](), args.tensor[F16, 2](), args.tensor[F16, 2]()
+    var down, down_scales, down_mins = args.tensor[DType.uint8, 2](), args.tensor[F16, 2](), args.tensor[F16, 2]()
     var params = args.tensor[I32, 1]()
     var p = params.ptr()
     args.done("moe_int4")

@@ -6,8 +6,8 @@
 # holds the 32 rows' 4-byte lanes, byte c of a row's lane its column c in the low nibble and column 4 + c in the high
 # one: a mask or a shift of one vector load gives the unsigned quads vpdpbusd multiplies by a broadcast quad of x,
 # 16 rows at a time, with nothing to reduce across lanes (the quad panels of linear.mojo, stored at half the bytes).
-# 6-bit values add each 16 rows' 32 bytes of high bit pairs per group. Scales and mins are [ceil(K / block_k), N],
-# so a block's scales of 16 rows are one vector. The bits are told by the bytes per tile.
+# 6-bit values add each 16 rows' 32 bytes of high bit pairs per group. Scales and mins are float16 [ceil(K / block_k),
+# N], so a block's scales of 16 rows are one vector. The bits are told by the bytes per tile.
 # x is quantized to int8 per row and block of block_k columns as for int8 weights (reference.quantized_x, as
 # llama.cpp's q4 formats do with q8): per block, sum_k w x = sx * (s * sum_k q xq + m * sum_k xq), exact int32 sums
 # then the scales.
@@ -25,7 +25,7 @@ from std.sys import llvm_intrinsic
 from std.sys.intrinsics import prefetch, PrefetchOptions
 
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
-from ..utils.types import addr, ptr, Addr, F32, Ptr, check_same
+from ..utils.types import addr, ptr, Addr, F16, F32, Ptr, check_same
 from .linear import (
     _QuantizedX, _quantized_x, _data, _store_panel_rows, DOT_LANES, I8_DOT, I8_MADD, PANEL, PREFETCH_BYTES,
     QUAD_PANEL_ROWS, SERIAL_MACS,
@@ -53,15 +53,15 @@ struct _Int4Tiles[bits: Int](ImplicitlyCopyable):
     """Bytes of a tile's group: its nibbles, then (6 bits) its high pairs."""
 
     var w: Addr[DType.uint8]
-    var scales: Addr[F32]
-    var mins: Addr[F32]
+    var scales: Addr[F16]
+    var mins: Addr[F16]
     var n: Int
     var k: Int
     var groups: Int
     var block_k: Int
     var k_blocks: Int
 
-    def __init__(out self, w: Ptr[DType.uint8], scales: Ptr[F32], mins: Ptr[F32], n: Int, k: Int, block_k: Int):
+    def __init__(out self, w: Ptr[DType.uint8], scales: Ptr[F16], mins: Ptr[F16], n: Int, k: Int, block_k: Int):
         comptime assert Self.bits == 4 or Self.bits == 6, "packed weights have 4 or 6 bits"
         self.w, self.scales, self.mins, self.n, self.k = addr(w), addr(scales), addr(mins), n, k
         self.groups = ceildiv(k, GROUP)
@@ -129,7 +129,7 @@ def _lane_products[c: Int](w: SIMD[DType.uint8, S], x: SIMD[DType.int8, S]) -> S
 
 @always_inline
 def _tile[a_type: DType, bits: Int, rows: Int, panel: Int, fetch: Bool](
-    y: Ptr[a_type], xq: _QuantizedX, wt: _Int4Tiles[bits], tile: Int, scales: Ptr[F32], mins: Ptr[F32],
+    y: Ptr[a_type], xq: _QuantizedX, wt: _Int4Tiles[bits], tile: Int, scales: Ptr[F16], mins: Ptr[F16],
     scale_stride: Int, m0: Int,
 ):
     """y[m0 : m0 + rows, the tile's panel-th PANEL columns]; scales / mins: the tile's first row's, a block's
@@ -158,8 +158,9 @@ def _tile[a_type: DType, bits: Int, rows: Int, panel: Int, fetch: Bool](
                 dots[d + chains] = _dot_u4(dots[d + chains], lo1, a0)
                 dots[d + 2 * chains - 1] = _dot_u4(dots[d + 2 * chains - 1], hi1, a1)
         comptime for v in range(2):
-            var s = scales.unsafe_load[width=DOT_LANES](kb * scale_stride + panel * PANEL + v * DOT_LANES)
-            var mn = mins.unsafe_load[width=DOT_LANES](kb * scale_stride + panel * PANEL + v * DOT_LANES)
+            var si = kb * scale_stride + panel * PANEL + v * DOT_LANES
+            var s = scales.unsafe_load[width=DOT_LANES](si).cast[F32]()
+            var mn = mins.unsafe_load[width=DOT_LANES](si).cast[F32]()
             comptime for i in range(rows):
                 comptime d = 2 * chains * i + chains * v
                 var dot = dots[d]
@@ -186,7 +187,7 @@ struct _Int4TileRows[a_type: DType, bits: Int](ChunkTask):
         var n0 = item * TILE_ROWS
         var scales, mins = ptr(self.wt.scales).unsafe_offset(n0), ptr(self.wt.mins).unsafe_offset(n0)
         var scale_stride = self.wt.n
-        var last = List[Float32]()  # the last tile's scales and mins, padded to whole vectors with zeros
+        var last = List[Float16]()  # the last tile's scales and mins, padded to whole vectors with zeros
         if n0 + TILE_ROWS > self.wt.n:
             var blocks = self.wt.k_blocks
             last.resize(2 * blocks * TILE_ROWS, 0)
@@ -211,7 +212,7 @@ struct _Int4TileRows[a_type: DType, bits: Int](ChunkTask):
 
 
 def linear_int4_cpu[a_type: DType, R: Runner](
-    runner: R, y: Ptr[a_type], x: Ptr[a_type], w: Ptr[DType.uint8], scales: Ptr[F32], mins: Ptr[F32], m: Int, n: Int,
+    runner: R, y: Ptr[a_type], x: Ptr[a_type], w: Ptr[DType.uint8], scales: Ptr[F16], mins: Ptr[F16], m: Int, n: Int,
     k: Int, block_k: Int, bits: Int,
 ):
     """bits: 4 or 6 (check_linear_int4's)."""
@@ -274,8 +275,8 @@ struct LinearInt4:
         y: OutputTensor[dtype=a_type, rank=2, ...],
         x: InputTensor[dtype=a_type, rank=2, ...],
         w: InputTensor[dtype=DType.uint8, rank=2, ...],
-        scales: InputTensor[dtype=DType.float32, rank=2, ...],
-        mins: InputTensor[dtype=DType.float32, rank=2, ...],
+        scales: InputTensor[dtype=DType.float16, rank=2, ...],
+        mins: InputTensor[dtype=DType.float16, rank=2, ...],
         block_k: InputTensor[dtype=DType.int32, rank=1, ...],
         ctx: DeviceContext,
     ) raises:

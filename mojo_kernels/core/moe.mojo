@@ -15,7 +15,7 @@ from max.gpu.host import DeviceContext
 from std.math import ceildiv, exp
 
 from ..utils.parallel import MojoThreads, Runner
-from ..utils.types import addr, ptr, Addr, F32, Ptr, check_same, is_fp8
+from ..utils.types import addr, ptr, Addr, F16, F32, Ptr, check_same, is_fp8
 from .activations import silu_and_mul_cpu
 from .linear import _data, linear_cpu
 from .linear_int4 import linear_int4_cpu, GROUP, TILE_ROWS, tile_bits
@@ -27,14 +27,16 @@ intermediate size)."""
 
 struct _Experts[w_type: DType, tiled: Bool, packed: Bool](ImplicitlyCopyable):
     """The experts' weights (see the top), each expert's `*_size` elements (scales: `*_scale_size`) apart; packed:
-    linear_int4.mojo's format (w_type uint8, `bits` 4 or 6), else linear.mojo's."""
+    linear_int4.mojo's format (w_type uint8, `bits` 4 or 6, float16 scales and mins), else linear.mojo's."""
+
+    comptime s_type = F16 if Self.packed else F32
 
     var gate_up: Addr[Self.w_type]
-    var gate_up_scales: Addr[F32]
-    var gate_up_mins: Addr[F32]
+    var gate_up_scales: Addr[Self.s_type]
+    var gate_up_mins: Addr[Self.s_type]
     var down: Addr[Self.w_type]
-    var down_scales: Addr[F32]
-    var down_mins: Addr[F32]
+    var down_scales: Addr[Self.s_type]
+    var down_mins: Addr[Self.s_type]
     var gate_up_size: Int
     var gate_up_scale_size: Int
     var down_size: Int
@@ -44,8 +46,8 @@ struct _Experts[w_type: DType, tiled: Bool, packed: Bool](ImplicitlyCopyable):
     var block_k: Int
     var bits: Int
 
-    def __init__(out self, gate_up: Ptr[Self.w_type], gate_up_scales: Ptr[F32], gate_up_mins: Ptr[F32],
-                 down: Ptr[Self.w_type], down_scales: Ptr[F32], down_mins: Ptr[F32], gate_up_size: Int,
+    def __init__(out self, gate_up: Ptr[Self.w_type], gate_up_scales: Ptr[Self.s_type], gate_up_mins: Ptr[Self.s_type],
+                 down: Ptr[Self.w_type], down_scales: Ptr[Self.s_type], down_mins: Ptr[Self.s_type], gate_up_size: Int,
                  gate_up_scale_size: Int, down_size: Int, down_scale_size: Int, hidden: Int, inter: Int, block_k: Int,
                  bits: Int):
         self.gate_up, self.gate_up_scales, self.gate_up_mins = addr(gate_up), addr(gate_up_scales), addr(gate_up_mins)
@@ -63,10 +65,11 @@ struct _Experts[w_type: DType, tiled: Bool, packed: Bool](ImplicitlyCopyable):
             size, scale_size, n, k = self.gate_up_size, self.gate_up_scale_size, 2 * self.inter, self.hidden
         w, scales, mins = w.unsafe_offset(e * size), scales.unsafe_offset(e * scale_size), mins.unsafe_offset(e * scale_size)
         comptime if Self.packed:
-            linear_int4_cpu[a_type](runner, y, x, rebind[Ptr[DType.uint8]](w), scales, mins, m, n, k, self.block_k,
-                                    self.bits)
+            linear_int4_cpu[a_type](runner, y, x, rebind[Ptr[DType.uint8]](w), rebind[Ptr[F16]](scales),
+                                    rebind[Ptr[F16]](mins), m, n, k, self.block_k, self.bits)
         else:
-            linear_cpu[a_type, Self.w_type, R, Self.tiled](runner, y, x, w, scales, m, n, k, self.block_k)
+            linear_cpu[a_type, Self.w_type, R, Self.tiled](runner, y, x, w, rebind[Ptr[F32]](scales), m, n, k,
+                                                           self.block_k)
 
 
 def _route[a_type: DType](logits: Ptr[a_type], t: Int, e_count: Int, top_k: Int, normalize: Bool,
@@ -219,8 +222,8 @@ def moe_dense_cpu[a_type: DType, w_type: DType, R: Runner](
 
 
 def moe_int4_cpu[a_type: DType, R: Runner](
-    runner: R, y: Ptr[a_type], x: Ptr[a_type], logits: Ptr[a_type], gate_up: Ptr[DType.uint8], gate_up_scales: Ptr[F32],
-    gate_up_mins: Ptr[F32], down: Ptr[DType.uint8], down_scales: Ptr[F32], down_mins: Ptr[F32], t: Int, h: Int,
+    runner: R, y: Ptr[a_type], x: Ptr[a_type], logits: Ptr[a_type], gate_up: Ptr[DType.uint8], gate_up_scales: Ptr[F16],
+    gate_up_mins: Ptr[F16], down: Ptr[DType.uint8], down_scales: Ptr[F16], down_mins: Ptr[F16], t: Int, h: Int,
     e_count: Int, gate_up_size: Int, gate_up_scale_size: Int, down_size: Int, down_scale_size: Int,
     params: Ptr[DType.int32],
 ) raises:
@@ -275,11 +278,11 @@ struct MoeInt4:
         x: InputTensor[dtype=a_type, rank=2, ...],
         logits: InputTensor[dtype=a_type, rank=2, ...],
         gate_up: InputTensor[dtype=DType.uint8, rank=2, ...],
-        gate_up_scales: InputTensor[dtype=DType.float32, rank=2, ...],
-        gate_up_mins: InputTensor[dtype=DType.float32, rank=2, ...],
+        gate_up_scales: InputTensor[dtype=DType.float16, rank=2, ...],
+        gate_up_mins: InputTensor[dtype=DType.float16, rank=2, ...],
         down: InputTensor[dtype=DType.uint8, rank=2, ...],
-        down_scales: InputTensor[dtype=DType.float32, rank=2, ...],
-        down_mins: InputTensor[dtype=DType.float32, rank=2, ...],
+        down_scales: InputTensor[dtype=DType.float16, rank=2, ...],
+        down_mins: InputTensor[dtype=DType.float16, rank=2, ...],
         params: InputTensor[dtype=DType.int32, rank=1, ...],
         ctx: DeviceContext,
     ) raises:

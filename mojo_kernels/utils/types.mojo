@@ -3,6 +3,7 @@ from std.memory import bitcast
 from std.sys import CompilationTarget, llvm_intrinsic, simd_width_of
 
 comptime F32 = DType.float32
+comptime F16 = DType.float16
 comptime F32_WIDTH = simd_width_of[DType.float32]()
 """SIMD lanes of float32 on the host CPU (8 with AVX2, 16 with AVX-512)."""
 comptime BF16_DOT = CompilationTarget._has_feature["avx512bf16"]()

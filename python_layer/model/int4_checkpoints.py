@@ -11,9 +11,10 @@ column holding rows P r + i at bits i * bits; `qzeros` int32 [groups, N / P] pac
 g_idx[k] = k / group). checkpoint_format "gptq" (v1, the classic storage) keeps zero - 1, "gptq_v2" the zero.
 w[n, k] = (q[k, n] - z[g_idx[k], n]) * s[g_idx[k], n].
 
-4-bit weights whose groups are runs of a multiple of 128 input columns (or one per row) become Int4Weight exactly:
-scale s and min -z * s per row and block of 128 columns. Others (8 bits, groups of 32 or 64, a g_idx out of
-order) are dequantized exactly into float32.
+4-bit weights whose groups are runs of a multiple of 64 input columns (or one per row) become Int4Weight: scale s
+and min -z * s per row and block of 64 columns, in float16 (s exactly; -z * s rounded to float16, as AWQ's and
+GPTQ's own float16 kernels round their products). Others (8 bits, groups of 32, a g_idx out of order), and every
+weight a dense format asks for, are dequantized exactly into float32.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from bindings import reference
 
-from .quantization import BLOCK_K, Int4Weight, LinearWeight
+from .quantization import INT4_BLOCK_K, Int4Weight, LinearWeight, half_scales
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 """AutoAWQ's order of a word's eight columns: nibble i holds column AWQ_ORDER[i]."""
@@ -87,8 +88,9 @@ class Int4Checkpoint:
             return {"qweight": (k, n // p), "qzeros": (g, n // p), "scales": (g, n)}
         return {"qweight": (k // p, n), "qzeros": (g, n // p), "scales": (g, n), "g_idx": (k,)}
 
-    def read(self, tensors: Mapping[str, torch.Tensor], n: int, k: int) -> LinearWeight:
-        """An [N, K] layer from its tensors (by suffix): Int4Weight where the format holds it exactly, else float32."""
+    def read(self, tensors: Mapping[str, torch.Tensor], n: int, k: int, packed: bool = True) -> LinearWeight:
+        """An [N, K] layer from its tensors (by suffix): Int4Weight where its format holds it (packed), else exactly
+        in float32."""
         q = _unpack(tensors["qweight"], self.bits, dim=0 if self.method == "gptq" else 1)  # [K, N]
         zeros = _unpack(tensors["qzeros"], self.bits, dim=1).to(torch.int32) + self.zero_offset  # [groups, N]
         if self.method == "awq":
@@ -97,11 +99,12 @@ class Int4Checkpoint:
         block = self._group_columns(k)
         in_order = torch.arange(k, device=scales.device) // block
         group_of = self._g_idx(tensors["g_idx"], k) if "g_idx" in tensors else in_order
-        if self.bits == 4 and torch.equal(group_of, in_order) and (self.group_size == -1 or block % BLOCK_K == 0):
-            # each group's scale and min repeated over its blocks of 128 columns
-            blocks = torch.arange(-(-k // BLOCK_K), device=scales.device) * BLOCK_K // block
-            s, z = scales[blocks].contiguous(), zeros[blocks].float()
-            return Int4Weight(reference.pack_int4(q.t()), s, (-z * s).contiguous(), BLOCK_K, k)
+        whole_blocks = self.group_size == -1 or block % INT4_BLOCK_K == 0
+        if packed and self.bits == 4 and torch.equal(group_of, in_order) and whole_blocks:
+            # each group's scale and min repeated over its blocks of INT4_BLOCK_K columns
+            blocks = torch.arange(-(-k // INT4_BLOCK_K), device=scales.device) * INT4_BLOCK_K // block
+            s, z = scales[blocks], zeros[blocks].float()
+            return Int4Weight(reference.pack_int4(q.t()), half_scales(s), half_scales(-z * s), INT4_BLOCK_K, k)
         return ((q.float() - zeros[group_of].float()) * scales[group_of]).t().contiguous()
 
     def _g_idx(self, g_idx: torch.Tensor, k: int) -> torch.Tensor:

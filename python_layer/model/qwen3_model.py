@@ -160,8 +160,8 @@ class Qwen3CausalLM:
         return tuple(self._placed(stack_experts([self._tiled(w) if tile else w for w in s])) for s in stacks)
 
     def _formatted(self, loader: WeightLoader, *names: str, weight_dtype: Optional[str] = None) -> LinearWeight:
-        parts = [loader.get_linear(n) for n in names]
         weight_dtype = weight_dtype or self.weight_dtype
+        parts = [loader.get_linear(n, packed=weight_dtype in ("int4", "int6")) for n in names]
         if self._dense_unless_int4 and not any(isinstance(p, Int4Weight) for p in parts):
             weight_dtype = str(self.dtype).split(".")[-1]
         return convert(cat_rows(parts), weight_dtype, self.dtype)

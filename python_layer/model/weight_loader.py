@@ -223,14 +223,15 @@ class WeightLoader:
         return {name: quantize(self.get_weight(name), "fp8") for name in self.weights
                 if "_proj." in name and self.weights[name].dim() == 2}
 
-    def get_linear(self, name: str) -> LinearWeight:
-        """A linear layer's weight as the checkpoint has it: dense, or FP8 with its scales (QuantizedWeight)."""
+    def get_linear(self, name: str, packed: bool = True) -> LinearWeight:
+        """A linear layer's weight as the checkpoint has it: dense, FP8 with its scales (QuantizedWeight), or 4-bit
+        (Int4Weight; packed=False: dequantized exactly into float32)."""
         if name + SCALE_SUFFIX in self.weights:
             return from_block_scales(self.weights[name], self.weights[name + SCALE_SUFFIX], self.config.fp8_block_size)
         base = name[: -len(".weight")]
         if base + ".qweight" in self.weights:
             int4 = self.config.int4_checkpoint
-            return int4.read({s: self.weights[f"{base}.{s}"] for s in int4.suffixes}, *self._shapes[name])
+            return int4.read({s: self.weights[f"{base}.{s}"] for s in int4.suffixes}, *self._shapes[name], packed)
         return self.get_weight(name)
 
     def get_weight(self, name: str) -> torch.Tensor:
@@ -238,7 +239,7 @@ class WeightLoader:
         if name == "lm_head.weight" and self.config.tie_word_embeddings:
             name = "model.embed_tokens.weight"
         if name + SCALE_SUFFIX in self.weights or name[: -len(".weight")] + ".qweight" in self.weights:
-            return dense(self.get_linear(name), self.dtype)
+            return dense(self.get_linear(name, packed=False), self.dtype)
         if name not in self.weights:
             raise KeyError(
                 f"Weight {name!r} not loaded (known: model.embed_tokens.weight, model.layers.N.*, model.norm.weight, "

@@ -204,7 +204,9 @@ def test_awq_and_gptq_checkpoints_load_with_no_flag(int4_dense: Path, tmp_path: 
     repacked = not options.get("desc_act")  # desc_act's groups follow g_idx: dequantized, dense
     assert engine.model.weight_dtype == "int4"
     assert isinstance(engine.model.layers[0].qkv_proj, Int4Weight) == repacked
-    assert torch.equal(_dequantized(engine.model.layers[1].down_proj), exact.model.layers[1].down_proj)
+    # the int4 weights are the exact ones but for their mins -z * s rounded to float16
+    ours, theirs = _dequantized(engine.model.layers[1].down_proj), exact.model.layers[1].down_proj
+    assert (ours - theirs).abs().max() <= theirs.abs().max() * 2.0**-10
     prompts = _prompts(engine.model.config.vocab_size, seed=5)
     _assert_greedy_agrees(engine.generate(prompts, GREEDY_TOP2), reference.generate(prompts, GREEDY_TOP2))
     # the same dequantized weights in float32 (MILI's --weight-dtype float32 and transformers): the same tokens

@@ -212,17 +212,20 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
     with pytest.raises(ValueError, match="N a multiple of 32 and K of 4, got torch.int8 \\(4, 64\\)"):
         ref.tile_weight(torch.ones(4, 64, dtype=torch.int8))
     packed = torch.zeros(1, 3200, dtype=torch.uint8)  # 4 bits: up to 32 rows, K 193..200
+    h = lambda *shape: torch.ones(*shape, dtype=torch.float16)
+    with pytest.raises(ValueError, match="scales and mins are float16 .*, got torch.float32"):
+        ops.linear_int4(torch.randn(2, 200, dtype=bf16), packed, torch.ones(2, 8), torch.ones(2, 8), 128)
     with pytest.raises(ValueError, match="block_k must be a positive multiple of 8, got 60"):
-        ops.linear_int4(torch.randn(2, 200, dtype=bf16), packed, torch.ones(4, 8), torch.ones(4, 8), 60)
+        ops.linear_int4(torch.randn(2, 200, dtype=bf16), packed, h(4, 8), h(4, 8), 60)
     with pytest.raises(ValueError,
                        match="bytes per tile \\(3200\\) must equal 128 \\(4 bits\\) or 192 \\(6 bits\\) per 8"):
-        ops.linear_int4(torch.randn(2, 100, dtype=bf16), packed, torch.ones(1, 8), torch.ones(1, 8), 128)
+        ops.linear_int4(torch.randn(2, 100, dtype=bf16), packed, h(1, 8), h(1, 8), 128)
     with pytest.raises(ValueError, match="tiles \\(1\\) must equal ceil\\(scale columns / 32\\) \\(2\\)"):
-        ops.linear_int4(torch.randn(2, 200, dtype=bf16), packed, torch.ones(2, 40), torch.ones(2, 40), 128)
+        ops.linear_int4(torch.randn(2, 200, dtype=bf16), packed, h(2, 40), h(2, 40), 128)
     with pytest.raises(ValueError, match="min rows \\(1\\) must equal scale rows \\(2\\)|dimension 'KB'"):
-        ops.linear_int4(torch.randn(2, 200, dtype=bf16), packed, torch.ones(2, 8), torch.ones(1, 8), 128)
+        ops.linear_int4(torch.randn(2, 200, dtype=bf16), packed, h(2, 8), h(1, 8), 128)
     with pytest.raises(ValueError, match="packed weights are uint8"):
-        ops.linear_int4(torch.randn(2, 200, dtype=bf16), packed.to(torch.int8), torch.ones(2, 8), torch.ones(2, 8), 128)
+        ops.linear_int4(torch.randn(2, 200, dtype=bf16), packed.to(torch.int8), h(2, 8), h(2, 8), 128)
     if cpu_path == "graph":  # mili_moe's graphs compile in the model tests (test_moe.py); its checks are shared
         return
     x, logits = torch.randn(3, 64), torch.randn(3, 5)

@@ -12,7 +12,7 @@ from bindings import reference
 from python_layer.model.config import Qwen3Config
 from python_layer.model.int4_checkpoints import Int4Checkpoint, write_int4_checkpoint
 from python_layer.model.qwen3_model import resolve_weight_dtype
-from python_layer.model.quantization import Int4Weight, cat_rows, convert, quantize_int4
+from python_layer.model.quantization import INT4_BLOCK_K, Int4Weight, cat_rows, convert, quantize_int4
 from python_layer.model.random_checkpoint import build_random_checkpoint
 from python_layer.model.weight_loader import WeightLoader
 
@@ -72,11 +72,18 @@ def _layer(path: Path) -> dict:
     return {name.rpartition(".")[2]: t for name, t in tensors.items() if name.startswith(LAYER + ".")}
 
 
-def _read(path: Path) -> object:
+def _read(path: Path, packed: bool = True) -> object:
     config = Qwen3Config.from_pretrained(path)
     loader = WeightLoader(path, config)
     loader.load_from_safetensors()
-    return loader.get_linear(LAYER + ".weight")
+    return loader.get_linear(LAYER + ".weight", packed)
+
+
+def _assert_repacked(weight: Int4Weight, theirs: torch.Tensor) -> None:
+    """weight is theirs up to its mins -z * s rounded to float16 (half a float16 step of each min at most)."""
+    mins = weight.mins.float().t().repeat_interleave(weight.block_k, dim=1)[:, : weight.in_features]
+    assert weight.block_k == INT4_BLOCK_K and weight.scales.dtype == torch.float16
+    assert ((weight.dequantize() - theirs).abs() <= mins.abs() * 2.0**-11).all()
 
 
 @pytest.mark.parametrize("bits", [4, 6])
@@ -84,15 +91,17 @@ def test_quantize_int4_error_and_round_trip(bits: int) -> None:
     w = torch.randn(37, 300) * torch.rand(37, 1) * 3
     levels = 2**bits - 1
     q = quantize_int4(w, bits=bits)
-    assert q.packed.shape == (2, 38 * 32 * bits) and q.scales.shape == q.mins.shape == (3, 37)
-    assert q.in_features == 300 and q.bits == bits
+    blocks = -(-300 // INT4_BLOCK_K)
+    assert q.packed.shape == (2, 38 * 32 * bits) and q.scales.shape == q.mins.shape == (blocks, 37)
+    assert q.scales.dtype == q.mins.dtype == torch.float16 and q.in_features == 300 and q.bits == bits
     values = reference.unpack_int4(q.packed, 37, 300)
     assert int(values.max()) <= levels and torch.equal(reference.pack_int4(values, bits), q.packed)
     err = (q.dequantize() - w).abs().view(37, -1)
     # min..max rounding is half a step of the block's range off at most; the least-squares fit trades the extremes'
     # error for the bulk's, up to about one such step
-    blocks = torch.nn.functional.pad(w, (0, 84), value=float("nan")).view(37, 3, 128)
-    spread = (blocks.nan_to_num(-1e9).amax(2) - blocks.nan_to_num(1e9).amin(2)).repeat_interleave(128, 1)[:, :300]
+    padded = torch.nn.functional.pad(w, (0, blocks * INT4_BLOCK_K - 300), value=float("nan")).view(37, blocks, -1)
+    spread = (padded.nan_to_num(-1e9).amax(2) - padded.nan_to_num(1e9).amin(2)).repeat_interleave(INT4_BLOCK_K, 1)
+    spread = spread[:, :300]
     assert (err <= spread / levels * 1.5).all()
     # the least-squares fit does better than min..max rounding
     assert (q.dequantize() - w).norm() < 0.99 * (_minmax_int4(w, levels) - w).norm()
@@ -107,6 +116,11 @@ def test_quantize_int4_error_and_round_trip(bits: int) -> None:
         cat_rows([q, quantize_int4(w[:5], bits=other)])
 
 
+def test_int4_refuses_weights_beyond_float16() -> None:
+    with pytest.raises(ValueError, match="weights too large for int4's float16 scales .* use --weight-dtype int8"):
+        quantize_int4(torch.randn(4, 64) * 1e6)
+
+
 def test_6bit_values_are_4x_more_accurate_than_4bit() -> None:
     w = torch.randn(64, 512)
     errors = [(quantize_int4(w, bits=b).dequantize() - w).norm() / w.norm() for b in (4, 6)]
@@ -114,7 +128,9 @@ def test_6bit_values_are_4x_more_accurate_than_4bit() -> None:
 
 
 def _minmax_int4(w: torch.Tensor, levels: int) -> torch.Tensor:
-    blocks = torch.nn.functional.pad(w, (0, 84), mode="replicate").view(w.shape[0], 3, 128)
+    blocks = -(-w.shape[1] // INT4_BLOCK_K)
+    blocks = torch.nn.functional.pad(w, (0, blocks * INT4_BLOCK_K - w.shape[1]), mode="replicate").view(
+        w.shape[0], blocks, -1)
     low, high = blocks.amin(2, keepdim=True), blocks.amax(2, keepdim=True)
     scale = (high - low) / levels
     return (((blocks - low) / scale).round() * scale + low).view(w.shape[0], -1)[:, :300]
@@ -122,9 +138,9 @@ def _minmax_int4(w: torch.Tensor, levels: int) -> torch.Tensor:
 
 def test_awq_checkpoint_reads_into_int4_exactly(dense: Path, tmp_path: Path) -> None:
     path = write_int4_checkpoint(dense, tmp_path / "awq", "awq")
-    weight = _read(path)
-    assert isinstance(weight, Int4Weight) and weight.block_k == 128
-    assert torch.equal(weight.dequantize(), _awq_dequantize(_layer(path), 128))
+    theirs = _awq_dequantize(_layer(path), 128)
+    _assert_repacked(_read(path), theirs)
+    assert torch.equal(_read(path, packed=False), theirs)
     config = Qwen3Config.from_pretrained(path)
     assert resolve_weight_dtype("auto", config, torch.float32, torch.device("cpu")) == "int4"
     assert resolve_weight_dtype("auto", config, torch.bfloat16, torch.device("cuda")) == "bfloat16"
@@ -133,7 +149,8 @@ def test_awq_checkpoint_reads_into_int4_exactly(dense: Path, tmp_path: Path) -> 
 @pytest.mark.parametrize("bits, group, sym, desc_act, repacked", [
     (4, 128, True, False, True),
     (4, 128, False, False, True),
-    (4, 256, True, False, True),  # each group's scale over its two blocks of 128
+    (4, 256, True, False, True),  # each group's scale over its blocks of 64
+    (4, 64, False, False, True),
     (4, -1, False, False, True),
     (4, 32, True, False, False),  # groups smaller than the kernel's blocks: dequantized
     (4, 128, False, True, False),  # desc_act: groups in g_idx's order
@@ -145,9 +162,10 @@ def test_gptq_checkpoint_reads_exactly(dense: Path, tmp_path: Path, bits: int, g
                                  desc_act=desc_act)
     weight = _read(path)
     assert isinstance(weight, Int4Weight) == repacked
-    ours = weight.dequantize() if repacked else weight
     theirs = _gptq_dequantize(_layer(path), bits)
-    assert torch.equal(ours, theirs)
+    if repacked:
+        _assert_repacked(weight, theirs)
+    assert torch.equal(_read(path, packed=False), theirs)
     dense_weight = load_file(dense / "model.safetensors")[LAYER + ".weight"].float()
     assert (theirs - dense_weight).norm() < (0.15 if bits == 4 else 0.01) * dense_weight.norm()
 
