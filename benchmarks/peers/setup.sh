@@ -60,7 +60,16 @@ missing=0
 for t in $TOOLS; do [ -x "$BIN/$t" ] || missing=1; done
 if [ "$missing" = 1 ]; then
     echo "building llama.cpp's tools (about 5 minutes on 2 cores)"
-    cmake -S "$LLAMA_CPP" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_BUILD_SERVER=ON \
+    # where the CPU lists AMX, -march=native builds ggml's AMX matmuls, which fault (a general protection fault at
+    # ldtilecfg) on the VMs tried: there the build names this CPU's AVX-512 features instead, AMX left out
+    ISA="-DGGML_NATIVE=ON"
+    if grep -qw amx_tile /proc/cpuinfo; then
+        ISA="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON"
+        for f in avx512_vbmi avx512_vnni avx512_bf16 avx_vnni; do
+            grep -qw "$f" /proc/cpuinfo && ISA="$ISA -DGGML_$(echo "$f" | tr a-z A-Z)=ON"
+        done
+    fi
+    cmake -S "$LLAMA_CPP" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release $ISA -DLLAMA_BUILD_SERVER=ON \
         -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON >/dev/null
     cmake --build "$WORK/build" --config Release -j "${CMAKE_BUILD_PARALLEL_LEVEL:-2}" --target $TOOLS >/dev/null
 fi
