@@ -34,7 +34,7 @@ def test_results_are_current_tables_that_name_machine_commit_and_command() -> No
         title = section.splitlines()[0]
         assert re.search(r"\b[0-9a-f]{7}\b", section), f"{title}: no commit"
         assert "`mili " in section, f"{title}: no command"
-        assert re.search(r"EPYC|Zen|H100|H200|machine", section), f"{title}: no machine"
+        assert re.search(r"EPYC|Zen|Xeon|H100|H200|machine", section), f"{title}: no machine"
 
 
 def test_the_readmes_result_figures_are_results_md_figures() -> None:
