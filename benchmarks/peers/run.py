@@ -13,7 +13,8 @@ ratios compare runs taken minutes, not half an hour, apart.
   bash benchmarks/peers/setup.sh          # once: build llama.cpp's tools, write the GGUFs
   bash benchmarks/peers/setup.sh vllm     # once, for --systems vllm: vLLM's CPU build in its own venv
   mili bench peers [--systems mili,llama,transformers,vllm] [--mili-weight-dtypes float32,bfloat16,int8,fp8,int4]
-                   [--llama-types f32,bf16,q8_0,q4_0,q4_k_m] [--vllm-dtypes bfloat16,float32] [--runs 3]
+                   [--llama-types f32,bf16,q8_0,q4_0,q4_k_m] [--vllm-dtypes bfloat16,float32] [--vllm-model DIR]
+                   [--runs 3]
   mili bench peers accuracy [...]         # the logits' drift of each format (benchmarks/peers/accuracy.py)
 
 Prints one table (and the speed ratios: MILI in each format over llama.cpp with the same bits, and the best of
@@ -52,8 +53,10 @@ ALSO_AGAINST = {"int4": "q4_k_m"}
 """Other llama.cpp formats of about the same bits each MILI format is compared with."""
 KV_SAME_BITS = {"": "", "bfloat16": "", "int8": " kv q8_0", "fp8": " kv q8_0"}
 """MILI's KV cache -> the suffix of llama.cpp's row with the same bits (its default f16 cache: none)."""
-VLLM_SAME_BITS = {"float32": ("float32",), "bfloat16": ("bfloat16",), "int4": ("awq", "gptq")}
-"""MILI weight format -> vLLM's on the same checkpoint (int4 against an AWQ / GPTQ checkpoint's own format)."""
+VLLM_SAME_BITS = {"float32": ("float32",), "bfloat16": ("bfloat16",), "int8": ("compressed-tensors",),
+                  "int4": ("awq", "gptq")}
+"""MILI weight format -> vLLM's (int4 against an AWQ / GPTQ checkpoint's own format, int8 against a compressed-tensors
+W8A8 one of the same weights: --vllm-model, benchmarks/peers/w8a8_checkpoint.py)."""
 
 
 # ---- llama.cpp ----------------------------------------------------------------------------------------------
@@ -235,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--llama-types", default="f32,bf16,q8_0,q4_0,q4_k_m")
     parser.add_argument("--llama-kv-types", default="f16", help="llama.cpp's KV caches (-ctk / -ctv): f16, q8_0, ...")
     parser.add_argument("--vllm-dtypes", default="bfloat16,float32")
+    parser.add_argument("--vllm-model", default=None,
+                        help="the checkpoint vLLM loads (default: --model's), e.g. a W8A8 one of the same weights")
     parser.add_argument(
         "--gguf-dir", default=None, help="default: benchmarks/peers/.peers/gguf/<checkpoint folder name>"
     )
@@ -259,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
             for t in args.llama_types.split(",") for kv in args.llama_kv_types.split(",")
         ]
     if "vllm" in systems:
-        openers += [(f"vllm {d}", lambda d=d: open_vllm(path, d, args)) for d in args.vllm_dtypes.split(",")]
+        vllm_path = args.vllm_model or path
+        openers += [(f"vllm {d}", lambda d=d: open_vllm(vllm_path, d, args)) for d in args.vllm_dtypes.split(",")]
     if "transformers" in systems:
         openers.append(("transformers bfloat16", lambda: open_transformers(path, args)))
 

@@ -19,18 +19,15 @@ weight a dense format asks for, are dequantized exactly into float32.
 
 from __future__ import annotations
 
-import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from bindings import reference
 
-from .quantization import INT4_BLOCK_K, Int4Weight, LinearWeight, half_scales
+from .quantization import INT4_BLOCK_K, Int4Weight, LinearWeight, half_scales, rewrite_projections
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 """AutoAWQ's order of a word's eight columns: nibble i holds column AWQ_ORDER[i]."""
@@ -170,33 +167,22 @@ def write_int4_checkpoint(src: str | Path, dst: str | Path, method: str, bits: i
     """A copy of checkpoint `src` with every decoder projection quantized round-to-nearest in `method`'s layout
     ("awq": AutoAWQ GEMM; "gptq": GPTQ v1 with g_idx, a random order of its input columns' groups when desc_act),
     the rest (embeddings, norms, LM head) as it was, float16 as these checkpoints are, and the quantization_config."""
-    src, dst = Path(src), Path(dst)
-    dst.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(seed)
-    for file in src.iterdir():
-        if file.suffix == ".safetensors":
-            tensors = {}
-            for name, t in load_file(file).items():
-                if name.startswith("model.layers.") and name.endswith("_proj.weight"):
-                    base = name[: -len(".weight")]
-                    tensors.update({f"{base}.{s}": v for s, v in _quantize_layer(t, method, bits, group_size, sym,
-                                                                                  desc_act, generator).items()})
-                else:
-                    tensors[name] = t.half() if t.is_floating_point() else t
-            save_file(tensors, dst / file.name, metadata={"format": "pt"})
-        elif file.name != "model.safetensors.index.json" and file.is_file():
-            shutil.copyfile(file, dst / file.name)
-    config = json.loads((src / "config.json").read_text())
-    config["torch_dtype"] = "float16"
-    config["quantization_config"] = (
+
+    def projection(name: str, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        base = name[: -len(".weight")]
+        layer = _quantize_layer(weight, method, bits, group_size, sym, desc_act, generator)
+        return {f"{base}.{s}": v for s, v in layer.items()}
+
+    config = (
         {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True, "version": "gemm",
          "modules_to_not_convert": None}
         if method == "awq" else
         {"quant_method": "gptq", "bits": bits, "group_size": group_size, "sym": sym, "desc_act": desc_act,
          "checkpoint_format": "gptq"}
     )
-    (dst / "config.json").write_text(json.dumps(config, indent=2))
-    return dst
+    half = lambda t: t.half() if t.is_floating_point() else t
+    return rewrite_projections(src, dst, projection, config, other=half, torch_dtype="float16")
 
 
 def _quantize_layer(weight: torch.Tensor, method: str, bits: int, group: int, sym: bool, desc_act: bool,

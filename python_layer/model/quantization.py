@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import NamedTuple, Sequence, Union
+from typing import Callable, NamedTuple, Optional, Sequence, Union
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -160,6 +160,21 @@ def write_fp8_checkpoint(
 ) -> Path:
     """A copy of the checkpoint `src` in the layout of Qwen's FP8 releases: every decoder projection as
     float8_e4m3fn with its `weight_scale_inv`, the rest as it was, and config.json's quantization_config."""
+    def projection(name: str, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        q, scale_inv = quantize_fp8_blocks(weight, block_size)
+        return {name: q, name + "_scale_inv": scale_inv}
+
+    return rewrite_projections(src, dst, projection, {"activation_scheme": "dynamic", "fmt": "e4m3",
+                                                      "quant_method": "fp8", "weight_block_size": list(block_size)})
+
+
+def rewrite_projections(src: str | os.PathLike, dst: str | os.PathLike,
+                        projection: Callable[[str, torch.Tensor], dict[str, torch.Tensor]], quantization_config: dict,
+                        other: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+                        torch_dtype: Optional[str] = None) -> Path:
+    """A copy of the checkpoint `src` at `dst` with each decoder projection's weight `name` replaced by the tensors
+    projection(name, weight) returns, every other tensor by other(tensor), and config.json's quantization_config
+    (and torch_dtype) set: how the tests and benchmarks write quantized checkpoints of a checkpoint's weights."""
     src, dst = Path(src), Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
     for file in src.iterdir():
@@ -167,15 +182,16 @@ def write_fp8_checkpoint(
             tensors = {}
             for name, t in load_file(file).items():
                 if name.startswith("model.layers.") and name.endswith("_proj.weight"):
-                    tensors[name], tensors[name + "_scale_inv"] = quantize_fp8_blocks(t, block_size)
+                    tensors.update(projection(name, t))
                 else:
-                    tensors[name] = t
+                    tensors[name] = other(t)
             save_file(tensors, dst / file.name, metadata={"format": "pt"})
         elif file.name != "model.safetensors.index.json" and file.is_file():
             shutil.copyfile(file, dst / file.name)
     config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                                     "weight_block_size": list(block_size)}
+    config["quantization_config"] = quantization_config
+    if torch_dtype:
+        config["torch_dtype"] = torch_dtype
     (dst / "config.json").write_text(json.dumps(config, indent=2))
     return dst
 
