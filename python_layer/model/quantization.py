@@ -21,7 +21,7 @@ from bindings import reference
 
 BLOCK_K = 128
 INT4_BLOCK_K = 64
-"""int4's block: its float16 scale and min add 0.5 bit a weight, as Q4_0's scale per 32 does, for 5% less error than
+"""int4's block: its float16 scale and min add 0.5 bit a weight, as Q4_0's scale per 32 does, for 3% less error than
 Q4_0 on Gaussian weights (a float32 scale and min per 128, the same bytes, had 9% more: benchmarks/RESULTS.md)."""
 WEIGHT_DTYPES = ("float32", "bfloat16", "fp8", "int8", "int4")
 """--weight-dtype choices ("auto": the checkpoint's FP8 when it has it, else the activation dtype)."""
