@@ -33,24 +33,50 @@ CPU (CPU kernels need it to be fast)."""
 PORTABLE_CPUS = {"x86_64": ("generic", "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"), "aarch64": ("generic",)}
 
 
-def _apply_virtual_cpu_target() -> None:
-    """Sets VIRTUAL_CPU_TARGET's CPU in MAX, before any device exists (its compile target latches then). MAX takes
-    any name there and fails only when it compiles (LLVM aborts the process on an unknown one), so the name is
-    checked here."""
+AMX_CPU = "sapphirerapids"
+AMX_FLAGS = {"amx_tile", "amx_bf16", "amx_int8", "avx512_bf16", "avx512_fp16"}
+
+
+def amx_cpu_target(cpuinfo: str) -> str:
+    """AMX_CPU where /proc/cpuinfo's flags hold AMX_FLAGS (the first Xeon with them all), else "" (the host's CPU).
+    MAX and mojo compile for the CPU that LLVM names from the model number, with that model's features only, and a
+    virtual machine may report an older model than its CPU (a Xeon with AMX reporting Rocket Lake's): named, AMX
+    and AVX512_BF16 are used (linear_amx.mojo)."""
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    return AMX_CPU if AMX_FLAGS <= set(flags) else ""
+
+
+def _host_cpu_target() -> str:
+    if platform.machine() != "x86_64":
+        return ""
+    try:
+        return amx_cpu_target(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return ""
+
+
+def _apply_virtual_cpu_target() -> str:
+    """Sets VIRTUAL_CPU_TARGET's CPU in MAX, before any device exists (its compile target latches then); unset, the
+    host's CPU as amx_cpu_target names it. Returns the CPU set ("": the host's as LLVM names it). MAX takes any name
+    there and fails only when it compiles (LLVM aborts the process on an unknown one), so the name is checked here."""
     cpu = os.environ.get(VIRTUAL_CPU_TARGET, "")
-    if not cpu:
-        return
-    allowed = PORTABLE_CPUS.get(platform.machine(), ("generic",))
-    if cpu not in allowed:
-        raise ValueError(f"{VIRTUAL_CPU_TARGET}={cpu!r} is not a portable CPU target: set one of "
-                         f"{', '.join(allowed)} (the hosts that load the compile cache must have it), or unset it "
-                         "to compile for this host's CPU")
-    from max import driver
+    if cpu:
+        allowed = PORTABLE_CPUS.get(platform.machine(), ("generic",))
+        if cpu not in allowed:
+            raise ValueError(f"{VIRTUAL_CPU_TARGET}={cpu!r} is not a portable CPU target: set one of "
+                             f"{', '.join(allowed)} (the hosts that load the compile cache must have it), or unset "
+                             "it to compile for this host's CPU")
+    else:
+        cpu = _host_cpu_target()
+    if cpu:
+        from max import driver
 
-    driver.set_virtual_cpu_target(cpu)
+        driver.set_virtual_cpu_target(cpu)
+    return cpu
 
 
-_apply_virtual_cpu_target()
+CPU_TARGET = _apply_virtual_cpu_target()
+"""The CPU that graphs' host code and the CPU extension module are compiled for ("": the host's)."""
 
 
 def kernels_dir() -> Path:
@@ -110,9 +136,10 @@ def eager_cpu_module():
     import importlib.util
 
     source = Path(__file__).parent / "eager" / "eager_cpu.mojo"
-    digest = hashlib.sha256((_sources_digest(kernels_dir()) + source.read_text()).encode()).hexdigest()[:16]
+    digest = hashlib.sha256((_sources_digest(kernels_dir()) + source.read_text() + CPU_TARGET).encode()).hexdigest()[:16]
     out = Path(os.environ["MODULAR_CACHE_DIR"]) / "mili_eager_cpu" / digest / "mili_eager_cpu.so"
-    _build(out, ["build", "--emit", "shared-lib", "-I", str(kernels_dir().parent), str(source)])
+    target = ["--target-cpu", CPU_TARGET] if CPU_TARGET else []
+    _build(out, ["build", "--emit", "shared-lib", *target, "-I", str(kernels_dir().parent), str(source)])
     loader = importlib.machinery.ExtensionFileLoader("mili_eager_cpu", str(out))
     module = importlib.util.module_from_spec(
         importlib.util.spec_from_file_location("mili_eager_cpu", out, loader=loader)

@@ -45,6 +45,7 @@ from std.memory import bitcast
 from std.sys import CompilationTarget, llvm_intrinsic, size_of
 from std.sys.intrinsics import prefetch, PrefetchOptions
 
+from .linear_amx import AMX_BF16, AMX_BLOCK, AMX_K, amx_bf16_block, amx_ready, configure_tiles, release_tiles
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
 from ..utils.types import (
     addr, ptr, dot_bf16, largest_abs, load_f32, BF16_DOT, narrow, round_even, widen, is_fp8, Addr, F32, F32_WIDTH, FP8_SCALE, Ptr, GPU_BLOCK, check_same,
@@ -717,6 +718,42 @@ struct _PairPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
                     _pair_panel_tile[Self.a_type, r](ptr(self.y), ptr(self.xb), panel, m0, n0, self.wt.n, self.wt.k)
 
 
+struct _AmxPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
+    """Item: a PANEL of bfloat16 weight rows packed in pairs, against every row of x rounded to bfloat16, on AMX tiles
+    (linear_amx.mojo). xb: x's rows padded with zeros to a multiple of AMX_BLOCK, its columns to kp, a multiple of
+    AMX_K."""
+
+    var y: Addr[Self.a_type]
+    var xb: Addr[DType.bfloat16]
+    var wt: _Weights[Self.w_type, Self.tiled]
+    var m: Int
+    var kp: Int
+
+    def __init__(out self, y: Ptr[Self.a_type], xb: Ptr[DType.bfloat16], wt: _Weights[Self.w_type, Self.tiled], m: Int,
+                 kp: Int):
+        self.y, self.xb, self.wt, self.m, self.kp = addr(y), addr(xb), wt, m, kp
+
+    def run(self, item: Int):
+        comptime assert PANEL == AMX_BLOCK, "a panel is two AMX tiles of weights"
+        var buffer = List[UInt32](length=self.kp // 2 * PANEL, fill=0)  # pairs past K stay 0
+        var block_buffer = List[Float32](unsafe_uninit_length=AMX_BLOCK * PANEL)
+        var panel, block = _data(buffer), _data(block_buffer)
+        var n0, N = item * PANEL, self.wt.n
+        _pack_pair_panel(panel, self.wt, n0)
+        configure_tiles()
+        for m0 in range(0, self.m, AMX_BLOCK):
+            amx_bf16_block(block, ptr(self.xb).unsafe_offset(m0 * self.kp), panel, PANEL, self.kp)
+            for i in range(min(AMX_BLOCK, self.m - m0)):
+                var out = (m0 + i) * N + n0
+                if n0 + PANEL <= N:
+                    comptime for h in range(0, PANEL, W):
+                        ptr(self.y).unsafe_store(out + h, narrow[Self.a_type, W](block.unsafe_load[width=W](i * PANEL + h)))
+                else:
+                    for c in range(N - n0):
+                        ptr(self.y).unsafe_store(out + c, narrow[Self.a_type, 1](block.unsafe_load[width=1](i * PANEL + c)))
+        release_tiles()
+
+
 struct _QuadPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
     """Item: a PANEL of int8 weight rows packed in quads, against every row of x quantized to int8."""
 
@@ -818,6 +855,8 @@ def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
     var q_scales = List[Float32]()
     var q_sums = List[Int32]()
     var effective = List[Float32]()
+    var amx = False  # bfloat16 prefill on AMX tiles
+    var kp = ceildiv(k, AMX_K) * AMX_K
     var xq = _QuantizedX(_data(q), _data(q_scales), _data(q_sums), wt.k_blocks)
     comptime if w_type == DType.int8:
         if decode or quads:
@@ -826,14 +865,22 @@ def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
             effective.resize(m * k, 0)
             _quantize_x[a_type, True](x, xq, m, k, wt.block_k, k, _data(effective))
     elif w_type == DType.bfloat16:
-        if decode or BF16_DOT:
+        comptime if AMX_BF16:
+            amx = not decode and amx_ready()
+        if amx:
+            rounded = List[BFloat16](length=ceildiv(m, AMX_BLOCK) * AMX_BLOCK * kp, fill=0)
+            for r in range(m):
+                _round_x(x.unsafe_offset(r * k), _data(rounded).unsafe_offset(r * kp), k)
+        elif decode or BF16_DOT:
             rounded = List[BFloat16](unsafe_uninit_length=m * k)
             _round_x(x, _data(rounded), m * k)
         else:
             effective = List[Float32](unsafe_uninit_length=m * k)
             _round_x(x, _data(effective), m * k)
     var xb = _data(rounded)
-    if decode:
+    if amx:
+        runner.run(_AmxPanelTiles[a_type, w_type, tiled](y, xb, wt, m, kp), ceildiv(n, PANEL), serial)
+    elif decode:
         runner.run(_DecodeTiles[a_type, w_type, tiled](y, x, xb, xq, wt, m), ceildiv(n, NR), serial)
     else:
         comptime if w_type == DType.bfloat16 and BF16_DOT:

@@ -19,7 +19,15 @@ def _import_library(value: str) -> subprocess.CompletedProcess:
 
 def test_a_portable_cpu_reaches_max_and_unset_keeps_the_hosts() -> None:
     assert _import_library("x86-64-v3").stdout.strip() == "'x86-64-v3'"
-    assert _import_library("").stdout.strip() == "''"
+    assert _import_library("").stdout.strip() == repr(library._host_cpu_target())
+
+
+def test_a_cpu_with_amx_is_named_for_it_whatever_model_it_reports() -> None:
+    amx = "avx512f avx512_vnni avx512_bf16 avx512_fp16 amx_bf16 amx_tile amx_int8"
+    assert library.amx_cpu_target(f"processor\t: 0\nmodel\t\t: 167\nflags\t\t: fpu sse2 {amx}\n") == "sapphirerapids"
+    assert library.amx_cpu_target("flags\t\t: fpu sse2 avx512f avx512_bf16 avx512_vnni\n") == ""  # Zen 4
+    assert library.amx_cpu_target("flags\t\t: fpu sse2 amx_tile amx_int8\n") == ""  # no AMX-BF16
+    assert library.amx_cpu_target("") == ""
 
 
 def test_a_cpu_that_is_not_portable_is_refused_with_what_to_set() -> None:
