@@ -23,6 +23,7 @@
 #     bfloat16 weights are packed in pairs instead ([K / 2, PANEL] pairs) for vdpbf16ps: twice the FMAs' work. With
 #     AVX512_VNNI, int8 weights in quads ([K / 4, PANEL] quads, with their scales per block) for vpdpbusd against x
 #     quantized per block (block_k a multiple of 4; else the float32 panels).
+#   AMX (linear_amx.mojo): bfloat16 weights from AMX_ROWS rows of x on, their pair panels against x as AMX tiles.
 # Tiled weights (mili_linear_tiled, CPU only; float32, bfloat16 and int8): w as [N / R, K / C, R, C], R =
 #   tile_rows, C = tile_k columns: each R rows as C-column runs of each row in turn (bindings/reference.tile_weight
 #   makes them).
@@ -45,7 +46,7 @@ from std.memory import bitcast
 from std.sys import CompilationTarget, llvm_intrinsic, size_of
 from std.sys.intrinsics import prefetch, PrefetchOptions
 
-from .linear_amx import AMX_BF16, AMX_BLOCK, AMX_K, amx_bf16_block, amx_ready, configure_tiles, release_tiles
+from .linear_amx import AMX_BF16, AMX_BLOCK, AMX_K, AMX_ROWS, amx_bf16_block, amx_ready, configure_tiles, release_tiles, x_tile_at
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
 from ..utils.types import (
     addr, ptr, dot_bf16, largest_abs, load_f32, BF16_DOT, narrow, round_even, widen, is_fp8, Addr, F32, F32_WIDTH, FP8_SCALE, Ptr, GPU_BLOCK, check_same,
@@ -720,8 +721,8 @@ struct _PairPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
 
 struct _AmxPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
     """Item: a PANEL of bfloat16 weight rows packed in pairs, against every row of x rounded to bfloat16, on AMX tiles
-    (linear_amx.mojo). xb: x's rows padded with zeros to a multiple of AMX_BLOCK, its columns to kp, a multiple of
-    AMX_K."""
+    (linear_amx.mojo). xb: x as A tiles (x_tile_at), its rows padded with zeros to a multiple of AMX_BLOCK, its
+    columns to kp, a multiple of AMX_K."""
 
     var y: Addr[Self.a_type]
     var xb: Addr[DType.bfloat16]
@@ -866,11 +867,12 @@ def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
             _quantize_x[a_type, True](x, xq, m, k, wt.block_k, k, _data(effective))
     elif w_type == DType.bfloat16:
         comptime if AMX_BF16:
-            amx = not decode and amx_ready()
+            amx = m >= AMX_ROWS and amx_ready()
         if amx:
             rounded = List[BFloat16](length=ceildiv(m, AMX_BLOCK) * AMX_BLOCK * kp, fill=0)
             for r in range(m):
-                _round_x(x.unsafe_offset(r * k), _data(rounded).unsafe_offset(r * kp), k)
+                for c in range(0, k, AMX_K):
+                    _round_x(x.unsafe_offset(r * k + c), _data(rounded).unsafe_offset(x_tile_at(r, c, kp)), min(AMX_K, k - c))
         elif decode or BF16_DOT:
             rounded = List[BFloat16](unsafe_uninit_length=m * k)
             _round_x(x, _data(rounded), m * k)
