@@ -46,7 +46,9 @@ from std.memory import bitcast
 from std.sys import CompilationTarget, llvm_intrinsic, size_of
 from std.sys.intrinsics import prefetch, PrefetchOptions
 
-from .linear_amx import AMX_BF16, AMX_BLOCK, AMX_K, AMX_ROWS, amx_bf16_block, amx_ready, configure_tiles, release_tiles, x_tile_at
+from .linear_amx import (
+    AMX, AMX_BLOCK, AMX_BYTES, AMX_ROWS, amx_k, amx_ready, amx_steps, amx_store, amx_zero, configure_tiles, release_tiles, x_tile_at,
+)
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
 from ..utils.types import (
     addr, ptr, dot_bf16, largest_abs, load_f32, BF16_DOT, narrow, round_even, widen, is_fp8, Addr, F32, F32_WIDTH, FP8_SCALE, Ptr, GPU_BLOCK, check_same,
@@ -721,8 +723,8 @@ struct _PairPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
 
 struct _AmxPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
     """Item: a PANEL of bfloat16 weight rows packed in pairs, against every row of x rounded to bfloat16, on AMX tiles
-    (linear_amx.mojo). xb: x as A tiles (x_tile_at), its rows padded with zeros to a multiple of AMX_BLOCK, its
-    columns to kp, a multiple of AMX_K."""
+    (linear_amx.mojo). xb: x as tiles (x_tile_at), its rows padded to a multiple of AMX_BLOCK, its columns with zeros
+    to kp, a multiple of amx_k."""
 
     var y: Addr[Self.a_type]
     var xb: Addr[DType.bfloat16]
@@ -735,7 +737,7 @@ struct _AmxPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
         self.y, self.xb, self.wt, self.m, self.kp = addr(y), addr(xb), wt, m, kp
 
     def run(self, item: Int):
-        comptime assert PANEL == AMX_BLOCK, "a panel is two AMX tiles of weights"
+        comptime assert PANEL == AMX_BLOCK, "a panel is two tiles of weights"
         var buffer = List[UInt32](length=self.kp // 2 * PANEL, fill=0)  # pairs past K stay 0
         var block_buffer = List[Float32](unsafe_uninit_length=AMX_BLOCK * PANEL)
         var panel, block = _data(buffer), _data(block_buffer)
@@ -743,16 +745,26 @@ struct _AmxPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
         _pack_pair_panel(panel, self.wt, n0)
         configure_tiles()
         for m0 in range(0, self.m, AMX_BLOCK):
-            amx_bf16_block(block, ptr(self.xb).unsafe_offset(m0 * self.kp), panel, PANEL, self.kp)
-            for i in range(min(AMX_BLOCK, self.m - m0)):
-                var out = (m0 + i) * N + n0
-                if n0 + PANEL <= N:
-                    comptime for h in range(0, PANEL, W):
-                        ptr(self.y).unsafe_store(out + h, narrow[Self.a_type, W](block.unsafe_load[width=W](i * PANEL + h)))
-                else:
-                    for c in range(N - n0):
-                        ptr(self.y).unsafe_store(out + c, narrow[Self.a_type, 1](block.unsafe_load[width=1](i * PANEL + c)))
+            comptime tile = AMX_ROWS * amx_k[DType.bfloat16]()
+            amx_zero()
+            amx_steps(ptr(self.xb).unsafe_offset(m0 * self.kp), tile, AMX_BYTES, AMX_ROWS * self.kp, panel, PANEL,
+                      self.kp // amx_k[DType.bfloat16]())
+            amx_store(block)
+            _store_block(ptr(self.y), block, m0, min(AMX_BLOCK, self.m - m0), n0, N)
         release_tiles()
+
+
+@always_inline
+def _store_block[a_type: DType](y: Ptr[a_type], block: Ptr[F32], m0: Int, rows: Int, n0: Int, N: Int):
+    """y[m0 : m0 + rows, n0 : n0 + PANEL] = block [rows, PANEL], up to column N."""
+    for i in range(rows):
+        var out = (m0 + i) * N + n0
+        if n0 + PANEL <= N:
+            comptime for h in range(0, PANEL, W):
+                y.unsafe_store(out + h, narrow[a_type, W](block.unsafe_load[width=W](i * PANEL + h)))
+        else:
+            for c in range(N - n0):
+                y.unsafe_store(out + c, narrow[a_type, 1](block.unsafe_load[width=1](i * PANEL + c)))
 
 
 struct _QuadPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
@@ -776,12 +788,12 @@ struct _QuadPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
 
 
 def _quantized_x[a_type: DType](
-    x: Ptr[a_type], m: Int, k: Int, block_k: Int, stride: Int, mut q: List[Int8], mut scales: List[Float32],
+    x: Ptr[a_type], m: Int, rows: Int, k: Int, block_k: Int, stride: Int, mut q: List[Int8], mut scales: List[Float32],
     mut sums: List[Int32],
 ) -> _QuantizedX:
-    """x [m, k] quantized per row and block of block_k columns into q (empty: its rows `stride` apart, zeros past k),
-    scales and sums (the caller keeps them alive)."""
-    q.resize(m * stride + 8, 0)  # a quad or an 8-column group read at the end of the last row may run past it
+    """x [m, k] quantized per row and block of block_k columns into q (empty: `rows` >= m rows `stride` apart, zeros
+    past k and m), scales and sums (the caller keeps them alive)."""
+    q.resize(rows * stride + 8, 0)  # a quad or an 8-column group read at the end of the last row may run past it
     var k_blocks = ceildiv(k, block_k)
     scales.resize(m * k_blocks, 0)
     sums.resize(m * k_blocks, 0)
@@ -789,6 +801,70 @@ def _quantized_x[a_type: DType](
     var unused = List[Float32]()
     _quantize_x[a_type, False](x, xq, m, k, block_k, stride, _data(unused))
     return xq
+
+
+def _tile_scales[w_type: DType, tiled: Bool](wt: _Weights[w_type, tiled], n0: Int) -> List[Float32]:
+    """The scales of a tiled int8 weight's I8_TILE_ROWS rows from n0 on, [k_blocks, I8_TILE_ROWS]."""
+    var scales = List[Float32](length=wt.k_blocks * I8_TILE_ROWS, fill=0)
+    for c in range(I8_TILE_ROWS):  # tiled weights have N a multiple of I8_TILE_ROWS
+        for kb in range(wt.k_blocks):
+            scales[kb * I8_TILE_ROWS + c] = wt.scale(n0 + c, kb)
+    return scales^
+
+
+struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
+    """Item: I8_TILE_ROWS rows of a tiled int8 weight, its quad panels read in place, against every row of x quantized
+    to int8, on AMX tiles (linear_amx.mojo): exact int32 sums per block of block_k columns (a multiple of 64), then
+    both scales. xq: its rows kp apart (a multiple of 64, zeros past K) and padded to a multiple of AMX_BLOCK."""
+
+    var y: Addr[Self.a_type]
+    var xq: _QuantizedX
+    var wt: _Weights[Self.w_type, Self.tiled]
+    var m: Int
+    var kp: Int
+
+    def __init__(out self, y: Ptr[Self.a_type], xq: _QuantizedX, wt: _Weights[Self.w_type, Self.tiled], m: Int, kp: Int):
+        self.y, self.xq, self.wt, self.m, self.kp = addr(y), xq, wt, m, kp
+
+    def run(self, item: Int):
+        comptime assert I8_TILE_ROWS == AMX_BLOCK, "a tile of int8 weights is two tiles of quads"
+        comptime step = amx_k[DType.int8]()
+        var n0, K, kp, block_k = item * I8_TILE_ROWS, self.wt.k, self.kp, self.wt.block_k
+        var scale_buffer = _tile_scales(self.wt, n0)
+        var panel = ptr(self.wt.w).unsafe_bitcast[UInt32]().unsafe_offset(n0 * (K // 4))
+        # the quads of the last columns, past the last whole step, with zeros after them: a step's tile is 16 rows
+        var whole = K - K % step
+        var tail_buffer = List[UInt32](length=AMX_ROWS * I8_TILE_ROWS, fill=0)
+        var tail = _data(tail_buffer)
+        for i in range((K - whole) // 4 * I8_TILE_ROWS):
+            tail.unsafe_store(i, panel.unsafe_load(whole // 4 * I8_TILE_ROWS + i))
+        var dot_buffer = List[Int32](unsafe_uninit_length=AMX_BLOCK * PANEL)
+        var acc_buffer = List[Float32](unsafe_uninit_length=AMX_BLOCK * PANEL)
+        var dots, acc, scales = _data(dot_buffer), _data(acc_buffer), _data(scale_buffer)
+        var q = ptr(self.xq.q)
+        configure_tiles()
+        for m0 in range(0, self.m, AMX_BLOCK):
+            var rows = min(AMX_BLOCK, self.m - m0)
+            for i in range(AMX_BLOCK * PANEL):
+                acc.unsafe_store(i, 0)
+            for kb in range(self.wt.k_blocks):
+                var k0, k1 = kb * block_k, min(K, kb * block_k + block_k)
+                var x = q.unsafe_offset(m0 * kp)
+                amx_zero()
+                if min(k1, whole) > k0:
+                    amx_steps(x.unsafe_offset(k0), step, kp, AMX_ROWS * kp, panel.unsafe_offset(k0 // 4 * I8_TILE_ROWS),
+                              I8_TILE_ROWS, (min(k1, whole) - k0) // step)
+                if k1 > whole:
+                    amx_steps(x.unsafe_offset(whole), step, kp, AMX_ROWS * kp, tail, I8_TILE_ROWS, 1)
+                amx_store(dots)
+                for i in range(rows):
+                    var sx = self.xq.scale(m0 + i, kb)
+                    comptime for h in range(0, PANEL, W):
+                        var at = i * PANEL + h
+                        var s = scales.unsafe_load[width=W](kb * I8_TILE_ROWS + h) * sx
+                        acc.unsafe_store(at, dots.unsafe_load[width=W](at).cast[F32]().fma(s, acc.unsafe_load[width=W](at)))
+            _store_block(ptr(self.y), acc, m0, rows, n0, self.wt.n)
+        release_tiles()
 
 
 struct _StoredQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
@@ -806,11 +882,8 @@ struct _StoredQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
     def run(self, item: Int):
         comptime assert I8_TILE_ROWS % PANEL == 0, "a tile is whole quad panels"
         var n0 = item * I8_TILE_ROWS
-        var scale_buffer = List[Float32](length=self.wt.k_blocks * I8_TILE_ROWS, fill=0)
+        var scale_buffer = _tile_scales(self.wt, n0)
         var panel_scales = _data(scale_buffer)
-        for c in range(I8_TILE_ROWS):  # tiled weights have N a multiple of I8_TILE_ROWS
-            for kb in range(self.wt.k_blocks):
-                panel_scales.unsafe_store(kb * I8_TILE_ROWS + c, self.wt.scale(n0 + c, kb))
         var panel = ptr(self.wt.w).unsafe_bitcast[UInt32]().unsafe_offset(n0 * (self.wt.k // 4))
         comptime for half in range(0, I8_TILE_ROWS, PANEL):
             _quad_panel_rows[stride=I8_TILE_ROWS](
@@ -828,11 +901,19 @@ def linear_cpu[a_type: DType, w_type: DType, R: Runner, tiled: Bool = False](
     var wt = _Weights[w_type, tiled](w, scales, n, k, block_k)
     var serial = m * n * k <= SERIAL_MACS
     comptime if tiled and w_type == DType.int8:
+        var amx = False  # exact int32 sums per block: whole steps of 64 columns in a block
+        comptime if AMX:
+            amx = m >= AMX_ROWS and wt.block_k % amx_k[DType.int8]() == 0 and amx_ready()
         var q = List[Int8]()
         var q_scales = List[Float32]()
         var q_sums = List[Int32]()
-        var xq = _quantized_x(x, m, wt.k, wt.block_k, wt.k, q, q_scales, q_sums)
-        runner.run(_StoredQuadPanels[a_type, w_type, tiled](y, xq, wt, m), n // I8_TILE_ROWS, serial)
+        if amx:
+            var kp = ceildiv(wt.k, amx_k[DType.int8]()) * amx_k[DType.int8]()
+            var xq = _quantized_x(x, m, ceildiv(m, AMX_BLOCK) * AMX_BLOCK, wt.k, wt.block_k, kp, q, q_scales, q_sums)
+            runner.run(_AmxQuadPanels[a_type, w_type, tiled](y, xq, wt, m, kp), n // I8_TILE_ROWS, serial)
+        else:
+            var xq = _quantized_x(x, m, m, wt.k, wt.block_k, wt.k, q, q_scales, q_sums)
+            runner.run(_StoredQuadPanels[a_type, w_type, tiled](y, xq, wt, m), n // I8_TILE_ROWS, serial)
         _ = q^
         _ = q_scales^
         _ = q_sums^
@@ -857,22 +938,23 @@ def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
     var q_sums = List[Int32]()
     var effective = List[Float32]()
     var amx = False  # bfloat16 prefill on AMX tiles
-    var kp = ceildiv(k, AMX_K) * AMX_K
+    var kp = ceildiv(k, amx_k[DType.bfloat16]()) * amx_k[DType.bfloat16]()
     var xq = _QuantizedX(_data(q), _data(q_scales), _data(q_sums), wt.k_blocks)
     comptime if w_type == DType.int8:
         if decode or quads:
-            xq = _quantized_x(x, m, wt.k, wt.block_k, wt.k, q, q_scales, q_sums)
+            xq = _quantized_x(x, m, m, wt.k, wt.block_k, wt.k, q, q_scales, q_sums)
         else:
             effective.resize(m * k, 0)
             _quantize_x[a_type, True](x, xq, m, k, wt.block_k, k, _data(effective))
     elif w_type == DType.bfloat16:
-        comptime if AMX_BF16:
+        comptime if AMX:
             amx = m >= AMX_ROWS and amx_ready()
         if amx:
             rounded = List[BFloat16](length=ceildiv(m, AMX_BLOCK) * AMX_BLOCK * kp, fill=0)
             for r in range(m):
-                for c in range(0, k, AMX_K):
-                    _round_x(x.unsafe_offset(r * k + c), _data(rounded).unsafe_offset(x_tile_at(r, c, kp)), min(AMX_K, k - c))
+                for c in range(0, k, amx_k[DType.bfloat16]()):
+                    _round_x(x.unsafe_offset(r * k + c), _data(rounded).unsafe_offset(x_tile_at[DType.bfloat16](r, c, kp)),
+                             min(amx_k[DType.bfloat16](), k - c))
         elif decode or BF16_DOT:
             rounded = List[BFloat16](unsafe_uninit_length=m * k)
             _round_x(x, _data(rounded), m * k)

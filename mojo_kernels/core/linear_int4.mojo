@@ -229,7 +229,7 @@ def _linear_tiles[a_type: DType, bits: Int, R: Runner](runner: R, y: Ptr[a_type]
     var q = List[Int8]()
     var q_scales = List[Float32]()
     var q_sums = List[Int32]()
-    var xq = _quantized_x(x, m, wt.k, wt.block_k, wt.padded_k(), q, q_scales, q_sums)  # rows padded to whole groups
+    var xq = _quantized_x(x, m, m, wt.k, wt.block_k, wt.padded_k(), q, q_scales, q_sums)  # rows padded to whole groups
     runner.run(_Int4TileRows[a_type, bits](y, xq, wt, m), ceildiv(wt.n, TILE_ROWS), m * wt.n * wt.k <= SERIAL_MACS)
     _ = q^
     _ = q_scales^
