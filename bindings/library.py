@@ -136,7 +136,8 @@ def eager_cpu_module():
     import importlib.util
 
     source = Path(__file__).parent / "eager" / "eager_cpu.mojo"
-    digest = hashlib.sha256((_sources_digest(kernels_dir()) + source.read_text() + CPU_TARGET).encode()).hexdigest()[:16]
+    key = _sources_digest(kernels_dir()) + source.read_text() + CPU_TARGET
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     out = Path(os.environ["MODULAR_CACHE_DIR"]) / "mili_eager_cpu" / digest / "mili_eager_cpu.so"
     target = ["--target-cpu", CPU_TARGET] if CPU_TARGET else []
     _build(out, ["build", "--emit", "shared-lib", *target, "-I", str(kernels_dir().parent), str(source)])
