@@ -747,7 +747,7 @@ struct _AmxPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
         for m0 in range(0, self.m, AMX_BLOCK):
             comptime tile = AMX_ROWS * amx_k[DType.bfloat16]()
             amx_zero()
-            amx_steps(ptr(self.xb).unsafe_offset(m0 * self.kp), tile, AMX_BYTES, AMX_ROWS * self.kp, panel, PANEL,
+            amx_steps[w_type=DType.bfloat16](ptr(self.xb).unsafe_offset(m0 * self.kp), tile, AMX_BYTES, AMX_ROWS * self.kp, panel, PANEL,
                       self.kp // amx_k[DType.bfloat16]())
             amx_store(block)
             _store_block(ptr(self.y), block, m0, min(AMX_BLOCK, self.m - m0), n0, N)
@@ -852,10 +852,10 @@ struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
                 var x = q.unsafe_offset(m0 * kp)
                 amx_zero()
                 if min(k1, whole) > k0:
-                    amx_steps(x.unsafe_offset(k0), step, kp, AMX_ROWS * kp, panel.unsafe_offset(k0 // 4 * I8_TILE_ROWS),
+                    amx_steps[w_type=DType.int8](x.unsafe_offset(k0), step, kp, AMX_ROWS * kp, panel.unsafe_offset(k0 // 4 * I8_TILE_ROWS),
                               I8_TILE_ROWS, (min(k1, whole) - k0) // step)
                 if k1 > whole:
-                    amx_steps(x.unsafe_offset(whole), step, kp, AMX_ROWS * kp, tail, I8_TILE_ROWS, 1)
+                    amx_steps[w_type=DType.int8](x.unsafe_offset(whole), step, kp, AMX_ROWS * kp, tail, I8_TILE_ROWS, 1)
                 amx_store(dots)
                 for i in range(rows):
                     var sx = self.xq.scale(m0 + i, kb)

@@ -71,14 +71,17 @@ def amx_zero():
 
 
 @always_inline
-def amx_steps[x_type: DType](
+def amx_steps[x_type: DType, w_type: DType](
     x: Ptr[x_type], x_step: Int, x_stride: Int, x_pitch: Int, w: Ptr[DType.uint32], w_stride: Int, steps: Int,
 ):
-    """Adds `steps` x 64 bytes of columns to the block of y: 32 rows of x against 32 columns of weight words.
-    x: the first tile of x (x_stride bytes between its rows), its second one x_pitch elements on, each step's tiles
-    x_step elements on; w: the first weight word of the block's 32 columns, w_stride words between word rows."""
+    """Adds `steps` x 64 bytes of columns to the block of y: 32 rows of x against 32 columns of weight words
+    (bfloat16 pairs; signed or unsigned int8 quads as w_type says). x: the first tile of x (x_stride bytes between
+    its rows), its second one x_pitch elements on, each step's tiles x_step elements on; w: the first weight word of
+    the block's 32 columns, w_stride words between word rows."""
     comptime if AMX:
-        comptime op = "llvm.x86.tdpbf16ps" if x_type == DType.bfloat16 else "llvm.x86.tdpbssd"
+        comptime op = "llvm.x86.tdpbf16ps" if w_type == DType.bfloat16 else (
+            "llvm.x86.tdpbsud" if w_type == DType.uint8 else "llvm.x86.tdpbssd"
+        )
         for s in range(steps):
             var a = x.unsafe_offset(s * x_step)
             _tile["llvm.x86.tileloadd64", 0](a, x_stride)

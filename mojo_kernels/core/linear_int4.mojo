@@ -27,9 +27,10 @@ from std.sys.intrinsics import prefetch, PrefetchOptions
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
 from ..utils.types import addr, ptr, Addr, F16, F32, Ptr, check_same
 from .linear import (
-    _QuantizedX, _quantized_x, _data, _store_panel_rows, DOT_LANES, I8_DOT, I8_MADD, PANEL, PREFETCH_BYTES,
-    QUAD_PANEL_ROWS, SERIAL_MACS,
+    _QuantizedX, _quantized_x, _data, _store_block, _store_panel_rows, DOT_LANES, I8_DOT, I8_MADD, PANEL, PREFETCH_BYTES,
+    QUAD_PANEL_ROWS, SERIAL_MACS, W,
 )
+from .linear_amx import AMX, AMX_BLOCK, AMX_ROWS, amx_k, amx_ready, amx_steps, amx_store, amx_zero, configure_tiles, release_tiles
 
 comptime TILE_ROWS = 32
 """Weight rows per tile."""
@@ -211,6 +212,67 @@ struct _Int4TileRows[a_type: DType, bits: Int](ChunkTask):
         _ = last^
 
 
+struct _AmxInt4Tiles[a_type: DType, bits: Int](ChunkTask):
+    """Item: a tile of weight rows, unpacked into a quad panel of unsigned bytes, against every row of x quantized to
+    int8, on AMX tiles (linear_amx.mojo, TDPBSUD): per block of block_k columns (a multiple of 64) exact int32 sums,
+    then sx * (s * sum + m * sum of x). xq: its rows kp apart (a multiple of 64, zeros past K), padded to a multiple
+    of AMX_BLOCK."""
+
+    var y: Addr[Self.a_type]
+    var xq: _QuantizedX
+    var wt: _Int4Tiles[Self.bits]
+    var m: Int
+    var kp: Int
+
+    def __init__(out self, y: Ptr[Self.a_type], xq: _QuantizedX, wt: _Int4Tiles[Self.bits], m: Int, kp: Int):
+        self.y, self.xq, self.wt, self.m, self.kp = addr(y), xq, wt, m, kp
+
+    def run(self, item: Int):
+        comptime assert TILE_ROWS == AMX_BLOCK and S == 4 * AMX_ROWS, "a tile is two tiles of 16 rows' quads"
+        comptime step = amx_k[DType.int8]()
+        var n0, N, kp, block_k, blocks = item * TILE_ROWS, self.wt.n, self.kp, self.wt.block_k, self.wt.k_blocks
+        var panel_buffer = List[UInt32](length=kp // 4 * TILE_ROWS, fill=0)
+        var panel = _data(panel_buffer)
+        for g in range(self.wt.groups):
+            var at = self.wt.group_at(item, g)
+            comptime for v in range(2):
+                var lo, hi = self.wt.values[v](at)
+                panel.unsafe_store(2 * g * TILE_ROWS + v * AMX_ROWS, bitcast[DType.uint32, AMX_ROWS](lo))
+                panel.unsafe_store((2 * g + 1) * TILE_ROWS + v * AMX_ROWS, bitcast[DType.uint32, AMX_ROWS](hi))
+        var coefficients = List[Float32](length=2 * blocks * TILE_ROWS, fill=0)  # scales then mins, 0 past row N
+        var scales, mins = _data(coefficients), _data(coefficients).unsafe_offset(blocks * TILE_ROWS)
+        for kb in range(blocks):
+            for r in range(min(TILE_ROWS, N - n0)):
+                scales.unsafe_store(kb * TILE_ROWS + r, ptr(self.wt.scales).unsafe_load(kb * N + n0 + r).cast[F32]())
+                mins.unsafe_store(kb * TILE_ROWS + r, ptr(self.wt.mins).unsafe_load(kb * N + n0 + r).cast[F32]())
+        var dot_buffer = List[Int32](unsafe_uninit_length=AMX_BLOCK * PANEL)
+        var acc_buffer = List[Float32](unsafe_uninit_length=AMX_BLOCK * PANEL)
+        var dots, acc = _data(dot_buffer), _data(acc_buffer)
+        var q = ptr(self.xq.q)
+        configure_tiles()
+        for m0 in range(0, self.m, AMX_BLOCK):
+            var rows = min(AMX_BLOCK, self.m - m0)
+            for i in range(AMX_BLOCK * PANEL):
+                acc.unsafe_store(i, 0)
+            for kb in range(blocks):
+                var k0 = kb * block_k
+                amx_zero()
+                amx_steps[w_type=DType.uint8](q.unsafe_offset(m0 * kp + k0), step, kp, AMX_ROWS * kp,
+                                              panel.unsafe_offset(k0 // 4 * TILE_ROWS), TILE_ROWS,
+                                              ceildiv(min(block_k, self.wt.k - k0), step))
+                amx_store(dots)
+                for i in range(rows):
+                    var sx = self.xq.scale(m0 + i, kb)
+                    var shift = sx * Float32(self.xq.sum(m0 + i, kb))
+                    comptime for h in range(0, PANEL, W):
+                        var at = i * PANEL + h
+                        var s = scales.unsafe_load[width=W](kb * TILE_ROWS + h) * sx
+                        var total = dots.unsafe_load[width=W](at).cast[F32]().fma(s, acc.unsafe_load[width=W](at))
+                        acc.unsafe_store(at, mins.unsafe_load[width=W](kb * TILE_ROWS + h).fma(shift, total))
+            _store_block(ptr(self.y), acc, m0, rows, n0, N)
+        release_tiles()
+
+
 def linear_int4_cpu[a_type: DType, R: Runner](
     runner: R, y: Ptr[a_type], x: Ptr[a_type], w: Ptr[DType.uint8], scales: Ptr[F16], mins: Ptr[F16], m: Int, n: Int,
     k: Int, block_k: Int, bits: Int,
@@ -229,8 +291,17 @@ def _linear_tiles[a_type: DType, bits: Int, R: Runner](runner: R, y: Ptr[a_type]
     var q = List[Int8]()
     var q_scales = List[Float32]()
     var q_sums = List[Int32]()
-    var xq = _quantized_x(x, m, m, wt.k, wt.block_k, wt.padded_k(), q, q_scales, q_sums)  # rows padded to whole groups
-    runner.run(_Int4TileRows[a_type, bits](y, xq, wt, m), ceildiv(wt.n, TILE_ROWS), m * wt.n * wt.k <= SERIAL_MACS)
+    var amx = False  # whole steps of 64 columns in a block
+    comptime if AMX:
+        amx = m >= AMX_ROWS and wt.block_k % amx_k[DType.int8]() == 0 and amx_ready()
+    var serial = m * wt.n * wt.k <= SERIAL_MACS
+    if amx:
+        var kp = ceildiv(wt.k, amx_k[DType.int8]()) * amx_k[DType.int8]()
+        var xq = _quantized_x(x, m, ceildiv(m, AMX_BLOCK) * AMX_BLOCK, wt.k, wt.block_k, kp, q, q_scales, q_sums)
+        runner.run(_AmxInt4Tiles[a_type, bits](y, xq, wt, m, kp), ceildiv(wt.n, TILE_ROWS), serial)
+    else:
+        var xq = _quantized_x(x, m, m, wt.k, wt.block_k, wt.padded_k(), q, q_scales, q_sums)  # rows to whole groups
+        runner.run(_Int4TileRows[a_type, bits](y, xq, wt, m), ceildiv(wt.n, TILE_ROWS), serial)
     _ = q^
     _ = q_scales^
     _ = q_sums^
