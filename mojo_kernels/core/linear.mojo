@@ -23,7 +23,8 @@
 #     bfloat16 weights are packed in pairs instead ([K / 2, PANEL] pairs) for vdpbf16ps: twice the FMAs' work. With
 #     AVX512_VNNI, int8 weights in quads ([K / 4, PANEL] quads, with their scales per block) for vpdpbusd against x
 #     quantized per block (block_k a multiple of 4; else the float32 panels).
-#   AMX (linear_amx.mojo): bfloat16 weights from AMX_ROWS rows of x on, their pair panels against x as AMX tiles.
+#   AMX (linear_amx.mojo), from AMX_ROWS rows of x on: bfloat16 weights' pair panels against x as AMX tiles; tiled
+#     int8 weights' quad panels in place, block by block (block_k a multiple of 64).
 # Tiled weights (mili_linear_tiled, CPU only; float32, bfloat16 and int8): w as [N / R, K / C, R, C], R =
 #   tile_rows, C = tile_k columns: each R rows as C-column runs of each row in turn (bindings/reference.tile_weight
 #   makes them).

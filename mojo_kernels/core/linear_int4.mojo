@@ -15,6 +15,7 @@
 # memory (prefetched PREFETCH_BYTES ahead) for the first rows of x and from cache for the next. One row of x keeps
 # two chains of dot products per vector of weights (low and high nibbles), else vpdpbusd's latency bounds it.
 # AVX2: vpmaddubsw + vpmaddwd (63 * 127 * 2 fits its int16 pair sums), a tile as two panels of 16 rows.
+# AMX (linear_amx.mojo), from AMX_ROWS rows of x on: each tile unpacked once into unsigned quads for TDPBSUD.
 # GPU: none (the model dequantizes 4-bit checkpoints to its activation dtype there).
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
