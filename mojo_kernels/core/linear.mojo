@@ -804,6 +804,30 @@ def _quantized_x[a_type: DType](
     return xq
 
 
+@always_inline
+def _zero(p: Ptr[F32], count: Int):
+    for i in range(0, count, W):
+        p.unsafe_store(i, SIMD[F32, W](0))
+
+
+@always_inline
+def _add_block_dots[with_mins: Bool](
+    acc: Ptr[F32], dots: Ptr[DType.int32], xq: _QuantizedX, m0: Int, rows: Int, kb: Int, scales: Ptr[F32],
+    mins: Ptr[F32],
+):
+    """acc[i] += sx * (dots[i] * scales + mins * the block's sum of x) for the `rows` rows of a block of y (PANEL
+    columns; rows PANEL apart) from x's row m0 on: block kb's int32 sums, scales and mins its PANEL columns'."""
+    for i in range(rows):
+        var sx = xq.scale(m0 + i, kb)
+        comptime for h in range(0, PANEL, W):
+            var at = i * PANEL + h
+            var total = dots.unsafe_load[width=W](at).cast[F32]().fma(scales.unsafe_load[width=W](h) * sx,
+                                                                      acc.unsafe_load[width=W](at))
+            comptime if with_mins:
+                total = mins.unsafe_load[width=W](h).fma(sx * Float32(xq.sum(m0 + i, kb)), total)
+            acc.unsafe_store(at, total)
+
+
 def _tile_scales[w_type: DType, tiled: Bool](wt: _Weights[w_type, tiled], n0: Int) -> List[Float32]:
     """The scales of a tiled int8 weight's I8_TILE_ROWS rows from n0 on, [k_blocks, I8_TILE_ROWS]."""
     var scales = List[Float32](length=wt.k_blocks * I8_TILE_ROWS, fill=0)
@@ -846,8 +870,7 @@ struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
         configure_tiles()
         for m0 in range(0, self.m, AMX_BLOCK):
             var rows = min(AMX_BLOCK, self.m - m0)
-            for i in range(AMX_BLOCK * PANEL):
-                acc.unsafe_store(i, 0)
+            _zero(acc, AMX_BLOCK * PANEL)
             for kb in range(self.wt.k_blocks):
                 var k0, k1 = kb * block_k, min(K, kb * block_k + block_k)
                 var x = q.unsafe_offset(m0 * kp)
@@ -858,12 +881,7 @@ struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
                 if k1 > whole:
                     amx_steps[w_type=DType.int8](x.unsafe_offset(whole), step, kp, AMX_ROWS * kp, tail, I8_TILE_ROWS, 1)
                 amx_store(dots)
-                for i in range(rows):
-                    var sx = self.xq.scale(m0 + i, kb)
-                    comptime for h in range(0, PANEL, W):
-                        var at = i * PANEL + h
-                        var s = scales.unsafe_load[width=W](kb * I8_TILE_ROWS + h) * sx
-                        acc.unsafe_store(at, dots.unsafe_load[width=W](at).cast[F32]().fma(s, acc.unsafe_load[width=W](at)))
+                _add_block_dots[False](acc, dots, self.xq, m0, rows, kb, scales.unsafe_offset(kb * I8_TILE_ROWS), scales)
             _store_block(ptr(self.y), acc, m0, rows, n0, self.wt.n)
         release_tiles()
 

@@ -28,8 +28,8 @@ from std.sys.intrinsics import prefetch, PrefetchOptions
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
 from ..utils.types import addr, ptr, Addr, F16, F32, Ptr, check_same
 from .linear import (
-    _QuantizedX, _quantized_x, _data, _store_block, _store_panel_rows, DOT_LANES, I8_DOT, I8_MADD, PANEL, PREFETCH_BYTES,
-    QUAD_PANEL_ROWS, SERIAL_MACS, W,
+    _QuantizedX, _add_block_dots, _quantized_x, _data, _store_block, _store_panel_rows, _zero, DOT_LANES, I8_DOT, I8_MADD, PANEL, PREFETCH_BYTES,
+    QUAD_PANEL_ROWS, SERIAL_MACS,
 )
 from .linear_amx import AMX, AMX_BLOCK, AMX_ROWS, amx_k, amx_ready, amx_steps, amx_store, amx_zero, configure_tiles, release_tiles
 
@@ -253,8 +253,7 @@ struct _AmxInt4Tiles[a_type: DType, bits: Int](ChunkTask):
         configure_tiles()
         for m0 in range(0, self.m, AMX_BLOCK):
             var rows = min(AMX_BLOCK, self.m - m0)
-            for i in range(AMX_BLOCK * PANEL):
-                acc.unsafe_store(i, 0)
+            _zero(acc, AMX_BLOCK * PANEL)
             for kb in range(blocks):
                 var k0 = kb * block_k
                 amx_zero()
@@ -262,14 +261,8 @@ struct _AmxInt4Tiles[a_type: DType, bits: Int](ChunkTask):
                                               panel.unsafe_offset(k0 // 4 * TILE_ROWS), TILE_ROWS,
                                               ceildiv(min(block_k, self.wt.k - k0), step))
                 amx_store(dots)
-                for i in range(rows):
-                    var sx = self.xq.scale(m0 + i, kb)
-                    var shift = sx * Float32(self.xq.sum(m0 + i, kb))
-                    comptime for h in range(0, PANEL, W):
-                        var at = i * PANEL + h
-                        var s = scales.unsafe_load[width=W](kb * TILE_ROWS + h) * sx
-                        var total = dots.unsafe_load[width=W](at).cast[F32]().fma(s, acc.unsafe_load[width=W](at))
-                        acc.unsafe_store(at, mins.unsafe_load[width=W](kb * TILE_ROWS + h).fma(shift, total))
+                _add_block_dots[True](acc, dots, self.xq, m0, rows, kb, scales.unsafe_offset(kb * TILE_ROWS),
+                                      mins.unsafe_offset(kb * TILE_ROWS))
             _store_block(ptr(self.y), acc, m0, rows, n0, N)
         release_tiles()
 
