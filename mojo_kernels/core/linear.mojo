@@ -48,7 +48,8 @@ from std.sys import CompilationTarget, llvm_intrinsic, size_of
 from std.sys.intrinsics import prefetch, PrefetchOptions
 
 from .linear_amx import (
-    AMX, AMX_BLOCK, AMX_BYTES, AMX_ROWS, amx_k, amx_ready, amx_steps, amx_store, amx_zero, configure_tiles, release_tiles, x_tile_at,
+    AMX_BLOCK, AMX_BYTES, AMX_ROWS, amx_k, amx_padded, amx_rows, amx_steps, amx_store, amx_zero, configure_tiles,
+    release_tiles, use_amx, x_tile_at,
 )
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
 from ..utils.types import (
@@ -920,15 +921,13 @@ def linear_cpu[a_type: DType, w_type: DType, R: Runner, tiled: Bool = False](
     var wt = _Weights[w_type, tiled](w, scales, n, k, block_k)
     var serial = m * n * k <= SERIAL_MACS
     comptime if tiled and w_type == DType.int8:
-        var amx = False  # exact int32 sums per block: whole steps of 64 columns in a block
-        comptime if AMX:
-            amx = m >= AMX_ROWS and wt.block_k % amx_k[DType.int8]() == 0 and amx_ready()
+        var amx = use_amx[DType.int8](m, wt.block_k)
         var q = List[Int8]()
         var q_scales = List[Float32]()
         var q_sums = List[Int32]()
         if amx:
-            var kp = ceildiv(wt.k, amx_k[DType.int8]()) * amx_k[DType.int8]()
-            var xq = _quantized_x(x, m, ceildiv(m, AMX_BLOCK) * AMX_BLOCK, wt.k, wt.block_k, kp, q, q_scales, q_sums)
+            var kp = amx_padded[DType.int8](wt.k)
+            var xq = _quantized_x(x, m, amx_rows(m), wt.k, wt.block_k, kp, q, q_scales, q_sums)
             runner.run(_AmxQuadPanels[a_type, w_type, tiled](y, xq, wt, m, kp), n // I8_TILE_ROWS, serial)
         else:
             var xq = _quantized_x(x, m, m, wt.k, wt.block_k, wt.k, q, q_scales, q_sums)
@@ -957,7 +956,7 @@ def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
     var q_sums = List[Int32]()
     var effective = List[Float32]()
     var amx = False  # bfloat16 prefill on AMX tiles
-    var kp = ceildiv(k, amx_k[DType.bfloat16]()) * amx_k[DType.bfloat16]()
+    var kp = amx_padded[DType.bfloat16](k)
     var xq = _QuantizedX(_data(q), _data(q_scales), _data(q_sums), wt.k_blocks)
     comptime if w_type == DType.int8:
         if decode or quads:
@@ -966,10 +965,9 @@ def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
             effective.resize(m * k, 0)
             _quantize_x[a_type, True](x, xq, m, k, wt.block_k, k, _data(effective))
     elif w_type == DType.bfloat16:
-        comptime if AMX:
-            amx = m >= AMX_ROWS and amx_ready()
+        amx = use_amx[DType.bfloat16](m, wt.block_k)
         if amx:
-            rounded = List[BFloat16](length=ceildiv(m, AMX_BLOCK) * AMX_BLOCK * kp, fill=0)
+            rounded = List[BFloat16](length=amx_rows(m) * kp, fill=0)
             for r in range(m):
                 for c in range(0, k, amx_k[DType.bfloat16]()):
                     _round_x(x.unsafe_offset(r * k + c), _data(rounded).unsafe_offset(x_tile_at[DType.bfloat16](r, c, kp)),

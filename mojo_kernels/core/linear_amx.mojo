@@ -3,9 +3,10 @@
 # int8 ones per TDPBSSD (exact int32 sums). The prefill linears use them (linear.mojo): bfloat16 weights packed in
 # pairs against x rounded to bfloat16, int8 weights in their stored quad panels against x quantized per block, as
 # each format defines its effective x. Tiles are registers of the thread that configured them, and Linux hands them
-# to a process only when it asks (arch_prctl ARCH_REQ_XCOMP_PERM): amx_ready asks, and a worker configures its
+# to a process only when it asks (arch_prctl ARCH_REQ_XCOMP_PERM): use_amx asks, and a worker configures its
 # tiles for each item it runs.
 from std.ffi import external_call
+from std.math import ceildiv
 from std.memory import stack_allocation
 from std.sys import CompilationTarget, llvm_intrinsic, size_of
 
@@ -32,10 +33,29 @@ def amx_k[x_type: DType]() -> Int:
     return AMX_BYTES // size_of[x_type]()
 
 
-def amx_ready() -> Bool:
-    """Asks Linux for this process's AMX tile data (once granted, asking again is a no-op): False on a kernel that
-    does not grant it (before Linux 5.16), where the callers use their AVX-512 paths."""
-    return external_call["syscall", Int](_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+@always_inline
+def amx_padded[x_type: DType](k: Int) -> Int:
+    """k columns of x rounded up to whole tile rows."""
+    return ceildiv(k, amx_k[x_type]()) * amx_k[x_type]()
+
+
+@always_inline
+def amx_rows(m: Int) -> Int:
+    """m rows of x rounded up to whole blocks."""
+    return ceildiv(m, AMX_BLOCK) * AMX_BLOCK
+
+
+def use_amx[x_type: DType](m: Int, block_k: Int) -> Bool:
+    """Whether a linear of m rows of x (x_type: bfloat16, or int8 quantized per block of block_k columns, which must
+    hold whole tile rows) runs on AMX tiles: the target has them, m is at least AMX_ROWS, and Linux hands this process
+    the tile data (arch_prctl; once granted, asking again is a no-op; before Linux 5.16 it is refused and the callers
+    use their AVX-512 paths)."""
+    comptime if AMX:
+        if m < AMX_ROWS or (x_type == DType.int8 and block_k % amx_k[x_type]() != 0):
+            return False
+        return external_call["syscall", Int](_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+    else:
+        return False
 
 
 @always_inline

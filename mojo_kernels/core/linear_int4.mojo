@@ -31,7 +31,10 @@ from .linear import (
     _QuantizedX, _add_block_dots, _quantized_x, _data, _store_block, _store_panel_rows, _zero, DOT_LANES, I8_DOT, I8_MADD, PANEL, PREFETCH_BYTES,
     QUAD_PANEL_ROWS, SERIAL_MACS,
 )
-from .linear_amx import AMX, AMX_BLOCK, AMX_ROWS, amx_k, amx_ready, amx_steps, amx_store, amx_zero, configure_tiles, release_tiles
+from .linear_amx import (
+    AMX_BLOCK, AMX_ROWS, amx_k, amx_padded, amx_rows, amx_steps, amx_store, amx_zero, configure_tiles, release_tiles,
+    use_amx,
+)
 
 comptime TILE_ROWS = 32
 """Weight rows per tile."""
@@ -285,13 +288,10 @@ def _linear_tiles[a_type: DType, bits: Int, R: Runner](runner: R, y: Ptr[a_type]
     var q = List[Int8]()
     var q_scales = List[Float32]()
     var q_sums = List[Int32]()
-    var amx = False  # whole steps of 64 columns in a block
-    comptime if AMX:
-        amx = m >= AMX_ROWS and wt.block_k % amx_k[DType.int8]() == 0 and amx_ready()
     var serial = m * wt.n * wt.k <= SERIAL_MACS
-    if amx:
-        var kp = ceildiv(wt.k, amx_k[DType.int8]()) * amx_k[DType.int8]()
-        var xq = _quantized_x(x, m, ceildiv(m, AMX_BLOCK) * AMX_BLOCK, wt.k, wt.block_k, kp, q, q_scales, q_sums)
+    if use_amx[DType.int8](m, wt.block_k):
+        var kp = amx_padded[DType.int8](wt.k)
+        var xq = _quantized_x(x, m, amx_rows(m), wt.k, wt.block_k, kp, q, q_scales, q_sums)
         runner.run(_AmxInt4Tiles[a_type, bits](y, xq, wt, m, kp), ceildiv(wt.n, TILE_ROWS), serial)
     else:
         var xq = _quantized_x(x, m, m, wt.k, wt.block_k, wt.padded_k(), q, q_scales, q_sums)  # rows to whole groups
