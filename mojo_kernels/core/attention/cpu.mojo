@@ -22,9 +22,10 @@ from std.utils.index import IndexList
 from ...memory.kv_format import kv_head_len, kv_scale
 from ...utils.types import dot_bf16, narrow, widen, BF16_DOT, F32, F32_WIDTH, Ptr
 from ...utils.parallel import CpuContext
+from ..linear_amx import AMX_BLOCK, AMX_ROWS, configure_tiles, release_tiles, use_amx
+from .cpu_amx import amx_head_block, amx_stage_keys, amx_stage_q, amx_state_back, AmxScratch
+from .cpu_softmax import block_weights, softmax_block, KEY_BLOCK, MASKED
 
-comptime KEY_BLOCK = 32
-"""Keys scored together before one softmax rescale."""
 comptime QUERY_TILE = 32
 """Queries of one sequence that share each loaded key and value row."""
 comptime LONG_QUERY_TILE = 64
@@ -38,7 +39,6 @@ comptime KEY_GROUP = 8
 """Keys read straight from the cache: keys processed together, all KV heads (adjacent in memory)."""
 comptime VALUE_WIDTH = 2 * F32_WIDTH
 """Head dimensions of a row accumulated per pass over a staged value block (two registers)."""
-comptime MASKED = Float32(-1.0e30)
 comptime PAIR_LANES = 2 * F32_WIDTH
 """bfloat16 values in one operand of dot_bf16."""
 
@@ -233,39 +233,6 @@ def _rescale(acc: Ptr[F32], acc_off: Int, keep: Float32, n: Int):
 
 
 @always_inline
-def _softmax_block(s: Ptr[F32], s_off: Int, n: Int, m_at: Int, l_at: Int) -> Float32:
-    """Online softmax over the scores s[s_off : s_off + n] of one row: turns them into weights exp(s - m_new),
-    updates the row's running max s[m_at] and sum s[l_at], and returns the factor its accumulator must be scaled by."""
-    var maxima = SIMD[F32, F32_WIDTH](MASKED)
-    var i = 0
-    while i + F32_WIDTH <= n:
-        maxima = max(maxima, s.unsafe_load[width=F32_WIDTH](s_off + i))
-        i += F32_WIDTH
-    var block_max = maxima.reduce_max()
-    for j in range(i, n):
-        block_max = max(block_max, s.unsafe_load(s_off + j))
-    var m_old = s.unsafe_load(m_at)
-    var m_new = max(m_old, block_max)
-    var sums = SIMD[F32, F32_WIDTH](0)
-    var j = 0
-    while j + F32_WIDTH <= n:
-        var p = exp(s.unsafe_load[width=F32_WIDTH](s_off + j) - m_new)
-        s.unsafe_store(s_off + j, p)
-        sums += p
-        j += F32_WIDTH
-    var total = sums.reduce_add()
-    while j < n:
-        var p = exp(s.unsafe_load(s_off + j) - m_new)
-        s.unsafe_store(s_off + j, p)
-        total += p
-        j += 1
-    var keep = exp(m_old - m_new)
-    s.unsafe_store(m_at, m_new)
-    s.unsafe_store(l_at, s.unsafe_load(l_at) * keep + total)
-    return keep
-
-
-@always_inline
 def _copy_row[dtype: DType](dst: Ptr[F32], dst_off: Int, src: Ptr[dtype], src_off: Int, n: Int, scale: Float32 = 1):
     """dst[dst_off + i] = src[src_off + i] * scale as float32, vectorized (a scalar bfloat16 cast costs ~1 ns)."""
     var i = 0
@@ -332,20 +299,6 @@ def _block_values(buf: Ptr[F32], acc_off: Int, keep: Float32, p_off: Int, vb_off
 
 
 @always_inline
-def _block_weights(buf: Ptr[F32], s_off: Int, j0: Int, n_keys: Int, last: Int, m_at: Int, l_at: Int) -> Float32:
-    """Masks the block's scores past the row's last visible key (and past the block's n_keys), turns them into
-    softmax weights and returns the accumulator's rescale factor. A row that sees no key of the block gets
-    weights 0 and keeps its accumulator."""
-    if j0 > last:
-        for jj in range(KEY_BLOCK):
-            buf.unsafe_store(s_off + jj, 0)
-        return 1
-    for jj in range(min(n_keys, last - j0 + 1), KEY_BLOCK):
-        buf.unsafe_store(s_off + jj, MASKED)
-    return _softmax_block(buf, s_off, KEY_BLOCK, m_at, l_at)
-
-
-@always_inline
 def _four_rows_block(buf: Ptr[F32], r0: Int, r1: Int, r2: Int, r3: Int, j0: Int, n_keys: Int, kt_off: Int,
                      vb_off: Int, s_off: Int, acc_off: Int, m_off: Int, l_off: Int, last_off: Int, head_dim: Int):
     """One staged key block for four rows that share a KV head: every key or value vector loaded feeds four
@@ -365,10 +318,10 @@ def _four_rows_block(buf: Ptr[F32], r0: Int, r1: Int, r2: Int, r3: Int, j0: Int,
     buf.unsafe_store(p1, a1)
     buf.unsafe_store(p2, a2)
     buf.unsafe_store(p3, a3)
-    var k0 = _block_weights(buf, p0, j0, n_keys, Int(buf.unsafe_load(last_off + r0)), m_off + r0, l_off + r0)
-    var k1 = _block_weights(buf, p1, j0, n_keys, Int(buf.unsafe_load(last_off + r1)), m_off + r1, l_off + r1)
-    var k2 = _block_weights(buf, p2, j0, n_keys, Int(buf.unsafe_load(last_off + r2)), m_off + r2, l_off + r2)
-    var k3 = _block_weights(buf, p3, j0, n_keys, Int(buf.unsafe_load(last_off + r3)), m_off + r3, l_off + r3)
+    var k0 = block_weights(buf, p0, j0, n_keys, Int(buf.unsafe_load(last_off + r0)), m_off + r0, l_off + r0)
+    var k1 = block_weights(buf, p1, j0, n_keys, Int(buf.unsafe_load(last_off + r1)), m_off + r1, l_off + r1)
+    var k2 = block_weights(buf, p2, j0, n_keys, Int(buf.unsafe_load(last_off + r2)), m_off + r2, l_off + r2)
+    var k3 = block_weights(buf, p3, j0, n_keys, Int(buf.unsafe_load(last_off + r3)), m_off + r3, l_off + r3)
     for x in range(0, head_dim, VALUE_WIDTH):
         var c0 = buf.unsafe_load[width=VALUE_WIDTH](acc_off + r0 * head_dim + x) * k0
         var c1 = buf.unsafe_load[width=VALUE_WIDTH](acc_off + r1 * head_dim + x) * k1
@@ -402,22 +355,35 @@ def _stage_pairs[dtype: DType](
     kv_heads: Int, head_dim: Int, kt_off: Int, vb_off: Int,
 ):
     """The block of a bfloat16 cache staged for dot_bf16, per KV head g: K at kt_off + g * head_dim * KEY_BLOCK as
-    [head_dim / 2, KEY_BLOCK] words, each a key's pair of adjacent dimensions; V at vb_off + g * KEY_BLOCK * head_dim
-    as [KEY_BLOCK / 2, head_dim] words, each a dimension's pair of adjacent keys. Zeros for keys past n_keys."""
+    [head_dim / 2, KEY_BLOCK] words, each a key's pair of adjacent dimensions; V as _stage_value_pairs. Zeros for
+    keys past n_keys."""
     var half = head_dim // 2
-    var k_words, v_bits = k_cache.unsafe_bitcast[UInt32](), v_cache.unsafe_bitcast[UInt16]()
+    var k_words = k_cache.unsafe_bitcast[UInt32]()
+    for j in range(KEY_BLOCK):
+        for g in range(kv_heads):
+            var kt = kt_off + g * head_dim * KEY_BLOCK
+            var at = (offsets[j] + g * head_dim) // 2
+            for d2 in range(0, half, F32_WIDTH):
+                var w = SIMD[DType.uint32, F32_WIDTH](0)
+                if j < n_keys:
+                    w = k_words.unsafe_load[width=F32_WIDTH](at + d2)
+                comptime for lane in range(F32_WIDTH):
+                    words.unsafe_store(kt + (d2 + lane) * KEY_BLOCK + j, w[lane])
+    _stage_value_pairs(words, v_cache, offsets, n_keys, kv_heads, head_dim, vb_off)
+
+
+@always_inline
+def _stage_value_pairs[dtype: DType](
+    words: Ptr[DType.uint32], v_cache: Ptr[dtype], offsets: Array[Int, KEY_BLOCK], n_keys: Int, kv_heads: Int,
+    head_dim: Int, vb_off: Int,
+):
+    """The block's values of a bfloat16 cache staged in pairs, per KV head g at vb_off + g * KEY_BLOCK * head_dim as
+    [KEY_BLOCK / 2, head_dim] words, each a dimension's pair of adjacent keys (AMX's layout of weights too). Zeros
+    for keys past n_keys."""
+    var v_bits = v_cache.unsafe_bitcast[UInt16]()
     for jp in range(KEY_BLOCK // 2):
         var j = 2 * jp
         for g in range(kv_heads):
-            var kt = kt_off + g * head_dim * KEY_BLOCK
-            comptime for e in range(2):
-                var at = (offsets[j + e] + g * head_dim) // 2
-                for d2 in range(0, half, F32_WIDTH):
-                    var w = SIMD[DType.uint32, F32_WIDTH](0)
-                    if j + e < n_keys:
-                        w = k_words.unsafe_load[width=F32_WIDTH](at + d2)
-                    comptime for lane in range(F32_WIDTH):
-                        words.unsafe_store(kt + (d2 + lane) * KEY_BLOCK + j + e, w[lane])
             var vb = vb_off + g * KEY_BLOCK * head_dim + jp * head_dim
             for x in range(0, head_dim, F32_WIDTH):
                 var v0, v1 = SIMD[DType.uint16, F32_WIDTH](0), SIMD[DType.uint16, F32_WIDTH](0)
@@ -449,7 +415,7 @@ def _pair_rows[R: Int](buf: Ptr[F32], rows: IndexList[R], j0: Int, n_keys: Int, 
         var p = s_off + rows[r] * KEY_BLOCK
         comptime for v in range(KV):
             buf.unsafe_store(p + v * F32_WIDTH, scores[r * KV + v])
-        keep[r] = _block_weights(buf, p, j0, n_keys, Int(buf.unsafe_load(last_off + rows[r])), m_off + rows[r],
+        keep[r] = block_weights(buf, p, j0, n_keys, Int(buf.unsafe_load(last_off + rows[r])), m_off + rows[r],
                                  l_off + rows[r])
         _to_pairs(buf, p, KEY_BLOCK)
     for x in range(0, head_dim, VALUE_WIDTH):
@@ -539,18 +505,23 @@ def attention_cpu[dtype: DType, cache_type: DType](
     var partial = List[Float32](length=num_items * state_len if splits > 1 else 0, fill=0)
     var tile_ptr = tiles.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
     var part_ptr = partial.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
+    var amx = False  # staged tiles of AMX_ROWS rows a KV head or more score and sum on AMX tiles (cpu_amx.mojo)
+    comptime if cache_type == DType.bfloat16:
+        amx = head_dim % AMX_BLOCK == 0 and use_amx[DType.bfloat16](max_tile * group, 0)
 
     def worker(w: Int) {var output, var q, var k_cache, var v_cache, var page_table, var context_lens, var query_start,
                         var scale, var max_pages, var q_heads, var head_dim, var page_size, var group, var row_len, var max_tile,
                         var tile_ptr, var part_ptr, var num_items, var workers, var rows, var splits, var state_len,
-                        var query_tile, var head_len}:
+                        var query_tile, var head_len, var amx}:
         # per row: scaled q [D], accumulator [D], running max, running sum, last visible key, scores [KEY_BLOCK];
         # then the key block staged in float32: K transposed per head [Hkv, D, KEY_BLOCK], V per head [Hkv, KEY_BLOCK, D]
         var kv_heads = row_len // head_len
         var stage_len = kv_heads * head_dim * KEY_BLOCK if max_tile * group >= STAGE_MIN_ROWS else 0  # decode: none
-        var buffers = List[Float32](length=rows * (2 * head_dim + 3 + KEY_BLOCK) + 2 * stage_len, fill=0)
-        var buf = buffers.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
         var per_head = max_tile * group  # rows per KV head in the largest tile
+        var plain_len = rows * (2 * head_dim + 3 + KEY_BLOCK) + 2 * stage_len
+        var scratch = AmxScratch(kv_heads, per_head, head_dim, plain_len)
+        var buffers = List[Float32](length=scratch.end if amx else plain_len, fill=0)
+        var buf = buffers.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
         # the k-th row of KV head g: query k // group, query head g * group + k % group (a table: divisions
         # cost in the key loops)
         var kv_row_list = List[Int64](length=kv_heads * per_head, fill=0)
@@ -562,6 +533,8 @@ def attention_cpu[dtype: DType, cache_type: DType](
         var l_off, last_off, s_off = m_off + rows, m_off + 2 * rows, m_off + 3 * rows
         var kt_off = s_off + rows * KEY_BLOCK
         var vb_off = kt_off + stage_len
+        if amx:
+            configure_tiles()
         for item in range(w, num_items, workers):  # round-robin: causal tiles of unequal cost spread evenly
             var tile = item // splits
             var split = item % splits
@@ -584,7 +557,20 @@ def attention_cpu[dtype: DType, cache_type: DType](
                 buf.unsafe_store(m_off + r, MASKED)
                 buf.unsafe_store(l_off + r, 0)
                 buf.unsafe_store(last_off + r, Float32(context - q_len + first + r // q_heads))
-            if n_queries * group >= STAGE_MIN_ROWS:  # enough rows per head to pay for staging the keys
+            if n_queries * group >= STAGE_MIN_ROWS and amx and n_queries * group >= AMX_ROWS:
+                var group_rows = n_queries * group
+                amx_stage_q(buf, scratch, kv_rows, per_head, group_rows, kv_heads, head_dim, last_off)
+                for j0 in range(k_begin, k_end, KEY_BLOCK):
+                    var n_keys = min(KEY_BLOCK, k_end - j0)
+                    var offsets = _block_offsets(page_table, b * max_pages, j0, n_keys, page_size, row_len)
+                    amx_stage_keys(buf, kt_off, k_cache, offsets, n_keys, kv_heads, head_dim)
+                    _stage_value_pairs(buf.unsafe_bitcast[UInt32](), v_cache, offsets, n_keys, kv_heads, head_dim, vb_off)
+                    for g in range(kv_heads):
+                        amx_head_block(buf, scratch, kv_rows, g, per_head, group_rows, j0, n_keys,
+                                       kt_off + g * KEY_BLOCK * head_dim // 2, vb_off + g * KEY_BLOCK * head_dim,
+                                       acc_off, head_dim)
+                amx_state_back(buf, scratch, kv_rows, per_head, group_rows, kv_heads, m_off, l_off)
+            elif n_queries * group >= STAGE_MIN_ROWS:  # enough rows per head to pay for staging the keys
                 var pairs = False
                 comptime if BF16_DOT and cache_type == DType.bfloat16:
                     pairs = head_dim % VALUE_WIDTH == 0
@@ -641,7 +627,7 @@ def attention_cpu[dtype: DType, cache_type: DType](
                             if j0 > last:  # no visible key in this block
                                 continue
                             _block_scores(buf, r * head_dim, kt, s_off + r * KEY_BLOCK, head_dim)
-                            var keep = _block_weights(buf, s_off + r * KEY_BLOCK, j0, n_keys, last, m_off + r, l_off + r)
+                            var keep = block_weights(buf, s_off + r * KEY_BLOCK, j0, n_keys, last, m_off + r, l_off + r)
                             _block_values(buf, acc_off + r * head_dim, keep, s_off + r * KEY_BLOCK, vb, head_dim)
             else:
                 var group_rows = n_queries * group
@@ -656,7 +642,7 @@ def attention_cpu[dtype: DType, cache_type: DType](
                                                s_off, acc_off, last_off, head_dim, v_cache, offsets, n_keys)
                     for r in range(n_rows):
                         if Float32(j0) <= buf.unsafe_load(last_off + r):
-                            var keep = _softmax_block(buf, s_off + r * KEY_BLOCK, n_keys, m_off + r, l_off + r)
+                            var keep = softmax_block(buf, s_off + r * KEY_BLOCK, n_keys, m_off + r, l_off + r)
                             _rescale(buf, acc_off + r * head_dim, keep, head_dim)
                         else:  # no visible key in this block: weights 0
                             for jj in range(n_keys):
@@ -675,6 +661,8 @@ def attention_cpu[dtype: DType, cache_type: DType](
                         part_ptr.unsafe_store(part + r * head_dim + x, buf.unsafe_load(acc_off + r * head_dim + x))
                     part_ptr.unsafe_store(part + rows * head_dim + r, buf.unsafe_load(m_off + r))
                     part_ptr.unsafe_store(part + rows * head_dim + rows + r, buf.unsafe_load(l_off + r))
+        if amx:
+            release_tiles()
         _ = buffers^  # keep the buffers alive until here: only their pointers are used above
         _ = kv_row_list^
 

@@ -1,0 +1,55 @@
+# The online softmax of the CPU attention (cpu.mojo, cpu_amx.mojo) over one key block's scores of a row.
+from std.math import exp
+
+from ...utils.types import F32, F32_WIDTH, Ptr
+
+comptime KEY_BLOCK = 32
+"""Keys scored together before one softmax rescale."""
+comptime MASKED = Float32(-1.0e30)
+
+
+@always_inline
+def softmax_block(s: Ptr[F32], s_off: Int, n: Int, m_at: Int, l_at: Int) -> Float32:
+    """Online softmax over the scores s[s_off : s_off + n] of one row: turns them into weights exp(s - m_new),
+    updates the row's running max s[m_at] and sum s[l_at], and returns the factor its accumulator must be scaled by."""
+    var maxima = SIMD[F32, F32_WIDTH](MASKED)
+    var i = 0
+    while i + F32_WIDTH <= n:
+        maxima = max(maxima, s.unsafe_load[width=F32_WIDTH](s_off + i))
+        i += F32_WIDTH
+    var block_max = maxima.reduce_max()
+    for j in range(i, n):
+        block_max = max(block_max, s.unsafe_load(s_off + j))
+    var m_old = s.unsafe_load(m_at)
+    var m_new = max(m_old, block_max)
+    var sums = SIMD[F32, F32_WIDTH](0)
+    var j = 0
+    while j + F32_WIDTH <= n:
+        var p = exp(s.unsafe_load[width=F32_WIDTH](s_off + j) - m_new)
+        s.unsafe_store(s_off + j, p)
+        sums += p
+        j += F32_WIDTH
+    var total = sums.reduce_add()
+    while j < n:
+        var p = exp(s.unsafe_load(s_off + j) - m_new)
+        s.unsafe_store(s_off + j, p)
+        total += p
+        j += 1
+    var keep = exp(m_old - m_new)
+    s.unsafe_store(m_at, m_new)
+    s.unsafe_store(l_at, s.unsafe_load(l_at) * keep + total)
+    return keep
+
+
+@always_inline
+def block_weights(buf: Ptr[F32], s_off: Int, j0: Int, n_keys: Int, last: Int, m_at: Int, l_at: Int) -> Float32:
+    """Masks the block's scores past the row's last visible key (and past the block's n_keys), turns them into
+    softmax weights and returns the accumulator's rescale factor. A row that sees no key of the block gets
+    weights 0 and keeps its accumulator."""
+    if j0 > last:
+        for jj in range(KEY_BLOCK):
+            buf.unsafe_store(s_off + jj, 0)
+        return 1
+    for jj in range(min(n_keys, last - j0 + 1), KEY_BLOCK):
+        buf.unsafe_store(s_off + jj, MASKED)
+    return softmax_block(buf, s_off, KEY_BLOCK, m_at, l_at)
