@@ -116,15 +116,27 @@ def amx_steps[x_type: DType, w_type: DType](
 
 
 @always_inline
-def amx_store[dtype: DType](y: Ptr[dtype]):
-    """The block of y (float32 or int32) into y[32, 32], rows 32 apart."""
+def _block_tiles[op: StaticString, dtype: DType](y: Ptr[dtype], row: Int):
+    """The block of y loaded from (op: tileloadd64) or stored into (tilestored64) y[32, 32], `row` elements
+    between its rows."""
     comptime if AMX:
         comptime assert size_of[dtype]() == 4, "tiles of y hold 32-bit sums"
-        comptime row = 4 * AMX_BLOCK
-        _tile["llvm.x86.tilestored64", 4](y, row)
-        _tile["llvm.x86.tilestored64", 5](y.unsafe_offset(AMX_ROWS), row)
-        _tile["llvm.x86.tilestored64", 6](y.unsafe_offset(AMX_ROWS * AMX_BLOCK), row)
-        _tile["llvm.x86.tilestored64", 7](y.unsafe_offset(AMX_ROWS * AMX_BLOCK + AMX_ROWS), row)
+        _tile[op, 4](y, 4 * row)
+        _tile[op, 5](y.unsafe_offset(AMX_ROWS), 4 * row)
+        _tile[op, 6](y.unsafe_offset(AMX_ROWS * row), 4 * row)
+        _tile[op, 7](y.unsafe_offset(AMX_ROWS * row + AMX_ROWS), 4 * row)
+
+
+@always_inline
+def amx_store[dtype: DType](y: Ptr[dtype], row: Int = AMX_BLOCK):
+    """The block of y (float32 or int32) into y[32, 32], `row` elements between its rows."""
+    _block_tiles["llvm.x86.tilestored64"](y, row)
+
+
+@always_inline
+def amx_load[dtype: DType](y: Ptr[dtype], row: Int):
+    """The block of y from y[32, 32] (amx_store's layout), to add to."""
+    _block_tiles["llvm.x86.tileloadd64"](y, row)
 
 
 @always_inline

@@ -257,3 +257,23 @@ def test_flash_attention_op_is_the_cpu_kernel_on_a_cpu(monkeypatch) -> None:
     out = torch.empty_like(q)
     ops._PAGED_ATTENTION_FLASH[ops.SAME](out, q, kc, vc, table, lens, starts, ops._scalar(128**-0.5, q))
     torch.testing.assert_close(out.float(), expected, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_attention_over_scores_far_apart(dtype: torch.dtype) -> None:
+    """Scores spread over tens of units, growing along the keys: each row's running max moves past the slack of
+    the AMX tiles' softmax (cpu_amx.MAX_SLACK) again and again, so its accumulator is rescaled, on tiles of every
+    path (a long prefill, a short one, ragged GQA rows). q, keys and a power-of-two scale that bfloat16 holds
+    exactly: the scores are exact, only the weights' rounding to bfloat16 remains."""
+    bf16 = torch.bfloat16
+    for context, heads in (([620, 37], (16, 8, 128)), ([90], (10, 2, 64))):
+        q, kc, vc, table, lens, starts, _ = attention_case(context, context, *heads, bf16)
+        keys = ref.from_kv_cache(kc, heads[2])
+        growing = torch.arange(1, keys.shape[0] * keys.shape[1] + 1).view(keys.shape[:2] + (1, 1)).float().sqrt()
+        kc = ref.to_kv_cache(keys * growing.to(bf16).float(), bf16)
+        q = (q.float() * 4).to(dtype)
+        args = (table, lens, starts, 1 / 16)
+        expected = ref.paged_attention(q.float(), ref.from_kv_cache(kc, heads[2]), ref.from_kv_cache(vc, heads[2]),
+                                       *args)
+        ours = ops.paged_attention(q, kc, vc, *args)
+        torch.testing.assert_close(ours.float(), expected, rtol=0, atol=2**-7 * vc.float().abs().max().item())

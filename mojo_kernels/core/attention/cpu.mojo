@@ -222,6 +222,17 @@ def _direct_block[dtype: DType, scores: Bool](
 
 
 @always_inline
+def _zero_row(acc: Ptr[F32], acc_off: Int, n: Int):
+    var i = 0
+    while i + F32_WIDTH <= n:
+        acc.unsafe_store(acc_off + i, SIMD[F32, F32_WIDTH](0))
+        i += F32_WIDTH
+    while i < n:
+        acc.unsafe_store(acc_off + i, 0)
+        i += 1
+
+
+@always_inline
 def _rescale(acc: Ptr[F32], acc_off: Int, keep: Float32, n: Int):
     var i = 0
     while i + F32_WIDTH <= n:
@@ -552,8 +563,7 @@ def attention_cpu[dtype: DType, cache_type: DType](
             for r in range(n_rows):
                 var src = ((q_begin + first + r // q_heads) * q_heads + r % q_heads) * head_dim
                 _copy_row[dtype](buf, r * head_dim, q, src, head_dim, scale)
-                for x in range(head_dim):
-                    buf.unsafe_store(acc_off + r * head_dim + x, 0)
+                _zero_row(buf, acc_off + r * head_dim, head_dim)
                 buf.unsafe_store(m_off + r, MASKED)
                 buf.unsafe_store(l_off + r, 0)
                 buf.unsafe_store(last_off + r, Float32(context - q_len + first + r // q_heads))
@@ -566,10 +576,9 @@ def attention_cpu[dtype: DType, cache_type: DType](
                     amx_stage_keys(buf, kt_off, k_cache, offsets, n_keys, kv_heads, head_dim)
                     _stage_value_pairs(buf.unsafe_bitcast[UInt32](), v_cache, offsets, n_keys, kv_heads, head_dim, vb_off)
                     for g in range(kv_heads):
-                        amx_head_block(buf, scratch, kv_rows, g, per_head, group_rows, j0, n_keys,
-                                       kt_off + g * KEY_BLOCK * head_dim // 2, vb_off + g * KEY_BLOCK * head_dim,
-                                       acc_off, head_dim)
-                amx_state_back(buf, scratch, kv_rows, per_head, group_rows, kv_heads, m_off, l_off)
+                        amx_head_block(buf, scratch, g, group_rows, j0, n_keys, kt_off + g * KEY_BLOCK * head_dim // 2,
+                                       vb_off + g * KEY_BLOCK * head_dim, head_dim)
+                amx_state_back(buf, scratch, kv_rows, per_head, group_rows, kv_heads, head_dim, acc_off, m_off, l_off)
             elif n_queries * group >= STAGE_MIN_ROWS:  # enough rows per head to pay for staging the keys
                 var pairs = False
                 comptime if BF16_DOT and cache_type == DType.bfloat16:

@@ -5,32 +5,37 @@
 # - so the online softmax runs down the keys with a row in each lane: no horizontal sums, one exp per 16 rows for
 #   the rescale factor;
 # - the weights, rounded to bfloat16, are turned into rows of key pairs (a 16 x 16 word transposition in registers)
-#   and summed against the block's values staged in key pairs (cpu.mojo's _stage_value_pairs); the float32
-#   accumulators stay in memory, rescaled once per block.
+#   and summed against the block's values staged in key pairs (cpu.mojo's _stage_value_pairs) into the rows'
+#   float32 accumulators, loaded into the tiles and stored back; a row's running max moves only by more than
+#   MAX_SLACK, so the accumulators are seldom rescaled.
 from std.math import exp, iota
 from std.memory import bitcast
 
-from ..linear_amx import AMX_BLOCK, AMX_ROWS, amx_k, amx_rows, amx_steps, amx_store, amx_zero
+from ..linear_amx import AMX_BLOCK, AMX_ROWS, amx_k, amx_load, amx_rows, amx_steps, amx_store, amx_zero
 from ...utils.types import narrow, F32, F32_WIDTH, Ptr
 from .cpu_softmax import KEY_BLOCK, MASKED
 
 comptime BF16 = DType.bfloat16
 comptime WORDS = SIMD[DType.uint32, F32_WIDTH]
+comptime MAX_SLACK = Float32(8)
+"""A row's running max m stays while its block maxima exceed it by at most this: its weights exp(s - m) reach e^8
+at most (float32 holds them and their sums), and its accumulator, rescaled only when m moves, is seldom touched
+outside the tiles."""
 
 
 struct AmxScratch(ImplicitlyCopyable):
     """Where a worker keeps, in its float32 buffer from `at` on: q per KV head as dimension pairs [kv_heads,
     head_dim / 2, padded] words (padded: amx_rows(per_head) rows); each row's running max, sum and last visible
-    key [kv_heads, padded]; a block's scores [32 keys, 32 rows], sums [32 rows, 32 dims], weights as key pairs
-    [32 rows, 16] words, and its rows' rescale factors [32]."""
+    key [kv_heads, padded]; its accumulator [kv_heads, padded, head_dim]; a block's scores [32 keys, 32 rows],
+    weights as key pairs [32 rows, 16] words, and its rows' rescale factors [32]."""
 
     var padded: Int
     var qt: Int
     var m: Int
     var l: Int
     var last: Int
+    var acc: Int
     var s: Int
-    var o: Int
     var p: Int
     var keep: Int
     var end: Int
@@ -42,9 +47,9 @@ struct AmxScratch(ImplicitlyCopyable):
         self.m = self.qt + state * head_dim // 2
         self.l = self.m + state
         self.last = self.l + state
-        self.s = self.last + state
-        self.o = self.s + AMX_BLOCK * AMX_BLOCK
-        self.p = self.o + AMX_BLOCK * AMX_BLOCK
+        self.acc = self.last + state
+        self.s = self.acc + state * head_dim
+        self.p = self.s + AMX_BLOCK * AMX_BLOCK
         self.keep = self.p + AMX_BLOCK * AMX_BLOCK // 2
         self.end = self.keep + AMX_BLOCK
 
@@ -76,7 +81,7 @@ def amx_stage_q(buf: Ptr[F32], sc: AmxScratch, kv_rows: Ptr[DType.int64], per_he
                 kv_heads: Int, head_dim: Int, last_off: Int):
     """The tile's rows of each KV head (row r's scaled float32 q at buf[r * head_dim], its last visible key at
     buf[last_off + r]) into the scratch: q as dimension pairs, zero columns past group_rows; running max MASKED,
-    sum 0, and last visible key (-1 past group_rows: they see none)."""
+    sum 0, accumulator 0, and last visible key (-1 past group_rows: they see none)."""
     var words = buf.unsafe_bitcast[UInt32]()
     for g in range(kv_heads):
         var qt = sc.qt + g * head_dim // 2 * sc.padded
@@ -97,6 +102,8 @@ def amx_stage_q(buf: Ptr[F32], sc: AmxScratch, kv_rows: Ptr[DType.int64], per_he
             buf.unsafe_store(sc.m + at, MASKED)
             buf.unsafe_store(sc.l + at, 0)
             buf.unsafe_store(sc.last + at, last)
+            for x in range(0, head_dim, F32_WIDTH):
+                buf.unsafe_store(sc.acc + at * head_dim + x, SIMD[F32, F32_WIDTH](0))
 
 
 def amx_stage_keys[dtype: DType](
@@ -119,28 +126,32 @@ def amx_stage_keys[dtype: DType](
 
 
 def amx_state_back(buf: Ptr[F32], sc: AmxScratch, kv_rows: Ptr[DType.int64], per_head: Int, group_rows: Int,
-                   kv_heads: Int, m_off: Int, l_off: Int):
-    """The running max and sum of the tile's rows back where cpu.mojo's worker keeps them."""
+                   kv_heads: Int, head_dim: Int, acc_off: Int, m_off: Int, l_off: Int):
+    """The running max, sum and accumulator of the tile's rows back where cpu.mojo's worker keeps them."""
     for g in range(kv_heads):
         for k in range(group_rows):
             var row = Int(kv_rows.unsafe_load(g * per_head + k))
-            buf.unsafe_store(m_off + row, buf.unsafe_load(sc.m + g * sc.padded + k))
-            buf.unsafe_store(l_off + row, buf.unsafe_load(sc.l + g * sc.padded + k))
+            var at = g * sc.padded + k
+            buf.unsafe_store(m_off + row, buf.unsafe_load(sc.m + at))
+            buf.unsafe_store(l_off + row, buf.unsafe_load(sc.l + at))
+            for x in range(0, head_dim, F32_WIDTH):
+                buf.unsafe_store(acc_off + row * head_dim + x, buf.unsafe_load[width=F32_WIDTH](sc.acc + at * head_dim + x))
 
 
 @always_inline
-def _softmax_lanes(buf: Ptr[F32], sc: AmxScratch, state: Int, col: Int, j0: Int, n_keys: Int):
+def _softmax_lanes(buf: Ptr[F32], sc: AmxScratch, state: Int, col: Int, j0: Int, n_keys: Int) -> Bool:
     """The online softmax of the block's scores for F32_WIDTH rows (column col of the [keys, rows] scores, their
     state at `state`): scores of keys a row does not see (past its last, past n_keys) weigh 0. Leaves the weights
-    in place of the scores and the rows' rescale factors at keep[col]."""
+    in place of the scores and the rows' rescale factors at keep[col]; returns whether one is not 1."""
     var m_old = buf.unsafe_load[width=F32_WIDTH](sc.m + state)
     var last = buf.unsafe_load[width=F32_WIDTH](sc.last + state)
-    var m_new = m_old
+    var block_max = SIMD[F32, F32_WIDTH](MASKED)
     for jj in range(n_keys):
         var at = sc.s + jj * AMX_BLOCK + col
         var s = last.ge(Float32(j0 + jj)).select(buf.unsafe_load[width=F32_WIDTH](at), SIMD[F32, F32_WIDTH](MASKED))
         buf.unsafe_store(at, s)
-        m_new = max(m_new, s)
+        block_max = max(block_max, s)
+    var m_new = block_max.gt(m_old + MAX_SLACK).select(block_max, m_old)
     var total = SIMD[F32, F32_WIDTH](0)
     for jj in range(KEY_BLOCK):
         var at = sc.s + jj * AMX_BLOCK + col
@@ -154,15 +165,14 @@ def _softmax_lanes(buf: Ptr[F32], sc: AmxScratch, state: Int, col: Int, j0: Int,
     buf.unsafe_store(sc.m + state, m_new)
     buf.unsafe_store(sc.l + state, buf.unsafe_load[width=F32_WIDTH](sc.l + state) * keep + total)
     buf.unsafe_store(sc.keep + col, keep)
+    return m_new.ne(m_old).reduce_or()
 
 
 def amx_head_block(
-    buf: Ptr[F32], sc: AmxScratch, kv_rows: Ptr[DType.int64], g: Int, per_head: Int, group_rows: Int, j0: Int,
-    n_keys: Int, kt: Int, vb: Int, acc_off: Int, head_dim: Int,
+    buf: Ptr[F32], sc: AmxScratch, g: Int, group_rows: Int, j0: Int, n_keys: Int, kt: Int, vb: Int, head_dim: Int,
 ):
     """One staged key block (key rows at kt: amx_stage_keys; value pairs at vb) for the rows of KV head g (staged
-    by amx_stage_q), 32 at a time; their float32 accumulators at acc_off + row * head_dim. head_dim: a multiple of
-    32."""
+    by amx_stage_q), 32 at a time. head_dim: a multiple of 32."""
     comptime assert KEY_BLOCK == AMX_BLOCK, "a staged block is one amx_steps block of keys"
     var words = buf.unsafe_bitcast[UInt32]()
     var keys = buf.unsafe_offset(kt).unsafe_bitcast[BFloat16]()
@@ -176,8 +186,9 @@ def amx_head_block(
                               words.unsafe_offset(sc.qt + g * head_dim // 2 * sc.padded + r0), sc.padded,
                               head_dim // amx_k[BF16]())
         amx_store(buf.unsafe_offset(sc.s))
+        var rescale = False
         for col in range(0, AMX_BLOCK, F32_WIDTH):
-            _softmax_lanes(buf, sc, state + col, col, j0, n_keys)
+            rescale |= _softmax_lanes(buf, sc, state + col, col, j0, n_keys)
             for kp0 in range(0, KEY_BLOCK // 2, F32_WIDTH):  # weights [keys, rows] -> rows of key pairs
                 var pairs = Array[WORDS, F32_WIDTH](fill=0)
                 comptime for i in range(F32_WIDTH):
@@ -188,15 +199,15 @@ def amx_head_block(
                 var rows = _transpose(pairs)
                 comptime for i in range(F32_WIDTH):
                     words.unsafe_store(sc.p + (col + i) * (KEY_BLOCK // 2) + kp0, rows[i])
+        var acc = sc.acc + state * head_dim
+        if rescale:
+            for i in range(AMX_BLOCK):
+                var keep = buf.unsafe_load(sc.keep + i)
+                for x in range(0, head_dim, F32_WIDTH):
+                    var at = acc + i * head_dim + x
+                    buf.unsafe_store(at, buf.unsafe_load[width=F32_WIDTH](at) * keep)
         for d0 in range(0, head_dim, AMX_BLOCK):
-            amx_zero()
+            amx_load(buf.unsafe_offset(acc + d0), head_dim)
             amx_steps[BF16, BF16](weights, 0, 2 * KEY_BLOCK, AMX_ROWS * KEY_BLOCK, words.unsafe_offset(vb + d0),
                                   head_dim, 1)
-            amx_store(buf.unsafe_offset(sc.o))
-            for i in range(min(AMX_BLOCK, group_rows - r0)):
-                var a = acc_off + Int(kv_rows.unsafe_load(g * per_head + r0 + i)) * head_dim + d0
-                var o = sc.o + i * AMX_BLOCK
-                var keep = buf.unsafe_load(sc.keep + i)
-                comptime for c in range(0, AMX_BLOCK, F32_WIDTH):
-                    buf.unsafe_store(a + c, buf.unsafe_load[width=F32_WIDTH](a + c).fma(
-                        keep, buf.unsafe_load[width=F32_WIDTH](o + c)))
+            amx_store(buf.unsafe_offset(acc + d0), head_dim)
