@@ -10,7 +10,9 @@
 # its weight.
 # Over bfloat16 caches with AVX512_BF16, staged tiles stage the block in bfloat16 pairs instead and score and sum it
 # with vdpbf16ps, twice the work of an FMA per instruction: q and the softmax weights are rounded to bfloat16 for
-# it (as llama.cpp's and vLLM's CPU attention round them to the cache's type), the sums stay float32.
+# it (as llama.cpp's and vLLM's CPU attention round them to the cache's type), the sums stay float32. With AMX
+# (Intel's), tiles of AMX_ROWS rows a KV head or more run on AMX tiles instead (cpu_amx.mojo): 28 layers of a
+# 512-token Qwen3-0.6B prefill's attention 0.27x the time of the float32 FMAs on an Intel Xeon VM.
 from max.algorithm import parallelize
 from std.math import ceildiv, exp, iota
 from std.collections import Array
