@@ -325,34 +325,42 @@ TILE_BYTES = 64
 I8_TILE_ROWS, I8_TILE_COLUMNS = 32, 4
 """An int8 weight's tiles: quads of its rows, 32 rows in turn (linear.mojo: the quad panels vpdpbusd reads)."""
 TILED_DTYPES = (torch.float32, torch.bfloat16, torch.int8)
+PAIR_TILE_ROWS, PAIR_TILE_COLUMNS = 32, 2
+"""A bfloat16 weight as pair panels: its column pairs, 32 rows in turn (linear.mojo: PAIR_TILE_ROWS, the words AMX
+tiles read; AVX-512 CPUs only)."""
+AMX_COLUMNS = 32
+"""bfloat16 columns of an AMX tile row: the kernels read pair panels on the tiles when K is a multiple of it."""
 
 
-def tile_rows(dtype: torch.dtype) -> int:
-    return I8_TILE_ROWS if dtype == torch.int8 else TILE_ROWS
+def tile_rows(dtype: torch.dtype, pairs: bool = False) -> int:
+    return PAIR_TILE_ROWS if pairs else I8_TILE_ROWS if dtype == torch.int8 else TILE_ROWS
 
 
-def tile_columns(dtype: torch.dtype) -> int:
-    return I8_TILE_COLUMNS if dtype == torch.int8 else TILE_BYTES // dtype.itemsize
+def tile_columns(dtype: torch.dtype, pairs: bool = False) -> int:
+    return PAIR_TILE_COLUMNS if pairs else I8_TILE_COLUMNS if dtype == torch.int8 else TILE_BYTES // dtype.itemsize
 
 
-def can_tile(weight: torch.Tensor) -> bool:
-    """Whether tile_weight takes this weight: float32 / bfloat16 / int8, N a multiple of tile_rows and K of
-    tile_columns (every Qwen3 projection)."""
-    return (weight.dim() == 2 and weight.dtype in TILED_DTYPES and weight.shape[0] % tile_rows(weight.dtype) == 0
-            and weight.shape[1] % tile_columns(weight.dtype) == 0)
+def can_tile(weight: torch.Tensor, pairs: bool = False) -> bool:
+    """Whether tile_weight takes this weight: float32 / bfloat16 / int8 (pairs: bfloat16), N a multiple of tile_rows
+    and K of tile_columns (every Qwen3 projection)."""
+    dtypes = (torch.bfloat16,) if pairs else TILED_DTYPES
+    return (weight.dim() == 2 and weight.dtype in dtypes and weight.shape[0] % tile_rows(weight.dtype, pairs) == 0
+            and weight.shape[1] % tile_columns(weight.dtype, pairs) == 0)
 
 
-def tile_weight(weight: torch.Tensor) -> torch.Tensor:
+def tile_weight(weight: torch.Tensor, pairs: bool = False) -> torch.Tensor:
     """A weight [N, K] in the CPU linear kernel's tiled layout [N / R, K / C, R, C] (R = tile_rows rows, C =
     tile_columns columns): each R rows as C-column runs of each row in turn, the order the kernel reads them in.
-    An int8 weight's scales stay [N, K / block_k] (block_k a multiple of C)."""
-    if not can_tile(weight):
+    An int8 weight's scales stay [N, K / block_k] (block_k a multiple of C). pairs: a bfloat16 weight as pair
+    panels (R 32, C 2)."""
+    if not can_tile(weight, pairs):
+        kind = "a bfloat16" if pairs else "a float32 / bfloat16 / int8"
         raise ValueError(
-            f"tile_weight: needs a float32 / bfloat16 / int8 [N, K] weight with N a multiple of "
-            f"{tile_rows(weight.dtype)} and K of {tile_columns(weight.dtype)}, got {weight.dtype} {tuple(weight.shape)}"
+            f"tile_weight: needs {kind} [N, K] weight with N a multiple of {tile_rows(weight.dtype, pairs)} and K of "
+            f"{tile_columns(weight.dtype, pairs)}, got {weight.dtype} {tuple(weight.shape)}"
         )
     n, k = weight.shape
-    r, c = tile_rows(weight.dtype), tile_columns(weight.dtype)
+    r, c = tile_rows(weight.dtype, pairs), tile_columns(weight.dtype, pairs)
     return weight.reshape(n // r, r, k // c, c).transpose(1, 2).contiguous()
 
 

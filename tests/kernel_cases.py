@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bindings import reference as ref
+from bindings import library, reference as ref
 from tests.attention_cases import attention_case
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -289,6 +289,23 @@ def run_linear_tiled(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     _assert_linear_matches(ops.linear(x, tiles, scales, block_k), ref.linear(x, weight, scales, block_k), dtype)
 
 
+def run_linear_pair_panels(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
+    """A bfloat16 weight as pair panels (K a multiple of 32: on AMX tiles where the CPU has them; else dot products
+    of pairs); AVX-512 only, refused with a clear error elsewhere."""
+    m, k, n = case
+    x = torch.randn(m, k, device=device).to(dtype)
+    weight = torch.randn(n, k, device=device).to(torch.bfloat16)
+    panels = ref.tile_weight(weight, pairs=True)
+    assert torch.equal(ref.untile_weight(panels), weight)
+    if library.eager_cpu_module().float32_lanes() < 16:
+        with pytest.raises(ValueError, match="bfloat16 pair panels need AVX-512"):
+            ops.linear(x, panels)
+        return
+    _assert_linear_matches(ops.linear(x, panels), ref.linear(x, weight), dtype)
+
+
+PAIR_PANEL_SHAPES = [(1, 64, 32), (7, 70, 96), (16, 128, 64), (33, 96, 32), (64, 302, 64), (5, 1024, 32)]
+"""(M, K, N): one row to two blocks of 32; K whole AMX tile rows or not (70, 302: the dot products)."""
 INT4_BLOCKS = [64, 128, 256, 40]
 
 
@@ -381,6 +398,8 @@ def kernel_cases() -> list:
         cases += [pytest.param(run_linear_tiled, dtype, (s, w), id=f"linear_tiled-{d}-{str(w).split('.')[-1]}-{s}")
                   for w in ref.TILED_DTYPES
                   for s in (I8_TILED_LINEAR_SHAPES if w == torch.int8 else TILED_LINEAR_SHAPES)]
+        cases += [pytest.param(run_linear_pair_panels, dtype, s, id=f"linear_pair_panels-{d}-{s}")
+                  for s in PAIR_PANEL_SHAPES]
         cases += [pytest.param(run_linear_int4, dtype, (s, b, bits), id=f"linear_int4-{d}-{bits}bits-blocks_of_{b}-{s}")
                   for bits in ref.PACKED_BITS for b in INT4_BLOCKS for s in LINEAR_SHAPES if b != 256 or s[1] > 128]
         cases += [pytest.param(run_moe, dtype, (s, f, i % 2 == 0), id=f"moe-{d}-{f}-{s}")

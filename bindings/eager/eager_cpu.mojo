@@ -19,7 +19,8 @@ from mojo_kernels.core.activations import (
 from mojo_kernels.core.attention.common import check_attention
 from mojo_kernels.core.attention.cpu import attention_cpu
 from mojo_kernels.core.attention.qkv_attention import check_qkv_attention, qkv_attention_cpu
-from mojo_kernels.core.linear import check_linear, check_linear_tiled, linear_cpu, I8_TILED
+from mojo_kernels.core.linear import check_linear, check_linear_tiled, linear_cpu, linear_tiled_cpu, I8_TILED
+from mojo_kernels.core.linear_amx import AMX
 from mojo_kernels.core.linear_int4 import check_linear_int4, linear_int4_cpu
 from mojo_kernels.core.moe import check_moe, check_moe_params, moe_dense_cpu, moe_int4_cpu
 from mojo_kernels.core.normalization import check_norm, norm_rows_cpu
@@ -27,7 +28,7 @@ from mojo_kernels.core.qk_norm_rope import check_qk_norm_rope_store, qk_norm_rop
 from mojo_kernels.core.rope import check_rope, rope_cpu
 from mojo_kernels.memory.kv_cache import check_store_kv, store_kv_cpu
 from mojo_kernels.utils.parallel import OpenMP
-from mojo_kernels.utils.types import F16, F32, Ptr
+from mojo_kernels.utils.types import F16, F32, F32_WIDTH, Ptr
 
 comptime I32 = DType.int32
 comptime PyArgs = Pointer[PyObjectPtr, MutUntrackedOrigin]
@@ -263,8 +264,8 @@ def linear_tiled[a_type: DType, w_type: DType](mut args: Args) raises:
     args.done("linear_tiled")
     check_linear_tiled[w_type](x.dims[0], x.dims[1], w.dims[0], w.dims[1], w.dims[2], w.dims[3], y.dims[0], y.dims[1],
                                scales.dims[0], scales.dims[1], block_k)
-    linear_cpu[a_type, w_type, tiled=True](runner, y.ptr(), x.ptr(), w.ptr(), scales.ptr(), x.dims[0], y.dims[1],
-                                           x.dims[1], block_k)
+    linear_tiled_cpu[a_type, w_type](runner, y.ptr(), x.ptr(), w.ptr(), scales.ptr(), x.dims[0], y.dims[1], x.dims[1],
+                                     block_k, w.dims[2])
 
 
 def linear_int4[a_type: DType](mut args: Args) raises:
@@ -315,8 +316,19 @@ def int8_tiled() raises -> PythonObject:
     return PythonObject(I8_TILED)
 
 
+def bf16_pair_panels() raises -> PythonObject:
+    return PythonObject(AMX)
+
+
+def float32_lanes() raises -> PythonObject:
+    return PythonObject(F32_WIDTH)
+
+
 def _add_ops(mut m: PythonModuleBuilder) raises:
     m.def_function[int8_tiled]("int8_tiled", docstring="Whether the linear kernels read int8 weights fastest tiled.")
+    m.def_function[bf16_pair_panels]("bf16_pair_panels", docstring=(
+        "Whether the linear kernels read bfloat16 weights fastest as pair panels (on AMX tiles)"))
+    m.def_function[float32_lanes]("float32_lanes", docstring="float32 lanes of the kernels' vectors (16: AVX-512)")
     # names must be static strings: one line per op and dtype
     m.def_py_c_function(_fastcall[rms_norm[DType.float32]], "rms_norm_float32")
     m.def_py_c_function(_fastcall[rms_norm[DType.bfloat16]], "rms_norm_bfloat16")

@@ -48,8 +48,9 @@ from std.sys import CompilationTarget, llvm_intrinsic, size_of
 from std.sys.intrinsics import prefetch, PrefetchOptions
 
 from .linear_amx import (
-    AMX_BLOCK, AMX_BYTES, AMX_ROWS, amx_k, amx_padded, amx_rows, amx_steps, amx_store, amx_zero, configure_tiles,
-    release_tiles, use_amx, x_tile_at,
+    AMX_BLOCK, AMX_BYTES, AMX_ROWS, amx_granted, amx_k, amx_padded, amx_rows, amx_steps, amx_steps_16, amx_store,
+    amx_store_16, amx_zero,
+    configure_tiles, release_tiles, use_amx, x_tile_at,
 )
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
 from ..utils.types import (
@@ -75,6 +76,14 @@ comptime PANEL_ROWS = 6
 """Rows of x per prefill register tile: 12 accumulators, 2 panel vectors and a broadcast (16 AVX2 registers)."""
 comptime PAIR_PANEL_ROWS = 12
 """Rows of x per pair-panel register tile (AVX-512 only): 24 accumulators, 2 panel vectors and a broadcast."""
+comptime PAIR_TILE_ROWS = 32
+"""Rows of a bfloat16 weight stored as pair panels ([N / 32, K / 2, 32, 2]: each 32 rows' column pairs in turn, the
+words AMX tiles and vdpbf16ps read; reference.tile_weight(w, pairs=True)), read in place at every batch size
+(linear_pair_panels). On AVX-512 only (PANEL is 32 there)."""
+comptime AMX_AHEAD = 16384
+"""Bytes of stored pair panels asked for ahead of the AMX tiles' first pass over them."""
+comptime AMX_STORED_PANELS = 4
+"""Stored pair panels per work item on AMX tiles: a tile configuration and a buffer serve them all."""
 comptime SERIAL_MACS = 1 << 18
 comptime I8_DOT = CompilationTarget._has_feature["avx512vnni"]()
 comptime I8_MADD = CompilationTarget._has_feature["avx2"]()
@@ -699,8 +708,9 @@ struct _PanelTiles[a_type: DType, x_type: DType, w_type: DType, tiled: Bool](Chu
                     _panel_tile[Self.a_type, Self.x_type, r](ptr(self.y), ptr(self.x), panel, m0, n0, self.wt.n, self.wt.k)
 
 
-struct _PairPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
-    """Item: a PANEL of bfloat16 weight rows packed in pairs, against every row of x rounded to bfloat16."""
+struct _PairPanelTiles[a_type: DType, w_type: DType, tiled: Bool, stored: Bool = False](ChunkTask):
+    """Item: a PANEL of bfloat16 weight rows packed in pairs (stored: the weight is pair panels, read in place),
+    against every row of x rounded to bfloat16."""
 
     var y: Addr[Self.a_type]
     var xb: Addr[DType.bfloat16]
@@ -711,10 +721,13 @@ struct _PairPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
         self.y, self.xb, self.wt, self.m = addr(y), addr(xb), wt, m
 
     def run(self, item: Int):
-        var buffer = List[UInt32](unsafe_uninit_length=ceildiv(self.wt.k, 2) * PANEL)  # _pack_pair_panel writes all of it
-        var panel = _data(buffer)
         var n0 = item * PANEL
-        _pack_pair_panel(panel, self.wt, n0)
+        var buffer = List[UInt32]()
+        var panel = _stored_panel(self.wt, n0)
+        comptime if not Self.stored:
+            buffer = List[UInt32](unsafe_uninit_length=ceildiv(self.wt.k, 2) * PANEL)  # _pack_pair_panel writes all of it
+            panel = _data(buffer)
+            _pack_pair_panel(panel, self.wt, n0)
         for m0 in range(0, self.m, PAIR_PANEL_ROWS):
             self.wt.prefetch_rows(n0 + PANEL, m0 // PAIR_PANEL_ROWS, ceildiv(self.m, PAIR_PANEL_ROWS))
             var rows = min(PAIR_PANEL_ROWS, self.m - m0)
@@ -723,10 +736,10 @@ struct _PairPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
                     _pair_panel_tile[Self.a_type, r](ptr(self.y), ptr(self.xb), panel, m0, n0, self.wt.n, self.wt.k)
 
 
-struct _AmxPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
-    """Item: a PANEL of bfloat16 weight rows packed in pairs, against every row of x rounded to bfloat16, on AMX tiles
-    (linear_amx.mojo). xb: x as tiles (x_tile_at), its rows padded to a multiple of AMX_BLOCK, its columns with zeros
-    to kp, a multiple of amx_k."""
+struct _AmxPanelTiles[a_type: DType, w_type: DType, tiled: Bool, stored: Bool = False](ChunkTask):
+    """Item: a PANEL of bfloat16 weight rows packed in pairs (stored: the weight is pair panels, read in place, K = kp),
+    against every row of x rounded to bfloat16, on AMX tiles (linear_amx.mojo). xb: x as tiles (x_tile_at), its rows
+    padded to a multiple of AMX_BLOCK, its columns with zeros to kp, a multiple of amx_k."""
 
     var y: Addr[Self.a_type]
     var xb: Addr[DType.bfloat16]
@@ -740,20 +753,42 @@ struct _AmxPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
 
     def run(self, item: Int):
         comptime assert PANEL == AMX_BLOCK, "a panel is two tiles of weights"
-        var buffer = List[UInt32](length=self.kp // 2 * PANEL, fill=0)  # pairs past K stay 0
         var block_buffer = List[Float32](unsafe_uninit_length=AMX_BLOCK * PANEL)
-        var panel, block = _data(buffer), _data(block_buffer)
-        var n0, N = item * PANEL, self.wt.n
-        _pack_pair_panel(panel, self.wt, n0)
+        var block = _data(block_buffer)
+        var N = self.wt.n
+        var buffer = List[UInt32]()
+        comptime if not Self.stored:
+            buffer = List[UInt32](length=self.kp // 2 * PANEL, fill=0)  # pairs past K stay 0
         configure_tiles()
-        for m0 in range(0, self.m, AMX_BLOCK):
-            comptime tile = AMX_ROWS * amx_k[DType.bfloat16]()
-            amx_zero()
-            amx_steps[w_type=DType.bfloat16](ptr(self.xb).unsafe_offset(m0 * self.kp), tile, AMX_BYTES, AMX_ROWS * self.kp, panel, PANEL,
-                      self.kp // amx_k[DType.bfloat16]())
-            amx_store(block)
-            _store_block(ptr(self.y), block, m0, min(AMX_BLOCK, self.m - m0), n0, N)
+        comptime per_item = AMX_STORED_PANELS if Self.stored else 1
+        for n0 in range(item * per_item * PANEL, min(N, (item + 1) * per_item * PANEL), PANEL):
+            var panel = _stored_panel(self.wt, n0)
+            comptime if not Self.stored:
+                panel = _data(buffer)
+                _pack_pair_panel(panel, self.wt, n0)
+            for m0 in range(0, self.m, AMX_BLOCK):
+                comptime tile = AMX_ROWS * amx_k[DType.bfloat16]()
+                amx_zero()
+                var x, steps = ptr(self.xb).unsafe_offset(m0 * self.kp), self.kp // amx_k[DType.bfloat16]()
+                if self.m - m0 <= AMX_ROWS:
+                    amx_steps_16[DType.bfloat16, AMX_AHEAD if Self.stored else 0](x, tile, AMX_BYTES, panel, PANEL, steps)
+                    amx_store_16(block)
+                    _store_block(ptr(self.y), block, m0, self.m - m0, n0, N)
+                    continue
+                if Self.stored and m0 == 0:  # the weights' first pass, from memory
+                    amx_steps[w_type=DType.bfloat16, ahead=AMX_AHEAD](x, tile, AMX_BYTES, AMX_ROWS * self.kp, panel,
+                                                                      PANEL, steps)
+                else:
+                    amx_steps[w_type=DType.bfloat16](x, tile, AMX_BYTES, AMX_ROWS * self.kp, panel, PANEL, steps)
+                amx_store(block)
+                _store_block(ptr(self.y), block, m0, min(AMX_BLOCK, self.m - m0), n0, N)
         release_tiles()
+
+
+@always_inline
+def _stored_panel[w_type: DType, tiled: Bool](wt: _Weights[w_type, tiled], n0: Int) -> Ptr[DType.uint32]:
+    """The words of the pair panel of rows n0 .. n0 + PANEL - 1 of a weight stored as pair panels."""
+    return ptr(wt.w).unsafe_bitcast[UInt32]().unsafe_offset(n0 * (wt.k // 2))
 
 
 @always_inline
@@ -939,6 +974,52 @@ def linear_cpu[a_type: DType, w_type: DType, R: Runner, tiled: Bool = False](
         _linear_cpu_rows[a_type, w_type, R, tiled](runner, y, x, wt, m, serial)
 
 
+def _x_tiles[a_type: DType](x: Ptr[a_type], m: Int, k: Int, kp: Int) -> List[BFloat16]:
+    """x rounded to bfloat16 as AMX tiles (x_tile_at): its rows padded to whole blocks, its columns with zeros to kp."""
+    var rounded = List[BFloat16](length=amx_rows(m) * kp, fill=0)
+    for r in range(m):
+        for c in range(0, k, amx_k[DType.bfloat16]()):
+            _round_x(x.unsafe_offset(r * k + c), _data(rounded).unsafe_offset(x_tile_at[DType.bfloat16](r, c, kp)),
+                     min(amx_k[DType.bfloat16](), k - c))
+    return rounded^
+
+
+def linear_pair_panels[a_type: DType, R: Runner](
+    runner: R, y: Ptr[a_type], x: Ptr[a_type], w: Ptr[DType.bfloat16], scales: Ptr[F32], m: Int, n: Int, k: Int,
+):
+    """y [m, n] = x [m, k] @ w^T for a bfloat16 weight stored as pair panels (PAIR_TILE_ROWS; n a multiple of it,
+    k even), read in place: on AMX tiles at every m where the CPU has them and k is a multiple of their 32 columns
+    (one row of x streams the weights as the decode tiles do; 8 or 16 rows cost little more), else by dot products
+    of pairs (vdpbf16ps where the CPU has it)."""
+    comptime assert PANEL == PAIR_TILE_ROWS, "pair panels are an AVX-512 layout (check_linear_tiled refuses them)"
+    if m == 0 or n == 0:
+        return
+    var wt = _Weights[DType.bfloat16, False](w, scales, n, k, k)
+    var serial = m * n * k <= SERIAL_MACS
+    var rounded: List[BFloat16]
+    if k % amx_k[DType.bfloat16]() == 0 and amx_granted():
+        rounded = _x_tiles(x, m, k, k)
+        runner.run(_AmxPanelTiles[a_type, DType.bfloat16, False, True](y, _data(rounded), wt, m, k),
+                   ceildiv(n // PANEL, AMX_STORED_PANELS), serial)
+    else:
+        rounded = List[BFloat16](unsafe_uninit_length=m * k)
+        _round_x(x, _data(rounded), m * k)
+        runner.run(_PairPanelTiles[a_type, DType.bfloat16, False, True](y, _data(rounded), wt, m), n // PANEL, serial)
+    _ = rounded^
+
+
+def linear_tiled_cpu[a_type: DType, w_type: DType, R: Runner](
+    runner: R, y: Ptr[a_type], x: Ptr[a_type], w: Ptr[w_type], scales: Ptr[F32], m: Int, n: Int, k: Int, block_k: Int,
+    tile_rows_given: Int,
+):
+    """linear_cpu over a tiled weight (check_linear_tiled): bfloat16 pair panels or the tiles of tile_rows."""
+    comptime if w_type == DType.bfloat16 and PANEL == PAIR_TILE_ROWS:
+        if tile_rows_given == PAIR_TILE_ROWS:
+            linear_pair_panels(runner, y, x, rebind[Ptr[DType.bfloat16]](w), scales, m, n, k)
+            return
+    linear_cpu[a_type, w_type, R, tiled=True](runner, y, x, w, scales, m, n, k, block_k)
+
+
 def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
     runner: R, y: Ptr[a_type], x: Ptr[a_type], wt: _Weights[w_type, tiled], m: Int, serial: Bool,
 ):
@@ -967,11 +1048,7 @@ def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
     elif w_type == DType.bfloat16:
         amx = use_amx[DType.bfloat16](m, wt.block_k)
         if amx:
-            rounded = List[BFloat16](length=amx_rows(m) * kp, fill=0)
-            for r in range(m):
-                for c in range(0, k, amx_k[DType.bfloat16]()):
-                    _round_x(x.unsafe_offset(r * k + c), _data(rounded).unsafe_offset(x_tile_at[DType.bfloat16](r, c, kp)),
-                             min(amx_k[DType.bfloat16](), k - c))
+            rounded = _x_tiles(x, m, k, kp)
         elif decode or BF16_DOT:
             rounded = List[BFloat16](unsafe_uninit_length=m * k)
             _round_x(x, _data(rounded), m * k)
@@ -1089,9 +1166,17 @@ def check_linear_tiled[w_type: DType](m: Int, k: Int, tiles_n: Int, tiles_k: Int
     comptime if is_fp8[w_type]():
         raise Error("linear_tiled: tiled weights are float32, bfloat16 or int8, not FP8: pass the [N, K] weight")
     comptime tr, tk = tile_rows[w_type](), tile_k[w_type]()
+    comptime if w_type == DType.bfloat16:
+        if rows == PAIR_TILE_ROWS and cols == 2:
+            if PANEL != PAIR_TILE_ROWS:
+                raise Error("linear_tiled: bfloat16 pair panels need AVX-512: pass the [N, K] weight or tiles of [", tr,
+                            ", ", tk, "]")
+            check_linear[w_type](m, k, tiles_n * rows, tiles_k * cols, y_m, y_n, scale_rows, scale_cols, block_k)
+            return
     if rows != tr or cols != tk:
         raise Error("linear_tiled: ", w_type, " weights must be tiled [N / ", tr, ", K / ", tk, ", ", tr, ", ", tk,
-                    "], got tiles of [", rows, ", ", cols, "] (bindings.reference.tile_weight makes them)")
+                    "]", " or pair panels [N / 32, K / 2, 32, 2]" if w_type == DType.bfloat16 else "",
+                    ", got tiles of [", rows, ", ", cols, "] (bindings.reference.tile_weight makes them)")
     check_linear[w_type](m, k, tiles_n * rows, tiles_k * cols, y_m, y_n, scale_rows, scale_cols, block_k)
     comptime if is_scaled[w_type]():
         if block_k % tile_k[w_type]() != 0:
@@ -1114,7 +1199,7 @@ struct LinearTiled:
             var m, k, bk = x.dim_size[0](), x.dim_size[1](), Int(block_k.unsafe_ptr().unsafe_load(0))
             check_linear_tiled[w_type](m, k, w.dim_size[0](), w.dim_size[1](), w.dim_size[2](), w.dim_size[3](),
                                        y.dim_size[0](), y.dim_size[1](), scales.dim_size[0](), scales.dim_size[1](), bk)
-            linear_cpu[a_type, w_type, tiled=True](MojoThreads(ctx), y.unsafe_ptr(), x.unsafe_ptr(), w.unsafe_ptr(),
-                                                   scales.unsafe_ptr(), m, y.dim_size[1](), k, bk)
+            linear_tiled_cpu[a_type, w_type](MojoThreads(ctx), y.unsafe_ptr(), x.unsafe_ptr(), w.unsafe_ptr(),
+                                             scales.unsafe_ptr(), m, y.dim_size[1](), k, bk, w.dim_size[2]())
         else:
             raise Error("linear_tiled: tiled weights are a CPU layout: on a GPU, mili_linear takes the [N, K] weight")

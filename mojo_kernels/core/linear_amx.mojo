@@ -9,6 +9,7 @@ from std.ffi import external_call
 from std.math import ceildiv
 from std.memory import stack_allocation
 from std.sys import CompilationTarget, llvm_intrinsic, size_of
+from std.sys.intrinsics import prefetch, PrefetchOptions
 
 from ..utils.types import Ptr
 
@@ -45,17 +46,21 @@ def amx_rows(m: Int) -> Int:
     return ceildiv(m, AMX_BLOCK) * AMX_BLOCK
 
 
-def use_amx[x_type: DType](m: Int, block_k: Int) -> Bool:
-    """Whether a linear of m rows of x (x_type: bfloat16, or int8 quantized per block of block_k columns, which must
-    hold whole tile rows) runs on AMX tiles: the target has them, m is at least AMX_ROWS, and Linux hands this process
-    the tile data (arch_prctl; once granted, asking again is a no-op; before Linux 5.16 it is refused and the callers
-    use their AVX-512 paths)."""
+def amx_granted() -> Bool:
+    """Whether the target has AMX tiles and Linux hands this process their data (arch_prctl; once granted, asking
+    again is a no-op; before Linux 5.16 it is refused and the callers use their AVX-512 paths)."""
     comptime if AMX:
-        if m < AMX_ROWS or (x_type == DType.int8 and block_k % amx_k[x_type]() != 0):
-            return False
         return external_call["syscall", Int](_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
     else:
         return False
+
+
+def use_amx[x_type: DType](m: Int, block_k: Int) -> Bool:
+    """Whether a linear of m rows of x (x_type: bfloat16, or int8 quantized per block of block_k columns, which must
+    hold whole tile rows) runs on AMX tiles: m is at least AMX_ROWS and amx_granted."""
+    if m < AMX_ROWS or (x_type == DType.int8 and block_k % amx_k[x_type]() != 0):
+        return False
+    return amx_granted()
 
 
 @always_inline
@@ -91,13 +96,15 @@ def amx_zero():
 
 
 @always_inline
-def amx_steps[x_type: DType, w_type: DType](
+def amx_steps[x_type: DType, w_type: DType, ahead: Int = 0](
     x: Ptr[x_type], x_step: Int, x_stride: Int, x_pitch: Int, w: Ptr[DType.uint32], w_stride: Int, steps: Int,
 ):
     """Adds `steps` x 64 bytes of columns to the block of y: 32 rows of x against 32 columns of weight words
     (bfloat16 pairs; signed or unsigned int8 quads as w_type says). x: the first tile of x (x_stride bytes between
     its rows), its second one x_pitch elements on, each step's tiles x_step elements on; w: the first weight word of
-    the block's 32 columns, w_stride words between word rows."""
+    the block's 32 columns, w_stride words between word rows. ahead: bytes past each step's weights asked for
+    meanwhile (weights streamed from memory whose word rows lie next to each other: the hardware prefetchers alone
+    left a batch-1 step at 0.88x the decode tiles' speed)."""
     comptime if AMX:
         comptime op = "llvm.x86.tdpbf16ps" if w_type == DType.bfloat16 else (
             "llvm.x86.tdpbsud" if w_type == DType.uint8 else "llvm.x86.tdpbssd"
@@ -107,12 +114,56 @@ def amx_steps[x_type: DType, w_type: DType](
             _tile["llvm.x86.tileloadd64", 0](a, x_stride)
             _tile["llvm.x86.tileloadd64", 1](a.unsafe_offset(x_pitch), x_stride)
             var b = w.unsafe_offset(s * AMX_ROWS * w_stride)
+            comptime if ahead > 0:
+                var next = b.unsafe_bitcast[UInt8]().unsafe_offset(ahead)
+                for line in range(0, 4 * AMX_ROWS * w_stride, 64):
+                    prefetch[PrefetchOptions().for_read().medium_locality()](next.unsafe_offset(line))
             _tile["llvm.x86.tileloadd64", 2](b, 4 * w_stride)
             _tile["llvm.x86.tileloadd64", 3](b.unsafe_offset(AMX_ROWS), 4 * w_stride)
             llvm_intrinsic[op, NoneType](Int8(4), Int8(0), Int8(2))
             llvm_intrinsic[op, NoneType](Int8(5), Int8(0), Int8(3))
             llvm_intrinsic[op, NoneType](Int8(6), Int8(1), Int8(2))
             llvm_intrinsic[op, NoneType](Int8(7), Int8(1), Int8(3))
+
+
+@always_inline
+def amx_steps_16[w_type: DType, ahead: Int = 0](
+    x: Ptr[DType.bfloat16], x_step: Int, x_stride: Int, w: Ptr[DType.uint32], w_stride: Int, steps: Int,
+):
+    """amx_steps for 16 rows of x (bfloat16 against pairs), into the top half of the block of y (tiles 4-5). Its
+    steps alternate between two sets of tiles (x in 0 or 1, weights in 2-3 or 6-7): tiles are not renamed, so a
+    step's loads into the tiles the last step multiplies would wait for its products (one row of x streaming the
+    weights from memory: 1.2x the time)."""
+    comptime if AMX:
+        for s in range(steps):
+            var a, b = x.unsafe_offset(s * x_step), w.unsafe_offset(s * AMX_ROWS * w_stride)
+            comptime if ahead > 0:
+                var next = b.unsafe_bitcast[UInt8]().unsafe_offset(ahead)
+                for line in range(0, 4 * AMX_ROWS * w_stride, 64):
+                    prefetch[PrefetchOptions().for_read().medium_locality()](next.unsafe_offset(line))
+            if s % 2 == 0:
+                _step_16[w_type, 0, 2, 3](a, x_stride, b, w_stride)
+            else:
+                _step_16[w_type, 1, 6, 7](a, x_stride, b, w_stride)
+
+
+@always_inline
+def _step_16[w_type: DType, xt: Int, wt0: Int, wt1: Int](
+    a: Ptr[DType.bfloat16], x_stride: Int, b: Ptr[DType.uint32], w_stride: Int,
+):
+    _tile["llvm.x86.tileloadd64", xt](a, x_stride)
+    _tile["llvm.x86.tileloadd64", wt0](b, 4 * w_stride)
+    _tile["llvm.x86.tileloadd64", wt1](b.unsafe_offset(AMX_ROWS), 4 * w_stride)
+    llvm_intrinsic["llvm.x86.tdpbf16ps", NoneType](Int8(4), Int8(xt), Int8(wt0))
+    llvm_intrinsic["llvm.x86.tdpbf16ps", NoneType](Int8(5), Int8(xt), Int8(wt1))
+
+
+@always_inline
+def amx_store_16[dtype: DType](y: Ptr[dtype]):
+    """The top half of the block of y (amx_steps_16's) into y[16, 32], rows 32 apart."""
+    comptime if AMX:
+        _tile["llvm.x86.tilestored64", 4](y, 4 * AMX_BLOCK)
+        _tile["llvm.x86.tilestored64", 5](y.unsafe_offset(AMX_ROWS), 4 * AMX_BLOCK)
 
 
 @always_inline

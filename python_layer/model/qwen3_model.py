@@ -11,7 +11,7 @@ import torch
 from bindings import library
 from bindings.gpu_options import GpuOptions
 from bindings.ops import KV_CACHE_RULE, kv_cache_supported
-from bindings.reference import can_tile, tile_columns, tile_weight
+from bindings.reference import AMX_COLUMNS, can_tile, tile_columns, tile_weight
 
 from ..memory.huge_pages import on_huge_pages
 from ..memory.kv_cache_manager import DEFAULT_PAGE_SIZE, PagedKVCache
@@ -34,6 +34,13 @@ DEFAULT_BACKEND = "mojo"
 def _tiles_int8(weight: QuantizedWeight) -> bool:
     return (weight.weight.dtype == torch.int8 and can_tile(weight.weight)
             and weight.block_k % tile_columns(torch.int8) == 0 and library.eager_cpu_module().int8_tiled())
+
+
+def _pair_panels(weight: torch.Tensor) -> bool:
+    """Whether the Mojo kernels read this bfloat16 weight fastest as pair panels: on AMX tiles, at every batch size (K
+    whole tile rows)."""
+    return (can_tile(weight, pairs=True) and weight.shape[1] % AMX_COLUMNS == 0
+            and library.eager_cpu_module().bf16_pair_panels())
 
 
 def check_backend(backend: str) -> str:
@@ -147,7 +154,7 @@ class Qwen3CausalLM:
         return lm_head_dtype(self.weight_dtype)
 
     def _linear(self, loader: WeightLoader, *names: str, weight_dtype: Optional[str] = None) -> LinearWeight:
-        return self._placed(self._tiled(self._formatted(loader, *names, weight_dtype=weight_dtype)))
+        return self._placed(self._tiled(self._formatted(loader, *names, weight_dtype=weight_dtype), panels=True))
 
     def _experts(self, loader: WeightLoader, gate_up: Sequence[str], down: Sequence[str]) -> tuple:
         """The experts' gate_up and down weights (names with `{e}`), each stacked along a first dimension; tiled
@@ -176,13 +183,15 @@ class Qwen3CausalLM:
             return _tiles_int8(weight)
         return isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16 and can_tile(weight)
 
-    def _tiled(self, weight: LinearWeight) -> LinearWeight:
-        """weight in the order the Mojo decode kernel reads it, where it has one (else weight itself)."""
+    def _tiled(self, weight: LinearWeight, panels: bool = False) -> LinearWeight:
+        """weight in the order the Mojo decode kernel reads it, where it has one (else weight itself); panels: a
+        bfloat16 weight as pair panels where the kernels read those fastest (_pair_panels; the MoE op reads its
+        experts' tiles only)."""
         if not self._tileable(weight):
             return weight
         if isinstance(weight, QuantizedWeight):
             return weight._replace(weight=tile_weight(weight.weight))
-        return tile_weight(weight)
+        return tile_weight(weight, pairs=panels and _pair_panels(weight))
 
     def _placed(self, weight: LinearWeight) -> LinearWeight:
         if self.backend != "mojo" or self.device.type != "cpu":

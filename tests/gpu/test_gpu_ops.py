@@ -3,7 +3,9 @@
 import pytest
 import torch
 
-from tests.kernel_cases import eight_bit_kv_case, kernel_cases, linear_weight, run_attention, run_linear_tiled
+from tests.kernel_cases import (
+    eight_bit_kv_case, kernel_cases, linear_weight, run_attention, run_linear_pair_panels, run_linear_tiled,
+)
 
 if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
@@ -13,7 +15,7 @@ from bindings import reference as ref
 from bindings.gpu_options import GpuOptions
 
 
-GPU_CASES = [c for c in kernel_cases() if c.values[0] is not run_linear_tiled  # tiled weights: a CPU layout
+GPU_CASES = [c for c in kernel_cases() if c.values[0] not in (run_linear_tiled, run_linear_pair_panels)  # CPU layouts
              and not eight_bit_kv_case(c)]  # 8-bit caches: CPU only
 
 
