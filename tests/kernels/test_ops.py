@@ -195,8 +195,8 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
     with pytest.raises(ValueError, match="weights must be one of"):
         ops.linear(torch.randn(2, 200), torch.ones(8, 200, dtype=torch.float16))
     with pytest.raises(
-        ValueError, match="bfloat16 weights must be tiled \\[N / 4, K / 32, 4, 32\\] or pair panels \\[N / 32, K / 2, 32, "
-                          "2\\], got tiles of \\[4, 8\\]|dimension"
+        ValueError, match="bfloat16 weights must be tiled \\[N / 4, K / 32, 4, 32\\] or pair panels "
+                          "\\[N / 32, K / 2, 32, 2\\], got tiles of \\[4, 8\\]|dimension"
     ):
         ops.linear(torch.randn(2, 32, dtype=bf16), torch.ones(2, 4, 4, 8, dtype=bf16))
     with pytest.raises(ValueError, match="tiled weights are float32 / bfloat16 / int8 on a CPU"):
