@@ -54,7 +54,7 @@ from .linear_amx import (
 )
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
 from ..utils.types import (
-    addr, ptr, dot_bf16, largest_abs, load_f32, BF16_DOT, narrow, round_even, widen, is_fp8, Addr, F32, F32_WIDTH, FP8_SCALE, Ptr, GPU_BLOCK, check_same,
+    addr, ptr, dot_bf16, largest_abs, zero_f32, load_f32, BF16_DOT, narrow, round_even, widen, is_fp8, Addr, F32, F32_WIDTH, FP8_SCALE, Ptr, GPU_BLOCK, check_same,
 )
 
 comptime W = F32_WIDTH
@@ -771,7 +771,7 @@ struct _AmxPanelTiles[a_type: DType, w_type: DType, tiled: Bool, stored: Bool = 
                 amx_zero()
                 var x, steps = ptr(self.xb).unsafe_offset(m0 * self.kp), self.kp // amx_k[DType.bfloat16]()
                 if self.m - m0 <= AMX_ROWS:
-                    amx_steps_16[DType.bfloat16, AMX_AHEAD if Self.stored else 0](x, tile, AMX_BYTES, panel, PANEL, steps)
+                    amx_steps_16[AMX_AHEAD if Self.stored else 0](x, tile, AMX_BYTES, panel, PANEL, steps)
                     amx_store_16(block)
                     _store_block(ptr(self.y), block, m0, self.m - m0, n0, N)
                     continue
@@ -841,12 +841,6 @@ def _quantized_x[a_type: DType](
 
 
 @always_inline
-def _zero(p: Ptr[F32], count: Int):
-    for i in range(0, count, W):
-        p.unsafe_store(i, SIMD[F32, W](0))
-
-
-@always_inline
 def _add_block_dots[with_mins: Bool](
     acc: Ptr[F32], dots: Ptr[DType.int32], xq: _QuantizedX, m0: Int, rows: Int, kb: Int, scales: Ptr[F32],
     mins: Ptr[F32],
@@ -906,7 +900,7 @@ struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
         configure_tiles()
         for m0 in range(0, self.m, AMX_BLOCK):
             var rows = min(AMX_BLOCK, self.m - m0)
-            _zero(acc, AMX_BLOCK * PANEL)
+            zero_f32(acc, 0, AMX_BLOCK * PANEL)
             for kb in range(self.wt.k_blocks):
                 var k0, k1 = kb * block_k, min(K, kb * block_k + block_k)
                 var x = q.unsafe_offset(m0 * kp)
@@ -1166,14 +1160,11 @@ def check_linear_tiled[w_type: DType](m: Int, k: Int, tiles_n: Int, tiles_k: Int
     comptime if is_fp8[w_type]():
         raise Error("linear_tiled: tiled weights are float32, bfloat16 or int8, not FP8: pass the [N, K] weight")
     comptime tr, tk = tile_rows[w_type](), tile_k[w_type]()
-    comptime if w_type == DType.bfloat16:
-        if rows == PAIR_TILE_ROWS and cols == 2:
-            if PANEL != PAIR_TILE_ROWS:
-                raise Error("linear_tiled: bfloat16 pair panels need AVX-512: pass the [N, K] weight or tiles of [", tr,
-                            ", ", tk, "]")
-            check_linear[w_type](m, k, tiles_n * rows, tiles_k * cols, y_m, y_n, scale_rows, scale_cols, block_k)
-            return
-    if rows != tr or cols != tk:
+    var pairs = w_type == DType.bfloat16 and rows == PAIR_TILE_ROWS and cols == 2
+    if pairs and PANEL != PAIR_TILE_ROWS:
+        raise Error("linear_tiled: bfloat16 pair panels need AVX-512: pass the [N, K] weight or tiles of [", tr, ", ",
+                    tk, "]")
+    if not pairs and (rows != tr or cols != tk):
         raise Error("linear_tiled: ", w_type, " weights must be tiled [N / ", tr, ", K / ", tk, ", ", tr, ", ", tk,
                     "]", " or pair panels [N / 32, K / 2, 32, 2]" if w_type == DType.bfloat16 else "",
                     ", got tiles of [", rows, ", ", cols, "] (bindings.reference.tile_weight makes them)")

@@ -114,10 +114,7 @@ def amx_steps[x_type: DType, w_type: DType, ahead: Int = 0](
             _tile["llvm.x86.tileloadd64", 0](a, x_stride)
             _tile["llvm.x86.tileloadd64", 1](a.unsafe_offset(x_pitch), x_stride)
             var b = w.unsafe_offset(s * AMX_ROWS * w_stride)
-            comptime if ahead > 0:
-                var next = b.unsafe_bitcast[UInt8]().unsafe_offset(ahead)
-                for line in range(0, 4 * AMX_ROWS * w_stride, 64):
-                    prefetch[PrefetchOptions().for_read().medium_locality()](next.unsafe_offset(line))
+            _prefetch_step[ahead](b, w_stride)
             _tile["llvm.x86.tileloadd64", 2](b, 4 * w_stride)
             _tile["llvm.x86.tileloadd64", 3](b.unsafe_offset(AMX_ROWS), 4 * w_stride)
             llvm_intrinsic[op, NoneType](Int8(4), Int8(0), Int8(2))
@@ -127,7 +124,7 @@ def amx_steps[x_type: DType, w_type: DType, ahead: Int = 0](
 
 
 @always_inline
-def amx_steps_16[w_type: DType, ahead: Int = 0](
+def amx_steps_16[ahead: Int = 0](
     x: Ptr[DType.bfloat16], x_step: Int, x_stride: Int, w: Ptr[DType.uint32], w_stride: Int, steps: Int,
 ):
     """amx_steps for 16 rows of x (bfloat16 against pairs), into the top half of the block of y (tiles 4-5). Its
@@ -137,18 +134,24 @@ def amx_steps_16[w_type: DType, ahead: Int = 0](
     comptime if AMX:
         for s in range(steps):
             var a, b = x.unsafe_offset(s * x_step), w.unsafe_offset(s * AMX_ROWS * w_stride)
-            comptime if ahead > 0:
-                var next = b.unsafe_bitcast[UInt8]().unsafe_offset(ahead)
-                for line in range(0, 4 * AMX_ROWS * w_stride, 64):
-                    prefetch[PrefetchOptions().for_read().medium_locality()](next.unsafe_offset(line))
+            _prefetch_step[ahead](b, w_stride)
             if s % 2 == 0:
-                _step_16[w_type, 0, 2, 3](a, x_stride, b, w_stride)
+                _step_16[0, 2, 3](a, x_stride, b, w_stride)
             else:
-                _step_16[w_type, 1, 6, 7](a, x_stride, b, w_stride)
+                _step_16[1, 6, 7](a, x_stride, b, w_stride)
 
 
 @always_inline
-def _step_16[w_type: DType, xt: Int, wt0: Int, wt1: Int](
+def _prefetch_step[ahead: Int](b: Ptr[DType.uint32], w_stride: Int):
+    """Asks for a step's weight word rows (16 of w_stride words from b) `ahead` bytes on; nothing when ahead is 0."""
+    comptime if ahead > 0:
+        var next = b.unsafe_bitcast[UInt8]().unsafe_offset(ahead)
+        for line in range(0, 4 * AMX_ROWS * w_stride, 64):
+            prefetch[PrefetchOptions().for_read().medium_locality()](next.unsafe_offset(line))
+
+
+@always_inline
+def _step_16[xt: Int, wt0: Int, wt1: Int](
     a: Ptr[DType.bfloat16], x_stride: Int, b: Ptr[DType.uint32], w_stride: Int,
 ):
     _tile["llvm.x86.tileloadd64", xt](a, x_stride)

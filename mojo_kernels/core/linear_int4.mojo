@@ -26,9 +26,9 @@ from std.sys import llvm_intrinsic
 from std.sys.intrinsics import prefetch, PrefetchOptions
 
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
-from ..utils.types import addr, ptr, Addr, F16, F32, Ptr, check_same
+from ..utils.types import addr, ptr, zero_f32, Addr, F16, F32, Ptr, check_same
 from .linear import (
-    _QuantizedX, _add_block_dots, _quantized_x, _data, _store_block, _store_panel_rows, _zero, DOT_LANES, I8_DOT, I8_MADD, PANEL, PREFETCH_BYTES,
+    _QuantizedX, _add_block_dots, _quantized_x, _data, _store_block, _store_panel_rows, DOT_LANES, I8_DOT, I8_MADD, PANEL, PREFETCH_BYTES,
     QUAD_PANEL_ROWS, SERIAL_MACS,
 )
 from .linear_amx import (
@@ -256,7 +256,7 @@ struct _AmxInt4Tiles[a_type: DType, bits: Int](ChunkTask):
         configure_tiles()
         for m0 in range(0, self.m, AMX_BLOCK):
             var rows = min(AMX_BLOCK, self.m - m0)
-            _zero(acc, AMX_BLOCK * PANEL)
+            zero_f32(acc, 0, AMX_BLOCK * PANEL)
             for kb in range(blocks):
                 var k0 = kb * block_k
                 amx_zero()

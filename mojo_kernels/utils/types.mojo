@@ -87,6 +87,18 @@ def convert_row[src_type: DType, dst_type: DType](dst: Ptr[dst_type], dst_at: In
 
 
 @always_inline
+def zero_f32(p: Ptr[F32], at: Int, n: Int):
+    """p[at : at + n] = 0, by vectors."""
+    var i = 0
+    while i + F32_WIDTH <= n:
+        p.unsafe_store(at + i, SIMD[F32, F32_WIDTH](0))
+        i += F32_WIDTH
+    while i < n:
+        p.unsafe_store(at + i, 0)
+        i += 1
+
+
+@always_inline
 def largest_abs[dtype: DType](p: Ptr[dtype], at: Int, n: Int) -> Float32:
     """max |p[at + i]| over i < n, as float32 (0 when n is 0)."""
     var big = SIMD[F32, F32_WIDTH](0)

@@ -22,7 +22,7 @@ from std.sys.intrinsics import prefetch, PrefetchOptions
 from std.utils.index import IndexList
 
 from ...memory.kv_format import kv_head_len, kv_scale
-from ...utils.types import dot_bf16, narrow, widen, BF16_DOT, F32, F32_WIDTH, Ptr
+from ...utils.types import dot_bf16, narrow, widen, zero_f32, BF16_DOT, F32, F32_WIDTH, Ptr
 from ...utils.parallel import CpuContext
 from ..linear_amx import AMX_BLOCK, AMX_ROWS, configure_tiles, release_tiles, use_amx
 from .cpu_amx import amx_head_block, amx_stage_keys, amx_stage_q, amx_state_back, AmxScratch
@@ -221,17 +221,6 @@ def _direct_block[dtype: DType, scores: Bool](
                     _direct_rows[dtype, 1, scores](buf, IndexList[1](r0), cache, offsets, head_off, j0, jj, jj_end, s_off,
                                                    acc_off, last_off, head_dim)
                     k += 1
-
-
-@always_inline
-def _zero_row(acc: Ptr[F32], acc_off: Int, n: Int):
-    var i = 0
-    while i + F32_WIDTH <= n:
-        acc.unsafe_store(acc_off + i, SIMD[F32, F32_WIDTH](0))
-        i += F32_WIDTH
-    while i < n:
-        acc.unsafe_store(acc_off + i, 0)
-        i += 1
 
 
 @always_inline
@@ -565,7 +554,7 @@ def attention_cpu[dtype: DType, cache_type: DType](
             for r in range(n_rows):
                 var src = ((q_begin + first + r // q_heads) * q_heads + r % q_heads) * head_dim
                 _copy_row[dtype](buf, r * head_dim, q, src, head_dim, scale)
-                _zero_row(buf, acc_off + r * head_dim, head_dim)
+                zero_f32(buf, acc_off + r * head_dim, head_dim)
                 buf.unsafe_store(m_off + r, MASKED)
                 buf.unsafe_store(l_off + r, 0)
                 buf.unsafe_store(last_off + r, Float32(context - q_len + first + r // q_heads))

@@ -12,7 +12,7 @@ from std.math import exp, iota
 from std.memory import bitcast
 
 from ..linear_amx import AMX_BLOCK, AMX_ROWS, amx_k, amx_load, amx_rows, amx_steps, amx_store, amx_zero
-from ...utils.types import narrow, F32, F32_WIDTH, Ptr
+from ...utils.types import narrow, zero_f32, F32, F32_WIDTH, Ptr
 from .cpu_softmax import KEY_BLOCK, MASKED
 
 comptime BF16 = DType.bfloat16
@@ -102,8 +102,7 @@ def amx_stage_q(buf: Ptr[F32], sc: AmxScratch, kv_rows: Ptr[DType.int64], per_he
             buf.unsafe_store(sc.m + at, MASKED)
             buf.unsafe_store(sc.l + at, 0)
             buf.unsafe_store(sc.last + at, last)
-            for x in range(0, head_dim, F32_WIDTH):
-                buf.unsafe_store(sc.acc + at * head_dim + x, SIMD[F32, F32_WIDTH](0))
+            zero_f32(buf, sc.acc + at * head_dim, head_dim)
 
 
 def amx_stage_keys[dtype: DType](
