@@ -556,3 +556,19 @@ def linear(
     (_LINEAR_TILED if tiled else _LINEAR)[bits](y, _c(x), _c(weight).view(bits), _c(scales.float()),
                                                 _block_k_on(int(block_k), x.device))
     return y
+
+
+def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) [rows, k]: the k largest of each row of float32 logits [rows, n] on a CPU, largest first,
+    equal values by index (reference.top_k). The sampler's candidates; torch.topk elsewhere."""
+    if logits.dim() != 2 or logits.dtype != torch.float32 or not logits.is_cpu:
+        raise ValueError(f"top_k: logits must be 2-d float32 on a CPU, got {logits.dim()}-d {logits.dtype} on "
+                         f"{logits.device}")
+    if not 1 <= k <= logits.shape[1]:
+        raise ValueError(f"top_k: k must be in [1, {logits.shape[1]}] (the row's length), got {k}")
+    logits = _c(logits)
+    values, indices = logits.new_empty((logits.shape[0], k)), torch.empty((logits.shape[0], k), dtype=torch.long)
+    library.eager_cpu_module().top_k_float32(_OPENMP, *_flatten((values, indices, logits),
+                                                                  ((2, torch.float32), (2, torch.long),
+                                                                   (2, torch.float32)), True))
+    return values, indices

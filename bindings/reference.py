@@ -148,6 +148,13 @@ def moe(x: torch.Tensor, logits: torch.Tensor, top_k: int, normalize: bool,
     return out.to(x.dtype)
 
 
+def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) of each row's k largest logits, largest first: NaN above every number (as torch.topk),
+    equal values in index order."""
+    values, indices = torch.sort(logits.float(), dim=-1, descending=True, stable=True)
+    return values[:, :k], indices[:, :k]
+
+
 def silu(x: torch.Tensor) -> torch.Tensor:
     return F.silu(x.float()).to(x.dtype)
 

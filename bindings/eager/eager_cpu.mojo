@@ -26,6 +26,7 @@ from mojo_kernels.core.moe import check_moe, check_moe_params, moe_dense_cpu, mo
 from mojo_kernels.core.normalization import check_norm, norm_rows_cpu
 from mojo_kernels.core.qk_norm_rope import check_qk_norm_rope_store, qk_norm_rope_store_cpu
 from mojo_kernels.core.rope import check_rope, rope_cpu
+from mojo_kernels.core.top_k import check_top_k, top_k_cpu
 from mojo_kernels.memory.kv_cache import check_store_kv, store_kv_cpu
 from mojo_kernels.utils.parallel import OpenMP
 from mojo_kernels.utils.types import F16, F32, F32_WIDTH, Ptr
@@ -312,6 +313,17 @@ def moe_int4[a_type: DType](mut args: Args) raises:
                          gate_up.dims[1], gate_up_scales.dims[1], down.dims[1], down_scales.dims[1], p)
 
 
+def top_k(mut args: Args) raises:
+    _ = args.int()  # the OpenMP entry points: the rows run on the calling thread (top_k_cpu)
+    var values, indices, logits = args.tensor[F32, 2](), args.tensor[DType.int64, 2](), args.tensor[F32, 2]()
+    args.done("top_k")
+    var k = values.dims[1]
+    check_top_k(logits.dims[1], k)
+    if values.dims[0] != logits.dims[0] or indices.dims[0] != logits.dims[0] or indices.dims[1] != k:
+        raise Error("top_k: values and indices must be [rows, k] for logits [rows, n]")
+    top_k_cpu(values.ptr(), indices.ptr(), logits.ptr(), logits.dims[0], logits.dims[1], k)
+
+
 def int8_tiled() raises -> PythonObject:
     return PythonObject(I8_TILED)
 
@@ -400,6 +412,7 @@ def _add_ops(mut m: PythonModuleBuilder) raises:
     m.def_py_c_function(_fastcall[moe[DType.bfloat16, DType.uint8]], "moe_bfloat16_uint8")
     m.def_py_c_function(_fastcall[moe[DType.bfloat16, DType.int8]], "moe_bfloat16_int8")
     m.def_py_c_function(_fastcall[moe_int4[DType.bfloat16]], "moe_int4_bfloat16")
+    m.def_py_c_function(_fastcall[top_k], "top_k_float32")
 
 
 @export

@@ -9,6 +9,8 @@ from typing import NamedTuple, Protocol
 
 import torch
 
+from bindings import ops
+
 from .sampling_params import SamplingParams
 
 MAX_TOP_K_CANDIDATES = 1024  # batches whose sampled rows all have top_k up to this never sort the vocabulary
@@ -124,6 +126,14 @@ def _draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> 
     return drawn.clamp_(max=probs.shape[-1] - 1)
 
 
+def _top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's k largest logits and their ids, largest first: on a CPU MILI's kernel, which reads a row once
+    (~0.03 ms for Qwen3's 151,936 logits against torch.topk's ~0.4 ms on one core)."""
+    if logits.is_cpu and logits.dtype == torch.float32:
+        return ops.top_k(logits, k)
+    return logits.topk(k, dim=-1)
+
+
 def _logprobs(
     logits: torch.Tensor, params: Sequence[SamplingParams], tokens: torch.Tensor
 ) -> list[TokenLogprobs | None]:
@@ -233,7 +243,7 @@ class BatchSampler:
         candidates = None
         if all(0 < p.top_k <= MAX_TOP_K_CANDIDATES for p in sub):
             # every row keeps at most its top_k best: filter and draw among the max(top_k) best of each row
-            x, candidates = x.topk(min(max(p.top_k for p in sub), x.shape[-1]), dim=-1)  # k from the host: no sync
+            x, candidates = _top_k(x, min(max(p.top_k for p in sub), x.shape[-1]))  # k from the host: no sync
             x = x.masked_fill(torch.arange(x.shape[-1], device=x.device) >= top_k[:, None], float("-inf"))
         elif any(p.top_k > 0 for p in sub):
             x = apply_top_k(x, top_k)

@@ -229,9 +229,10 @@ def test_logprobs_are_of_the_raw_logits() -> None:
 
 def test_cpu_sampling_runs_on_one_torch_thread_and_restores_the_count(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = []
-    real_topk = torch.Tensor.topk
+    real_softmax = torch.Tensor.softmax
     monkeypatch.setattr(
-        torch.Tensor, "topk", lambda self, *a, **k: seen.append(torch.get_num_threads()) or real_topk(self, *a, **k)
+        torch.Tensor, "softmax",
+        lambda self, *a, **k: seen.append(torch.get_num_threads()) or real_softmax(self, *a, **k),
     )
     before = torch.get_num_threads()
     torch.set_num_threads(2)
