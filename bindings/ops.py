@@ -572,3 +572,18 @@ def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
                                                                   ((2, torch.float32), (2, torch.long),
                                                                    (2, torch.float32)), True))
     return values, indices
+
+
+def sample_top_k(logits: torch.Tensor, k: torch.Tensor, settings: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """tokens [rows] (int64): row r of float32 logits [rows, n] on a CPU drawn among its k[r] (int32) best
+    with settings[r] = (temperature, top_p, min_p) (float32) and the uniform u[r] in [0, 1) (float64)
+    (reference.sample_top_k)."""
+    args = (logits.new_empty(logits.shape[0], dtype=torch.long), _c(logits), _c(k), _c(settings), _c(u))
+    flat = _flatten(args, ((1, torch.long), (2, torch.float32), (1, torch.int32), (2, torch.float32),
+                           (1, torch.float64)), True)
+    if flat is None or not logits.is_cpu:
+        raise ValueError("sample_top_k: needs float32 logits [rows, n], int32 k [rows], float32 settings "
+                         "[rows, 3] and float64 u [rows] on a CPU, got "
+                         + ", ".join(f"{a.dim()}-d {a.dtype} on {a.device}" for a in args[1:]))
+    library.eager_cpu_module().sample_top_k_float32(_OPENMP, *flat)
+    return args[0]

@@ -155,6 +155,31 @@ def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return values[:, :k], indices[:, :k]
 
 
+def sample_top_k(logits: torch.Tensor, k: torch.Tensor, settings: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Row r's token drawn among its k[r] largest logits with settings[r] = (temperature, top_p, min_p) and the
+    uniform u[r]: weights exp((x - x_max) / temperature); top-p drops the least likely while their mass stays within
+    1 - top_p of the total, min-p the weights below min_p (never the top one); then the first kept candidate in
+    token-id order whose cumulative weight (float64) exceeds u[r] times the kept total (the sampler's draw)."""
+    tokens = []
+    for r in range(logits.shape[0]):
+        values, ids = top_k(logits[r : r + 1], int(k[r]))
+        values, ids = values[0], ids[0]
+        temperature, top_p, min_p = settings[r].tolist()
+        if not torch.isfinite(values[0]):
+            tokens.append(int(ids[0]))
+            continue
+        w = torch.exp((values - values[0]) / temperature).double()
+        keep = (w.flip(0).cumsum(0).flip(0) > (1 - top_p) * w.sum()) & (w >= min_p)
+        keep[0] = True
+        w, ids = w[keep], ids[keep]
+        order = ids.argsort()
+        w, ids = w[order], ids[order]
+        cdf = w.cumsum(0)
+        drawn = int(torch.searchsorted(cdf, float(u[r]) * cdf[-1:], right=True).clamp(max=len(ids) - 1))
+        tokens.append(int(ids[drawn]))
+    return torch.tensor(tokens, dtype=torch.long)
+
+
 def silu(x: torch.Tensor) -> torch.Tensor:
     return F.silu(x.float()).to(x.dtype)
 

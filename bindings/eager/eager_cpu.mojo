@@ -26,6 +26,7 @@ from mojo_kernels.core.moe import check_moe, check_moe_params, moe_dense_cpu, mo
 from mojo_kernels.core.normalization import check_norm, norm_rows_cpu
 from mojo_kernels.core.qk_norm_rope import check_qk_norm_rope_store, qk_norm_rope_store_cpu
 from mojo_kernels.core.rope import check_rope, rope_cpu
+from mojo_kernels.core.sampling import check_sample_top_k, sample_top_k_cpu
 from mojo_kernels.core.top_k import check_top_k, top_k_cpu
 from mojo_kernels.memory.kv_cache import check_store_kv, store_kv_cpu
 from mojo_kernels.utils.parallel import OpenMP
@@ -324,6 +325,20 @@ def top_k(mut args: Args) raises:
     top_k_cpu(values.ptr(), indices.ptr(), logits.ptr(), logits.dims[0], logits.dims[1], k)
 
 
+def sample_top_k(mut args: Args) raises:
+    _ = args.int()  # the OpenMP entry points: the rows run on the calling thread (sample_top_k_cpu)
+    var tokens, logits = args.tensor[DType.int64, 1](), args.tensor[F32, 2]()
+    var top_k, settings, u = args.tensor[I32, 1](), args.tensor[F32, 2](), args.tensor[DType.float64, 1]()
+    args.done("sample_top_k")
+    var rows = logits.dims[0]
+    if tokens.dims[0] != rows or top_k.dims[0] != rows or settings.dims[0] != rows or settings.dims[1] != 3 \
+            or u.dims[0] != rows:
+        raise Error("sample_top_k: tokens, top_k, u [rows] and settings [rows, 3] for logits [rows, n]")
+    var largest_k = check_sample_top_k(logits.dims[1], top_k.ptr(), rows)
+    sample_top_k_cpu(tokens.ptr(), logits.ptr(), rows, logits.dims[1], top_k.ptr(), settings.ptr(), u.ptr(),
+                     largest_k)
+
+
 def int8_tiled() raises -> PythonObject:
     return PythonObject(I8_TILED)
 
@@ -413,6 +428,7 @@ def _add_ops(mut m: PythonModuleBuilder) raises:
     m.def_py_c_function(_fastcall[moe[DType.bfloat16, DType.int8]], "moe_bfloat16_int8")
     m.def_py_c_function(_fastcall[moe_int4[DType.bfloat16]], "moe_int4_bfloat16")
     m.def_py_c_function(_fastcall[top_k], "top_k_float32")
+    m.def_py_c_function(_fastcall[sample_top_k], "sample_top_k_float32")
 
 
 @export

@@ -110,28 +110,25 @@ def apply_penalties(
     return logits.index_put((index,), x)
 
 
-def _draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
-    """One token per row by inverse transform sampling: a uniform u per row (from the row's own generator if
-    it has one, so a seeded request draws the same whatever else is in the batch), the first token whose
-    cumulative probability (float64) exceeds u times the row's total. One uniform per row, where
-    torch.multinomial took ~4 ms per 152k-token row on a CPU and an exponential race needs a vocabulary of them."""
-    u = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device)  # what unseeded rows draw
+def _uniforms(generators: Sequence[torch.Generator | None], device: torch.device) -> torch.Tensor:
+    """One uniform in [0, 1) per row (float64), from the row's own generator if it has one: a seeded request draws
+    the same whatever else is in the batch."""
+    u = torch.rand(len(generators), dtype=torch.float64, device=device)  # what unseeded rows draw
     seeded = [i for i, g in enumerate(generators) if g is not None]
     if seeded:  # each seeded row's own draw, from its generator on the host
         draws = torch.cat([torch.rand(1, dtype=torch.float64, generator=generators[i]) for i in seeded])
-        u.index_copy_(0, to_device(seeded, torch.long, u.device), to_device(draws[:, None], torch.float64, u.device))
+        u.index_copy_(0, to_device(seeded, torch.long, device), to_device(draws, torch.float64, device))
+    return u
+
+
+def _draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """One token per row by inverse transform sampling: the first token whose cumulative probability (float64)
+    exceeds the row's uniform times its total. One uniform per row, where torch.multinomial took ~4 ms per
+    152k-token row on a CPU and an exponential race needs a vocabulary of them."""
     cdf = probs.cumsum(dim=-1, dtype=torch.float64)
     # right=True: a token of probability 0 spans no interval and is never drawn
-    drawn = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)
-    return drawn.clamp_(max=probs.shape[-1] - 1)
-
-
-def _top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's k largest logits and their ids, largest first: on a CPU MILI's kernel, which reads a row once
-    (~0.03 ms for Qwen3's 151,936 logits against torch.topk's ~0.4 ms on one core)."""
-    if logits.is_cpu and logits.dtype == torch.float32:
-        return ops.top_k(logits, k)
-    return logits.topk(k, dim=-1)
+    drawn = torch.searchsorted(cdf, _uniforms(generators, probs.device)[:, None] * cdf[:, -1:], right=True)
+    return drawn.squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
 def _logprobs(
@@ -239,11 +236,19 @@ class BatchSampler:
         sub = [params[i] for i in rows]
         index = None if len(rows) == len(params) else to_device(rows, torch.long, logits.device)
         x = logits if index is None else logits[index]  # every filter below makes a new tensor
-        top_k = to_device([p.top_k for p in sub], torch.long, x.device)
+        generators = [generators[i] for i in rows]
         candidates = None
+        if all(0 < p.top_k <= MAX_TOP_K_CANDIDATES for p in sub) and x.is_cpu:
+            # the filters and the draw below in one kernel call (mojo_kernels/core/sampling.mojo): each torch op
+            # here pays for the caches the model's step left cold
+            drawn = ops.sample_top_k(x, torch.tensor([min(p.top_k, x.shape[-1]) for p in sub], dtype=torch.int32),
+                                     torch.tensor([(p.temperature, p.top_p, p.min_p) for p in sub]),
+                                     _uniforms(generators, x.device))
+            return drawn if index is None else _argmax(logits).index_copy_(0, index, drawn)
+        top_k = to_device([p.top_k for p in sub], torch.long, x.device)
         if all(0 < p.top_k <= MAX_TOP_K_CANDIDATES for p in sub):
             # every row keeps at most its top_k best: filter and draw among the max(top_k) best of each row
-            x, candidates = _top_k(x, min(max(p.top_k for p in sub), x.shape[-1]))  # k from the host: no sync
+            x, candidates = x.topk(min(max(p.top_k for p in sub), x.shape[-1]), dim=-1)  # k from the host: no sync
             x = x.masked_fill(torch.arange(x.shape[-1], device=x.device) >= top_k[:, None], float("-inf"))
         elif any(p.top_k > 0 for p in sub):
             x = apply_top_k(x, top_k)
@@ -256,6 +261,6 @@ class BatchSampler:
         if candidates is not None:  # in token id order, as on the full vocabulary: a seed draws the same either way
             candidates, order = candidates.sort(dim=-1)
             x = x.gather(-1, order)
-        drawn = _draw(x.softmax(dim=-1), [generators[i] for i in rows])
+        drawn = _draw(x.softmax(dim=-1), generators)
         drawn = drawn if candidates is None else candidates.gather(-1, drawn[:, None]).squeeze(-1)
         return drawn if index is None else _argmax(logits).index_copy_(0, index, drawn)  # greedy rows too
