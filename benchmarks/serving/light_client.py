@@ -68,7 +68,9 @@ async def _run(url: str, model: str, prompts: Sequence[str], output_tokens: int,
                sampling: dict) -> List[RequestTiming]:
     queue = list(reversed(prompts))
     timings: List[RequestTiming] = []
-    connector = aiohttp.TCPConnector(limit=concurrency)
+    # a connection per request: llama-server closes a streamed response's connection, and aiohttp's reuse of it
+    # failed every second request ("Can not write request body")
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=True)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
         async def worker() -> None:
             while queue:
