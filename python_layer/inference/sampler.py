@@ -238,7 +238,8 @@ class BatchSampler:
         x = logits if index is None else logits[index]  # every filter below makes a new tensor
         generators = [generators[i] for i in rows]
         candidates = None
-        if all(0 < p.top_k <= MAX_TOP_K_CANDIDATES for p in sub) and x.is_cpu:
+        top_k_rows = all(0 < p.top_k <= MAX_TOP_K_CANDIDATES for p in sub)
+        if top_k_rows and x.is_cpu:
             # the filters and the draw below in one kernel call (mojo_kernels/core/sampling.mojo): each torch op
             # here pays for the caches the model's step left cold
             drawn = ops.sample_top_k(x, torch.tensor([min(p.top_k, x.shape[-1]) for p in sub], dtype=torch.int32),
@@ -246,7 +247,7 @@ class BatchSampler:
                                      _uniforms(generators, x.device))
             return drawn if index is None else _argmax(logits).index_copy_(0, index, drawn)
         top_k = to_device([p.top_k for p in sub], torch.long, x.device)
-        if all(0 < p.top_k <= MAX_TOP_K_CANDIDATES for p in sub):
+        if top_k_rows:
             # every row keeps at most its top_k best: filter and draw among the max(top_k) best of each row
             x, candidates = x.topk(min(max(p.top_k for p in sub), x.shape[-1]), dim=-1)  # k from the host: no sync
             x = x.masked_fill(torch.arange(x.shape[-1], device=x.device) >= top_k[:, None], float("-inf"))
