@@ -2,7 +2,8 @@
 
 Only the engine thread touches the engine. The event loop hands it requests and aborts through a
 command list guarded by a condition variable, and gets each request's deltas back through its own
-asyncio queue (`loop.call_soon_threadsafe`), so compute never blocks the loop. The number of unfinished
+asyncio queue, a step's deltas in one `loop.call_soon_threadsafe` (one wake-up of the loop a step, whatever the
+batch), so compute never blocks the loop. The number of unfinished
 requests is bounded: past `max_num_seqs + max_queue_len`, `add_requests` raises EngineOverloaded."""
 
 from __future__ import annotations
@@ -30,10 +31,14 @@ class EngineStopped(RuntimeError):
     """The engine is shutting down or stopped after an error (HTTP 503)."""
 
 
+_ENDED = object()  # queued by RequestStream.end: the iteration stops there
+
+
 class RequestStream:
     """The deltas of one or more requests submitted together (the n choices of an API call), as an async
-    iterator of RequestDelta in the order they come; ends once every request finished. Raises what the
-    engine raised if a request failed inside it. Once a request finished, `requests[i].output()` is its result."""
+    iterator of RequestDelta in the order they come; ends once every request finished, or at `end`. Raises what
+    the engine raised if a request failed inside it. Once a request finished, `requests[i].output()` is its
+    result."""
 
     def __init__(self, requests: List[InferenceRequest], loop: asyncio.AbstractEventLoop) -> None:
         self.requests = requests
@@ -54,9 +59,15 @@ class RequestStream:
         """Thread-safe: called from the engine thread."""
         self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
 
+    def end(self) -> None:
+        """On the event loop: the iteration stops after what is queued (its consumer went away)."""
+        self._queue.put_nowait(_ENDED)
+
     async def __aiter__(self) -> AsyncIterator[RequestDelta]:
         while self.unfinished:
             item = await self._queue.get()
+            if item is _ENDED:
+                return
             if isinstance(item, BaseException):
                 raise item
             if item.finished:
@@ -183,8 +194,13 @@ class AsyncEngine:
                 self._fail(request_id, RuntimeError(f"the engine failed while running this request: {e}"))
             return
         with self.engine.times.phase("deliver"):
+            by_loop: Dict[asyncio.AbstractEventLoop, List[tuple]] = {}
             for delta in deltas:
-                self._deliver(delta)
+                stream = self._route(delta)
+                if stream is not None:
+                    by_loop.setdefault(stream._loop, []).append((stream._queue, delta))
+            for loop, items in by_loop.items():
+                loop.call_soon_threadsafe(_put_all, items)
 
     def _add(self, request: InferenceRequest) -> None:
         try:
@@ -211,12 +227,23 @@ class AsyncEngine:
             self.metrics.observe_finished(finish_reason, time.perf_counter() - request.arrival_time)
 
     def _deliver(self, delta: RequestDelta) -> None:
+        stream = self._route(delta)
+        if stream is not None:
+            stream.put(delta)
+
+    def _route(self, delta: RequestDelta) -> Optional[RequestStream]:
+        """The stream a delta goes to (None: its request is no longer followed), its metrics and bookkeeping done."""
         stream = self._streams.get(delta.request_id)
         if stream is None:
-            return
+            return None
         if self.metrics is not None and delta.token_ids:
             request = self._unfinished[delta.request_id]
             self.metrics.observe_tokens(request, len(delta.token_ids))
         if delta.finished:
             self._forget(delta.request_id, delta.finish_reason)
-        stream.put(delta)
+        return stream
+
+
+def _put_all(items: List[tuple]) -> None:
+    for queue, delta in items:
+        queue.put_nowait(delta)

@@ -147,7 +147,8 @@ def serve(args: argparse.Namespace) -> int:
 
     app = build_app(config, make_loader(args, gpu_options), on_load_failure)
     server = _Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
-                                    http=HeaderTimeoutProtocol, timeout_graceful_shutdown=args.shutdown_timeout + 5))
+                                    http=HeaderTimeoutProtocol, loop="uvloop",
+                                    timeout_graceful_shutdown=args.shutdown_timeout + 5))
     server.grace = args.shutdown_timeout
     logging.getLogger("uvicorn.error").addFilter(_NotReadyYet())
     print(f"[mili] listening on http://{args.host}:{args.port} (GET /health answers 503 until the model has loaded)",

@@ -28,7 +28,6 @@ class ServerConfig:
     max_body_bytes: int = 8 * 2**20
     body_timeout_seconds: float = 30.0  # a body not received in full by then answers 408
     max_queue_len: int = 256
-    disconnect_poll_seconds: float = 0.25
     sampling_defaults: Dict[str, Any] = field(default_factory=dict)
     """temperature / top_p / top_k of requests that leave them out (a config file's `sampling`)."""
 
@@ -111,28 +110,23 @@ class ServerState:
     async def outputs(self, http_request: Request, stream: RequestStream) -> AsyncIterator[RequestDelta]:
         """The stream's deltas until all its requests finished. When the client disconnects, or the consumer
         stops iterating early, the unfinished requests are aborted (their KV pages freed)."""
-        items = stream.__aiter__()
-        watcher = asyncio.ensure_future(self._disconnected(http_request))
+        watcher = asyncio.ensure_future(_end_on_disconnect(http_request, stream))
         try:
-            while True:
-                nxt = asyncio.ensure_future(items.__anext__())
-                done, _ = await asyncio.wait({nxt, watcher}, return_when=asyncio.FIRST_COMPLETED)
-                if nxt not in done:
-                    nxt.cancel()
-                    logger.info("client disconnected: aborting %s", ", ".join(stream.request_ids))
-                    return
-                try:
-                    output = nxt.result()
-                except StopAsyncIteration:
-                    return
-                except RuntimeError as e:  # the engine failed this request; the server goes on
-                    raise ApiError(500, str(e), code="engine_error") from e
+            async for output in stream:
                 yield output
+        except RuntimeError as e:  # the engine failed this request; the server goes on
+            raise ApiError(500, str(e), code="engine_error") from e
         finally:
             watcher.cancel()
             if not stream.finished and self.engine is not None:
                 self.engine.abort(stream)
 
-    async def _disconnected(self, http_request: Request) -> None:
-        while not await http_request.is_disconnected():
-            await asyncio.sleep(self.config.disconnect_poll_seconds)
+
+async def _end_on_disconnect(http_request: Request, stream: RequestStream) -> None:
+    """Ends the stream's iteration when the client disconnects: once the body is read, ASGI's receive waits
+    for the disconnect (no polling)."""
+    while (await http_request.receive())["type"] != "http.disconnect":
+        pass
+    if not stream.finished:
+        logger.info("client disconnected: aborting %s", ", ".join(stream.request_ids))
+        stream.end()
