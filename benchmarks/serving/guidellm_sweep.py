@@ -59,7 +59,8 @@ def run(spec: dict, work: Path, server_pid: int | None) -> List[dict]:
         with CpuMeter(pids) as meter:
             code = process.wait()
     if code != 0:
-        raise SystemExit(f"guidellm failed (exit {code}); see {work / 'guidellm.log'}")
+        tail = (work / "guidellm.log").read_text(errors="replace")[-1500:]
+        raise RuntimeError(f"guidellm failed (exit {code}); the end of its log:\n{tail}")
     rows = rows_from_report(json.loads(out.read_text()))
     for row in rows:
         start, end = row.pop("_start"), row.pop("_end")

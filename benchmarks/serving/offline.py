@@ -41,7 +41,7 @@ def offline_point(checkpoint: str, weight_dtype: str, prompts: Sequence[str], ou
     done = subprocess.run([sys.executable, "-m", "benchmarks.serving.offline", str(spec)], cwd=ROOT,
                           capture_output=True, text=True)
     if done.returncode != 0:
-        raise SystemExit(f"the offline point at concurrency {concurrency} failed:\n{done.stderr[-2000:]}")
+        raise RuntimeError(f"the offline point at concurrency {concurrency} failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -19,8 +19,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
-from typing import List
+from typing import Callable, List, Tuple
 
 from transformers import AutoTokenizer
 
@@ -86,30 +87,35 @@ def _guidellm_point(server: Server, args: argparse.Namespace, concurrency: int, 
     return dict(row, client_cpu=row.pop("generator_cpu"))
 
 
-def _sweep(servers: List[Server], args: argparse.Namespace, prompts: List[str], work: Path) -> List[dict]:
+def _sweep(servers: List[Server], args: argparse.Namespace, prompts: List[str],
+           work: Path) -> Tuple[List[dict], List[dict]]:
     """Every point of every server in turn (concurrency, then server, then client), then offline, after a pause
     for the last run's threads to go idle: this VM's speed drifts over minutes, and running them in turn keeps the
-    drift out of the comparisons."""
+    drift out of the comparisons. Returns the rows and the points that failed (the sweep goes on past them)."""
     for server in servers:
         light_client.run_concurrency(server.url, server.model, prompts[:2], 8, 2, SAMPLING)  # warm-up
-    rows = []
+    rows, failed = [], []
+
+    def point(system: str, client: str, c: int, run: Callable[[], dict]) -> None:
+        time.sleep(SETTLE_S)
+        print(f"{system}: {client} at concurrency {c}", flush=True)
+        try:
+            rows.append(dict(run(), concurrency=c, system=system, client=client))
+        except RuntimeError as e:
+            print(f"{system}: {client} at concurrency {c} failed: {e}", file=sys.stderr, flush=True)
+            failed.append(dict(system=system, client=client, concurrency=c, error=str(e)))
+
     for c in args.concurrencies:
         for server in servers:
             for client in args.clients:
-                time.sleep(SETTLE_S)
-                print(f"{server.name}: {client} at concurrency {c}", flush=True)
-                if client == "guidellm":
-                    row = _guidellm_point(server, args, c, work / server.model / str(c))
-                else:
-                    row = _light_point(server, args, prompts, c)
-                rows.append(dict(row, system=server.name, client=client))
+                run = (partial(_guidellm_point, server, args, c, work / server.model / str(c)) if client == "guidellm"
+                       else partial(_light_point, server, args, prompts, c))
+                point(server.name, client, c, run)
         if args.offline:
-            time.sleep(SETTLE_S)
-            print(f"MILI {args.mili_weight_dtype} offline at concurrency {c}", flush=True)
-            row = offline_point(args.model, args.mili_weight_dtype, prompts[: _requests(args, c)], args.output_tokens,
-                                c, SAMPLING, work)
-            rows.append(dict(row, concurrency=c, system=f"MILI {args.mili_weight_dtype}", client="offline"))
-    return rows
+            point(f"MILI {args.mili_weight_dtype}", "offline", c,
+                  partial(offline_point, args.model, args.mili_weight_dtype, prompts[: _requests(args, c)],
+                          args.output_tokens, c, SAMPLING, work))
+    return rows, failed
 
 
 def _servers(args: argparse.Namespace, log_dir: Path):
@@ -163,7 +169,7 @@ def main(argv=None) -> int:
         try:
             for server in _servers(args, Path(tmp)):
                 servers.append(server)
-            rows = _sweep(servers, args, prompts, Path(tmp))
+            rows, failed = _sweep(servers, args, prompts, Path(tmp))
         finally:
             for server in servers:
                 server.stop()
@@ -179,7 +185,7 @@ def main(argv=None) -> int:
     meta = dict(benchmark="serving", generator=generator, generator_env=guidellm_sweep.GENERATOR_ENV,
                 model=args.model, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
                 requests=args.requests, sampling=SAMPLING, load_average=load, mili_weight_dtype=args.mili_weight_dtype,
-                llama_ggufs=args.llama_ggufs, threads=args.threads)
+                llama_ggufs=args.llama_ggufs, threads=args.threads, failed=failed)
     out = write_json("serving", meta, rows)
     title = (f"{Path(args.model).name}: {args.prompt_tokens} tokens in, {args.output_tokens} out, "
              f"at least {args.requests} requests and 2 a stream per point ({args.clients[0]})")
@@ -190,7 +196,9 @@ def main(argv=None) -> int:
         paths.append(plots.breakdown(mili_rows, title, out.with_name(out.stem + "-breakdown.png")))
     for path in paths:
         print(f"wrote {path}")
-    return 0
+    for f in failed:
+        print(f"FAILED: {f['system']}, {f['client']} at concurrency {f['concurrency']} (its error is in {out.name})")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

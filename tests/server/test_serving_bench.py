@@ -3,6 +3,7 @@ report rows and the plots (guidellm and llama.cpp's server are benchmark-only in
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import time
@@ -81,3 +82,21 @@ def test_guidellm_rows_and_the_plots(tmp_path: Path) -> None:
     for draw in (plots.throughput_latency, plots.ttft_percentiles):
         out = draw(labelled, "test", tmp_path / f"{draw.__name__}.png")
         assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_a_failed_point_is_reported_and_the_sweep_goes_on(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from benchmarks.serving import run
+    from benchmarks.serving.servers import Server
+
+    def guidellm_point(server, args, c, work):
+        if c == 2:
+            raise RuntimeError("guidellm failed (exit 1)")
+        return {"output_tok_s": 10.0 * c}
+
+    monkeypatch.setattr(run, "SETTLE_S", 0)
+    monkeypatch.setattr(run.light_client, "run_concurrency", lambda *a: None)
+    monkeypatch.setattr(run, "_guidellm_point", guidellm_point)
+    args = argparse.Namespace(concurrencies=[1, 2, 4], clients=["guidellm"], offline=False)
+    rows, failed = run._sweep([Server("peer", "m", "http://x")], args, ["p"], tmp_path)
+    assert [(r["concurrency"], r["output_tok_s"]) for r in rows] == [(1, 10.0), (4, 40.0)]
+    assert failed == [{"system": "peer", "client": "guidellm", "concurrency": 2, "error": "guidellm failed (exit 1)"}]
