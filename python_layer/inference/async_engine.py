@@ -1,10 +1,10 @@
 """AsyncEngine: the InferenceEngine on one background thread, with an asyncio front for the server.
 
-Only the engine thread touches the engine. The event loop hands it requests and aborts through a
-command list guarded by a condition variable, and gets each request's deltas back through its own
-asyncio queue, a step's deltas in one `loop.call_soon_threadsafe` (one wake-up of the loop a step, whatever the
-batch), so compute never blocks the loop. The number of unfinished
-requests is bounded: past `max_num_seqs + max_queue_len`, `add_requests` raises EngineOverloaded."""
+Only the engine thread touches the engine. The event loop hands it requests and aborts through a command list
+guarded by a condition variable, and gets each request's deltas back through its own asyncio queue, all of a
+step's deltas in one `loop.call_soon_threadsafe` (one wake-up of the loop a step, whatever the batch), so compute
+never blocks the loop. The number of unfinished requests is bounded: past `max_num_seqs + max_queue_len`,
+`add_requests` raises EngineOverloaded."""
 
 from __future__ import annotations
 
