@@ -13,7 +13,7 @@ import functools
 import logging
 import threading
 import time
-from typing import AsyncIterator, Callable, Dict, List, Optional, Sequence
+from typing import AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .inference_engine import InferenceEngine
 from .metrics import EngineMetrics
@@ -32,6 +32,11 @@ class EngineStopped(RuntimeError):
 
 
 _ENDED = object()  # queued by RequestStream.end: the iteration stops there
+
+
+def _put_each(items: List[tuple]) -> None:
+    for queue, item in items:
+        queue.put_nowait(item)
 
 
 class RequestStream:
@@ -57,7 +62,16 @@ class RequestStream:
 
     def put(self, item: RequestDelta | BaseException) -> None:
         """Thread-safe: called from the engine thread."""
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        RequestStream.put_all([(self, item)])
+
+    @staticmethod
+    def put_all(items: Sequence[Tuple["RequestStream", RequestDelta | BaseException]]) -> None:
+        """Thread-safe, from the engine thread: each item onto its stream, in one wake-up of each event loop."""
+        by_loop: Dict[asyncio.AbstractEventLoop, List[tuple]] = {}
+        for stream, item in items:
+            by_loop.setdefault(stream._loop, []).append((stream._queue, item))
+        for loop, queued in by_loop.items():
+            loop.call_soon_threadsafe(_put_each, queued)
 
     def end(self) -> None:
         """On the event loop: the iteration stops after what is queued (its consumer went away)."""
@@ -194,13 +208,8 @@ class AsyncEngine:
                 self._fail(request_id, RuntimeError(f"the engine failed while running this request: {e}"))
             return
         with self.engine.times.phase("deliver"):
-            by_loop: Dict[asyncio.AbstractEventLoop, List[tuple]] = {}
-            for delta in deltas:
-                stream = self._route(delta)
-                if stream is not None:
-                    by_loop.setdefault(stream._loop, []).append((stream._queue, delta))
-            for loop, items in by_loop.items():
-                loop.call_soon_threadsafe(_put_all, items)
+            routed = [(self._route(delta), delta) for delta in deltas]
+            RequestStream.put_all([(stream, delta) for stream, delta in routed if stream is not None])
 
     def _add(self, request: InferenceRequest) -> None:
         try:
@@ -243,7 +252,3 @@ class AsyncEngine:
             self._forget(delta.request_id, delta.finish_reason)
         return stream
 
-
-def _put_all(items: List[tuple]) -> None:
-    for queue, delta in items:
-        queue.put_nowait(delta)
