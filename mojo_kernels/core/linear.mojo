@@ -597,19 +597,23 @@ def _pack_quad_panel[w_type: DType, tiled: Bool](panel: Ptr[DType.uint32], panel
 
 
 @always_inline
-def _quad_panel_tile[a_type: DType, rows: Int, stride: Int = PANEL](
+def _quad_panel_tile[a_type: DType, rows: Int, stride: Int = PANEL, fetch: Bool = False](
     y: Ptr[a_type], xq: _QuantizedX, panel: Ptr[DType.uint32], panel_scales: Ptr[F32], m0: Int, n0: Int, N: Int, K: Int,
     block_k: Int,
 ):
     """y[m0 : m0 + rows, n0 : n0 + PANEL] from a quad panel: each step a quad of x broadcast against 2 x 16 quads,
     exact int32 sums per block, then both scales. K: the rows' stride in xq; `stride`: the panel's and its scales'
-    (a PANEL within a wider one)."""
+    (a PANEL within a wider one); `fetch`: the panel is read from memory, asked for PREFETCH_BYTES ahead."""
     comptime assert PANEL == 2 * DOT_LANES, "quad panels are two dot-product accumulators wide"
     var q = ptr(xq.q).unsafe_bitcast[UInt8]()
     var acc = Array[SIMD[F32, DOT_LANES], 2 * rows](fill=0)
     for kb in range(xq.k_blocks):
         var dots = Array[SIMD[DType.int32, DOT_LANES], 2 * rows](fill=0)
         for kq in range(kb * block_k // 4, ceildiv(min(K, kb * block_k + block_k), 4)):
+            comptime if fetch:
+                var ahead = panel.unsafe_bitcast[UInt8]().unsafe_offset(4 * kq * stride + PREFETCH_BYTES)
+                comptime for line in range(0, 4 * PANEL, 64):
+                    prefetch[PrefetchOptions().for_read().medium_locality()](ahead.unsafe_offset(line))
             var b0 = bitcast[DType.int8, 4 * DOT_LANES](panel.unsafe_load[width=DOT_LANES](kq * stride))
             var b1 = bitcast[DType.int8, 4 * DOT_LANES](panel.unsafe_load[width=DOT_LANES](kq * stride + DOT_LANES))
             comptime for i in range(rows):
@@ -627,16 +631,20 @@ def _quad_panel_tile[a_type: DType, rows: Int, stride: Int = PANEL](
     _store_panel_rows[a_type, rows, DOT_LANES](y, acc, m0, n0, N)
 
 
-def _quad_panel_rows[a_type: DType, stride: Int = PANEL](
+def _quad_panel_rows[a_type: DType, stride: Int = PANEL, stored: Bool = False](
     y: Ptr[a_type], xq: _QuantizedX, panel: Ptr[DType.uint32], panel_scales: Ptr[F32], m: Int, n0: Int, N: Int, K: Int,
     block_k: Int,
 ):
-    """y[:, n0 : n0 + PANEL] from a quad panel, QUAD_PANEL_ROWS rows of x at a time (see _quad_panel_tile)."""
+    """y[:, n0 : n0 + PANEL] from a quad panel, QUAD_PANEL_ROWS rows of x at a time (see _quad_panel_tile); `stored`:
+    the panel is the weight itself in memory, prefetched by the first rows' pass (the next ones find it in L2)."""
     for m0 in range(0, m, QUAD_PANEL_ROWS):
         var rows = min(QUAD_PANEL_ROWS, m - m0)
         comptime for r in range(1, QUAD_PANEL_ROWS + 1):
             if rows == r:
-                _quad_panel_tile[a_type, r, stride](y, xq, panel, panel_scales, m0, n0, N, K, block_k)
+                if stored and m0 == 0:
+                    _quad_panel_tile[a_type, r, stride, True](y, xq, panel, panel_scales, m0, n0, N, K, block_k)
+                else:
+                    _quad_panel_tile[a_type, r, stride](y, xq, panel, panel_scales, m0, n0, N, K, block_k)
 
 
 struct _DecodeTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
@@ -935,7 +943,7 @@ struct _StoredQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
         var panel_scales = _data(scale_buffer)
         var panel = ptr(self.wt.w).unsafe_bitcast[UInt32]().unsafe_offset(n0 * (self.wt.k // 4))
         comptime for half in range(0, I8_TILE_ROWS, PANEL):
-            _quad_panel_rows[stride=I8_TILE_ROWS](
+            _quad_panel_rows[stride=I8_TILE_ROWS, stored=True](
                 ptr(self.y), self.xq, panel.unsafe_offset(half), panel_scales.unsafe_offset(half), self.m, n0 + half,
                 self.wt.n, self.wt.k, self.wt.block_k,
             )
