@@ -54,7 +54,7 @@ from .linear_amx import (
 )
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
 from ..utils.types import (
-    addr, ptr, dot_bf16, largest_abs, zero_f32, load_f32, BF16_DOT, narrow, round_even, widen, is_fp8, Addr, F32, F32_WIDTH, FP8_SCALE, Ptr, GPU_BLOCK, check_same,
+    addr, ptr, list_ptr, dot_bf16, largest_abs, zero_f32, load_f32, BF16_DOT, narrow, round_even, widen, is_fp8, Addr, F32, F32_WIDTH, FP8_SCALE, Ptr, GPU_BLOCK, check_same,
 )
 
 comptime W = F32_WIDTH
@@ -249,11 +249,6 @@ def _quantize_x[a_type: DType, dequantized: Bool](x: Ptr[a_type], xq: _Quantized
             comptime if not dequantized:
                 ptr(xq.scales).unsafe_store(r * xq.k_blocks + kb, scale)
                 ptr(xq.sums).unsafe_store(r * xq.k_blocks + kb, total.reduce_add() + sum)
-
-
-@always_inline
-def _data[dtype: DType](mut values: List[Scalar[dtype]]) -> Ptr[dtype]:
-    return values.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
 
 
 def _round_x[a_type: DType, to: DType](x: Ptr[a_type], dst: Ptr[to], count: Int):
@@ -705,7 +700,7 @@ struct _PanelTiles[a_type: DType, x_type: DType, w_type: DType, tiled: Bool](Chu
 
     def run(self, item: Int):
         var buffer = List[Float32](unsafe_uninit_length=self.wt.k * PANEL)  # _pack_panel writes all of it
-        var panel = _data(buffer)
+        var panel = list_ptr(buffer)
         var n0 = item * PANEL
         _pack_panel(panel, self.wt, n0)
         for m0 in range(0, self.m, PANEL_ROWS):
@@ -734,7 +729,7 @@ struct _PairPanelTiles[a_type: DType, w_type: DType, tiled: Bool, stored: Bool =
         var panel = _stored_panel(self.wt, n0)
         comptime if not Self.stored:
             buffer = List[UInt32](unsafe_uninit_length=ceildiv(self.wt.k, 2) * PANEL)  # _pack_pair_panel writes all of it
-            panel = _data(buffer)
+            panel = list_ptr(buffer)
             _pack_pair_panel(panel, self.wt, n0)
         for m0 in range(0, self.m, PAIR_PANEL_ROWS):
             self.wt.prefetch_rows(n0 + PANEL, m0 // PAIR_PANEL_ROWS, ceildiv(self.m, PAIR_PANEL_ROWS))
@@ -762,7 +757,7 @@ struct _AmxPanelTiles[a_type: DType, w_type: DType, tiled: Bool, stored: Bool = 
     def run(self, item: Int):
         comptime assert PANEL == AMX_BLOCK, "a panel is two tiles of weights"
         var block_buffer = List[Float32](unsafe_uninit_length=AMX_BLOCK * PANEL)
-        var block = _data(block_buffer)
+        var block = list_ptr(block_buffer)
         var N = self.wt.n
         var buffer = List[UInt32]()
         comptime if not Self.stored:
@@ -772,7 +767,7 @@ struct _AmxPanelTiles[a_type: DType, w_type: DType, tiled: Bool, stored: Bool = 
         for n0 in range(item * per_item * PANEL, min(N, (item + 1) * per_item * PANEL), PANEL):
             var panel = _stored_panel(self.wt, n0)
             comptime if not Self.stored:
-                panel = _data(buffer)
+                panel = list_ptr(buffer)
                 _pack_pair_panel(panel, self.wt, n0)
             for m0 in range(0, self.m, AMX_BLOCK):
                 comptime tile = AMX_ROWS * amx_k[DType.bfloat16]()
@@ -826,7 +821,7 @@ struct _QuadPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
     def run(self, item: Int):
         var buffer = List[UInt32](length=ceildiv(self.wt.k, 4) * PANEL, fill=0)
         var scale_buffer = List[Float32](length=self.wt.k_blocks * PANEL, fill=0)
-        var panel, panel_scales = _data(buffer), _data(scale_buffer)
+        var panel, panel_scales = list_ptr(buffer), list_ptr(scale_buffer)
         var n0 = item * PANEL
         _pack_quad_panel(panel, panel_scales, self.wt, n0)
         _quad_panel_rows(ptr(self.y), self.xq, panel, panel_scales, self.m, n0, self.wt.n, self.wt.k, self.wt.block_k)
@@ -842,9 +837,9 @@ def _quantized_x[a_type: DType](
     var k_blocks = ceildiv(k, block_k)
     scales.resize(m * k_blocks, 0)
     sums.resize(m * k_blocks, 0)
-    var xq = _QuantizedX(_data(q), _data(scales), _data(sums), k_blocks)
+    var xq = _QuantizedX(list_ptr(q), list_ptr(scales), list_ptr(sums), k_blocks)
     var unused = List[Float32]()
-    _quantize_x[a_type, False](x, xq, m, k, block_k, stride, _data(unused))
+    _quantize_x[a_type, False](x, xq, m, k, block_k, stride, list_ptr(unused))
     return xq
 
 
@@ -898,12 +893,12 @@ struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
         # the quads of the last columns, past the last whole step, with zeros after them: a step's tile is 16 rows
         var whole = K - K % step
         var tail_buffer = List[UInt32](length=AMX_ROWS * I8_TILE_ROWS, fill=0)
-        var tail = _data(tail_buffer)
+        var tail = list_ptr(tail_buffer)
         for i in range((K - whole) // 4 * I8_TILE_ROWS):
             tail.unsafe_store(i, panel.unsafe_load(whole // 4 * I8_TILE_ROWS + i))
         var dot_buffer = List[Int32](unsafe_uninit_length=AMX_BLOCK * PANEL)
         var acc_buffer = List[Float32](unsafe_uninit_length=AMX_BLOCK * PANEL)
-        var dots, acc, scales = _data(dot_buffer), _data(acc_buffer), _data(scale_buffer)
+        var dots, acc, scales = list_ptr(dot_buffer), list_ptr(acc_buffer), list_ptr(scale_buffer)
         var q = ptr(self.xq.q)
         configure_tiles()
         for m0 in range(0, self.m, AMX_BLOCK):
@@ -940,7 +935,7 @@ struct _StoredQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
         comptime assert I8_TILE_ROWS % PANEL == 0, "a tile is whole quad panels"
         var n0 = item * I8_TILE_ROWS
         var scale_buffer = _tile_scales(self.wt, n0)
-        var panel_scales = _data(scale_buffer)
+        var panel_scales = list_ptr(scale_buffer)
         var panel = ptr(self.wt.w).unsafe_bitcast[UInt32]().unsafe_offset(n0 * (self.wt.k // 4))
         comptime for half in range(0, I8_TILE_ROWS, PANEL):
             _quad_panel_rows[stride=I8_TILE_ROWS, stored=True](
@@ -981,7 +976,7 @@ def _x_tiles[a_type: DType](x: Ptr[a_type], m: Int, k: Int, kp: Int) -> List[BFl
     var rounded = List[BFloat16](length=amx_rows(m) * kp, fill=0)
     for r in range(m):
         for c in range(0, k, amx_k[DType.bfloat16]()):
-            _round_x(x.unsafe_offset(r * k + c), _data(rounded).unsafe_offset(x_tile_at[DType.bfloat16](r, c, kp)),
+            _round_x(x.unsafe_offset(r * k + c), list_ptr(rounded).unsafe_offset(x_tile_at[DType.bfloat16](r, c, kp)),
                      min(amx_k[DType.bfloat16](), k - c))
     return rounded^
 
@@ -1001,12 +996,12 @@ def linear_pair_panels[a_type: DType, R: Runner](
     var rounded: List[BFloat16]
     if k % amx_k[DType.bfloat16]() == 0 and amx_granted():
         rounded = _x_tiles(x, m, k, k)
-        runner.run(_AmxPanelTiles[a_type, DType.bfloat16, False, True](y, _data(rounded), wt, m, k),
+        runner.run(_AmxPanelTiles[a_type, DType.bfloat16, False, True](y, list_ptr(rounded), wt, m, k),
                    ceildiv(n // PANEL, AMX_STORED_PANELS), serial)
     else:
         rounded = List[BFloat16](unsafe_uninit_length=m * k)
-        _round_x(x, _data(rounded), m * k)
-        runner.run(_PairPanelTiles[a_type, DType.bfloat16, False, True](y, _data(rounded), wt, m), n // PANEL, serial)
+        _round_x(x, list_ptr(rounded), m * k)
+        runner.run(_PairPanelTiles[a_type, DType.bfloat16, False, True](y, list_ptr(rounded), wt, m), n // PANEL, serial)
     _ = rounded^
 
 
@@ -1040,24 +1035,24 @@ def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
     var effective = List[Float32]()
     var amx = False  # bfloat16 prefill on AMX tiles
     var kp = amx_padded[DType.bfloat16](k)
-    var xq = _QuantizedX(_data(q), _data(q_scales), _data(q_sums), wt.k_blocks)
+    var xq = _QuantizedX(list_ptr(q), list_ptr(q_scales), list_ptr(q_sums), wt.k_blocks)
     comptime if w_type == DType.int8:
         if decode or quads:
             xq = _quantized_x(x, m, m, wt.k, wt.block_k, wt.k, q, q_scales, q_sums)
         else:
             effective.resize(m * k, 0)
-            _quantize_x[a_type, True](x, xq, m, k, wt.block_k, k, _data(effective))
+            _quantize_x[a_type, True](x, xq, m, k, wt.block_k, k, list_ptr(effective))
     elif w_type == DType.bfloat16:
         amx = use_amx[DType.bfloat16](m, wt.block_k)
         if amx:
             rounded = _x_tiles(x, m, k, kp)
         elif decode or BF16_DOT:
             rounded = List[BFloat16](unsafe_uninit_length=m * k)
-            _round_x(x, _data(rounded), m * k)
+            _round_x(x, list_ptr(rounded), m * k)
         else:
             effective = List[Float32](unsafe_uninit_length=m * k)
-            _round_x(x, _data(effective), m * k)
-    var xb = _data(rounded)
+            _round_x(x, list_ptr(effective), m * k)
+    var xb = list_ptr(rounded)
     if amx:
         runner.run(_AmxPanelTiles[a_type, w_type, tiled](y, xb, wt, m, kp), ceildiv(n, PANEL), serial)
     elif decode:
@@ -1069,10 +1064,10 @@ def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
             if quads:
                 runner.run(_QuadPanelTiles[a_type, w_type, tiled](y, xq, wt, m), ceildiv(n, PANEL), serial)
             else:
-                runner.run(_PanelTiles[a_type, F32, w_type, tiled](y, _data(effective), wt, m), ceildiv(n, PANEL), serial)
+                runner.run(_PanelTiles[a_type, F32, w_type, tiled](y, list_ptr(effective), wt, m), ceildiv(n, PANEL), serial)
         else:
             if len(effective) > 0:
-                var xf = _data(effective)
+                var xf = list_ptr(effective)
                 runner.run(_PanelTiles[a_type, F32, w_type, tiled](y, xf, wt, m), ceildiv(n, PANEL), serial)
             else:
                 runner.run(_PanelTiles[a_type, a_type, w_type, tiled](y, x, wt, m), ceildiv(n, PANEL), serial)

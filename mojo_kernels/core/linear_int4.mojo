@@ -26,9 +26,9 @@ from std.sys import llvm_intrinsic
 from std.sys.intrinsics import prefetch, PrefetchOptions
 
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
-from ..utils.types import addr, ptr, zero_f32, Addr, F16, F32, Ptr, check_same
+from ..utils.types import addr, ptr, list_ptr, zero_f32, Addr, F16, F32, Ptr, check_same
 from .linear import (
-    _QuantizedX, _add_block_dots, _quantized_x, _data, _store_block, _store_panel_rows, DOT_LANES, I8_DOT, I8_MADD, PANEL, PREFETCH_BYTES,
+    _QuantizedX, _add_block_dots, _quantized_x, _store_block, _store_panel_rows, DOT_LANES, I8_DOT, I8_MADD, PANEL, PREFETCH_BYTES,
     QUAD_PANEL_ROWS, SERIAL_MACS,
 )
 from .linear_amx import (
@@ -200,7 +200,7 @@ struct _Int4TileRows[a_type: DType, bits: Int](ChunkTask):
                 for r in range(self.wt.n - n0):
                     last[kb * TILE_ROWS + r] = scales.unsafe_load(kb * self.wt.n + r)
                     last[(blocks + kb) * TILE_ROWS + r] = mins.unsafe_load(kb * self.wt.n + r)
-            scales, scale_stride = _data(last), TILE_ROWS
+            scales, scale_stride = list_ptr(last), TILE_ROWS
             mins = scales.unsafe_offset(blocks * TILE_ROWS)
         comptime for panel in range(TILE_ROWS // PANEL):
             for m0 in range(0, self.m, X_ROWS):
@@ -236,7 +236,7 @@ struct _AmxInt4Tiles[a_type: DType, bits: Int](ChunkTask):
         comptime step = amx_k[DType.int8]()
         var n0, N, kp, block_k, blocks = item * TILE_ROWS, self.wt.n, self.kp, self.wt.block_k, self.wt.k_blocks
         var panel_buffer = List[UInt32](length=kp // 4 * TILE_ROWS, fill=0)
-        var panel = _data(panel_buffer)
+        var panel = list_ptr(panel_buffer)
         for g in range(self.wt.groups):
             var at = self.wt.group_at(item, g)
             comptime for v in range(2):
@@ -244,14 +244,14 @@ struct _AmxInt4Tiles[a_type: DType, bits: Int](ChunkTask):
                 panel.unsafe_store(2 * g * TILE_ROWS + v * AMX_ROWS, bitcast[DType.uint32, AMX_ROWS](lo))
                 panel.unsafe_store((2 * g + 1) * TILE_ROWS + v * AMX_ROWS, bitcast[DType.uint32, AMX_ROWS](hi))
         var coefficients = List[Float32](length=2 * blocks * TILE_ROWS, fill=0)  # scales then mins, 0 past row N
-        var scales, mins = _data(coefficients), _data(coefficients).unsafe_offset(blocks * TILE_ROWS)
+        var scales, mins = list_ptr(coefficients), list_ptr(coefficients).unsafe_offset(blocks * TILE_ROWS)
         for kb in range(blocks):
             for r in range(min(TILE_ROWS, N - n0)):
                 scales.unsafe_store(kb * TILE_ROWS + r, ptr(self.wt.scales).unsafe_load(kb * N + n0 + r).cast[F32]())
                 mins.unsafe_store(kb * TILE_ROWS + r, ptr(self.wt.mins).unsafe_load(kb * N + n0 + r).cast[F32]())
         var dot_buffer = List[Int32](unsafe_uninit_length=AMX_BLOCK * PANEL)
         var acc_buffer = List[Float32](unsafe_uninit_length=AMX_BLOCK * PANEL)
-        var dots, acc = _data(dot_buffer), _data(acc_buffer)
+        var dots, acc = list_ptr(dot_buffer), list_ptr(acc_buffer)
         var q = ptr(self.xq.q)
         configure_tiles()
         for m0 in range(0, self.m, AMX_BLOCK):

@@ -15,9 +15,9 @@ from max.gpu.host import DeviceContext
 from std.math import ceildiv, exp
 
 from ..utils.parallel import MojoThreads, Runner
-from ..utils.types import addr, ptr, Addr, F16, F32, Ptr, check_same, is_fp8
+from ..utils.types import addr, ptr, list_ptr, Addr, F16, F32, Ptr, check_same, is_fp8
 from .activations import silu_and_mul_cpu
-from .linear import _data, linear_cpu
+from .linear import linear_cpu
 from .linear_int4 import linear_int4_cpu, GROUP, TILE_ROWS, tile_bits
 
 comptime MOE_PARAMS = 5
@@ -110,7 +110,7 @@ def moe_cpu[a_type: DType, w_type: DType, tiled: Bool, packed: Bool, R: Runner](
         return
     var ids = List[Int32](length=t * top_k, fill=0)
     var weights = List[Float32](length=t * top_k, fill=0)
-    _route(logits, t, e_count, top_k, normalize, _data(ids), _data(weights))
+    _route(logits, t, e_count, top_k, normalize, list_ptr(ids), list_ptr(weights))
     # the (token, slot) pairs grouped by expert: expert e's are order[start[e] : start[e + 1]]
     var start = List[Int](length=e_count + 1, fill=0)
     for p in range(t * top_k):
@@ -138,9 +138,9 @@ def moe_cpu[a_type: DType, w_type: DType, tiled: Bool, packed: Bool, R: Runner](
             var token = order[start[e] + r] // top_k
             for c in range(h):
                 xe[r * h + c] = x.unsafe_load(token * h + c)
-        experts.run[a_type, R, True](runner, _data(gate_up), _data(xe), rows, e)
-        silu_and_mul_cpu[a_type](runner, _data(act), _data(gate_up), rows, inter)
-        experts.run[a_type, R, False](runner, _data(out), _data(act), rows, e)
+        experts.run[a_type, R, True](runner, list_ptr(gate_up), list_ptr(xe), rows, e)
+        silu_and_mul_cpu[a_type](runner, list_ptr(act), list_ptr(gate_up), rows, inter)
+        experts.run[a_type, R, False](runner, list_ptr(out), list_ptr(act), rows, e)
         for r in range(rows):
             var p = order[start[e] + r]
             var token, weight = p // top_k, weights[p]

@@ -15,7 +15,7 @@ from std.math import ceildiv, rsqrt
 
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
 from ..memory.kv_format import is_8bit_kv, kv_head_dim, kv_head_len, store_kv_heads
-from ..utils.types import addr, ptr, Addr, F32, Ptr, SERIAL_ELEMENTS, check_same
+from ..utils.types import addr, ptr, list_ptr, Addr, F32, Ptr, SERIAL_ELEMENTS, check_same
 from .normalization import rms_norm_row
 from .rope import rope_cos_sin_gpu, rope_token
 
@@ -55,7 +55,7 @@ struct _QkTokens[dtype: DType, cache_type: DType](ChunkTask):
         var stored_k_heads = hk if slot >= 0 else 0
         # k is normed and rotated in dtype, in the cache itself when it holds dtype, else in a row of its own first
         var k_row = List[Scalar[Self.dtype]](length=stored_k_heads * d if Self.cache_type != Self.dtype else 0, fill=0)
-        var k, k_base = k_row.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](), 0
+        var k, k_base = list_ptr(k_row), 0
         comptime if Self.cache_type == Self.dtype:
             k, k_base = ptr(self.k_cache).unsafe_bitcast[Scalar[Self.dtype]](), max(slot, 0) * hk * d
         for h in range(stored_k_heads):

@@ -7,7 +7,7 @@
 from std.math import exp
 
 from .top_k import top_k_row
-from ..utils.types import F32, Ptr
+from ..utils.types import list_ptr, F32, Ptr
 
 comptime F64 = DType.float64
 comptime I64 = DType.int64
@@ -91,8 +91,8 @@ def sample_top_k_cpu(
         var s = settings.unsafe_offset(3 * r)
         tokens.unsafe_store(r, sample_top_k_row(
             logits.unsafe_offset(r * n), n, Int(top_k.unsafe_load(r)), s.unsafe_load(0), s.unsafe_load(1),
-            s.unsafe_load(2), u.unsafe_load(r), heap.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](),
-            values.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](),
-            indices.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](),
-            weights.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](),
+            s.unsafe_load(2), u.unsafe_load(r), list_ptr(heap),
+            list_ptr(values),
+            list_ptr(indices),
+            list_ptr(weights),
         ))

@@ -5,7 +5,7 @@
 # candidates instead (~0.4 ms a row on one core, where this reads the row once).
 from std.memory import bitcast
 
-from ..utils.types import F32, F32_WIDTH, Ptr
+from ..utils.types import list_ptr, F32, F32_WIDTH, Ptr
 
 comptime I64 = DType.int64
 
@@ -91,5 +91,5 @@ def top_k_cpu(values: Ptr[F32], indices: Ptr[I64], logits: Ptr[F32], rows: Int, 
     The rows run on the calling thread, the sampler's: a row takes tens of µs."""
     var heap = List[UInt64](length=k, fill=0)
     for r in range(rows):
-        top_k_row(logits.unsafe_offset(r * n), n, k, heap.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin](),
+        top_k_row(logits.unsafe_offset(r * n), n, k, list_ptr(heap),
                   values.unsafe_offset(r * k), indices.unsafe_offset(r * k))

@@ -26,6 +26,12 @@ def ptr[dtype: DType](a: Addr[dtype]) -> Ptr[dtype]:
     return a.unsafe_origin_cast[MutAnyOrigin]()
 
 
+@always_inline
+def list_ptr[dtype: DType](mut values: List[Scalar[dtype]]) -> Ptr[dtype]:
+    """A list's elements as a Ptr: the kernels' scratch buffers (the list must outlive the pointer's use)."""
+    return values.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
+
+
 def aligned_16[dtype: DType](*pointers: Ptr[dtype]) -> Bool:
     """Whether every pointer is on a 16-byte boundary (a GPU's vector loads need it)."""
     for p in pointers:

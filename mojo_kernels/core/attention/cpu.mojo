@@ -22,7 +22,7 @@ from std.sys.intrinsics import prefetch, PrefetchOptions
 from std.utils.index import IndexList
 
 from ...memory.kv_format import kv_head_len, kv_scale
-from ...utils.types import dot_bf16, narrow, widen, zero_f32, BF16_DOT, F32, F32_WIDTH, Ptr
+from ...utils.types import list_ptr, dot_bf16, narrow, widen, zero_f32, BF16_DOT, F32, F32_WIDTH, Ptr
 from ...utils.parallel import CpuContext
 from ..linear_amx import AMX_BLOCK, AMX_ROWS, configure_tiles, release_tiles, use_amx
 from .cpu_amx import amx_head_block, amx_stage_keys, amx_stage_q, amx_state_back, AmxScratch
@@ -506,7 +506,7 @@ def attention_cpu[dtype: DType, cache_type: DType](
     var state_len = rows * (head_dim + 2)  # a split's partial result: acc [rows, D], m [rows], l [rows]
     var partial = List[Float32](length=num_items * state_len if splits > 1 else 0, fill=0)
     var tile_ptr = tiles.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
-    var part_ptr = partial.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
+    var part_ptr = list_ptr(partial)
     var amx = False  # staged tiles of AMX_ROWS rows a KV head or more score and sum on AMX tiles (cpu_amx.mojo)
     comptime if cache_type == DType.bfloat16:
         amx = head_dim % AMX_BLOCK == 0 and use_amx[DType.bfloat16](max_tile * group, 0)
@@ -523,11 +523,11 @@ def attention_cpu[dtype: DType, cache_type: DType](
         var plain_len = rows * (2 * head_dim + 3 + KEY_BLOCK) + 2 * stage_len
         var scratch = AmxScratch(kv_heads, per_head, head_dim, plain_len)
         var buffers = List[Float32](length=scratch.end if amx else plain_len, fill=0)
-        var buf = buffers.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
+        var buf = list_ptr(buffers)
         # the k-th row of KV head g: query k // group, query head g * group + k % group (a table: divisions
         # cost in the key loops)
         var kv_row_list = List[Int64](length=kv_heads * per_head, fill=0)
-        var kv_rows = kv_row_list.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
+        var kv_rows = list_ptr(kv_row_list)
         for g in range(kv_heads):
             for k in range(per_head):
                 kv_rows.unsafe_store(g * per_head + k, Int64((k // group) * q_heads + g * group + k % group))

@@ -9,7 +9,7 @@ from extensibility import _MutableInputTensor as MutableInputTensor
 from max.gpu.host import DeviceContext
 
 from ...utils.parallel import CpuContext, MojoThreads, Runner
-from ...utils.types import ptr, F32, Ptr
+from ...utils.types import list_ptr, ptr, F32, Ptr
 from ..qk_norm_rope import check_qk_norm_rope_store, qk_norm_rope_store_cpu, qk_norm_rope_store_gpu
 from ...memory.kv_format import is_8bit_kv
 from .common import check_attention
@@ -39,7 +39,7 @@ def qkv_attention_cpu[dtype: DType, cache_type: DType, R: Runner](
     """The two ops' CPU kernels in turn (checked shapes, tokens > 0): qk_norm_rope_store's on `runner`, attention's
     on attention_ctx (None: Mojo's own threads)."""
     var q = List[Scalar[dtype]](unsafe_uninit_length=tokens * q_heads * head_dim)  # every element written first
-    var q_ptr = q.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
+    var q_ptr = list_ptr(q)
     qk_norm_rope_store_cpu[dtype, cache_type](runner, q_ptr, k_cache, v_cache, qkv, q_norm, k_norm, positions, inv_freq,
                                               slots, eps, rope_scale, tokens, q_heads, kv_heads, head_dim)
     attention_cpu[dtype, cache_type](output, q_ptr, k_cache, v_cache, page_table, context_lens, query_start, scale,
