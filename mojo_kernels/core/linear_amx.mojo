@@ -162,23 +162,16 @@ def _step_16[xt: Int, wt0: Int, wt1: Int](
 
 
 @always_inline
-def amx_store_16[dtype: DType](y: Ptr[dtype]):
-    """The top half of the block of y (amx_steps_16's) into y[16, 32], rows 32 apart."""
-    comptime if AMX:
-        _tile["llvm.x86.tilestored64", 4](y, 4 * AMX_BLOCK)
-        _tile["llvm.x86.tilestored64", 5](y.unsafe_offset(AMX_ROWS), 4 * AMX_BLOCK)
-
-
-@always_inline
-def _block_tiles[op: StaticString, dtype: DType](y: Ptr[dtype], row: Int):
-    """The block of y loaded from (op: tileloadd64) or stored into (tilestored64) y[32, 32], `row` elements
-    between its rows."""
+def _block_tiles[op: StaticString, dtype: DType, tiles: Int = 4](y: Ptr[dtype], row: Int):
+    """The block of y (tiles 4-7; tiles 2: its top half, 4-5) loaded from (op: tileloadd64) or stored into
+    (tilestored64) y[32, 32], `row` elements between its rows."""
     comptime if AMX:
         comptime assert size_of[dtype]() == 4, "tiles of y hold 32-bit sums"
         _tile[op, 4](y, 4 * row)
         _tile[op, 5](y.unsafe_offset(AMX_ROWS), 4 * row)
-        _tile[op, 6](y.unsafe_offset(AMX_ROWS * row), 4 * row)
-        _tile[op, 7](y.unsafe_offset(AMX_ROWS * row + AMX_ROWS), 4 * row)
+        comptime if tiles == 4:
+            _tile[op, 6](y.unsafe_offset(AMX_ROWS * row), 4 * row)
+            _tile[op, 7](y.unsafe_offset(AMX_ROWS * row + AMX_ROWS), 4 * row)
 
 
 @always_inline
@@ -188,9 +181,25 @@ def amx_store[dtype: DType](y: Ptr[dtype], row: Int = AMX_BLOCK):
 
 
 @always_inline
+def amx_store_16[dtype: DType](y: Ptr[dtype]):
+    """The top half of the block of y (amx_steps_16's) into y[16, 32], rows 32 apart."""
+    _block_tiles["llvm.x86.tilestored64", tiles=2](y, AMX_BLOCK)
+
+
+@always_inline
 def amx_load[dtype: DType](y: Ptr[dtype], row: Int):
     """The block of y from y[32, 32] (amx_store's layout), to add to."""
     _block_tiles["llvm.x86.tileloadd64"](y, row)
+
+
+@always_inline
+def amx_start[half: Bool = False](y: Ptr[DType.float32], first: Bool):
+    """The block of y (half: its top half, amx_steps_16's) for a chunk of K: 0 for the first chunk, else the sums
+    of the chunks before from y[32, 32] (amx_store's layout, rows 32 apart)."""
+    if first:
+        amx_zero()
+    else:
+        _block_tiles["llvm.x86.tileloadd64", tiles=2 if half else 4](y, AMX_BLOCK)
 
 
 @always_inline
