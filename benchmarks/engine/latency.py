@@ -10,9 +10,9 @@ The definition, shared with benchmarks/peers/run.py (which times llama.cpp and t
 - the systems (here each weight format) are loaded together and their runs interleaved: each timed run of a
   figure goes round all of them in turn, so a drift of the machine's speed (a shared VM's memory bandwidth moves
   by 10-15% over minutes) lands on all of them alike instead of on whichever ran during it.
-The engine runs float32 activations with the weights in --weight-dtypes and the KV cache in each of
---kv-cache-dtypes, prefix caching off (every run computes its prompt). Long contexts: --prompt-len 2000. Prints a
-table and writes JSON under benchmarks/results/."""
+The engine runs float32 activations (each of --mili-dtypes) with the weights in --weight-dtypes and the KV cache
+in each of --kv-cache-dtypes, prefix caching off (every run computes its prompt). Long contexts: --prompt-len 2000.
+Prints a table and writes JSON under benchmarks/results/."""
 
 from __future__ import annotations
 
@@ -49,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-dtypes", default="auto",
                         help="MILI's KV caches, each timed with every weight format: auto (float32, the activations' "
                         "dtype), float32, bfloat16, int8, fp8")
+    parser.add_argument("--mili-dtypes", default="float32",
+                        help="MILI's activations (--dtype), each timed with every weight format: float32 (its CPU "
+                        "default), bfloat16 (as vLLM's bfloat16 runs)")
 
 
 def check_idle() -> float:
@@ -160,19 +163,24 @@ def kv_label(kv: str, default: str) -> str:
 
 
 def mili_openers(path: str, weight_dtypes: str, args: argparse.Namespace) -> list[tuple[str, Callable[[], Subject]]]:
-    """MILI in each weight format (comma-separated) with each of args.kv_cache_dtypes."""
-    kvs = args.kv_cache_dtypes.split(",")
-    return [(f"mili {w}{kv_label(kv, 'auto')}", lambda w=w, kv=kv: open_mili(path, w, kv, args))
-            for w in weight_dtypes.split(",") for kv in kvs]
+    """MILI in each weight format (comma-separated) with each of args.kv_cache_dtypes and args.mili_dtypes."""
+    return [(f"mili {mili_format(w, kv, act)}", lambda w=w, kv=kv, act=act: open_mili(path, w, kv, act, args))
+            for w in weight_dtypes.split(",") for kv in args.kv_cache_dtypes.split(",")
+            for act in args.mili_dtypes.split(",")]
 
 
-def open_mili(path: str, weight_dtype: str, kv_cache_dtype: str, args: argparse.Namespace) -> Subject:
-    """MILI on the CPU: float32 activations, weights in weight_dtype, the KV cache in kv_cache_dtype, a KV pool big
+def mili_format(weight_dtype: str, kv_cache_dtype: str, dtype: str) -> str:
+    """A MILI row's format: its weights, then its activations and its KV cache where they are not the defaults."""
+    return weight_dtype + ("" if dtype == "float32" else f" act {dtype}") + kv_label(kv_cache_dtype, "auto")
+
+
+def open_mili(path: str, weight_dtype: str, kv_cache_dtype: str, dtype: str, args: argparse.Namespace) -> Subject:
+    """MILI on the CPU: activations in dtype, weights in weight_dtype, the KV cache in kv_cache_dtype, a KV pool big
     enough for the runs."""
     started = time.perf_counter()
     per_sequence = -(-(args.prompt_len + args.new_tokens) // DEFAULT_PAGE_SIZE)
     pages = max(batch_sizes(args)) * per_sequence + -(-args.prefill_len // DEFAULT_PAGE_SIZE) + 8
-    engine = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", weight_dtype=weight_dtype,
+    engine = InferenceEngine.from_pretrained(path, device="cpu", dtype=dtype, weight_dtype=weight_dtype,
                                              kv_cache_dtype=kv_cache_dtype,
                                              enable_prefix_caching=False, max_num_seqs=max(8, *batch_sizes(args)),
                                              max_num_batched_tokens=max(2048, args.prefill_len), num_kv_pages=pages)
@@ -186,7 +194,7 @@ def open_mili(path: str, weight_dtype: str, kv_cache_dtype: str, args: argparse.
         _, first, last = _run_requests(engine, prompts, args.new_tokens)
         return last - first
 
-    row = dict(system="mili", format=weight_dtype + kv_label(kv_cache_dtype, "auto"),
+    row = dict(system="mili", format=mili_format(weight_dtype, kv_cache_dtype, dtype),
                bits=MILI_BITS.get(weight_dtype, ""), load_s=load_s)
     return Subject(row, prefill, decode)
 

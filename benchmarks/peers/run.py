@@ -1,7 +1,7 @@
 """MILI beside its peers on the CPU, one run, one benchmark definition (benchmarks/engine/latency.py's: prefill of one
 512-token prompt; greedy decode of 128 tokens from 32-token prompts at batch 1 and 8; medians of 3 runs after a
 warm-up; 2 threads everywhere):
-- MILI in each weight format (float32 activations; latency.open_mili);
+- MILI in each weight format (float32 activations, or --mili-dtypes; latency.open_mili);
 - llama.cpp's own C++ tools, built for this CPU by setup.sh (llama-bench for the prefill, llama-batched-bench for
   the decode: the figures llama.cpp's users quote), on GGUFs of the same checkpoint: f32, bf16 and q8_0 written by
   llama.cpp's convert_hf_to_gguf.py, Q4_0 and Q4_K_M by llama-quantize;
@@ -204,6 +204,12 @@ def best(rows: list[dict], args: argparse.Namespace) -> dict:
     return out
 
 
+def _weights_and_kv(mili_format: str) -> tuple[str, str]:
+    """A MILI row's weight format and KV cache ("": the default) from its format (latency.mili_format)."""
+    weights, _, kv = mili_format.partition(" kv ")
+    return weights.partition(" act ")[0], kv
+
+
 def ratio_rows(rows: list[dict], args: argparse.Namespace) -> list[dict]:
     mili = [r for r in rows if r["system"] == "mili"]
     llama = {r["format"]: r for r in rows if r["system"] == "llama.cpp"}
@@ -211,13 +217,13 @@ def ratio_rows(rows: list[dict], args: argparse.Namespace) -> list[dict]:
     hf = [r for r in rows if r["system"] == "transformers"]
     pairs = []
     for r in mili:
-        weights, _, kv = r["format"].partition(" kv ")
+        weights, kv = _weights_and_kv(r["format"])
         for t in (SAME_BITS.get(weights), ALSO_AGAINST.get(weights)):
             if t and t + KV_SAME_BITS.get(kv, "?") in llama:
                 pairs.append((r, t + KV_SAME_BITS[kv]))
     out = [speed_ratios(f"mili {r['format']} / llama.cpp {t}", r, llama[t], args) for r, t in pairs]
     out += [speed_ratios(f"mili {r['format']} / vllm {t}", r, vllm[t], args)
-            for r in mili for t in VLLM_SAME_BITS.get(r["format"].partition(" kv ")[0], ()) if t in vllm]
+            for r in mili for t in VLLM_SAME_BITS.get(_weights_and_kv(r["format"])[0], ()) if t in vllm]
     if mili and llama:
         out.append(speed_ratios("mili best / llama.cpp best", best(mili, args), best(list(llama.values()), args), args))
     if mili and hf:

@@ -38,16 +38,19 @@ def test_ratios_of_medians_and_of_rounds() -> None:
 
 def test_kv_caches_and_vllm_pair_by_bits() -> None:
     """MILI's KV caches meet llama.cpp's of the same bits (bfloat16 its default f16, int8 / fp8 its q8_0), and MILI's
-    weights vLLM's in the same dtype, int4 an AWQ / GPTQ checkpoint's own format, int8 a W8A8 one's."""
+    weights vLLM's in the same dtype (whatever MILI's activations), int4 an AWQ / GPTQ checkpoint's own format, int8
+    a W8A8 one's."""
     runs = [1.0, 1.0, 1.0], [2.0, 2.0, 2.0]
     rows = [_row("mili", "int4 kv bfloat16", *runs), _row("mili", "int4 kv int8", *runs),
-            _row("mili", "int4 kv fp8", *runs), _row("mili", "bfloat16", *runs), _row("mili", "int8", *runs),
+            _row("mili", "int4 kv fp8", *runs), _row("mili", "bfloat16", *runs),
+            _row("mili", "bfloat16 act bfloat16", *runs), _row("mili", "int8", *runs),
             _row("llama.cpp", "q4_0", *runs), _row("llama.cpp", "q4_0 kv q8_0", *runs),
             _row("vllm", "awq", *runs), _row("vllm", "bfloat16", *runs), _row("vllm", "compressed-tensors", *runs)]
     names = [r["comparison"] for r in ratio_rows(rows, argparse.Namespace(batches="1"))]
     assert names == ["mili int4 kv bfloat16 / llama.cpp q4_0", "mili int4 kv int8 / llama.cpp q4_0 kv q8_0",
                      "mili int4 kv fp8 / llama.cpp q4_0 kv q8_0", "mili int4 kv bfloat16 / vllm awq",
                      "mili int4 kv int8 / vllm awq", "mili int4 kv fp8 / vllm awq", "mili bfloat16 / vllm bfloat16",
+                     "mili bfloat16 act bfloat16 / vllm bfloat16",
                      "mili int8 / vllm compressed-tensors", "mili best / llama.cpp best"]
 
 
