@@ -844,19 +844,47 @@ struct _QuadPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
         _quad_panel_rows(ptr(self.y), self.xq, panel, panel_scales, self.m, n0, self.wt.n, self.wt.k, self.wt.block_k)
 
 
-def _quantized_x[a_type: DType](
-    x: Ptr[a_type], m: Int, rows: Int, k: Int, block_k: Int, stride: Int, mut q: List[Int8], mut scales: List[Float32],
-    mut sums: List[Int32],
+struct _QuantizeRows[a_type: DType](ChunkTask):
+    """Item: AMX_ROWS rows of x [m, k] quantized into xq (_quantize_x), rows `stride` apart, zeros past column k."""
+
+    var x: Addr[Self.a_type]
+    var xq: _QuantizedX
+    var m: Int
+    var k: Int
+    var block_k: Int
+    var stride: Int
+
+    def __init__(out self, x: Ptr[Self.a_type], xq: _QuantizedX, m: Int, k: Int, block_k: Int, stride: Int):
+        self.x, self.xq, self.m, self.k, self.block_k, self.stride = addr(x), xq, m, k, block_k, stride
+
+    def run(self, item: Int):
+        var r0 = item * AMX_ROWS
+        var rows, blocks = min(AMX_ROWS, self.m - r0), self.xq.k_blocks
+        var q = ptr(self.xq.q).unsafe_offset(r0 * self.stride)
+        var xq = _QuantizedX(q, ptr(self.xq.scales).unsafe_offset(r0 * blocks),
+                             ptr(self.xq.sums).unsafe_offset(r0 * blocks), blocks)
+        var unused = List[Float32]()
+        _quantize_x[Self.a_type, False](ptr(self.x).unsafe_offset(r0 * self.k), xq, rows, self.k, self.block_k,
+                                        self.stride, list_ptr(unused))
+        for r in range(rows):
+            for c in range(self.k, self.stride):
+                q.unsafe_store(r * self.stride + c, 0)
+
+
+def _quantized_x[a_type: DType, R: Runner](
+    runner: R, x: Ptr[a_type], m: Int, rows: Int, k: Int, block_k: Int, stride: Int, mut q: List[Int8],
+    mut scales: List[Float32], mut sums: List[Int32],
 ) -> _QuantizedX:
-    """x [m, k] quantized per row and block of block_k columns into q (empty: `rows` >= m rows `stride` apart, zeros
-    past k and m), scales and sums (the caller keeps them alive)."""
-    q.resize(rows * stride + 8, 0)  # a quad or an 8-column group read at the end of the last row may run past it
+    """x [m, k] quantized per row and block of block_k columns into q (`rows` >= m rows `stride` apart, zeros past k
+    and m), scales and sums (the caller keeps them alive); AMX_ROWS rows a work item."""
+    q = List[Int8](unsafe_uninit_length=rows * stride + 8)  # a quad or an 8-column group read past the last row
+    for i in range(m * stride, len(q)):
+        q[i] = 0
     var k_blocks = ceildiv(k, block_k)
-    scales.resize(m * k_blocks, 0)
-    sums.resize(m * k_blocks, 0)
+    scales = List[Float32](unsafe_uninit_length=m * k_blocks)
+    sums = List[Int32](unsafe_uninit_length=m * k_blocks)
     var xq = _QuantizedX(list_ptr(q), list_ptr(scales), list_ptr(sums), k_blocks)
-    var unused = List[Float32]()
-    _quantize_x[a_type, False](x, xq, m, k, block_k, stride, list_ptr(unused))
+    runner.run(_QuantizeRows(x, xq, m, k, block_k, stride), ceildiv(m, AMX_ROWS), False)
     return xq
 
 
@@ -976,10 +1004,10 @@ def linear_cpu[a_type: DType, w_type: DType, R: Runner, tiled: Bool = False](
         var q_sums = List[Int32]()
         if amx:
             var kp = amx_padded[DType.int8](wt.k)
-            var xq = _quantized_x(x, m, amx_rows(m), wt.k, wt.block_k, kp, q, q_scales, q_sums)
+            var xq = _quantized_x(runner, x, m, amx_rows(m), wt.k, wt.block_k, kp, q, q_scales, q_sums)
             runner.run(_AmxQuadPanels[a_type, w_type, tiled](y, xq, wt, m, kp), n // I8_TILE_ROWS, serial)
         else:
-            var xq = _quantized_x(x, m, m, wt.k, wt.block_k, wt.k, q, q_scales, q_sums)
+            var xq = _quantized_x(runner, x, m, m, wt.k, wt.block_k, wt.k, q, q_scales, q_sums)
             runner.run(_StoredQuadPanels[a_type, w_type, tiled](y, xq, wt, m), n // I8_TILE_ROWS, serial)
         _ = q^
         _ = q_scales^
@@ -1075,7 +1103,7 @@ def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
     var xq = _QuantizedX(list_ptr(q), list_ptr(q_scales), list_ptr(q_sums), wt.k_blocks)
     comptime if w_type == DType.int8:
         if decode or quads:
-            xq = _quantized_x(x, m, m, wt.k, wt.block_k, wt.k, q, q_scales, q_sums)
+            xq = _quantized_x(runner, x, m, m, wt.k, wt.block_k, wt.k, q, q_scales, q_sums)
         else:
             effective.resize(m * k, 0)
             _quantize_x[a_type, True](x, xq, m, k, wt.block_k, k, list_ptr(effective))

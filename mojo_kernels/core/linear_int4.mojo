@@ -291,10 +291,10 @@ def _linear_tiles[a_type: DType, bits: Int, R: Runner](runner: R, y: Ptr[a_type]
     var serial = m * wt.n * wt.k <= SERIAL_MACS
     if use_amx[DType.int8](m, wt.block_k):
         var kp = amx_padded[DType.int8](wt.k)
-        var xq = _quantized_x(x, m, amx_rows(m), wt.k, wt.block_k, kp, q, q_scales, q_sums)
+        var xq = _quantized_x(runner, x, m, amx_rows(m), wt.k, wt.block_k, kp, q, q_scales, q_sums)
         runner.run(_AmxInt4Tiles[a_type, bits](y, xq, wt, m, kp), ceildiv(wt.n, TILE_ROWS), serial)
     else:
-        var xq = _quantized_x(x, m, m, wt.k, wt.block_k, wt.padded_k(), q, q_scales, q_sums)  # rows to whole groups
+        var xq = _quantized_x(runner, x, m, m, wt.k, wt.block_k, wt.padded_k(), q, q_scales, q_sums)  # rows to whole groups
         runner.run(_Int4TileRows[a_type, bits](y, xq, wt, m), ceildiv(wt.n, TILE_ROWS), serial)
     _ = q^
     _ = q_scales^
