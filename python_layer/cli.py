@@ -119,7 +119,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _add_format_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weight-dtype", default="auto", metavar="{auto,float32,bfloat16,fp8,int8,int4}",
                         help="the linear layers' weights on a CPU (auto: an FP8 checkpoint's FP8, an AWQ / GPTQ "
-                        "checkpoint's int4, else --dtype); "
+                        "checkpoint's int4, a W8A8 one's int8, else --dtype); "
                         "on a GPU they are dequantized to --dtype")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16", "int8", "fp8"],
                         help="the KV cache (auto: --dtype); a CPU may keep bfloat16 K/V under float32 activations, "

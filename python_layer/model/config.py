@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from .hub import resolve_model_dir
 from .int4_checkpoints import METHODS, Int4Checkpoint, int4_checkpoint
+from .w8a8_checkpoints import METHOD as W8A8_METHOD, check_w8a8_config
 
 _POSITIVE_INTS = (
     "vocab_size",
@@ -138,12 +139,18 @@ class Qwen3Config:
         if isinstance(q, dict) and q.get("quant_method") in METHODS:
             Int4Checkpoint.from_config(q)
             return
+        if isinstance(q, dict) and q.get("quant_method") == W8A8_METHOD:
+            check_w8a8_config(q)
+            if self.num_experts:
+                raise ValueError("W8A8 (compressed-tensors) qwen3_moe checkpoints are not supported: load the "
+                                 "bfloat16 or FP8 checkpoint (--weight-dtype int8 quantizes it at load)")
+            return
         if not isinstance(q, dict) or q.get("quant_method") != "fp8":
             method = q.get("quant_method") if isinstance(q, dict) else q
             raise ValueError(
-                f"quantization_config.quant_method {method!r} is not supported: MILI loads FP8, AWQ and GPTQ "
-                "checkpoints (quant_method 'fp8', 'awq', 'gptq', as Qwen publishes them) and quantizes others with "
-                "--weight-dtype"
+                f"quantization_config.quant_method {method!r} is not supported: MILI loads FP8, AWQ, GPTQ and W8A8 "
+                "checkpoints (quant_method 'fp8', 'awq', 'gptq' as Qwen publishes them, 'compressed-tensors' int8 "
+                "as RedHatAI's *-quantized.w8a8) and quantizes others with --weight-dtype"
             )
         if q.get("fmt", "e4m3") != "e4m3":
             raise ValueError(f"quantization_config.fmt {q['fmt']!r} is not supported: FP8 weights must be e4m3")
@@ -159,6 +166,12 @@ class Qwen3Config:
         """(rows, columns) of an FP8 checkpoint's scale blocks; None for other checkpoints."""
         q = self.quantization_config
         return tuple(q["weight_block_size"]) if q and q.get("quant_method") == "fp8" else None
+
+    @property
+    def w8a8(self) -> bool:
+        """Whether this is a W8A8 int8 checkpoint (compressed-tensors, w8a8_checkpoints.py)."""
+        q = self.quantization_config
+        return bool(q) and q.get("quant_method") == W8A8_METHOD
 
     @property
     def int4_checkpoint(self) -> Optional[Int4Checkpoint]:

@@ -59,14 +59,20 @@ def graph_weights(model: "Qwen3CausalLM") -> Dict[str, torch.Tensor]:
 
 
 def _block_k(model: "Qwen3CausalLM") -> int:
-    """The column block of the model's quantized weights (0: none); one graph constant serves them all."""
-    blocks = {w.block_k for w in [model.lm_head, *(t for layer in model.layers for t in vars(layer).values())]
-              if isinstance(w, (QuantizedWeight, Int4Weight))}
+    """The column block of the model's quantized weights (0: none); one graph constant serves them all but those of
+    one block a row (a W8A8 checkpoint's: the graph gives each its K)."""
+    quantized = [w for w in [model.lm_head, *(t for layer in model.layers for t in vars(layer).values())]
+                 if isinstance(w, (QuantizedWeight, Int4Weight))]
+    blocks = {w.block_k for w in quantized if not _one_block(w)} or {max((w.block_k for w in quantized), default=0)}
     if len(blocks) > 1:
         raise ValueError(
             f"the model's quantized weights have different column blocks {sorted(blocks)}: one is supported"
         )
     return blocks.pop() if blocks else 0
+
+
+def _one_block(weight: QuantizedWeight | Int4Weight) -> bool:
+    return isinstance(weight, QuantizedWeight) and weight.scales.shape[1] == 1
 
 
 def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: torch.dtype, device_key: str,
@@ -115,7 +121,11 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
             elif name + ".mins" in w:
                 y = mili.linear_int4(x, w[name], w[name + ".scales"], w[name + ".mins"], block_k_value)
             elif device_key == "cpu":  # MILI's kernel for every weight format
-                y = mili.linear(x, w[name], w.get(name + ".scales", no_scales), block_k_value)
+                scales = w.get(name + ".scales", no_scales)
+                block = block_k_value
+                if name + ".scales" in w and scales.shape[1] == 1:  # one block of all K columns, whatever block_k
+                    block = ops.constant(np.array([int(x.shape[-1])], np.int32), DType.int32, dev)
+                y = mili.linear(x, w[name], scales, block)
             else:  # weights and activations are both `dtype` on a GPU: MAX's matmul takes the transposed operand
                 y = ops.matmul(x, ops.transpose(w[name], 0, 1))
             return y if bias is None else y + bias

@@ -50,14 +50,16 @@ def check_backend(backend: str) -> str:
 
 
 def resolve_weight_dtype(weight_dtype: str, config: Qwen3Config, dtype: torch.dtype, device: torch.device) -> str:
-    """The linear layers' weight format. "auto": an FP8 checkpoint's FP8, an AWQ / GPTQ checkpoint's int4, else the
-    activation dtype. On a GPU the weights are dense in the activation dtype (FP8 / int8 / 4-bit checkpoints are
-    dequantized when they load)."""
+    """The linear layers' weight format. "auto": an FP8 checkpoint's FP8, an AWQ / GPTQ checkpoint's int4, a W8A8
+    one's int8, else the activation dtype. On a GPU the weights are dense in the activation dtype (FP8 / int8 /
+    4-bit checkpoints are dequantized when they load)."""
     weight_dtype = parse_weight_dtype(weight_dtype)
     if device.type != "cpu":
         return str(dtype).split(".")[-1]
     if weight_dtype == "auto":
-        return "fp8" if config.fp8_block_size else "int4" if config.int4_checkpoint else str(dtype).split(".")[-1]
+        if config.fp8_block_size or config.int4_checkpoint or config.w8a8:
+            return "fp8" if config.fp8_block_size else "int4" if config.int4_checkpoint else "int8"
+        return str(dtype).split(".")[-1]
     return weight_dtype
 
 
@@ -148,8 +150,9 @@ class Qwen3CausalLM:
         self.forward_fn: Forward = BACKENDS[backend](self)
 
     def _lm_head_dtype(self) -> str:
-        # Qwen's FP8 checkpoints leave the LM head unquantized (bfloat16): kept so, not quantized again
-        if self.config.fp8_block_size and self.weight_dtype == "fp8":
+        # Qwen's FP8 and RedHatAI's W8A8 checkpoints leave the LM head unquantized (bfloat16): kept so
+        if (self.config.fp8_block_size and self.weight_dtype == "fp8") or (
+                self.config.w8a8 and self.weight_dtype == "int8"):
             return "bfloat16"
         return lm_head_dtype(self.weight_dtype)
 

@@ -16,11 +16,13 @@ from .config import Qwen3Config
 from .hub import resolve_model_dir
 from .quantization import LinearWeight, QuantizedWeight, dense, from_block_scales, quantize
 from .int4_checkpoints import SUFFIXES as INT4_SUFFIXES, Int4Checkpoint
+from .w8a8_checkpoints import SCALE_SUFFIX as W8A8_SCALE_SUFFIX, w8a8_weight
 
 SCALE_SUFFIX = "_scale_inv"
 """An FP8 checkpoint's `X.weight_scale_inv` beside each quantized `X.weight`."""
 FP8_STORED = "F8_E4M3"
 """safetensors' name for float8_e4m3fn."""
+INT8_STORED = "I8"
 
 
 def expected_weight_shapes(config: Qwen3Config) -> Dict[str, tuple[int, ...]]:
@@ -123,13 +125,14 @@ class WeightLoader:
     def load_from_safetensors(self) -> Mapping[str, torch.Tensor]:
         """Every tensor of `model_path`, its name, shape and dtype checked against the config now, its values read and
         converted to `dtype` on `device` when first asked for (CheckpointTensors; an FP8 checkpoint's float8_e4m3fn
-        weights and their `weight_scale_inv` stay as they are)."""
+        weights and a W8A8 one's int8 weights stay as they are)."""
         files = self._safetensors_files()
         expected = expected_weight_shapes(self.config)
         block = self.config.fp8_block_size
         handles: Dict[str, Any] = {}
         dtypes: Dict[str, Optional[torch.dtype]] = {}
         int4 = self.config.int4_checkpoint
+        w8a8 = self.config.w8a8
         for file in files:
             f = safe_open(str(file), framework="pt")
             for name in f.keys():
@@ -147,6 +150,10 @@ class WeightLoader:
                     self._check_shape(f, name, file, (-(-n // block[0]), -(-k // block[1])))
                     handles[name], dtypes[name] = f, torch.float32
                     continue
+                if w8a8 and name.endswith(W8A8_SCALE_SUFFIX) and name[: -len(W8A8_SCALE_SUFFIX)] in expected:
+                    self._check_shape(f, name, file, (expected[name[: -len(W8A8_SCALE_SUFFIX)]][0], 1))
+                    handles[name], dtypes[name] = f, torch.float32
+                    continue
                 if name not in expected:
                     if name == "lm_head.weight" and self.config.tie_word_embeddings:
                         continue  # some tied checkpoints store the copy anyway; the embedding is used
@@ -154,17 +161,19 @@ class WeightLoader:
                         f"Unexpected tensor {name!r} in {file.name}: not part of a Qwen3 model with this config"
                     )
                 self._check_shape(f, name, file, expected[name])
-                fp8 = f.get_slice(name).get_dtype() == FP8_STORED
-                if fp8 and not block:
+                stored = f.get_slice(name).get_dtype()
+                if stored == FP8_STORED and not block:
                     raise ValueError(f"Tensor {name!r} in {file.name} is float8_e4m3fn, but config.json has no FP8 "
                                      "quantization_config (quant_method 'fp8', weight_block_size) to scale it")
-                handles[name], dtypes[name] = f, None if fp8 else self.dtype
-        unscaled = [n for n, d in dtypes.items()
-                    if d is None and n.endswith(".weight") and n + SCALE_SUFFIX not in dtypes]
+                if stored == INT8_STORED and not w8a8:
+                    raise ValueError(f"Tensor {name!r} in {file.name} is int8, but config.json has no W8A8 "
+                                     "quantization_config (quant_method 'compressed-tensors') to scale it")
+                handles[name], dtypes[name] = f, None if stored in (FP8_STORED, INT8_STORED) else self.dtype
+        suffix = W8A8_SCALE_SUFFIX if w8a8 else SCALE_SUFFIX
+        unscaled = [n for n, d in dtypes.items() if d is None and n.endswith(".weight") and n + suffix not in dtypes]
         if unscaled:
-            raise ValueError(
-                f"Checkpoint {self.model_path} has FP8 weight(s) without {SCALE_SUFFIX}: {', '.join(unscaled[:3])}"
-            )
+            raise ValueError(f"Checkpoint {self.model_path} has {'int8' if w8a8 else 'FP8'} weight(s) without "
+                             f"{suffix}: {', '.join(unscaled[:3])}")
         missing = [n for n in expected if n not in dtypes and not (int4 and self._int4_tensors(n, int4, dtypes))]
         if missing:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
@@ -224,10 +233,12 @@ class WeightLoader:
                 if "_proj." in name and self.weights[name].dim() == 2}
 
     def get_linear(self, name: str, packed: bool = True) -> LinearWeight:
-        """A linear layer's weight as the checkpoint has it: dense, FP8 with its scales (QuantizedWeight), or 4-bit
-        (Int4Weight; packed=False: dequantized exactly into float32)."""
+        """A linear layer's weight as the checkpoint has it: dense, FP8 or W8A8 int8 with its scales (QuantizedWeight),
+        or 4-bit (Int4Weight; packed=False: dequantized exactly into float32)."""
         if name + SCALE_SUFFIX in self.weights:
             return from_block_scales(self.weights[name], self.weights[name + SCALE_SUFFIX], self.config.fp8_block_size)
+        if name + W8A8_SCALE_SUFFIX in self.weights:
+            return w8a8_weight(self.weights[name], self.weights[name + W8A8_SCALE_SUFFIX])
         base = name[: -len(".weight")]
         if base + ".qweight" in self.weights:
             int4 = self.config.int4_checkpoint
@@ -238,7 +249,8 @@ class WeightLoader:
         """A tensor of the checkpoint in `dtype` (FP8 and 4-bit weights dequantized)."""
         if name == "lm_head.weight" and self.config.tie_word_embeddings:
             name = "model.embed_tokens.weight"
-        if name + SCALE_SUFFIX in self.weights or name[: -len(".weight")] + ".qweight" in self.weights:
+        if any(name + s in self.weights for s in (SCALE_SUFFIX, W8A8_SCALE_SUFFIX)) or (
+                name[: -len(".weight")] + ".qweight" in self.weights):
             return dense(self.get_linear(name, packed=False), self.dtype)
         if name not in self.weights:
             raise KeyError(

@@ -17,6 +17,7 @@ from python_layer.model.int4_checkpoints import write_int4_checkpoint
 from python_layer.model.quantization import Int4Weight, QuantizedWeight, convert, write_fp8_checkpoint
 from python_layer.model.weight_loader import WeightLoader, expected_weight_shapes
 from python_layer.model.random_checkpoint import build_random_checkpoint
+from python_layer.model.w8a8_checkpoints import write_w8a8_checkpoint
 from tests.integration.test_parity import _Batch, _hf, _hf_logits, _prompts, _rel_err
 from tests.unit.test_int4 import INT4_SHAPES
 from tests.unit.test_quantization import ODD
@@ -25,9 +26,13 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def fp8_checkpoint(checkpoints_dir: Path) -> Path:
-    dense = build_random_checkpoint(checkpoints_dir / "odd-dense", seed=3, dtype=torch.bfloat16, **ODD)
-    return write_fp8_checkpoint(dense, checkpoints_dir / "odd-fp8")
+def odd_checkpoint(checkpoints_dir: Path) -> Path:
+    return build_random_checkpoint(checkpoints_dir / "odd-dense", seed=3, dtype=torch.bfloat16, **ODD)
+
+
+@pytest.fixture(scope="module")
+def fp8_checkpoint(odd_checkpoint: Path, checkpoints_dir: Path) -> Path:
+    return write_fp8_checkpoint(odd_checkpoint, checkpoints_dir / "odd-fp8")
 
 
 def _greedy(engine: InferenceEngine, prompts: list[list[int]]) -> list[list[int]]:
@@ -64,6 +69,28 @@ def test_fp8_checkpoint_runs_fp8_and_matches_float32_on_its_dequantized_weights(
     logits = [_Batch(e.model, len(prompts)).forward(prompts, all_logits=True) for e in (fp8, dense)]
     # the bfloat16 LM head reads the last hidden state rounded to bfloat16 (reference.effective_x): 2^-9 relative
     assert _rel_err(logits[0], logits[1]) < 2e-3
+
+
+@pytest.mark.parametrize("shape", ["tiny", "odd"])
+def test_w8a8_checkpoint_runs_as_int8_with_no_flag_and_matches_the_reference_backend(
+    shape: str, tiny_checkpoint: Path, odd_checkpoint: Path, checkpoints_dir: Path
+) -> None:
+    """RedHatAI's W8A8 layout (compressed-tensors, int8 per channel, activations per token): the checkpoint's int8
+    values in one block of all K columns, on the AMX / VNNI tiles (tiny: K a multiple of 64) and off them (odd)."""
+    path = write_w8a8_checkpoint(tiny_checkpoint if shape == "tiny" else odd_checkpoint,
+                                 checkpoints_dir / f"{shape}-w8a8")
+    engines = {b: InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", backend=b)
+               for b in ("mojo", "reference")}
+    model = engines["mojo"].model
+    assert model.weight_dtype == "int8" and model.lm_head.dtype == torch.bfloat16  # unquantized in the checkpoint
+    down = model.layers[0].down_proj
+    assert isinstance(down, QuantizedWeight) and down.scales.shape[1] == 1
+    prompts = _prompts(model.config.vocab_size, seed=1)  # a prefill of 57 tokens, then decode steps of 3 rows
+    assert _greedy(engines["mojo"], prompts) == _greedy(engines["reference"], prompts)
+    logits = [_Batch(e.model, len(prompts)).forward(prompts, all_logits=True) for e in engines.values()]
+    # the kernels match the reference to 3e-7 a linear; an activation rounded to int8 the other way on float32 sums
+    # in another order grows from layer to layer: 1e-3 here on tiny, 2.7e-2 on odd
+    assert _rel_err(logits[0], logits[1]) < 5e-2
 
 
 def test_bfloat16_weights_drift_no_more_than_transformers_bfloat16(tiny_checkpoint: Path) -> None:

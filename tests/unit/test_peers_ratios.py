@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-import pytest
-import torch
 
 from benchmarks.peers.run import ratio_rows
 
@@ -52,29 +49,3 @@ def test_kv_caches_and_vllm_pair_by_bits() -> None:
                      "mili int4 kv int8 / vllm awq", "mili int4 kv fp8 / vllm awq", "mili bfloat16 / vllm bfloat16",
                      "mili bfloat16 act bfloat16 / vllm bfloat16",
                      "mili int8 / vllm compressed-tensors", "mili best / llama.cpp best"]
-
-
-def test_w8a8_checkpoint_is_compressed_tensors_int8_per_channel(tmp_path) -> None:
-    """vLLM's 8-bit peer checkpoint: int8 projections with a float32 scale per row, the rest as it was."""
-    from safetensors.torch import load_file
-
-    from benchmarks.peers.w8a8_checkpoint import quantize_per_channel, write_w8a8_checkpoint
-    from python_layer.model.config import Qwen3Config
-    from python_layer.model.random_checkpoint import build_random_checkpoint
-
-    src = build_random_checkpoint(tmp_path / "dense", seed=3, hidden_size=64, intermediate_size=96,
-                                  num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
-    dst = write_w8a8_checkpoint(src, tmp_path / "w8a8")
-    before, after = load_file(src / "model.safetensors"), load_file(dst / "model.safetensors")
-    name = "model.layers.0.mlp.down_proj.weight"
-    assert after[name].dtype == torch.int8 and after[name + "_scale"].shape == (64, 1)
-    w = before[name].float()
-    assert ((after[name].float() * after[name + "_scale"] - w).abs() <= after[name + "_scale"] / 2 + 1e-6).all()
-    assert torch.equal(after["model.norm.weight"], before["model.norm.weight"])
-    config = json.loads((dst / "config.json").read_text())["quantization_config"]
-    assert config["quant_method"] == "compressed-tensors"
-    assert config["config_groups"]["group_0"]["weights"]["num_bits"] == 8
-    with pytest.raises(ValueError, match="quant_method 'compressed-tensors' is not supported"):  # MILI's own loader
-        Qwen3Config.from_pretrained(dst)
-    q, scale = quantize_per_channel(torch.tensor([[0.5, -1.0, 0.25]]))
-    assert q.tolist() == [[64, -127, 32]] and torch.allclose(scale, torch.tensor([[1 / 127]]))
