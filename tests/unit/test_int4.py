@@ -181,5 +181,5 @@ def test_bad_4bit_configs_are_refused(dense: Path, tmp_path: Path) -> None:
     config = json.loads((path / "config.json").read_text())
     config["quantization_config"]["quant_method"] = "bitsandbytes"
     (path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="loads FP8, AWQ and GPTQ checkpoints"):
+    with pytest.raises(ValueError, match="loads FP8, AWQ, GPTQ and W8A8 checkpoints"):
         Qwen3Config.from_pretrained(path)
