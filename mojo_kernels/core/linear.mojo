@@ -43,7 +43,7 @@ from max.gpu.host import DeviceContext
 from max.gpu import thread_idx, block_idx
 from std.collections import Array
 from std.math import ceildiv
-from std.memory import bitcast
+from std.memory import bitcast, unsafe_memset_zero
 from std.sys import CompilationTarget, llvm_intrinsic, size_of
 from std.sys.intrinsics import prefetch, PrefetchOptions
 
@@ -878,8 +878,7 @@ def _quantized_x[a_type: DType, R: Runner](
     """x [m, k] quantized per row and block of block_k columns into q (`rows` >= m rows `stride` apart, zeros past k
     and m), scales and sums (the caller keeps them alive); AMX_ROWS rows a work item."""
     q = List[Int8](unsafe_uninit_length=rows * stride + 8)  # a quad or an 8-column group read past the last row
-    for i in range(m * stride, len(q)):
-        q[i] = 0
+    unsafe_memset_zero(list_ptr(q).unsafe_offset(m * stride), len(q) - m * stride)
     var k_blocks = ceildiv(k, block_k)
     scales = List[Float32](unsafe_uninit_length=m * k_blocks)
     sums = List[Int32](unsafe_uninit_length=m * k_blocks)
