@@ -305,10 +305,10 @@ def run_linear_pair_panels(ops, device: str, dtype: torch.dtype, case: tuple) ->
 
 
 PAIR_PANEL_SHAPES = [(1, 64, 32), (7, 70, 96), (16, 128, 64), (33, 96, 32), (64, 302, 64), (5, 1024, 32),
-                     (40, 800, 160), (49, 608, 96)]
-"""(M, K, N): one row to two blocks of 32, a last block of up to 16 rows or more; K whole AMX tile rows or not (70,
-302: the dot products), in one chunk of K on the tiles or several with a partial last (800, 608); a work item's
-panels all there or not (160)."""
+                     (40, 800, 160), (70, 800, 160), (81, 608, 96)]
+"""(M, K, N): one row to three blocks of 32, a last block of up to 16 rows or more; K whole AMX tile rows or not (70,
+302: the dot products), in one chunk of K on the tiles (up to 64 rows) or several with a partial last (70 and 81
+rows); a work item's panels all there or not (160)."""
 INT4_BLOCKS = [64, 128, 256, 40]
 
 

@@ -88,7 +88,13 @@ comptime AMX_CHUNK_STEPS = 8
 """Tile rows of x and of the weights per chunk of K on AMX tiles (256 bfloat16 columns: 16 KiB of a pair panel).
 Single-threaded at 512 rows on an Intel Xeon VM, Qwen3-0.6B's down projection took 2.54 ms in chunks of 8, 2.96 of
 16, 3.06 of 32 and 3.84 unchunked; its qkv projection 3.05, 3.83, 3.41 and 3.34."""
+comptime AMX_CHUNK_ROWS = 64
+"""Rows of x up to which K goes in one chunk: few blocks of rows reuse a panel's chunk little, and the weights stream
+from memory best in one pass (Qwen3-0.6B's four linears at 32 rows: 1.17-1.30 ms against 1.34-1.40 in chunks)."""
 comptime SERIAL_MACS = 1 << 18
+comptime PARALLEL_X_ROWS = 128
+"""Rows of x from which the AMX linears round or quantize it on every thread (fewer: the threads' hand-off costs
+more than the work)."""
 comptime I8_DOT = CompilationTarget._has_feature["avx512vnni"]()
 comptime I8_MADD = CompilationTarget._has_feature["avx2"]()
 comptime I8_TILED = I8_DOT
@@ -776,8 +782,9 @@ struct _AmxPanelTiles[a_type: DType, w_type: DType, tiled: Bool, stored: Bool = 
         var sums_buffer = List[Float32](unsafe_uninit_length=panels * rows * PANEL)
         var steps = self.kp // amx_k[DType.bfloat16]()
         configure_tiles()
-        for s0 in range(0, steps, AMX_CHUNK_STEPS):
-            var count, first, last = min(AMX_CHUNK_STEPS, steps - s0), s0 == 0, s0 + AMX_CHUNK_STEPS >= steps
+        var chunk = AMX_CHUNK_STEPS if m > AMX_CHUNK_ROWS else steps
+        for s0 in range(0, steps, chunk):
+            var count, first, last = min(chunk, steps - s0), s0 == 0, s0 + chunk >= steps
             for p in range(panels):
                 var n0 = n_first + p * PANEL
                 var panel = list_ptr(buffer)
@@ -883,7 +890,7 @@ def _quantized_x[a_type: DType, R: Runner](
     scales = List[Float32](unsafe_uninit_length=m * k_blocks)
     sums = List[Int32](unsafe_uninit_length=m * k_blocks)
     var xq = _QuantizedX(list_ptr(q), list_ptr(scales), list_ptr(sums), k_blocks)
-    runner.run(_QuantizeRows(x, xq, m, k, block_k, stride), ceildiv(m, AMX_ROWS), False)
+    runner.run(_QuantizeRows(x, xq, m, k, block_k, stride), ceildiv(m, AMX_ROWS), m < PARALLEL_X_ROWS)
     return xq
 
 
@@ -1038,10 +1045,10 @@ struct _XTiles[a_type: DType](ChunkTask):
                     dst.unsafe_store(t, 0)
 
 
-def _x_tiles[a_type: DType, R: Runner](runner: R, x: Ptr[a_type], m: Int, k: Int, kp: Int, serial: Bool) -> List[BFloat16]:
+def _x_tiles[a_type: DType, R: Runner](runner: R, x: Ptr[a_type], m: Int, k: Int, kp: Int) -> List[BFloat16]:
     """x rounded to bfloat16 as AMX tiles (x_tile_at): its rows padded to whole blocks, its columns with zeros to kp."""
     var tiles = List[BFloat16](unsafe_uninit_length=amx_rows(m) * kp)
-    runner.run(_XTiles(x, list_ptr(tiles), m, k, kp), amx_rows(m) // AMX_ROWS, serial)
+    runner.run(_XTiles(x, list_ptr(tiles), m, k, kp), amx_rows(m) // AMX_ROWS, m < PARALLEL_X_ROWS)
     return tiles^
 
 
@@ -1059,7 +1066,7 @@ def linear_pair_panels[a_type: DType, R: Runner](
     var serial = m * n * k <= SERIAL_MACS
     var rounded: List[BFloat16]
     if k % amx_k[DType.bfloat16]() == 0 and amx_granted():
-        rounded = _x_tiles(runner, x, m, k, k, serial)
+        rounded = _x_tiles(runner, x, m, k, k)
         runner.run(_AmxPanelTiles[a_type, DType.bfloat16, False, True](y, list_ptr(rounded), wt, m, k),
                    ceildiv(n // PANEL, AMX_STORED_PANELS), serial)
     else:
@@ -1109,7 +1116,7 @@ def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
     elif w_type == DType.bfloat16:
         amx = use_amx[DType.bfloat16](m, wt.block_k)
         if amx:
-            rounded = _x_tiles(runner, x, m, k, kp, serial)
+            rounded = _x_tiles(runner, x, m, k, kp)
         elif decode or BF16_DOT:
             rounded = List[BFloat16](unsafe_uninit_length=m * k)
             _round_x(x, list_ptr(rounded), m * k)
