@@ -63,7 +63,9 @@ def _block_k(model: "Qwen3CausalLM") -> int:
     one block a row (a W8A8 checkpoint's: the graph gives each its K)."""
     quantized = [w for w in [model.lm_head, *(t for layer in model.layers for t in vars(layer).values())]
                  if isinstance(w, (QuantizedWeight, Int4Weight))]
-    blocks = {w.block_k for w in quantized if not _one_block(w)} or {max((w.block_k for w in quantized), default=0)}
+    # a model whose every quantized weight is one block a row still says it has some
+    blocks = {w.block_k for w in quantized if not (isinstance(w, QuantizedWeight) and _one_block(w.scales))} or {
+        max((w.block_k for w in quantized), default=0)}
     if len(blocks) > 1:
         raise ValueError(
             f"the model's quantized weights have different column blocks {sorted(blocks)}: one is supported"
@@ -71,8 +73,9 @@ def _block_k(model: "Qwen3CausalLM") -> int:
     return blocks.pop() if blocks else 0
 
 
-def _one_block(weight: QuantizedWeight | Int4Weight) -> bool:
-    return isinstance(weight, QuantizedWeight) and weight.scales.shape[1] == 1
+def _one_block(scales: torch.Tensor | TensorValue) -> bool:
+    """Whether a quantized weight's scales [N, blocks] have one block of all K columns (whatever its block_k)."""
+    return int(scales.shape[1]) == 1
 
 
 def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: torch.dtype, device_key: str,
@@ -123,7 +126,7 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
             elif device_key == "cpu":  # MILI's kernel for every weight format
                 scales = w.get(name + ".scales", no_scales)
                 block = block_k_value
-                if name + ".scales" in w and scales.shape[1] == 1:  # one block of all K columns, whatever block_k
+                if name + ".scales" in w and _one_block(scales):
                     block = ops.constant(np.array([int(x.shape[-1])], np.int32), DType.int32, dev)
                 y = mili.linear(x, w[name], scales, block)
             else:  # weights and activations are both `dtype` on a GPU: MAX's matmul takes the transposed operand

@@ -56,11 +56,13 @@ def resolve_weight_dtype(weight_dtype: str, config: Qwen3Config, dtype: torch.dt
     weight_dtype = parse_weight_dtype(weight_dtype)
     if device.type != "cpu":
         return str(dtype).split(".")[-1]
-    if weight_dtype == "auto":
-        if config.fp8_block_size or config.int4_checkpoint or config.w8a8:
-            return "fp8" if config.fp8_block_size else "int4" if config.int4_checkpoint else "int8"
-        return str(dtype).split(".")[-1]
-    return weight_dtype
+    if weight_dtype != "auto":
+        return weight_dtype
+    if config.fp8_block_size:
+        return "fp8"
+    if config.int4_checkpoint:
+        return "int4"
+    return "int8" if config.w8a8 else str(dtype).split(".")[-1]
 
 
 KV_CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8,
