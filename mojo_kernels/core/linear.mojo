@@ -48,7 +48,7 @@ from std.sys import CompilationTarget, llvm_intrinsic, size_of
 from std.sys.intrinsics import prefetch, PrefetchOptions
 
 from .linear_amx import (
-    AMX_BLOCK, AMX_BYTES, AMX_ROWS, amx_granted, amx_k, amx_padded, amx_rows, amx_start, amx_steps, amx_steps_16,
+    AMX, AMX_BLOCK, AMX_BYTES, AMX_ROWS, amx_granted, amx_k, amx_padded, amx_rows, amx_start, amx_steps, amx_steps_16,
     amx_store, amx_store_16, amx_zero,
     configure_tiles, release_tiles, use_amx, x_tile_at,
 )
@@ -1125,7 +1125,8 @@ def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
             _round_x(x, list_ptr(effective), m * k)
     var xb = list_ptr(rounded)
     if amx:
-        runner.run(_AmxPanelTiles[a_type, w_type, tiled](y, xb, wt, m, kp), ceildiv(n, PANEL), serial)
+        comptime if AMX:  # AVX2 builds have no AMX and panels of 16 rows: not instantiated there
+            runner.run(_AmxPanelTiles[a_type, w_type, tiled](y, xb, wt, m, kp), ceildiv(n, PANEL), serial)
     elif decode:
         runner.run(_DecodeTiles[a_type, w_type, tiled](y, x, xb, xq, wt, m), ceildiv(n, NR), serial)
     else:

@@ -32,7 +32,7 @@ from .linear import (
     QUAD_PANEL_ROWS, SERIAL_MACS,
 )
 from .linear_amx import (
-    AMX_BLOCK, AMX_ROWS, amx_k, amx_padded, amx_rows, amx_steps, amx_store, amx_zero, configure_tiles, release_tiles,
+    AMX, AMX_BLOCK, AMX_ROWS, amx_k, amx_padded, amx_rows, amx_steps, amx_store, amx_zero, configure_tiles, release_tiles,
     use_amx,
 )
 
@@ -290,9 +290,10 @@ def _linear_tiles[a_type: DType, bits: Int, R: Runner](runner: R, y: Ptr[a_type]
     var q_sums = List[Int32]()
     var serial = m * wt.n * wt.k <= SERIAL_MACS
     if use_amx[DType.int8](m, wt.block_k):
-        var kp = amx_padded[DType.int8](wt.k)
-        var xq = _quantized_x(runner, x, m, amx_rows(m), wt.k, wt.block_k, kp, q, q_scales, q_sums)
-        runner.run(_AmxInt4Tiles[a_type, bits](y, xq, wt, m, kp), ceildiv(wt.n, TILE_ROWS), serial)
+        comptime if AMX:  # AVX2 builds have no AMX and tiles of other shapes: not instantiated there
+            var kp = amx_padded[DType.int8](wt.k)
+            var xq = _quantized_x(runner, x, m, amx_rows(m), wt.k, wt.block_k, kp, q, q_scales, q_sums)
+            runner.run(_AmxInt4Tiles[a_type, bits](y, xq, wt, m, kp), ceildiv(wt.n, TILE_ROWS), serial)
     else:
         var xq = _quantized_x(runner, x, m, m, wt.k, wt.block_k, wt.padded_k(), q, q_scales, q_sums)  # rows to whole groups
         runner.run(_Int4TileRows[a_type, bits](y, xq, wt, m), ceildiv(wt.n, TILE_ROWS), serial)
