@@ -32,8 +32,8 @@ from .linear import (
     QUAD_PANEL_ROWS, SERIAL_MACS,
 )
 from .linear_amx import (
-    AMX, AMX_BLOCK, AMX_ROWS, amx_k, amx_padded, amx_rows, amx_steps, amx_store, amx_zero, configure_tiles, release_tiles,
-    use_amx,
+    AMX, AMX_BLOCK, AMX_ROWS, amx_k, amx_padded, amx_rows, amx_steps, amx_store, amx_zero, configure_tiles,
+    release_tiles, use_amx,
 )
 
 comptime TILE_ROWS = 32
