@@ -1,18 +1,40 @@
 """Compile the GPU path of every MILI op for a virtual NVIDIA device: no GPU needed.
 
-`python -m bindings.gpu_compile_check [sm_90]` builds one graph per dtype holding every op on GPU(0) and
+`python -m bindings.gpu_compile_check [sm_90 [--again]]` builds one graph per dtype holding every op on GPU(0) and
 compiles it with MAX's virtual-device mode, so GPU-only compile errors show up on CPU-only machines.
-Exits 0 when every graph compiled. (MAX aborts at interpreter exit after a virtual compile: os._exit.)
+Exits 0 when every graph compiled. A pass is recorded under MODULAR_CACHE_DIR, keyed by the architecture, MAX's
+version and the sources that make the graphs (mojo_kernels/ and bindings/): the same check of the same sources
+then passes at once (build.sh runs it, then the tests; --again compiles anyway). (MAX aborts at interpreter exit
+after a virtual compile: os._exit.)
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import os
 import sys
 import time
+from pathlib import Path
 
 
-def main(arch: str = "sm_90") -> int:
+def passed_stamp(arch: str) -> Path:
+    """The file recording that this check passed for arch at these sources."""
+    from bindings import library
+
+    h = hashlib.sha256(f"{arch} max {importlib.metadata.version('max')}".encode())
+    for root in (library.kernels_dir(), Path(__file__).parent):
+        for path in sorted(root.rglob("*.mojo")) + sorted(root.glob("*.py")):
+            h.update(str(path.relative_to(root)).encode())
+            h.update(path.read_bytes())
+    return Path(os.environ["MODULAR_CACHE_DIR"]) / "mili_gpu_check" / f"{arch}-{h.hexdigest()[:16]}"
+
+
+def main(arch: str = "sm_90", *flags: str) -> int:
+    stamp = passed_stamp(arch)
+    if stamp.is_file() and "--again" not in flags:
+        print(f"cuda:{arch}: every op compiled before at these sources ({stamp})", flush=True)
+        return 0
     from max import driver
 
     driver.set_virtual_device_api("cuda")
@@ -52,7 +74,11 @@ def main(arch: str = "sm_90") -> int:
             except Exception as e:  # the Mojo diagnostic is in the cause
                 failures += 1
                 print(f"{what}: FAILED\n{e.__cause__ or e}", flush=True)
-    return 1 if failures else 0
+    if failures:
+        return 1
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.touch()
+    return 0
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 
+from bindings import gpu_compile_check
 from bindings import reference as ref
 from tests.attention_cases import attention_case
 from tests.kernel_cases import eight_bit_kv_case, kernel_cases, run_attention
@@ -242,11 +243,13 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
 
 
 def test_gpu_compile_check_passes() -> None:
-    """Every op's GPU path compiles for cuda/sm_90 in MAX's virtual-device mode (no GPU needed)."""
+    """Every op's GPU path compiles for cuda/sm_90 in MAX's virtual-device mode (no GPU needed): compiled here, or
+    recorded as passed for these very sources (by build.sh)."""
     result = subprocess.run([sys.executable, "-m", "bindings.gpu_compile_check", "sm_90"],
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("ops compiled") == 2
+    assert result.stdout.count("ops compiled") == 2 or "every op compiled before at these sources" in result.stdout
+    assert gpu_compile_check.passed_stamp("sm_90").is_file()
 
 
 def test_flash_attention_op_is_the_cpu_kernel_on_a_cpu(monkeypatch) -> None:
