@@ -3,7 +3,7 @@
 `python -m bindings.gpu_compile_check [sm_90 [--again]]` builds one graph per dtype holding every op on GPU(0) and
 compiles it with MAX's virtual-device mode, so GPU-only compile errors show up on CPU-only machines.
 Exits 0 when every graph compiled. A pass is recorded under MODULAR_CACHE_DIR, keyed by the architecture, MAX's
-version and the sources that make the graphs (mojo_kernels/ and bindings/): the same check of the same sources
+version and the sources that make the graphs (mojo_kernels/ and bindings/*.py): the same check of the same sources
 then passes at once (build.sh runs it, then the tests; --again compiles anyway). (MAX aborts at interpreter exit
 after a virtual compile: os._exit.)
 """
@@ -22,12 +22,9 @@ def passed_stamp(arch: str) -> Path:
     """The file recording that this check passed for arch at these sources."""
     from bindings import library
 
-    h = hashlib.sha256(f"{arch} max {importlib.metadata.version('max')}".encode())
-    for root in (library.kernels_dir(), Path(__file__).parent):
-        for path in sorted(root.rglob("*.mojo")) + sorted(root.glob("*.py")):
-            h.update(str(path.relative_to(root)).encode())
-            h.update(path.read_bytes())
-    return Path(os.environ["MODULAR_CACHE_DIR"]) / "mili_gpu_check" / f"{arch}-{h.hexdigest()[:16]}"
+    sources = library._sources_digest(library.kernels_dir()) + library._sources_digest(Path(__file__).parent, "*.py")
+    key = hashlib.sha256(f"{arch} max {importlib.metadata.version('max')} {sources}".encode()).hexdigest()[:16]
+    return Path(os.environ["MODULAR_CACHE_DIR"]) / "mili_gpu_check" / f"{arch}-{key}"
 
 
 def main(arch: str = "sm_90", *flags: str) -> int:

@@ -86,9 +86,9 @@ def kernels_dir() -> Path:
     return Path(next(iter(mojo_kernels.__path__)))
 
 
-def _sources_digest(src: Path) -> str:
+def _sources_digest(src: Path, pattern: str = "*.mojo") -> str:
     h = hashlib.sha256()
-    for path in sorted(src.rglob("*.mojo")):
+    for path in sorted(src.rglob(pattern)):
         h.update(str(path.relative_to(src)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
