@@ -172,6 +172,13 @@ def _tile[a_type: DType, bits: Int, rows: Int, panel: Int, panels: Int, fetch: B
     var stride = wt.padded_k()
     var acc = Array[SIMD[F32, DOT_LANES], vectors * rows](fill=0)
     for kb in range(wt.k_blocks):
+        comptime if fetch:
+            # a block's scales and mins of a tile are a line each, N * 2 bytes from the next block's: no stream the
+            # prefetchers follow, so they missed at every block (a third of one row's time); the next tile's are the
+            # following line
+            comptime ahead = PrefetchOptions().for_read().medium_locality()
+            prefetch[ahead](scales.unsafe_offset(kb * scale_stride + TILE_ROWS))
+            prefetch[ahead](mins.unsafe_offset(kb * scale_stride + TILE_ROWS))
         var dots = Array[SIMD[DType.int32, DOT_LANES], vectors * chains * rows](fill=0)
         for g in range(kb * wt.block_k // GROUP, min(wt.groups, (kb + 1) * wt.block_k // GROUP)):
             var at = wt.group_at(tile, g)
