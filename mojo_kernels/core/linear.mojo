@@ -602,6 +602,14 @@ def _pack_quad_panel[w_type: DType, tiled: Bool](panel: Ptr[DType.uint32], panel
 
 
 @always_inline
+def _broadcast_quad(q: Ptr[DType.uint8], at: Int) -> SIMD[DType.int8, 4 * DOT_LANES]:
+    """The 4 bytes of x at q[at] in every lane: one vpbroadcastd from memory (a wider load split in registers costs
+    AVX2 a move to the vector unit and a broadcast per quad)."""
+    var quad = bitcast[DType.uint32, 1](q.unsafe_load[width=4](at))[0]
+    return bitcast[DType.int8, 4 * DOT_LANES](SIMD[DType.uint32, DOT_LANES](quad))
+
+
+@always_inline
 def _quad_panel_tile[a_type: DType, rows: Int, stride: Int = PANEL, fetch: Bool = False](
     y: Ptr[a_type], xq: _QuantizedX, panel: Ptr[DType.uint32], panel_scales: Ptr[F32], m0: Int, n0: Int, N: Int, K: Int,
     block_k: Int,
@@ -622,8 +630,7 @@ def _quad_panel_tile[a_type: DType, rows: Int, stride: Int = PANEL, fetch: Bool 
             var b0 = bitcast[DType.int8, 4 * DOT_LANES](panel.unsafe_load[width=DOT_LANES](kq * stride))
             var b1 = bitcast[DType.int8, 4 * DOT_LANES](panel.unsafe_load[width=DOT_LANES](kq * stride + DOT_LANES))
             comptime for i in range(rows):
-                var quad = bitcast[DType.uint32, 1](q.unsafe_load[width=4]((m0 + i) * K + 4 * kq))[0]
-                var a = bitcast[DType.int8, 4 * DOT_LANES](SIMD[DType.uint32, DOT_LANES](quad))
+                var a = _broadcast_quad(q, (m0 + i) * K + 4 * kq)
                 dots[2 * i] = _dot_i8(dots[2 * i], b0, a)
                 dots[2 * i + 1] = _dot_i8(dots[2 * i + 1], b1, a)
         var s0 = panel_scales.unsafe_load[width=DOT_LANES](kb * stride)

@@ -30,8 +30,8 @@ from std.sys.intrinsics import prefetch, PrefetchOptions
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
 from ..utils.types import addr, ptr, list_ptr, zero_f32, Addr, F16, F32, Ptr, check_same
 from .linear import (
-    _QuantizedX, _add_block_dots, _quantized_x, _store_block, _store_panel_rows, DOT_LANES, I8_DOT, I8_MADD, PANEL, PREFETCH_BYTES,
-    QUAD_PANEL_ROWS, SERIAL_MACS,
+    _QuantizedX, _add_block_dots, _broadcast_quad, _quantized_x, _store_block, _store_panel_rows, DOT_LANES, I8_DOT,
+    I8_MADD, PANEL, PREFETCH_BYTES, QUAD_PANEL_ROWS, SERIAL_MACS,
 )
 from .linear_amx import (
     AMX, AMX_BLOCK, AMX_ROWS, amx_k, amx_padded, amx_rows, amx_steps, amx_store, amx_zero, configure_tiles,
@@ -149,14 +149,6 @@ def _lane_products[c: Int](w: SIMD[DType.uint8, S], x: SIMD[DType.int8, S]) -> S
     comptime for lane in range(DOT_LANES):
         product[lane] = Int32(w[4 * lane + c]) * Int32(x[4 * lane + c])
     return product
-
-
-@always_inline
-def _broadcast_quad(q: Ptr[DType.uint8], at: Int) -> SIMD[DType.int8, S]:
-    """The 4 bytes of x at q[at] in every lane: one vpbroadcastd from memory (a wider load split in registers costs
-    AVX2 a move to the vector unit and a broadcast per quad)."""
-    var quad = bitcast[DType.uint32, 1](q.unsafe_load[width=4](at))[0]
-    return bitcast[DType.int8, S](SIMD[DType.uint32, DOT_LANES](quad))
 
 
 @always_inline
