@@ -29,12 +29,30 @@ from benchmarks.common import device_argument, model_path, print_table, write_js
 
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.memory.kv_cache_manager import DEFAULT_PAGE_SIZE
+from python_layer.model.qwen3_model import Qwen3CausalLM
+from python_layer.model.quantization import Int4Weight, QuantizedWeight
 
 SETTLE_S = 1.0
 """Pause before each run: the previous system's threads keep spinning for a while after its run (MAX's runtime
 threads used both cores for ~0.3 s after a MILI step, measured), which would slow the next system down."""
-# bits per weight of the linear layers (int8 and fp8: plus a float32 scale per row and 128 columns)
-MILI_BITS = {"float32": 32, "bfloat16": 16, "int8": 8.25, "fp8": 8.25, "int4": 4.5}
+
+
+def bits_per_weight(model: Qwen3CausalLM) -> float:
+    """The bits a weight a decode step reads, over the layers' weights and the LM head with their scales and mins
+    (as llama.cpp's model size counts its files; MILI's embedding table is only gathered from): int4's 6-bit LM
+    head and a W8A8 checkpoint's scale per row are in it."""
+    stored = count = 0
+    for w in [model.lm_head, *(t for layer in model.layers for t in vars(layer).values() if t is not None)]:
+        if isinstance(w, Int4Weight):
+            stored += w.packed.nbytes + w.scales.nbytes + w.mins.nbytes
+            count += w.packed.numel() * 8 // w.bits
+        elif isinstance(w, QuantizedWeight):
+            stored += w.weight.nbytes + w.scales.nbytes
+            count += w.weight.numel()
+        else:
+            stored += w.nbytes
+            count += w.numel()
+    return round(8 * stored / count, 2)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -195,7 +213,7 @@ def open_mili(path: str, weight_dtype: str, kv_cache_dtype: str, dtype: str, arg
         return last - first
 
     row = dict(system="mili", format=mili_format(weight_dtype, kv_cache_dtype, dtype),
-               bits=MILI_BITS.get(weight_dtype, ""), load_s=load_s)
+               bits=bits_per_weight(engine.model), load_s=load_s)
     return Subject(row, prefill, decode)
 
 
