@@ -23,26 +23,25 @@ import statistics
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from benchmarks.common import device_argument, model_path, print_table, write_json
 
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.memory.kv_cache_manager import DEFAULT_PAGE_SIZE
-from python_layer.model.qwen3_model import Qwen3CausalLM
-from python_layer.model.quantization import Int4Weight, QuantizedWeight
+from python_layer.model.quantization import Int4Weight, LinearWeight, QuantizedWeight
 
 SETTLE_S = 1.0
 """Pause before each run: the previous system's threads keep spinning for a while after its run (MAX's runtime
 threads used both cores for ~0.3 s after a MILI step, measured), which would slow the next system down."""
 
 
-def bits_per_weight(model: Qwen3CausalLM) -> float:
-    """The bits a weight a decode step reads, over the layers' weights and the LM head with their scales and mins
-    (as llama.cpp's model size counts its files; MILI's embedding table is only gathered from): int4's 6-bit LM
-    head and a W8A8 checkpoint's scale per row are in it."""
+def bits_per_weight(weights: Iterable[LinearWeight]) -> float:
+    """The bits a weight of `weights` (a model's decode_weights) takes, scales and mins included, as llama.cpp's
+    model size over its weights counts its files: int4's 6-bit LM head and a W8A8 checkpoint's scale per row are in
+    it."""
     stored = count = 0
-    for w in [model.lm_head, *(t for layer in model.layers for t in vars(layer).values() if t is not None)]:
+    for w in weights:
         if isinstance(w, Int4Weight):
             stored += w.packed.nbytes + w.scales.nbytes + w.mins.nbytes
             count += w.packed.numel() * 8 // w.bits
@@ -213,7 +212,7 @@ def open_mili(path: str, weight_dtype: str, kv_cache_dtype: str, dtype: str, arg
         return last - first
 
     row = dict(system="mili", format=mili_format(weight_dtype, kv_cache_dtype, dtype),
-               bits=bits_per_weight(engine.model), load_s=load_s)
+               bits=bits_per_weight(engine.model.decode_weights()), load_s=load_s)
     return Subject(row, prefill, decode)
 
 

@@ -61,8 +61,7 @@ def graph_weights(model: "Qwen3CausalLM") -> Dict[str, torch.Tensor]:
 def _block_k(model: "Qwen3CausalLM") -> int:
     """The column block of the model's quantized weights (0: none); one graph constant serves them all but those of
     one block a row (a W8A8 checkpoint's: the graph gives each its K)."""
-    quantized = [w for w in [model.lm_head, *(t for layer in model.layers for t in vars(layer).values())]
-                 if isinstance(w, (QuantizedWeight, Int4Weight))]
+    quantized = [w for w in model.decode_weights() if isinstance(w, (QuantizedWeight, Int4Weight))]
     # a model whose every quantized weight is one block a row still says it has some
     blocks = {w.block_k for w in quantized if not (isinstance(w, QuantizedWeight) and _one_block(w.scales))} or {
         max((w.block_k for w in quantized), default=0)}

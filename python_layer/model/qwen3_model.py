@@ -237,6 +237,11 @@ class Qwen3CausalLM:
         router = loader.get_weight(f"model.layers.{i}.mlp.gate.weight").to(self.dtype)
         return dict(gate_up_proj=None, down_proj=None, router=router, experts_gate_up=gate_up, experts_down=down)
 
+    def decode_weights(self) -> list[LinearWeight]:
+        """The LM head and every weight of every layer: what a decode step reads (the embedding table, only gathered
+        from, is not among them)."""
+        return [self.lm_head, *(w for layer in self.layers for w in vars(layer).values() if w is not None)]
+
     def new_kv_cache(self, num_pages: int, page_size: int = DEFAULT_PAGE_SIZE) -> PagedKVCache:
         return PagedKVCache.for_model(self.config, num_pages, page_size, dtype=self.kv_cache_dtype, device=self.device)
 
