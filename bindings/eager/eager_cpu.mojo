@@ -240,7 +240,7 @@ def qkv_attention[dtype: DType, cache_type: DType](mut args: Args) raises:
                                     page_table.dims[0], query_start.dims[0])
     if tokens > 0:  # attention on Mojo's threads, as paged_attention
         qkv_attention_cpu[dtype, cache_type](
-            runner, None, output.ptr(), k_cache.ptr(), v_cache.ptr(), qkv.ptr(), q_norm.ptr(), k_norm.ptr(), eps,
+            runner, output.ptr(), k_cache.ptr(), v_cache.ptr(), qkv.ptr(), q_norm.ptr(), k_norm.ptr(), eps,
             positions.ptr(), inv_freq.ptr(), rope_scale, slots.ptr(), page_table.ptr(), context_lens.ptr(),
             query_start.ptr(), scale, tokens, batch, page_table.dims[1], output.dims[1], k_cache.dims[2],
             output.dims[2], k_cache.dims[1],

@@ -13,7 +13,6 @@
 # it (as llama.cpp's and vLLM's CPU attention round them to the cache's type), the sums stay float32. With AMX
 # (Intel's), tiles of AMX_ROWS rows a KV head or more run on AMX tiles instead (cpu_amx.mojo): 28 layers of a
 # 512-token Qwen3-0.6B prefill's attention 0.27x the time of the float32 FMAs on an Intel Xeon VM.
-from max.algorithm import parallelize
 from std.math import ceildiv, exp, iota
 from std.collections import Array
 from std.memory import bitcast
@@ -23,7 +22,7 @@ from std.utils.index import IndexList
 
 from ...memory.kv_format import kv_head_len, kv_scale
 from ...utils.types import list_ptr, dot_bf16, narrow, widen, zero_f32, BF16_DOT, F32, F32_WIDTH, Ptr
-from ...utils.parallel import CpuContext
+from ...utils.parallel import fork_join
 from ..linear_amx import AMX_BLOCK, AMX_ROWS, configure_tiles, release_tiles, use_amx
 from .cpu_amx import amx_head_block, amx_stage_keys, amx_stage_q, amx_state_back, AmxScratch
 from .cpu_softmax import block_weights, softmax_block, KEY_BLOCK, MASKED
@@ -469,7 +468,6 @@ def attention_cpu[dtype: DType, cache_type: DType](
     output: Ptr[dtype], q: Ptr[dtype], k_cache: Ptr[cache_type], v_cache: Ptr[cache_type], page_table: Ptr[DType.int32],
     context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale: Float32,
     batch: Int, max_pages: Int, q_heads: Int, kv_heads: Int, head_dim: Int, page_size: Int,
-    ctx: Optional[CpuContext] = None,
 ) raises:
     """Work item: a tile of up to QUERY_TILE (or LONG_QUERY_TILE) queries of one sequence, all heads (rows = query x head), over
     one split of its keys. All heads of a key are adjacent in the cache, so an item streams through memory.
@@ -666,7 +664,7 @@ def attention_cpu[dtype: DType, cache_type: DType](
         _ = buffers^  # keep the buffers alive until here: only their pointers are used above
         _ = kv_row_list^
 
-    parallelize(worker, workers, workers, ctx)
+    fork_join(worker, workers)
     if splits > 1:
         for tile in range(num_tiles):
             var b = tile_ptr.unsafe_load(2 * tile)

@@ -9,7 +9,6 @@ from extensibility import register, InputTensor, OutputTensor
 from extensibility import _MutableInputTensor as MutableInputTensor
 from max.gpu.host import DeviceContext
 
-from ...utils.parallel import CpuContext
 from ...utils.types import F32, Ptr
 from ...memory.kv_format import is_8bit_kv
 from .common import check_attention
@@ -45,7 +44,7 @@ def _paged_attention[dtype: DType, cache_type: DType, //, target: StaticString, 
         attention_cpu[dtype, cache_type](
             output.unsafe_ptr(), q.unsafe_ptr(), k_cache.unsafe_ptr(), v_cache.unsafe_ptr(), page_table.unsafe_ptr(),
             context_lens.unsafe_ptr(), query_start.unsafe_ptr(), scale.unsafe_ptr().unsafe_load(0), batch, max_pages,
-            q_heads, kv_heads, head_dim, page_size, rebind[CpuContext](ctx),
+            q_heads, kv_heads, head_dim, page_size,
         )
     elif is_8bit_kv[cache_type]():
         raise Error("paged_attention: 8-bit KV caches are CPU only")

@@ -8,7 +8,7 @@ from extensibility import register, InputTensor, OutputTensor
 from extensibility import _MutableInputTensor as MutableInputTensor
 from max.gpu.host import DeviceContext
 
-from ...utils.parallel import CpuContext, MojoThreads, Runner
+from ...utils.parallel import MojoThreads, Runner
 from ...utils.types import list_ptr, ptr, F32, Ptr
 from ..qk_norm_rope import check_qk_norm_rope_store, qk_norm_rope_store_cpu, qk_norm_rope_store_gpu
 from ...memory.kv_format import is_8bit_kv
@@ -30,20 +30,20 @@ def check_qkv_attention[cache_type: DType](
 
 
 def qkv_attention_cpu[dtype: DType, cache_type: DType, R: Runner](
-    runner: R, attention_ctx: Optional[CpuContext], output: Ptr[dtype], k_cache: Ptr[cache_type],
+    runner: R, output: Ptr[dtype], k_cache: Ptr[cache_type],
     v_cache: Ptr[cache_type], qkv: Ptr[dtype], q_norm: Ptr[dtype], k_norm: Ptr[dtype], eps: Float32,
     positions: Ptr[DType.int32], inv_freq: Ptr[F32], rope_scale: Float32, slots: Ptr[DType.int32],
     page_table: Ptr[DType.int32], context_lens: Ptr[DType.int32], query_start: Ptr[DType.int32], scale: Float32,
     tokens: Int, batch: Int, max_pages: Int, q_heads: Int, kv_heads: Int, head_dim: Int, page_size: Int,
 ) raises:
     """The two ops' CPU kernels in turn (checked shapes, tokens > 0): qk_norm_rope_store's on `runner`, attention's
-    on attention_ctx (None: Mojo's own threads)."""
+    on Mojo's threads."""
     var q = List[Scalar[dtype]](unsafe_uninit_length=tokens * q_heads * head_dim)  # every element written first
     var q_ptr = list_ptr(q)
     qk_norm_rope_store_cpu[dtype, cache_type](runner, q_ptr, k_cache, v_cache, qkv, q_norm, k_norm, positions, inv_freq,
                                               slots, eps, rope_scale, tokens, q_heads, kv_heads, head_dim)
     attention_cpu[dtype, cache_type](output, q_ptr, k_cache, v_cache, page_table, context_lens, query_start, scale,
-                                     batch, max_pages, q_heads, kv_heads, head_dim, page_size, attention_ctx)
+                                     batch, max_pages, q_heads, kv_heads, head_dim, page_size)
     _ = q^
 
 
@@ -104,7 +104,7 @@ struct QkvAttention:
             return
         comptime if target == "cpu":
             qkv_attention_cpu[dtype, cache_type](
-                MojoThreads(ctx), rebind[CpuContext](ctx), output.unsafe_ptr(), k_cache.unsafe_ptr(),
+                MojoThreads(ctx), output.unsafe_ptr(), k_cache.unsafe_ptr(),
                 v_cache.unsafe_ptr(), qkv.unsafe_ptr(), q_norm.unsafe_ptr(), k_norm.unsafe_ptr(),
                 eps.unsafe_ptr().unsafe_load(0), positions.unsafe_ptr(), inv_freq.unsafe_ptr(),
                 rope_scale.unsafe_ptr().unsafe_load(0), slot_mapping.unsafe_ptr(), page_table.unsafe_ptr(),
