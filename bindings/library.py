@@ -9,8 +9,10 @@ import shutil
 import subprocess
 import sys
 import threading
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
+from typing import Iterator
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -192,6 +194,32 @@ def session(device_key: str, vendor_blas: bool = False):
     if vendor_blas and device_key != "cpu":
         session._use_vendor_blas("1")
     return session
+
+
+RUNTIME_TIMER_SLACK_NS = 20_000_000
+"""The timer slack MAX's CPU runtime threads get (runtime_timer_slack): 20 ms."""
+_PR_SET_TIMERSLACK, _PR_GET_TIMERSLACK = 29, 30
+
+
+@contextmanager
+def runtime_timer_slack() -> Iterator[None]:
+    """Threads started inside (Linux) get RUNTIME_TIMER_SLACK_NS of timer slack, which new threads inherit from the
+    thread that starts them; this thread's own comes back after. A CPU session's first execute starts a thread that
+    waits on a condition variable ~100 µs at a time, ~5,000 wake-ups a second, each taking a core from a worker
+    (a batch-1 int4 decode step of Qwen3-0.6B on 2 cores: 1.1-1.35x faster with it woken at most every 20 ms, and no
+    later start of a graph after idling)."""
+    if sys.platform != "linux":
+        yield
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    own = libc.prctl(_PR_GET_TIMERSLACK, 0, 0, 0, 0)
+    libc.prctl(_PR_SET_TIMERSLACK, RUNTIME_TIMER_SLACK_NS, 0, 0, 0)
+    try:
+        yield
+    finally:
+        libc.prctl(_PR_SET_TIMERSLACK, own, 0, 0, 0)
 
 
 def max_device(device_key: str):
