@@ -181,7 +181,7 @@ def main(argv=None) -> int:
         print_table(mili_rows, ["client", "concurrency", "output_tok_s", *breakdown.COLUMNS])
     generator = subprocess.run(
         [str(guidellm_sweep.GUIDELLM), "--version"], capture_output=True, text=True
-    ).stdout.strip()
+    ).stdout.strip() if "guidellm" in args.clients else None
     meta = dict(benchmark="serving", generator=generator, generator_env=guidellm_sweep.GENERATOR_ENV,
                 model=args.model, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
                 requests=args.requests, sampling=SAMPLING, load_average=load, mili_weight_dtype=args.mili_weight_dtype,

@@ -100,3 +100,20 @@ def test_a_failed_point_is_reported_and_the_sweep_goes_on(monkeypatch: pytest.Mo
     rows, failed = run._sweep([Server("peer", "m", "http://x")], args, ["p"], tmp_path)
     assert [(r["concurrency"], r["output_tok_s"]) for r in rows] == [(1, 10.0), (4, 40.0)]
     assert failed == [{"system": "peer", "client": "guidellm", "concurrency": 2, "error": "guidellm failed (exit 1)"}]
+
+
+def test_a_light_client_sweep_needs_no_guidellm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`--clients light` writes its JSON and plots where guidellm is not installed."""
+    from benchmarks.serving import run
+
+    row = {"system": "MILI", "client": "light", "concurrency": 1, "output_tok_s": 10.0, "ttft_ms_p50": 1.0}
+    written = {}
+    monkeypatch.setattr(run.guidellm_sweep, "GUIDELLM", tmp_path / "no-guidellm")
+    monkeypatch.setattr(run, "_prompts", lambda *a: ["p"])
+    monkeypatch.setattr(run, "_servers", lambda args, log_dir: [])
+    monkeypatch.setattr(run, "_sweep", lambda *a: ([row], []))
+    monkeypatch.setattr(run, "write_json", lambda name, meta, rows: written.update(meta=meta) or tmp_path / "s.json")
+    for draw in ("throughput_latency", "ttft_percentiles"):
+        monkeypatch.setattr(run.plots, draw, lambda rows, title, path: path)
+    assert run.main(["--systems", "mili", "--clients", "light", "--concurrencies", "1", "--model", str(tmp_path)]) == 0
+    assert written["meta"]["generator"] is None
