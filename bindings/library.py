@@ -213,7 +213,7 @@ def runtime_timer_slack() -> Iterator[None]:
         return
     import ctypes
 
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = ctypes.CDLL(None)
     own = libc.prctl(_PR_GET_TIMERSLACK, 0, 0, 0, 0)
     libc.prctl(_PR_SET_TIMERSLACK, RUNTIME_TIMER_SLACK_NS, 0, 0, 0)
     try:

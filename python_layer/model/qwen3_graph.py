@@ -239,9 +239,11 @@ class CompiledQwen3:
         self.load_seconds = time.perf_counter() - started
 
     def _warm_up(self, model: "Qwen3CausalLM") -> None:
-        """One step of token 0 at position 0 on each loaded graph, into a KV cache of one page of its own: the
-        runtime threads a first execute starts get library.runtime_timer_slack on a CPU, and a batch-1 graph's
-        logits are checked against the dynamic graph's."""
+        """One step of token 0 at position 0 into a KV cache of one page of its own, on a CPU under
+        library.runtime_timer_slack (the runtime threads a first execute starts get it), and with a batch-1 graph on
+        both graphs, whose logits must agree. A GPU without a batch-1 graph runs none."""
+        if self.device_key != "cpu" and self.batch_one_model is None:
+            return
         kv_cache = model.new_kv_cache(1)
         step = build_step_inputs([SequenceChunk([0], 0, [0])], kv_cache.page_size, model.device)
         inputs = self._buffers(step.input_ids, step.positions, step.attn, int32_tensor([0], model.device))
