@@ -9,35 +9,38 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
 from bindings.gpu_options import GpuOptions
 from python_layer.model.random_checkpoint import (
-    QWEN3_0_6B_SHAPE, QWEN3_30B_A3B_SHAPE, build_random_checkpoint, cache_dir,
+    QWEN3_0_6B_SHAPE, QWEN3_30B_A3B_SHAPE, build_random_checkpoint, build_random_gptq_checkpoint, cache_dir,
 )
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-RANDOM_MODELS = {
-    "qwen3-0.6b-random": QWEN3_0_6B_SHAPE,
-    "qwen3-30b-a3b-4-layers-random": {**QWEN3_30B_A3B_SHAPE, "num_hidden_layers": 4},
+RANDOM_MODELS: dict[str, Callable[[Path], Path]] = {
+    "qwen3-0.6b-random": lambda path: build_random_checkpoint(path, dtype=torch.bfloat16, **QWEN3_0_6B_SHAPE),
+    "qwen3-30b-a3b-4-layers-random": lambda path: build_random_checkpoint(
+        path, dtype=torch.bfloat16, **{**QWEN3_30B_A3B_SHAPE, "num_hidden_layers": 4}),
+    "qwen3-30b-a3b-gptq-int4-random": lambda path: build_random_gptq_checkpoint(path, **QWEN3_30B_A3B_SHAPE),
 }
-"""Random-weight checkpoints --model may name: built once (bfloat16) into the cache."""
+"""Random-weight checkpoints --model may name, built once into the cache: Qwen3-0.6B's exact shapes (bfloat16, 1.2
+GB); 4 of Qwen3-30B-A3B's 48 layers (bfloat16, 6.1 GB); all of Qwen3-30B-A3B in the layout of Qwen's GPTQ-Int4
+release (16 GB)."""
 
 
 def model_path(model: Optional[str]) -> str:
-    """The --model given: a checkpoint directory, or one of RANDOM_MODELS (default: Qwen3-0.6B's exact shapes, 1.2
-    GB; 4 layers of Qwen3-30B-A3B's shapes, 6.1 GB)."""
+    """The --model given: a checkpoint directory, or one of RANDOM_MODELS (default qwen3-0.6b-random)."""
     name = model or "qwen3-0.6b-random"
     if name not in RANDOM_MODELS:
         return name
     path = cache_dir() / "models" / name
     if not (path / "config.json").is_file():
         print(f"building the random-weight checkpoint {name} into {path} (first run only)", file=sys.stderr, flush=True)
-        build_random_checkpoint(path, seed=0, dtype=torch.bfloat16, **RANDOM_MODELS[name])
+        RANDOM_MODELS[name](path)
     return str(path)
 
 

@@ -5,6 +5,7 @@ default model (its weights are random: it produces gibberish, but real Qwen3 ari
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -79,6 +80,77 @@ def build_random_checkpoint(
         if bars:
             hf_logging.enable_progress_bar()
     return path
+
+
+GPTQ_INT4 = {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False,
+             "checkpoint_format": "gptq"}
+"""The quantization_config of Qwen's Qwen3-*-GPTQ-Int4 checkpoints."""
+
+
+def build_random_gptq_checkpoint(path: str | os.PathLike, seed: int = 0, **config_overrides: Any) -> Path:
+    """A random-weight checkpoint in the layout of Qwen's GPTQ-Int4 files (GPTQ_INT4): every decoder projection as
+    random 4-bit values with zero 8 and a float16 scale per group of 128 inputs, every other tensor float16 as
+    build_random_checkpoint makes them. Written one layer per shard, with no dense model: for shapes whose dense
+    weights do not fit in memory or on disk (all 48 layers of Qwen3-30B-A3B: 16 GB here, 61 GB in bfloat16)."""
+    from safetensors.torch import save_file
+
+    from .config import Qwen3Config
+    from .weight_loader import expected_weight_shapes
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=path.name + ".", dir=path.parent))
+    try:
+        # config, generation config and tokenizer as for a dense checkpoint, from one of a single layer
+        build_random_checkpoint(staging / "layout", seed=seed, dtype=torch.bfloat16,
+                                **{**config_overrides, "num_hidden_layers": 1})
+        for file in (staging / "layout").iterdir():
+            if file.suffix != ".safetensors":
+                file.rename(staging / file.name)
+        shutil.rmtree(staging / "layout")
+        config = json.loads((staging / "config.json").read_text())
+        config.update(num_hidden_layers=config_overrides.get("num_hidden_layers", 1), torch_dtype="float16",
+                      quantization_config=GPTQ_INT4)
+        (staging / "config.json").write_text(json.dumps(config, indent=2))
+        qwen3 = Qwen3Config.from_pretrained(staging)
+        int4 = qwen3.int4_checkpoint
+        generator = torch.Generator().manual_seed(seed)
+        shards: dict[str, dict[str, tuple[int, ...]]] = {}  # one per layer, one for the rest
+        for name, shape in expected_weight_shapes(qwen3).items():
+            shards.setdefault(name.split(".")[2] if name.startswith("model.layers.") else "rest", {})[name] = shape
+        weight_map = {}
+        for i, names in enumerate(shards.values()):
+            tensors = {}
+            for name, shape in names.items():
+                if name.endswith("_proj.weight"):
+                    tensors.update(_random_gptq(name[: -len(".weight")], int4.shapes(*shape), generator))
+                elif name.endswith("norm.weight"):
+                    tensors[name] = (1 + 0.2 * torch.randn(shape, generator=generator)).half()
+                else:
+                    tensors[name] = (config["initializer_range"] * torch.randn(shape, generator=generator)).half()
+            file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(tensors, staging / file, metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(tensors, file))
+        (staging / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}, indent=1))
+        if path.exists():
+            shutil.rmtree(path)
+        staging.rename(path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return path
+
+
+def _random_gptq(base: str, shapes: dict[str, tuple[int, ...]], generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """One projection's GPTQ tensors (GPTQ_INT4's v1 storage): random words of 4-bit values, zeros 8 (stored as 7),
+    scales giving values of standard deviation ~0.02 (4.6 steps), and groups in order."""
+    k = shapes["g_idx"][0]
+    group = GPTQ_INT4["group_size"]
+    return {
+        f"{base}.qweight": torch.randint(-2**31, 2**31, shapes["qweight"], dtype=torch.int32, generator=generator),
+        f"{base}.qzeros": torch.full(shapes["qzeros"], 0x77777777, dtype=torch.int32),
+        f"{base}.scales": (0.0043 * (1 + 0.1 * torch.randn(shapes["scales"], generator=generator))).half(),
+        f"{base}.g_idx": (torch.arange(k) // group).to(torch.int32),
+    }
 
 
 def cache_dir() -> Path:

@@ -14,7 +14,7 @@ from transformers import Qwen3MoeForCausalLM
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.loader import load_model
 from python_layer.model.quantization import Int4Weight, QuantizedWeight, write_fp8_checkpoint
-from python_layer.model.random_checkpoint import build_random_checkpoint
+from python_layer.model.random_checkpoint import build_random_checkpoint, build_random_gptq_checkpoint
 from tests.engine_checks import no_request_holds_pages
 from tests.integration.test_parity import _Batch, _prompts, _rel_err
 from tests.server.live_server import start_mili_serve
@@ -104,20 +104,24 @@ SLOW = pytest.mark.slow
 
 
 @pytest.mark.parametrize("weight_dtype", [*(pytest.param(w, marks=SLOW) for w in ("bfloat16", "int8", "fp8")), "int4",
-                                          "fp8-checkpoint"])
+                                          "fp8-checkpoint", "gptq-checkpoint"])
 def test_moe_weight_formats_match_the_reference_backend(moe_dense_layer: Path, weight_dtype: str,
                                                         tmp_path: Path) -> None:
     """Every CPU format through mili_moe (the kernel tests cover each on its own); "fp8-checkpoint": one in the
     layout of Qwen's FP8 releases (Qwen3-30B-A3B-FP8: each expert's projections FP8 with weight_scale_inv),
-    loaded with no flag."""
+    "gptq-checkpoint" of their GPTQ-Int4 ones (the random one the 48-layer benchmark builds), loaded with no flag."""
     path, options = moe_dense_layer, dict(weight_dtype=weight_dtype)
     if weight_dtype == "fp8-checkpoint":
         path, options = write_fp8_checkpoint(moe_dense_layer, tmp_path / "fp8"), {}
+    elif weight_dtype == "gptq-checkpoint":
+        path = build_random_gptq_checkpoint(tmp_path / "gptq", seed=3, **MOE_SHAPES["normalized_dense_layer"])
+        options = {}
     engines = {b: InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", backend=b,
                                                   enable_prefix_caching=False, **options)
                for b in ("mojo", "reference")}
     layer = next(layer for layer in engines["mojo"].model.layers if layer.router is not None)
-    kind = {"int4": Int4Weight, "bfloat16": torch.Tensor}.get(weight_dtype, QuantizedWeight)
+    kind = {"int4": Int4Weight, "gptq-checkpoint": Int4Weight, "bfloat16": torch.Tensor}.get(weight_dtype,
+                                                                                           QuantizedWeight)
     assert isinstance(layer.experts_gate_up, kind) and isinstance(layer.experts_down, kind)
     if weight_dtype.startswith("fp8"):
         assert layer.experts_gate_up.weight.dtype == torch.float8_e4m3fn

@@ -13,7 +13,7 @@ from python_layer.model.config import Qwen3Config
 from python_layer.model.int4_checkpoints import Int4Checkpoint, write_int4_checkpoint
 from python_layer.model.qwen3_model import resolve_weight_dtype
 from python_layer.model.quantization import INT4_BLOCK_K, Int4Weight, cat_rows, convert, quantize_int4
-from python_layer.model.random_checkpoint import build_random_checkpoint
+from python_layer.model.random_checkpoint import GPTQ_INT4, build_random_checkpoint, build_random_gptq_checkpoint
 from python_layer.model.weight_loader import WeightLoader
 
 # K a multiple of 128 (AWQ's groups must divide it), N not a multiple of 64: q 640, k / v 80, gate / up 640, down
@@ -168,6 +168,25 @@ def test_gptq_checkpoint_reads_exactly(dense: Path, tmp_path: Path, bits: int, g
     assert torch.equal(_read(path, packed=False), theirs)
     dense_weight = load_file(dense / "model.safetensors")[LAYER + ".weight"].float()
     assert (theirs - dense_weight).norm() < (0.15 if bits == 4 else 0.01) * dense_weight.norm()
+
+
+def test_random_gptq_checkpoint_is_in_qwens_layout(tmp_path: Path) -> None:
+    """build_random_gptq_checkpoint (the 48-layer Qwen3-30B-A3B benchmark's) writes GPTQ-Int4 as Qwen's releases
+    have it: sharded with an index, symmetric 4-bit groups of 128 in order, read by MILI as int4 repacked exactly."""
+    shape = {**INT4_SHAPES, "num_hidden_layers": 2}
+    path = build_random_gptq_checkpoint(tmp_path / "gptq", seed=2, **shape)
+    config = json.loads((path / "config.json").read_text())
+    assert config["quantization_config"] == GPTQ_INT4 and config["num_hidden_layers"] == 2
+    assert sorted(p.name for p in path.glob("*.safetensors")) == [f"model-0000{i}-of-00003.safetensors"
+                                                                   for i in (1, 2, 3)]
+    tensors = {name.rpartition(".")[2]: t for name, t in load_file(path / "model-00002-of-00003.safetensors").items()
+               if name.startswith(LAYER + ".")}
+    assert (tensors["qzeros"] == 0x77777777).all() and torch.equal(tensors["g_idx"], torch.arange(384) // 128)
+    theirs = _gptq_dequantize(tensors, 4)
+    assert 0.015 < theirs.std() < 0.025
+    weight = _read(path)
+    assert isinstance(weight, Int4Weight)
+    _assert_repacked(weight, theirs)
 
 
 def test_bad_4bit_configs_are_refused(dense: Path, tmp_path: Path) -> None:
