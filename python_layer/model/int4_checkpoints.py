@@ -120,9 +120,10 @@ def int4_checkpoint(quantization_config: Optional[Mapping]) -> Optional[Int4Chec
 
 def _unpack(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     """int32 words -> their 32 / bits values (uint8), along `dim`, value i of a word at bits i * bits."""
-    shifts = torch.arange(0, 32, bits, dtype=torch.int32, device=packed.device)
-    words = packed.to(torch.int32).unsqueeze(-1)
-    values = ((words >> shifts) & ((1 << bits) - 1)).to(torch.uint8)  # [..., per_word]
+    # a word's bytes in memory order, lowest first (little-endian, as every machine MILI runs on)
+    word_bytes = packed.to(torch.int32).contiguous().view(torch.uint8).view(*packed.shape, 4)
+    values = word_bytes if bits == 8 else torch.stack((word_bytes & 15, word_bytes >> 4), dim=-1)
+    values = values.reshape(*packed.shape, 32 // bits)  # [..., per_word]
     if dim == 1:
         return values.reshape(packed.shape[0], -1)
     return values.permute(0, 2, 1).reshape(-1, packed.shape[1])

@@ -225,6 +225,8 @@ def dense(weight: LinearWeight, dtype: torch.dtype) -> torch.Tensor:
 
 def cat_rows(parts: Sequence[LinearWeight]) -> LinearWeight:
     """Weights of several layers stacked along N (q, k, v; gate, up), in the format they share."""
+    if len(parts) == 1:
+        return parts[0]
     if isinstance(parts[0], Int4Weight):
         if any(not isinstance(p, Int4Weight) or (p.bits, *p[3:]) != (parts[0].bits, *parts[0][3:]) for p in parts):
             raise ValueError("cannot stack 4-bit weights with other formats, bits, blocks or input sizes")

@@ -18,7 +18,7 @@ from ..memory.kv_cache_manager import DEFAULT_PAGE_SIZE, PagedKVCache
 from .attention_metadata import AttentionMetadata
 from .config import Qwen3Config
 from .quantization import (
-    Int4Weight, LinearWeight, QuantizedWeight, cat_rows, convert, lm_head_dtype, parse_weight_dtype, stack_experts,
+    Int4Weight, LinearWeight, QuantizedWeight, convert, lm_head_dtype, parse_weight_dtype, stack_experts,
 )
 # imports MAX here, on the importing (main) thread: MAX enters its MLIR context there
 from .qwen3_graph import CompiledQwen3
@@ -173,10 +173,10 @@ class Qwen3CausalLM:
 
     def _formatted(self, loader: WeightLoader, *names: str, weight_dtype: Optional[str] = None) -> LinearWeight:
         weight_dtype = weight_dtype or self.weight_dtype
-        parts = [loader.get_linear(n, packed=weight_dtype in ("int4", "int6")) for n in names]
-        if self._dense_unless_int4 and not any(isinstance(p, Int4Weight) for p in parts):
+        weight = loader.get_linears(names, packed=weight_dtype in ("int4", "int6"))
+        if self._dense_unless_int4 and not isinstance(weight, Int4Weight):
             weight_dtype = str(self.dtype).split(".")[-1]
-        return convert(cat_rows(parts), weight_dtype, self.dtype)
+        return convert(weight, weight_dtype, self.dtype)
 
     def _tileable(self, weight: LinearWeight) -> bool:
         """Whether the Mojo decode kernel reads weight in an order of its own (bindings/reference.tile_weight; batch-1
