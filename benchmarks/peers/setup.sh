@@ -2,7 +2,7 @@
 # Sets up the peers of `mili bench peers` and `mili bench serving`: builds llama.cpp's own C++ tools (llama-bench,
 # llama-batched-bench, llama-server, llama-quantize) for this CPU (-DGGML_NATIVE=ON) from the llama.cpp source
 # vendored in llama-cpp-python's source distribution, and writes the benchmark checkpoint's GGUFs: f32, bf16 and
-# q8_0 by llama.cpp's own convert_hf_to_gguf.py, Q4_0 and Q4_K_M by llama-quantize from the f32 one.
+# q8_0 by llama.cpp's own convert_hf_to_gguf.py, Q4_0 and Q4_K_M by llama-quantize from the f32 one (or q8_0).
 #
 #   . .venv/bin/activate && bash benchmarks/peers/setup.sh [CHECKPOINT_DIR]
 #   . .venv/bin/activate && bash benchmarks/peers/setup.sh vllm      # vLLM's CPU build in .peers/vllm/
@@ -80,8 +80,12 @@ PYTHONPATH="$SITE" "$PY" -c 'import gguf' 2>/dev/null || \
 # 3. the GGUFs, written by llama.cpp's converter (it reads config.json, the safetensors and the tokenizer files)
 OUT="$WORK/gguf/$(basename "$CKPT")"
 mkdir -p "$OUT"
-# GGUF_TYPES: the files to write (default all; the 4-bit ones are quantized from f32)
+# GGUF_TYPES: the files to write (default all). GGUF_4BIT_FROM: the one the 4-bit ones are quantized from, f32
+# (default) or q8_0 for a checkpoint whose f32 GGUF does not fit on disk (qwen3-30b-a3b-gptq-int4-random: 122 GB
+# of f32, 32.5 GB of q8_0; `GGUF_TYPES="q8_0 q4_0" GGUF_4BIT_FROM=q8_0`, then delete q8_0.gguf if it is not wanted)
 TYPES="${GGUF_TYPES:-f32 bf16 q8_0 q4_0 q4_k_m}"
+FROM="${GGUF_4BIT_FROM:-f32}"
+REQUANTIZE=$([ "$FROM" = f32 ] || echo --allow-requantize)
 for t in f32 bf16 q8_0; do
     if [[ " $TYPES " == *" $t "* ]] && [ ! -s "$OUT/$t.gguf" ]; then
         PYTHONPATH="$SITE" "$PY" "$LLAMA_CPP/convert_hf_to_gguf.py" "$CKPT" --outtype "$t" --outfile "$OUT/$t.gguf.part"
@@ -90,7 +94,8 @@ for t in f32 bf16 q8_0; do
 done
 for t in q4_0 q4_k_m; do
     if [[ " $TYPES " == *" $t "* ]] && [ ! -s "$OUT/$t.gguf" ]; then
-        "$BIN/llama-quantize" "$OUT/f32.gguf" "$OUT/$t.gguf.part" "$(echo $t | tr a-z A-Z)" "$(nproc)" >/dev/null 2>&1
+        "$BIN/llama-quantize" $REQUANTIZE "$OUT/$FROM.gguf" "$OUT/$t.gguf.part" "$(echo $t | tr a-z A-Z)" "$(nproc)" \
+            >/dev/null 2>&1
         mv "$OUT/$t.gguf.part" "$OUT/$t.gguf"
     fi
 done
