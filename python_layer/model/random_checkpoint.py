@@ -5,12 +5,13 @@ default model (its weights are random: it produces gibberish, but real Qwen3 ari
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -43,29 +44,51 @@ def build_random_checkpoint(
     Weights are N(0, initializer_range) with norm weights around 1 (not exactly 1, so that a norm applied with
     the wrong weight shows up in parity tests). Built in a temporary directory and renamed into place.
     """
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import Qwen3ForCausalLM, Qwen3MoeForCausalLM
     from transformers.utils import logging as hf_logging
 
-    path = Path(path)
-    moe = "num_experts" in config_overrides
-    config = (Qwen3MoeConfig if moe else Qwen3Config)(**{
-        "vocab_size": QWEN3_VOCAB, "max_position_embeddings": 40960, "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6,
-        "initializer_range": 0.1, "bos_token_id": 151643, "eos_token_id": 151645, **config_overrides,
-    })
+    config = _hf_config(**config_overrides)
     torch.manual_seed(seed)
     # a MoE is made in its dtype at once: Qwen3-30B-A3B's layers are 1.2 GB each in float32
+    moe = "num_experts" in config_overrides
     model = Qwen3MoeForCausalLM._from_config(config, dtype=dtype) if moe else Qwen3ForCausalLM(config)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.copy_(1 + 0.2 * torch.randn_like(param))
     model = model.to(dtype)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=path.name + ".", dir=path.parent))
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a bar's carriage returns run into the server's log lines
     try:
-        model.save_pretrained(staging, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
+        with _staged(path) as staging:
+            model.save_pretrained(staging, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    return Path(path)
+
+
+def _hf_config(**overrides: Any) -> Any:
+    """transformers' Qwen3Config (Qwen3MoeConfig when `num_experts` is given) with Qwen3's vocabulary and defaults."""
+    from transformers import Qwen3Config, Qwen3MoeConfig
+
+    return (Qwen3MoeConfig if "num_experts" in overrides else Qwen3Config)(**{
+        "vocab_size": QWEN3_VOCAB, "max_position_embeddings": 40960, "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6,
+        "initializer_range": 0.1, "bos_token_id": 151643, "eos_token_id": 151645, **overrides,
+    })
+
+
+@contextlib.contextmanager
+def _staged(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary directory beside `path` to write a checkpoint's weights into; then Qwen3's generation config and
+    tokenizer files go beside them, and it is renamed into place (replacing `path`). Removed if the writing fails."""
+    from transformers import GenerationConfig
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=path.name + ".", dir=path.parent))
+    try:
+        yield staging
         GenerationConfig(
             bos_token_id=151643, eos_token_id=EOS_TOKEN_IDS, pad_token_id=151643,
             do_sample=True, temperature=0.6, top_k=20, top_p=0.95,
@@ -77,9 +100,6 @@ def build_random_checkpoint(
         staging.rename(path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-        if bars:
-            hf_logging.enable_progress_bar()
-    return path
 
 
 GPTQ_INT4 = {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False,
@@ -97,27 +117,16 @@ def build_random_gptq_checkpoint(path: str | os.PathLike, seed: int = 0, **confi
     from .config import Qwen3Config
     from .weight_loader import expected_weight_shapes
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=path.name + ".", dir=path.parent))
-    try:
-        # config, generation config and tokenizer as for a dense checkpoint, from one of a single layer
-        build_random_checkpoint(staging / "layout", seed=seed, dtype=torch.bfloat16,
-                                **{**config_overrides, "num_hidden_layers": 1})
-        for file in (staging / "layout").iterdir():
-            if file.suffix != ".safetensors":
-                file.rename(staging / file.name)
-        shutil.rmtree(staging / "layout")
-        config = json.loads((staging / "config.json").read_text())
-        config.update(num_hidden_layers=config_overrides.get("num_hidden_layers", 1), torch_dtype="float16",
-                      quantization_config=GPTQ_INT4)
+    config = _hf_config(**config_overrides).to_dict()
+    config.update(dtype="float16", quantization_config=GPTQ_INT4)
+    qwen3 = Qwen3Config.from_dict(config)
+    int4 = qwen3.int4_checkpoint
+    generator = torch.Generator().manual_seed(seed)
+    shards: dict[str, dict[str, tuple[int, ...]]] = {}  # one per layer, one for the rest
+    for name, shape in expected_weight_shapes(qwen3).items():
+        shards.setdefault(name.split(".")[2] if name.startswith("model.layers.") else "rest", {})[name] = shape
+    with _staged(path) as staging:
         (staging / "config.json").write_text(json.dumps(config, indent=2))
-        qwen3 = Qwen3Config.from_pretrained(staging)
-        int4 = qwen3.int4_checkpoint
-        generator = torch.Generator().manual_seed(seed)
-        shards: dict[str, dict[str, tuple[int, ...]]] = {}  # one per layer, one for the rest
-        for name, shape in expected_weight_shapes(qwen3).items():
-            shards.setdefault(name.split(".")[2] if name.startswith("model.layers.") else "rest", {})[name] = shape
         weight_map = {}
         for i, names in enumerate(shards.values()):
             tensors = {}
@@ -132,12 +141,7 @@ def build_random_gptq_checkpoint(path: str | os.PathLike, seed: int = 0, **confi
             save_file(tensors, staging / file, metadata={"format": "pt"})
             weight_map.update(dict.fromkeys(tensors, file))
         (staging / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}, indent=1))
-        if path.exists():
-            shutil.rmtree(path)
-        staging.rename(path)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return path
+    return Path(path)
 
 
 def _random_gptq(base: str, shapes: dict[str, tuple[int, ...]], generator: torch.Generator) -> dict[str, torch.Tensor]:
