@@ -14,10 +14,10 @@
 # Without those instructions the same numbers are computed with float32 FMAs / int32 multiplies.
 # FP8 weights are widened as utils/types.widen does: to their value times 2^-8 (FP8_SCALE goes into the scale).
 # CPU, by the number of rows M:
-#   decode (M <= DECODE_ROWS): every weight byte crosses the memory bus once, prefetched PREFETCH_BYTES ahead (all
-#     formats but float32). A tile of NR weight rows is widened in registers (or fed to the dot-product
-#     instructions as it is) for MR rows of x at a time; for the next MR rows it is read again from L1, not from
-#     memory. int8 on AVX2: a tile of one weight row for every row of x.
+#   decode (M <= DECODE_ROWS; int8 on AVX2 I8_MADD_DECODE_ROWS): every weight byte crosses the memory bus once,
+#     prefetched PREFETCH_BYTES ahead (all formats but float32). A tile of NR weight rows is widened in registers
+#     (or fed to the dot-product instructions as it is) for MR rows of x at a time; for the next MR rows it is read
+#     again from L1, not from memory. int8 on AVX2: a tile of one weight row for every row of x.
 #   prefill: a panel of PANEL weight rows is widened once into a float32 [K, PANEL] buffer (L2), and a
 #     PANEL_ROWS x PANEL register tile of y is computed from it for every PANEL_ROWS rows of x. With AVX512_BF16,
 #     bfloat16 weights are packed in pairs instead ([K / 2, PANEL] pairs) for vdpbf16ps: twice the FMAs' work. With
@@ -68,6 +68,11 @@ a decode tile rereads its weight rows from L1 for every row of x, a panel costs 
 do not repay. Decode steps of Qwen3-0.6B's shape on a 2-core Zen 4, against a threshold of 8: at 16 rows 107 against
 173 ms in bfloat16, at 32 190 / 251 (int8 and int4 then had decode tiles too: 99 / 157 and 100 / 158 at 16 rows; at
 64 their panels won, 304 / 373 and 316 / 384)."""
+comptime I8_MADD_DECODE_ROWS = 128
+"""DECODE_ROWS for int8 weights on AVX2 without VNNI: there the decode tiles multiply int8 x by vpmaddubsw and the
+panels widen both to float32, and the int8 products win up to here (the linears of a Qwen3-30B-A3B expert on a Zen 3,
+GMAC/s at 33 / 64 / 128 / 512 rows of x: 48.9 / 51.5 / 51.9 / 50.1 against the panels' 31.7 / 47.1 / 49.9 / 57.3;
+a MoE prefill gives each expert ~top_k / experts of the tokens)."""
 comptime I8_ROW_TILE = 8
 """Rows of x per int8 decode tile without VNNI (one weight row at a time: an accumulator per row of x)."""
 comptime PANEL = 2 * F32_WIDTH
@@ -1100,7 +1105,7 @@ def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
 ):
     """The decode tiles or the panels packed per call (every format and layout but tiled int8)."""
     var n, k = wt.n, wt.k
-    var decode = m <= DECODE_ROWS
+    var decode = m <= (I8_MADD_DECODE_ROWS if w_type == DType.int8 and I8_MADD and not I8_DOT else DECODE_ROWS)
     # int8 prefill with VNNI: quads of x against quads of a panel (which must not straddle a block)
     var quads = False
     comptime if w_type == DType.int8 and I8_DOT:

@@ -15,7 +15,9 @@ from max.gpu.host import DeviceContext
 from std.math import ceildiv, exp
 
 from ..utils.parallel import MojoThreads, Runner
-from ..utils.types import addr, ptr, list_ptr, Addr, F16, F32, Ptr, check_same, is_fp8
+from ..utils.types import (
+    addr, ptr, list_ptr, convert_row, load_f32, Addr, F16, F32, F32_WIDTH, Ptr, check_same, is_fp8,
+)
 from .activations import silu_and_mul_cpu
 from .linear import linear_cpu
 from .linear_int4 import linear_int4_cpu, GROUP, TILE_ROWS, tile_bits
@@ -136,18 +138,25 @@ def moe_cpu[a_type: DType, w_type: DType, tiled: Bool, packed: Bool, R: Runner](
             continue
         for r in range(rows):
             var token = order[start[e] + r] // top_k
-            for c in range(h):
-                xe[r * h + c] = x.unsafe_load(token * h + c)
+            convert_row(list_ptr(xe), r * h, x, token * h, h)
         experts.run[a_type, R, True](runner, list_ptr(gate_up), list_ptr(xe), rows, e)
         silu_and_mul_cpu[a_type](runner, list_ptr(act), list_ptr(gate_up), rows, inter)
         experts.run[a_type, R, False](runner, list_ptr(out), list_ptr(act), rows, e)
         for r in range(rows):
             var p = order[start[e] + r]
-            var token, weight = p // top_k, weights[p]
-            for c in range(h):
-                acc[token * h + c] += weight * out[r * h + c].cast[F32]()
-    for i in range(t * h):
-        y.unsafe_store(i, acc[i].cast[a_type]())
+            _add_scaled(list_ptr(acc), (p // top_k) * h, list_ptr(out), r * h, weights[p], h)
+    convert_row(y, 0, list_ptr(acc), 0, t * h)
+
+
+def _add_scaled[dtype: DType](acc: Ptr[F32], acc_at: Int, row: Ptr[dtype], row_at: Int, weight: Float32, n: Int):
+    """acc[acc_at : acc_at + n] += weight * row[row_at : row_at + n], by vectors."""
+    var i = 0
+    while i + F32_WIDTH <= n:
+        var v = load_f32[dtype, F32_WIDTH](row, row_at + i)
+        acc.unsafe_store(acc_at + i, v.fma(weight, acc.unsafe_load[width=F32_WIDTH](acc_at + i)))
+        i += F32_WIDTH
+    for j in range(i, n):
+        acc.unsafe_store(acc_at + j, load_f32[dtype, 1](row, row_at + j).fma(weight, acc.unsafe_load(acc_at + j)))
 
 
 def check_moe(t: Int, h: Int, y_t: Int, y_h: Int, logit_rows: Int, e_count: Int, gate_up_experts: Int,
