@@ -190,8 +190,9 @@ def rewrite_projections(src: str | os.PathLike, dst: str | os.PathLike,
             shutil.copyfile(file, dst / file.name)
     config = json.loads((src / "config.json").read_text())
     config["quantization_config"] = quantization_config
-    if torch_dtype:
-        config["torch_dtype"] = torch_dtype
+    if torch_dtype:  # under the keys the source has (transformers 5 writes `dtype`), so that they agree
+        keys = [key for key in ("dtype", "torch_dtype") if key in config] or ["torch_dtype"]
+        config.update(dict.fromkeys(keys, torch_dtype))
     (dst / "config.json").write_text(json.dumps(config, indent=2))
     return dst
 

@@ -141,6 +141,9 @@ def test_awq_checkpoint_reads_into_int4_exactly(dense: Path, tmp_path: Path) -> 
     theirs = _awq_dequantize(_layer(path), 128)
     _assert_repacked(_read(path), theirs)
     assert torch.equal(_read(path, packed=False), theirs)
+    # the bfloat16 source's dtype key(s) now say float16, as these checkpoints are, none left stale
+    dtypes = lambda p: {json.loads((p / "config.json").read_text()).get(key) for key in ("dtype", "torch_dtype")}
+    assert "bfloat16" in dtypes(dense) and dtypes(path) - {None} == {"float16"}
     config = Qwen3Config.from_pretrained(path)
     assert resolve_weight_dtype("auto", config, torch.float32, torch.device("cpu")) == "int4"
     assert resolve_weight_dtype("auto", config, torch.bfloat16, torch.device("cuda")) == "bfloat16"
