@@ -14,15 +14,15 @@
 # Without those instructions the same numbers are computed with float32 FMAs / int32 multiplies.
 # FP8 weights are widened as utils/types.widen does: to their value times 2^-8 (FP8_SCALE goes into the scale).
 # CPU, by the number of rows M:
-#   decode (M <= DECODE_ROWS; int8 on AVX2 I8_MADD_DECODE_ROWS): every weight byte crosses the memory bus once,
+#   decode (M <= DECODE_ROWS): every weight byte crosses the memory bus once,
 #     prefetched PREFETCH_BYTES ahead (all formats but float32). A tile of NR weight rows is widened in registers
 #     (or fed to the dot-product instructions as it is) for MR rows of x at a time; for the next MR rows it is read
 #     again from L1, not from memory. int8 on AVX2: a tile of one weight row for every row of x.
 #   prefill: a panel of PANEL weight rows is widened once into a float32 [K, PANEL] buffer (L2), and a
 #     PANEL_ROWS x PANEL register tile of y is computed from it for every PANEL_ROWS rows of x. With AVX512_BF16,
 #     bfloat16 weights are packed in pairs instead ([K / 2, PANEL] pairs) for vdpbf16ps: twice the FMAs' work. With
-#     AVX512_VNNI, int8 weights in quads ([K / 4, PANEL] quads, with their scales per block) for vpdpbusd against x
-#     quantized per block (block_k a multiple of 4; else the float32 panels).
+#     AVX512_VNNI or AVX2, int8 weights in quads ([K / 4, PANEL] quads, with their scales per block) for vpdpbusd
+#     (vpmaddubsw + vpmaddwd) against x quantized per block (block_k a multiple of 4; else the float32 panels).
 #   AMX (linear_amx.mojo), from AMX_ROWS rows of x on: bfloat16 weights' pair panels against x as AMX tiles; tiled
 #     int8 weights' quad panels in place, block by block (block_k a multiple of 64).
 # Tiled weights (mili_linear_tiled, CPU only; float32, bfloat16 and int8): w as [N / R, K / C, R, C], R =
@@ -36,7 +36,7 @@
 #     packed; block_k a multiple of 4, the scales stay [N, K / block_k]). The quad panel tile does 12 vpdpbusd per 8
 #     loads where the decode tile does 8 per 6 loads and 4 sign flips and converts its block sums per weight row:
 #     linears of Qwen3-0.6B's shape at 16-32 rows of x took 0.4x the time of the decode tiles on a Zen 4, at one row
-#     the same.
+#     the same. On AVX2 (Zen 3, 2 threads, a linear of Qwen3-0.6B's MLP shape) 0.6-0.8x from 8 to 512 rows.
 # GPU: a thread per output element (the model graph dequantizes to bfloat16 and uses MAX's matmul there).
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
@@ -68,11 +68,6 @@ a decode tile rereads its weight rows from L1 for every row of x, a panel costs 
 do not repay. Decode steps of Qwen3-0.6B's shape on a 2-core Zen 4, against a threshold of 8: at 16 rows 107 against
 173 ms in bfloat16, at 32 190 / 251 (int8 and int4 then had decode tiles too: 99 / 157 and 100 / 158 at 16 rows; at
 64 their panels won, 304 / 373 and 316 / 384)."""
-comptime I8_MADD_DECODE_ROWS = 128
-"""DECODE_ROWS for int8 weights on AVX2 without VNNI: there the decode tiles multiply int8 x by vpmaddubsw and the
-panels widen both to float32, and the int8 products win up to here (the linears of a Qwen3-30B-A3B expert on a Zen 3,
-GMAC/s at 33 / 64 / 128 / 512 rows of x: 48.9 / 51.5 / 51.9 / 50.1 against the panels' 31.7 / 47.1 / 49.9 / 57.3;
-a MoE prefill gives each expert ~top_k / experts of the tokens)."""
 comptime I8_ROW_TILE = 8
 """Rows of x per int8 decode tile without VNNI (one weight row at a time: an accumulator per row of x)."""
 comptime PANEL = 2 * F32_WIDTH
@@ -102,9 +97,9 @@ comptime PARALLEL_X_ROWS = 128
 more than the work)."""
 comptime I8_DOT = CompilationTarget._has_feature["avx512vnni"]()
 comptime I8_MADD = CompilationTarget._has_feature["avx2"]()
-comptime I8_TILED = I8_DOT
-"""Whether int8 weights are best tiled on this CPU (the model loader asks, bindings/eager): with VNNI the quad
-panels, read in place; on AVX2 the decode tile reads one row at a time, for which [N, K] is the order it reads."""
+comptime I8_TILED = I8_DOT or I8_MADD
+"""Whether int8 weights are best tiled on this CPU (the model loader asks, bindings/eager): as quad panels, read in
+place, with VNNI or AVX2 (elsewhere nothing multiplies a quad at once)."""
 comptime I8_OFFSET = Int32(128) if I8_DOT else Int32(0)
 """What vpdpbusd adds to each weight (see _dot_i8); the other paths multiply the weights as they are."""
 comptime DOT_LANES = F32_WIDTH
@@ -112,9 +107,10 @@ comptime DOT_LANES = F32_WIDTH
 comptime I8_X_MAX = Float32(127)
 comptime I8_ROWS = 2
 """Rows of x per int8 decode tile with VNNI: an int32 block sum and a float32 total per pair, 2 x NR x 2 vectors."""
-comptime QUAD_PANEL_ROWS = 6
-"""Rows of x per int8 quad-panel register tile (VNNI only): 12 int32 block sums, 12 float32 totals, 2 panel vectors
-and a broadcast."""
+comptime QUAD_PANEL_ROWS = 6 if DOT_LANES == 16 else 4
+"""Rows of x per int8 quad-panel register tile: on AVX-512 12 int32 block sums, 12 float32 totals, 2 panel vectors
+and a broadcast; AVX2's 16 registers take 4 rows (a linear of Qwen3-0.6B's MLP shape on one Zen 3 core: 6 rows 52
+GMAC/s, 3 rows 62, 4 rows 66)."""
 comptime TILE_BYTES = 64
 """Bytes of each weight row per step of a tiled float32 / bfloat16 weight's stream: a cache line."""
 comptime I8_TILE_ROWS = 32
@@ -580,7 +576,7 @@ def _pair_panel_tile[a_type: DType, rows: Int](
 def _pack_quad_panel[w_type: DType, tiled: Bool](panel: Ptr[DType.uint32], panel_scales: Ptr[F32], wt: _Weights[w_type, tiled],
                                                 n0: Int):
     """panel[kq * PANEL + c] = the int8 quad w[n0 + c, 4kq : 4kq + 4] (vpdpbusd's layout), bytes past the last column
-    -128 (0 once _dot_i8 offsets them: whatever x holds there adds nothing); panel_scales[kb * PANEL + c] = the
+    -I8_OFFSET (0 once _dot_i8 offsets them: whatever x holds there adds nothing); panel_scales[kb * PANEL + c] = the
     weight scale of row n0 + c and block kb, 0 past the last row (its quads, left as they are, add nothing). Each
     64-byte run of a row is loaded as one vector of 16 quads."""
     comptime RUN = TILE_BYTES // size_of[w_type]()
@@ -596,7 +592,7 @@ def _pack_quad_panel[w_type: DType, tiled: Bool](panel: Ptr[DType.uint32], panel
             _pack_run(panel, wt, n, k, c)
             k += RUN
         for kq in range(k // 4, ceildiv(K, 4)):
-            var quad = SIMD[DType.int8, 4](-128)
+            var quad = SIMD[DType.int8, 4](Int8(-I8_OFFSET))
             comptime for e in range(4):
                 if 4 * kq + e < K:
                     quad[e] = w.unsafe_load(wt.at(n, 4 * kq + e))
@@ -1105,10 +1101,10 @@ def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
 ):
     """The decode tiles or the panels packed per call (every format and layout but tiled int8)."""
     var n, k = wt.n, wt.k
-    var decode = m <= (I8_MADD_DECODE_ROWS if w_type == DType.int8 and I8_MADD and not I8_DOT else DECODE_ROWS)
-    # int8 prefill with VNNI: quads of x against quads of a panel (which must not straddle a block)
+    var decode = m <= DECODE_ROWS
+    # int8 prefill with VNNI or AVX2: quads of x against quads of a panel (which must not straddle a block)
     var quads = False
-    comptime if w_type == DType.int8 and I8_DOT:
+    comptime if w_type == DType.int8 and I8_TILED:
         quads = wt.block_k % 4 == 0
     # the effective x (see the top): bfloat16 weights read x rounded, int8 weights x quantized
     var rounded = List[BFloat16]()
@@ -1144,7 +1140,7 @@ def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
     else:
         comptime if w_type == DType.bfloat16 and BF16_DOT:
             runner.run(_PairPanelTiles[a_type, w_type, tiled](y, xb, wt, m), ceildiv(n, PANEL), serial)
-        elif w_type == DType.int8 and I8_DOT:
+        elif w_type == DType.int8 and I8_TILED:
             if quads:
                 runner.run(_QuadPanelTiles[a_type, w_type, tiled](y, xq, wt, m), ceildiv(n, PANEL), serial)
             else:
