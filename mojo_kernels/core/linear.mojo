@@ -45,7 +45,7 @@ from std.collections import Array
 from std.math import ceildiv
 from std.memory import bitcast, unsafe_memset_zero
 from std.sys import CompilationTarget, llvm_intrinsic, size_of
-from std.sys.intrinsics import prefetch, PrefetchOptions
+from std.sys.intrinsics import prefetch, strided_load, PrefetchOptions
 
 from .linear_amx import (
     AMX, AMX_BLOCK, AMX_BYTES, AMX_ROWS, amx_granted, amx_k, amx_padded, amx_rows, amx_start, amx_steps, amx_steps_16,
@@ -107,10 +107,10 @@ comptime DOT_LANES = F32_WIDTH
 comptime I8_X_MAX = Float32(127)
 comptime I8_ROWS = 2
 """Rows of x per int8 decode tile with VNNI: an int32 block sum and a float32 total per pair, 2 x NR x 2 vectors."""
-comptime QUAD_PANEL_ROWS = 6 if DOT_LANES == 16 else 4
-"""Rows of x per int8 quad-panel register tile: on AVX-512 12 int32 block sums, 12 float32 totals, 2 panel vectors
-and a broadcast; AVX2's 16 registers take 4 rows (a linear of Qwen3-0.6B's MLP shape on one Zen 3 core: 6 rows 52
-GMAC/s, 3 rows 62, 4 rows 66)."""
+comptime QUAD_TILE_SUMS = 12 if DOT_LANES == 16 else 8
+"""int32 block sums per int8 quad-panel register tile: on AVX-512 6 rows of x by a panel's 2 vectors, with 12 float32
+totals, 2 panel vectors and a broadcast; AVX2's 16 registers take 8 (a linear of Qwen3-0.6B's MLP shape on one Zen 3
+core, GMAC/s: 12 sums 52, 6 sums 62, 8 sums 66)."""
 comptime TILE_BYTES = 64
 """Bytes of each weight row per step of a tiled float32 / bfloat16 weight's stream: a cache line."""
 comptime I8_TILE_ROWS = 32
@@ -120,6 +120,11 @@ comptime PREFETCH_BYTES = 4096
 LM head at half the memory bandwidth. With the weights on huge pages, 4 KiB ahead streamed the model's linears in
 0.96x (bfloat16) the time of 16 KiB, int8 the same (benchmarks/RESULTS.md). float32 weights are not prefetched:
 their NR rows of a tile lie next to each other, and the hardware prefetchers alone streamed them in 0.97x the time."""
+
+comptime QUAD_PREFETCH_BYTES = 16384
+"""How far ahead a quad panel tile prefetches a stored panel: it reads 128 bytes a step (a weight row's decode tile
+32), and at one row of x, Qwen3-30B-A3B's expert linears streamed in 0.97x the decode tiles' time at 16 KiB, 1.2x at
+4 KiB and 1.3x at 32 KiB (Zen 3)."""
 
 
 @always_inline
@@ -611,48 +616,64 @@ def _broadcast_quad(q: Ptr[DType.uint8], at: Int) -> SIMD[DType.int8, 4 * DOT_LA
 
 
 @always_inline
-def _quad_panel_tile[a_type: DType, rows: Int, stride: Int = PANEL, fetch: Bool = False](
+def _quad_panel_tile[
+    a_type: DType, rows: Int, stride: Int = PANEL, fetch: Bool = False, panels: Int = 1, row_scales: Bool = False
+](
     y: Ptr[a_type], xq: _QuantizedX, panel: Ptr[DType.uint32], panel_scales: Ptr[F32], m0: Int, n0: Int, N: Int, K: Int,
     block_k: Int,
 ):
-    """y[m0 : m0 + rows, n0 : n0 + PANEL] from a quad panel: each step a quad of x broadcast against 2 x 16 quads,
-    exact int32 sums per block, then both scales. K: the rows' stride in xq; `stride`: the panel's and its scales'
-    (a PANEL within a wider one); `fetch`: the panel is read from memory, asked for PREFETCH_BYTES ahead."""
+    """y[m0 : m0 + rows, n0 : n0 + panels * PANEL] from `panels` quad panels side by side: each step a quad of x
+    broadcast against 2 x 16 quads a panel, exact int32 sums per block, then both scales. K: the rows' stride in xq;
+    `stride`: the panels' (within a wider one); panel_scales [k_blocks, stride], or with `row_scales` the weight's own
+    [rows, k_blocks] from the first row on (read by strided loads: a copy transposed per tile cost a one-row pass
+    ~15% on Zen 3); `fetch`: the panels are read from memory, asked for QUAD_PREFETCH_BYTES ahead."""
     comptime assert PANEL == 2 * DOT_LANES, "quad panels are two dot-product accumulators wide"
+    comptime vectors = 2 * panels
     var q = ptr(xq.q).unsafe_bitcast[UInt8]()
-    var acc = Array[SIMD[F32, DOT_LANES], 2 * rows](fill=0)
+    var acc = Array[SIMD[F32, DOT_LANES], vectors * rows](fill=0)
     for kb in range(xq.k_blocks):
-        var dots = Array[SIMD[DType.int32, DOT_LANES], 2 * rows](fill=0)
+        var dots = Array[SIMD[DType.int32, DOT_LANES], vectors * rows](fill=0)
         for kq in range(kb * block_k // 4, ceildiv(min(K, kb * block_k + block_k), 4)):
             comptime if fetch:
-                var ahead = panel.unsafe_bitcast[UInt8]().unsafe_offset(4 * kq * stride + PREFETCH_BYTES)
-                comptime for line in range(0, 4 * PANEL, 64):
+                var ahead = panel.unsafe_bitcast[UInt8]().unsafe_offset(4 * kq * stride + QUAD_PREFETCH_BYTES)
+                comptime for line in range(0, 4 * PANEL * panels, 64):
                     prefetch[PrefetchOptions().for_read().medium_locality()](ahead.unsafe_offset(line))
-            var b0 = bitcast[DType.int8, 4 * DOT_LANES](panel.unsafe_load[width=DOT_LANES](kq * stride))
-            var b1 = bitcast[DType.int8, 4 * DOT_LANES](panel.unsafe_load[width=DOT_LANES](kq * stride + DOT_LANES))
+            var b = Array[SIMD[DType.int8, 4 * DOT_LANES], vectors](fill=0)
+            comptime for v in range(vectors):
+                b[v] = bitcast[DType.int8, 4 * DOT_LANES](panel.unsafe_load[width=DOT_LANES](kq * stride + v * DOT_LANES))
             comptime for i in range(rows):
                 var a = _broadcast_quad(q, (m0 + i) * K + 4 * kq)
-                dots[2 * i] = _dot_i8(dots[2 * i], b0, a)
-                dots[2 * i + 1] = _dot_i8(dots[2 * i + 1], b1, a)
-        var s0 = panel_scales.unsafe_load[width=DOT_LANES](kb * stride)
-        var s1 = panel_scales.unsafe_load[width=DOT_LANES](kb * stride + DOT_LANES)
+                comptime for v in range(vectors):
+                    dots[vectors * i + v] = _dot_i8(dots[vectors * i + v], b[v], a)
+        comptime for v in range(vectors):
+            var s: SIMD[F32, DOT_LANES]
+            comptime if row_scales:
+                s = strided_load[DOT_LANES](panel_scales.unsafe_offset(v * DOT_LANES * xq.k_blocks + kb), xq.k_blocks)
+            else:
+                s = panel_scales.unsafe_load[width=DOT_LANES](kb * stride + v * DOT_LANES)
+            comptime for i in range(rows):
+                var sx = xq.scale(m0 + i, kb)
+                var offset = SIMD[DType.int32, DOT_LANES](I8_OFFSET * xq.sum(m0 + i, kb))
+                acc[vectors * i + v] = (dots[vectors * i + v] - offset).cast[F32]().fma(s * sx, acc[vectors * i + v])
+    comptime for p in range(panels):
+        var part = Array[SIMD[F32, DOT_LANES], 2 * rows](fill=0)
         comptime for i in range(rows):
-            var sx = xq.scale(m0 + i, kb)
-            var offset = SIMD[DType.int32, DOT_LANES](I8_OFFSET * xq.sum(m0 + i, kb))
-            acc[2 * i] = (dots[2 * i] - offset).cast[F32]().fma(s0 * sx, acc[2 * i])
-            acc[2 * i + 1] = (dots[2 * i + 1] - offset).cast[F32]().fma(s1 * sx, acc[2 * i + 1])
-    _store_panel_rows[a_type, rows, DOT_LANES](y, acc, m0, n0, N)
+            part[2 * i] = acc[vectors * i + 2 * p]
+            part[2 * i + 1] = acc[vectors * i + 2 * p + 1]
+        _store_panel_rows[a_type, rows, DOT_LANES](y, part, m0, n0 + p * PANEL, N)
 
 
 def _quad_panel_rows[a_type: DType, stride: Int = PANEL, stored: Bool = False](
     y: Ptr[a_type], xq: _QuantizedX, panel: Ptr[DType.uint32], panel_scales: Ptr[F32], m: Int, n0: Int, N: Int, K: Int,
     block_k: Int,
 ):
-    """y[:, n0 : n0 + PANEL] from a quad panel, QUAD_PANEL_ROWS rows of x at a time (see _quad_panel_tile); `stored`:
-    the panel is the weight itself in memory, prefetched by the first rows' pass (the next ones find it in L2)."""
-    for m0 in range(0, m, QUAD_PANEL_ROWS):
-        var rows = min(QUAD_PANEL_ROWS, m - m0)
-        comptime for r in range(1, QUAD_PANEL_ROWS + 1):
+    """y[:, n0 : n0 + PANEL] from a quad panel, QUAD_TILE_SUMS / 2 rows of x at a time (see _quad_panel_tile);
+    `stored`: the panel is the weight itself in memory, prefetched by the first rows' pass (the next ones find it in
+    L2)."""
+    comptime tile_rows = QUAD_TILE_SUMS // 2
+    for m0 in range(0, m, tile_rows):
+        var rows = min(tile_rows, m - m0)
+        comptime for r in range(1, tile_rows + 1):
             if rows == r:
                 if stored and m0 == 0:
                     _quad_panel_tile[a_type, r, stride, True](y, xq, panel, panel_scales, m0, n0, N, K, block_k)
@@ -993,9 +1014,26 @@ struct _StoredQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
     def run(self, item: Int):
         comptime assert I8_TILE_ROWS % PANEL == 0, "a tile is whole quad panels"
         var n0 = item * I8_TILE_ROWS
+        var panel = ptr(self.wt.w).unsafe_bitcast[UInt32]().unsafe_offset(n0 * (self.wt.k // 4))
+        comptime panels = I8_TILE_ROWS // PANEL
+        comptime one_pass_rows = QUAD_TILE_SUMS // (2 * panels)
+        if self.m <= one_pass_rows:
+            # the whole tile in one pass (AVX2: two panels, a pass each would stream every cache line of the tile from
+            # memory while using half of them: 64 MB of int8 weights at one row of x, 0.77x the speed on Zen 3), its
+            # scales read in place (copied transposed, ~0.85x)
+            var scales = ptr(self.wt.scales)
+            var run = I8_TILE_ROWS * self.wt.k_blocks
+            if n0 + I8_TILE_ROWS < self.wt.n:  # the next tile's scales: a run of memory apart from the weights' stream
+                for at in range(0, run, 64 // size_of[F32]()):
+                    prefetch[PrefetchOptions().for_read().medium_locality()](scales.unsafe_offset(n0 * self.wt.k_blocks + run + at))
+            comptime for rows in range(1, one_pass_rows + 1):
+                if self.m == rows:
+                    _quad_panel_tile[Self.a_type, rows, I8_TILE_ROWS, True, panels, True](
+                        ptr(self.y), self.xq, panel, scales.unsafe_offset(n0 * self.wt.k_blocks), 0, n0, self.wt.n,
+                        self.wt.k, self.wt.block_k)
+            return
         var scale_buffer = _tile_scales(self.wt, n0)
         var panel_scales = list_ptr(scale_buffer)
-        var panel = ptr(self.wt.w).unsafe_bitcast[UInt32]().unsafe_offset(n0 * (self.wt.k // 4))
         comptime for half in range(0, I8_TILE_ROWS, PANEL):
             _quad_panel_rows[stride=I8_TILE_ROWS, stored=True](
                 ptr(self.y), self.xq, panel.unsafe_offset(half), panel_scales.unsafe_offset(half), self.m, n0 + half,

@@ -31,7 +31,7 @@ from ..utils.parallel import ChunkTask, MojoThreads, Runner
 from ..utils.types import addr, ptr, list_ptr, zero_f32, Addr, F16, F32, Ptr, check_same
 from .linear import (
     _QuantizedX, _add_block_dots, _broadcast_quad, _quantized_x, _store_block, _store_panel_rows, DOT_LANES, I8_DOT,
-    I8_MADD, PANEL, PREFETCH_BYTES, QUAD_PANEL_ROWS, SERIAL_MACS,
+    I8_MADD, PANEL, PREFETCH_BYTES, QUAD_TILE_SUMS, SERIAL_MACS,
 )
 from .linear_amx import (
     AMX, AMX_BLOCK, AMX_ROWS, amx_k, amx_padded, amx_rows, amx_steps, amx_store, amx_zero, configure_tiles,
@@ -48,7 +48,7 @@ comptime HALF_BYTES = 64
 """Lane bytes of 16 rows, which share 32 bytes of 6-bit high pairs."""
 comptime S = 4 * DOT_LANES
 """Bytes per dot-product operand: the lanes of DOT_LANES rows."""
-comptime X_ROWS = QUAD_PANEL_ROWS if DOT_LANES == 16 else 3
+comptime X_ROWS = QUAD_TILE_SUMS // 2 if DOT_LANES == 16 else 3
 """Rows of x per register tile: 2 x X_ROWS int32 block sums and float32 totals, 4 weight vectors and 2 broadcasts fit
 AVX-512's 32 registers; AVX2's 16 take 3 rows."""
 
