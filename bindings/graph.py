@@ -125,7 +125,7 @@ def moe_int4(x: TensorValue, logits: TensorValue, gate_up: TensorValue, gate_up_
 
 def linear_tiled(x: TensorValue, tiles: TensorValue, scales: TensorValue, block_k: TensorValue) -> TensorValue:
     """x [M, K] @ dequantize(reference.untile_weight(tiles))^T: tiles [N / R, K / C, R, C], float32, bfloat16 or
-    int8 (with scales [N, K / block_k]), on a CPU."""
+    int8 (with scales [K / block_k, N]: reference.tile_scales), on a CPU."""
     return _custom(
         "mili_linear_tiled", x, [x, tiles, scales, block_k], [[x.shape[0], tiles.shape[0] * tiles.shape[2]]]
     )[0]

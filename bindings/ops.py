@@ -533,7 +533,8 @@ def linear(
 ) -> torch.Tensor:
     """x [M, K] @ dequantize(weight)[N, K]^T (reference.linear): float32 / bfloat16 weights as they are,
     float8_e4m3fn / int8 weights with scales [N, ceil(K / block_k)]; a 4-d float32 / bfloat16 / int8 weight is
-    tiled (reference.tile_weight), on a CPU only."""
+    tiled (reference.tile_weight; an int8 one's scales [ceil(K / block_k), N], reference.tile_scales), on a CPU
+    only."""
     tiled = weight.dim() == 4
     if tiled and (weight.dtype not in TILED_DTYPES or not x.is_cpu):
         raise ValueError(
@@ -545,10 +546,11 @@ def linear(
     if weight.dtype in SCALED_DTYPES:
         if scales is None or block_k <= 0:
             raise ValueError(f"linear: {weight.dtype} weights need scales and a positive block_k")
-        want = (n, -(-k // block_k))
+        want = (-(-k // block_k), n) if tiled else (n, -(-k // block_k))
         if tuple(scales.shape) != want:
-            raise ValueError(f"linear: scales must be {want} for a {(n, k)} weight and block_k {block_k}, "
-                             f"got {tuple(scales.shape)}")
+            raise ValueError(f"linear: scales must be {want} for a {'tiled ' if tiled else ''}{(n, k)} weight and "
+                             f"block_k {block_k}, got {tuple(scales.shape)}"
+                             + (" (reference.tile_scales makes them)" if tiled else ""))
     else:
         scales = _scalar_on(1.0, x.device).view(1, 1)
     y = x.new_empty((x.shape[0], n))

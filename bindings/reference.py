@@ -383,8 +383,8 @@ def can_tile(weight: torch.Tensor, pairs: bool = False) -> bool:
 def tile_weight(weight: torch.Tensor, pairs: bool = False) -> torch.Tensor:
     """A weight [N, K] in the CPU linear kernel's tiled layout [N / R, K / C, R, C] (R = tile_rows rows, C =
     tile_columns columns): each R rows as C-column runs of each row in turn, the order the kernel reads them in.
-    An int8 weight's scales stay [N, K / block_k] (block_k a multiple of C). pairs: a bfloat16 weight as pair
-    panels (R 32, C 2)."""
+    An int8 weight's scales go with it as tile_scales makes them (block_k a multiple of C). pairs: a bfloat16 weight
+    as pair panels (R 32, C 2)."""
     if not can_tile(weight, pairs):
         kind = "a bfloat16" if pairs else "a float32 / bfloat16 / int8"
         raise ValueError(
@@ -394,6 +394,12 @@ def tile_weight(weight: torch.Tensor, pairs: bool = False) -> torch.Tensor:
     n, k = weight.shape
     r, c = tile_rows(weight.dtype, pairs), tile_columns(weight.dtype, pairs)
     return weight.reshape(n // r, r, k // c, c).transpose(1, 2).contiguous()
+
+
+def tile_scales(scales: torch.Tensor) -> torch.Tensor:
+    """A tiled int8 weight's scales: [K / block_k, N] from [N, K / block_k], so that a tile's scales of a block are one
+    run of memory (the kernel's vectors of them, as the 4-bit format's)."""
+    return scales.t().contiguous()
 
 
 def untile_weight(tiles: torch.Tensor) -> torch.Tensor:
@@ -406,8 +412,10 @@ def linear(
     x: torch.Tensor, weight: torch.Tensor, scales: Optional[torch.Tensor] = None, block_k: int = 0
 ) -> torch.Tensor:
     """effective_x(x) [M, K] @ dequantize(weight)[N, K]^T in float32, in x's dtype; a 4-d weight is tiled
-    (tile_weight)."""
+    (tile_weight; an int8 one's scales by tile_scales)."""
     if weight.dim() == 4:
+        if weight.dtype == torch.int8:
+            scales = scales.t()
         weight = untile_weight(weight)
     return torch.matmul(effective_x(x, weight, block_k), dequantize(weight, scales, block_k).t()).to(x.dtype)
 

@@ -286,7 +286,9 @@ def run_linear_tiled(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     weight, scales, block_k = linear_weight(n, k, weight_dtype, device)
     tiles = ref.tile_weight(weight)
     assert torch.equal(ref.untile_weight(tiles), weight)
-    _assert_linear_matches(ops.linear(x, tiles, scales, block_k), ref.linear(x, weight, scales, block_k), dtype)
+    tiled_scales = ref.tile_scales(scales) if weight.dtype == torch.int8 else scales
+    assert torch.equal(ref.linear(x, tiles, tiled_scales, block_k), ref.linear(x, weight, scales, block_k))
+    _assert_linear_matches(ops.linear(x, tiles, tiled_scales, block_k), ref.linear(x, weight, scales, block_k), dtype)
 
 
 def run_linear_pair_panels(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
@@ -341,7 +343,9 @@ def _expert_weight(n: int, k: int, fmt: str) -> tuple[tuple, callable]:
     weight, scales, block_k = linear_weight(n, k, dtype, "cpu", 64 if fmt == "int8-tiled" else 32)
     if weight.is_floating_point() and weight.dtype != torch.float8_e4m3fn:
         weight = weight * k**-0.5  # unscaled, silu(gate) * up grows as K
-    tensors = (ref.tile_weight(weight) if fmt.endswith("tiled") else weight,) + ((scales,) if block_k else ())
+    tiled = fmt.endswith("tiled")
+    tensors = (ref.tile_weight(weight) if tiled else weight,) + (
+        (ref.tile_scales(scales) if tiled else scales,) if block_k else ())
     return tensors, lambda x: ref.linear(x, weight, scales, block_k)
 
 

@@ -33,7 +33,8 @@
 #     linears at batch 1: bfloat16 ~1.1x faster on the AVX2 VM, whose prefetchers keep fewer streams going than the
 #     tile has rows; 1.17x on the Zen 5 VM).
 #   int8: R = I8_TILE_ROWS, C = 4: the quad panels themselves, read in place at every M (no decode tiles, nothing
-#     packed; block_k a multiple of 4, the scales stay [N, K / block_k]). The quad panel tile does 12 vpdpbusd per 8
+#     packed; block_k a multiple of 4), the scales [K / block_k, N] (a tile's scales of a block are one vector run:
+#     [N, K / block_k] took a gather per block, or a transposed copy per tile, a one-row pass's tenth on Zen 3). The quad panel tile does 12 vpdpbusd per 8
 #     loads where the decode tile does 8 per 6 loads and 4 sign flips and converts its block sums per weight row:
 #     linears of Qwen3-0.6B's shape at 16-32 rows of x took 0.4x the time of the decode tiles on a Zen 4, at one row
 #     the same. On AVX2 (Zen 3, 2 threads, a linear of Qwen3-0.6B's MLP shape) 0.6-0.8x from 8 to 512 rows.
@@ -45,7 +46,7 @@ from std.collections import Array
 from std.math import ceildiv
 from std.memory import bitcast, unsafe_memset_zero
 from std.sys import CompilationTarget, llvm_intrinsic, size_of
-from std.sys.intrinsics import prefetch, strided_load, PrefetchOptions
+from std.sys.intrinsics import prefetch, PrefetchOptions
 
 from .linear_amx import (
     AMX, AMX_BLOCK, AMX_BYTES, AMX_ROWS, amx_granted, amx_k, amx_padded, amx_rows, amx_start, amx_steps, amx_steps_16,
@@ -616,17 +617,14 @@ def _broadcast_quad(q: Ptr[DType.uint8], at: Int) -> SIMD[DType.int8, 4 * DOT_LA
 
 
 @always_inline
-def _quad_panel_tile[
-    a_type: DType, rows: Int, stride: Int = PANEL, fetch: Bool = False, panels: Int = 1, row_scales: Bool = False
-](
-    y: Ptr[a_type], xq: _QuantizedX, panel: Ptr[DType.uint32], panel_scales: Ptr[F32], m0: Int, n0: Int, N: Int, K: Int,
-    block_k: Int,
+def _quad_panel_tile[a_type: DType, rows: Int, stride: Int = PANEL, fetch: Bool = False, panels: Int = 1](
+    y: Ptr[a_type], xq: _QuantizedX, panel: Ptr[DType.uint32], panel_scales: Ptr[F32], scale_stride: Int, m0: Int,
+    n0: Int, N: Int, K: Int, block_k: Int,
 ):
     """y[m0 : m0 + rows, n0 : n0 + panels * PANEL] from `panels` quad panels side by side: each step a quad of x
     broadcast against 2 x 16 quads a panel, exact int32 sums per block, then both scales. K: the rows' stride in xq;
-    `stride`: the panels' (within a wider one); panel_scales [k_blocks, stride], or with `row_scales` the weight's own
-    [rows, k_blocks] from the first row on (read by strided loads: a copy transposed per tile cost a one-row pass
-    ~15% on Zen 3); `fetch`: the panels are read from memory, asked for QUAD_PREFETCH_BYTES ahead."""
+    `stride`: the panels' (within a wider one); block kb's scales of the panels' rows at panel_scales + kb *
+    scale_stride; `fetch`: the panels are read from memory, asked for QUAD_PREFETCH_BYTES ahead."""
     comptime assert PANEL == 2 * DOT_LANES, "quad panels are two dot-product accumulators wide"
     comptime vectors = 2 * panels
     var q = ptr(xq.q).unsafe_bitcast[UInt8]()
@@ -646,11 +644,7 @@ def _quad_panel_tile[
                 comptime for v in range(vectors):
                     dots[vectors * i + v] = _dot_i8(dots[vectors * i + v], b[v], a)
         comptime for v in range(vectors):
-            var s: SIMD[F32, DOT_LANES]
-            comptime if row_scales:
-                s = strided_load[DOT_LANES](panel_scales.unsafe_offset(v * DOT_LANES * xq.k_blocks + kb), xq.k_blocks)
-            else:
-                s = panel_scales.unsafe_load[width=DOT_LANES](kb * stride + v * DOT_LANES)
+            var s = panel_scales.unsafe_load[width=DOT_LANES](kb * scale_stride + v * DOT_LANES)
             comptime for i in range(rows):
                 var sx = xq.scale(m0 + i, kb)
                 var offset = SIMD[DType.int32, DOT_LANES](I8_OFFSET * xq.sum(m0 + i, kb))
@@ -664,8 +658,8 @@ def _quad_panel_tile[
 
 
 def _quad_panel_rows[a_type: DType, stride: Int = PANEL, stored: Bool = False](
-    y: Ptr[a_type], xq: _QuantizedX, panel: Ptr[DType.uint32], panel_scales: Ptr[F32], m: Int, n0: Int, N: Int, K: Int,
-    block_k: Int,
+    y: Ptr[a_type], xq: _QuantizedX, panel: Ptr[DType.uint32], panel_scales: Ptr[F32], scale_stride: Int, m: Int,
+    n0: Int, N: Int, K: Int, block_k: Int,
 ):
     """y[:, n0 : n0 + PANEL] from a quad panel, QUAD_TILE_SUMS / 2 rows of x at a time (see _quad_panel_tile);
     `stored`: the panel is the weight itself in memory, prefetched by the first rows' pass (the next ones find it in
@@ -676,9 +670,10 @@ def _quad_panel_rows[a_type: DType, stride: Int = PANEL, stored: Bool = False](
         comptime for r in range(1, tile_rows + 1):
             if rows == r:
                 if stored and m0 == 0:
-                    _quad_panel_tile[a_type, r, stride, True](y, xq, panel, panel_scales, m0, n0, N, K, block_k)
+                    _quad_panel_tile[a_type, r, stride, True](
+                        y, xq, panel, panel_scales, scale_stride, m0, n0, N, K, block_k)
                 else:
-                    _quad_panel_tile[a_type, r, stride](y, xq, panel, panel_scales, m0, n0, N, K, block_k)
+                    _quad_panel_tile[a_type, r, stride](y, xq, panel, panel_scales, scale_stride, m0, n0, N, K, block_k)
 
 
 struct _DecodeTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
@@ -877,7 +872,8 @@ struct _QuadPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
         var panel, panel_scales = list_ptr(buffer), list_ptr(scale_buffer)
         var n0 = item * PANEL
         _pack_quad_panel(panel, panel_scales, self.wt, n0)
-        _quad_panel_rows(ptr(self.y), self.xq, panel, panel_scales, self.m, n0, self.wt.n, self.wt.k, self.wt.block_k)
+        _quad_panel_rows(ptr(self.y), self.xq, panel, panel_scales, PANEL, self.m, n0, self.wt.n, self.wt.k,
+                         self.wt.block_k)
 
 
 struct _QuantizeRows[a_type: DType](ChunkTask):
@@ -941,15 +937,6 @@ def _add_block_dots[with_mins: Bool](
             acc.unsafe_store(at, total)
 
 
-def _tile_scales[w_type: DType, tiled: Bool](wt: _Weights[w_type, tiled], n0: Int) -> List[Float32]:
-    """The scales of a tiled int8 weight's I8_TILE_ROWS rows from n0 on, [k_blocks, I8_TILE_ROWS]."""
-    var scales = List[Float32](length=wt.k_blocks * I8_TILE_ROWS, fill=0)
-    for c in range(I8_TILE_ROWS):  # tiled weights have N a multiple of I8_TILE_ROWS
-        for kb in range(wt.k_blocks):
-            scales[kb * I8_TILE_ROWS + c] = wt.scale(n0 + c, kb)
-    return scales^
-
-
 struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
     """Item: I8_TILE_ROWS rows of a tiled int8 weight, its quad panels read in place, against every row of x quantized
     to int8, on AMX tiles (linear_amx.mojo): exact int32 sums per block of block_k columns (a multiple of 64), then
@@ -968,7 +955,6 @@ struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
         comptime assert I8_TILE_ROWS == AMX_BLOCK, "a tile of int8 weights is two tiles of quads"
         comptime step = amx_k[DType.int8]()
         var n0, K, kp, block_k = item * I8_TILE_ROWS, self.wt.k, self.kp, self.wt.block_k
-        var scale_buffer = _tile_scales(self.wt, n0)
         var panel = ptr(self.wt.w).unsafe_bitcast[UInt32]().unsafe_offset(n0 * (K // 4))
         # the quads of the last columns, past the last whole step, with zeros after them: a step's tile is 16 rows
         var whole = K - K % step
@@ -978,7 +964,7 @@ struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
             tail.unsafe_store(i, panel.unsafe_load(whole // 4 * I8_TILE_ROWS + i))
         var dot_buffer = List[Int32](unsafe_uninit_length=AMX_BLOCK * PANEL)
         var acc_buffer = List[Float32](unsafe_uninit_length=AMX_BLOCK * PANEL)
-        var dots, acc, scales = list_ptr(dot_buffer), list_ptr(acc_buffer), list_ptr(scale_buffer)
+        var dots, acc, scales = list_ptr(dot_buffer), list_ptr(acc_buffer), ptr(self.wt.scales).unsafe_offset(n0)
         var q = ptr(self.xq.q)
         configure_tiles()
         for m0 in range(0, self.m, AMX_BLOCK):
@@ -994,7 +980,7 @@ struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
                 if k1 > whole:
                     amx_steps[w_type=DType.int8](x.unsafe_offset(whole), step, kp, AMX_ROWS * kp, tail, I8_TILE_ROWS, 1)
                 amx_store(dots)
-                _add_block_dots[False](acc, dots, self.xq, m0, rows, kb, scales.unsafe_offset(kb * I8_TILE_ROWS), scales)
+                _add_block_dots[False](acc, dots, self.xq, m0, rows, kb, scales.unsafe_offset(kb * self.wt.n), scales)
             _store_block(ptr(self.y), acc, m0, rows, n0, self.wt.n)
         release_tiles()
 
@@ -1015,29 +1001,26 @@ struct _StoredQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
         comptime assert I8_TILE_ROWS % PANEL == 0, "a tile is whole quad panels"
         var n0 = item * I8_TILE_ROWS
         var panel = ptr(self.wt.w).unsafe_bitcast[UInt32]().unsafe_offset(n0 * (self.wt.k // 4))
+        var scales, N = ptr(self.wt.scales).unsafe_offset(n0), self.wt.n
         comptime panels = I8_TILE_ROWS // PANEL
         comptime one_pass_rows = QUAD_TILE_SUMS // (2 * panels)
         if self.m <= one_pass_rows:
             # the whole tile in one pass (AVX2: two panels, a pass each would stream every cache line of the tile from
-            # memory while using half of them: 64 MB of int8 weights at one row of x, 0.77x the speed on Zen 3), its
-            # scales read in place (copied transposed, ~0.85x)
-            var scales = ptr(self.wt.scales)
-            var run = I8_TILE_ROWS * self.wt.k_blocks
-            if n0 + I8_TILE_ROWS < self.wt.n:  # the next tile's scales: a run of memory apart from the weights' stream
-                for at in range(0, run, 64 // size_of[F32]()):
-                    prefetch[PrefetchOptions().for_read().medium_locality()](scales.unsafe_offset(n0 * self.wt.k_blocks + run + at))
+            # memory while using half of them: 64 MB of int8 weights at one row of x, 0.77x the speed on Zen 3)
+            if n0 + I8_TILE_ROWS < N:  # the next tile's scales, a run a block apart from the weights' stream
+                for kb in range(self.wt.k_blocks):
+                    comptime for line in range(0, I8_TILE_ROWS * size_of[F32](), 64):
+                        prefetch[PrefetchOptions().for_read().medium_locality()](
+                            scales.unsafe_bitcast[UInt8]().unsafe_offset((kb * N + I8_TILE_ROWS) * size_of[F32]() + line))
             comptime for rows in range(1, one_pass_rows + 1):
                 if self.m == rows:
-                    _quad_panel_tile[Self.a_type, rows, I8_TILE_ROWS, True, panels, True](
-                        ptr(self.y), self.xq, panel, scales.unsafe_offset(n0 * self.wt.k_blocks), 0, n0, self.wt.n,
-                        self.wt.k, self.wt.block_k)
+                    _quad_panel_tile[Self.a_type, rows, I8_TILE_ROWS, True, panels](
+                        ptr(self.y), self.xq, panel, scales, N, 0, n0, N, self.wt.k, self.wt.block_k)
             return
-        var scale_buffer = _tile_scales(self.wt, n0)
-        var panel_scales = list_ptr(scale_buffer)
         comptime for half in range(0, I8_TILE_ROWS, PANEL):
             _quad_panel_rows[stride=I8_TILE_ROWS, stored=True](
-                ptr(self.y), self.xq, panel.unsafe_offset(half), panel_scales.unsafe_offset(half), self.m, n0 + half,
-                self.wt.n, self.wt.k, self.wt.block_k,
+                ptr(self.y), self.xq, panel.unsafe_offset(half), scales.unsafe_offset(half), N, self.m, n0 + half, N,
+                self.wt.k, self.wt.block_k,
             )
 
 
@@ -1289,7 +1272,15 @@ def check_linear_tiled[w_type: DType](m: Int, k: Int, tiles_n: Int, tiles_k: Int
         raise Error("linear_tiled: ", w_type, " weights must be tiled [N / ", tr, ", K / ", tk, ", ", tr, ", ", tk,
                     "]", " or pair panels [N / 32, K / 2, 32, 2]" if w_type == DType.bfloat16 else "",
                     ", got tiles of [", rows, ", ", cols, "] (bindings.reference.tile_weight makes them)")
-    check_linear[w_type](m, k, tiles_n * rows, tiles_k * cols, y_m, y_n, scale_rows, scale_cols, block_k)
+    comptime if w_type == DType.int8:  # a block's scales of a tile are one run: [K / block_k, N]
+        var n, blocks = tiles_n * rows, ceildiv(k, max(block_k, 1))
+        check_linear[w_type](m, k, n, tiles_k * cols, y_m, y_n, n, blocks, block_k)
+        check_same["linear_tiled"](scale_rows, blocks, "scale rows", "ceil(in_features / block_k) (int8 tiles' "
+                                   "scales are [K / block_k, N]: bindings.reference.tile_scales)")
+        check_same["linear_tiled"](scale_cols, n, "scale columns", "out_features (int8 tiles' scales are [K / "
+                                   "block_k, N]: bindings.reference.tile_scales)")
+    else:
+        check_linear[w_type](m, k, tiles_n * rows, tiles_k * cols, y_m, y_n, scale_rows, scale_cols, block_k)
     comptime if is_scaled[w_type]():
         if block_k % tile_k[w_type]() != 0:
             raise Error("linear_tiled: block_k (", block_k, ") must be a multiple of the tiles' ", tile_k[w_type](),

@@ -64,7 +64,8 @@ def _block_k(model: "Qwen3CausalLM") -> int:
     one block a row (a W8A8 checkpoint's: the graph gives each its K)."""
     quantized = [w for w in model.decode_weights() if isinstance(w, (QuantizedWeight, Int4Weight))]
     # a model whose every quantized weight is one block a row still says it has some
-    blocks = {w.block_k for w in quantized if not (isinstance(w, QuantizedWeight) and _one_block(w.scales))} or {
+    blocks = {w.block_k for w in quantized
+              if not (isinstance(w, QuantizedWeight) and _one_block(w.scales, w.weight.dim() == 4))} or {
         max((w.block_k for w in quantized), default=0)}
     if len(blocks) > 1:
         raise ValueError(
@@ -73,9 +74,10 @@ def _block_k(model: "Qwen3CausalLM") -> int:
     return blocks.pop() if blocks else 0
 
 
-def _one_block(scales: torch.Tensor | TensorValue) -> bool:
-    """Whether a quantized weight's scales [N, blocks] have one block of all K columns (whatever its block_k)."""
-    return int(scales.shape[1]) == 1
+def _one_block(scales: torch.Tensor | TensorValue, tiled: bool) -> bool:
+    """Whether a quantized weight's scales ([N, blocks]; tiled: [blocks, N]) have one block of all K columns (whatever
+    its block_k)."""
+    return int(scales.shape[0 if tiled else 1]) == 1
 
 
 def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: torch.dtype, device_key: str,
@@ -126,7 +128,7 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
             elif device_key == "cpu":  # MILI's kernel for every weight format
                 scales = w.get(name + ".scales", no_scales)
                 block = block_k_value
-                if name + ".scales" in w and _one_block(scales):
+                if name + ".scales" in w and _one_block(scales, len(w[name].shape) == 4):
                     block = ops.constant(np.array([int(x.shape[-1])], np.int32), DType.int32, dev)
                 y = mili.linear(x, w[name], scales, block)
             else:  # weights and activations are both `dtype` on a GPU: MAX's matmul takes the transposed operand

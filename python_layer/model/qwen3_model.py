@@ -11,7 +11,7 @@ import torch
 from bindings import library
 from bindings.gpu_options import GpuOptions
 from bindings.ops import KV_CACHE_RULE, kv_cache_supported
-from bindings.reference import AMX_COLUMNS, can_tile, tile_columns, tile_weight
+from bindings.reference import AMX_COLUMNS, can_tile, tile_columns, tile_scales, tile_weight
 
 from ..memory.huge_pages import on_huge_pages
 from ..memory.kv_cache_manager import DEFAULT_PAGE_SIZE, PagedKVCache
@@ -195,7 +195,7 @@ class Qwen3CausalLM:
         if not self._tileable(weight):
             return weight
         if isinstance(weight, QuantizedWeight):
-            return weight._replace(weight=tile_weight(weight.weight))
+            return weight._replace(weight=tile_weight(weight.weight), scales=tile_scales(weight.scales))
         return tile_weight(weight, pairs=panels and _pair_panels(weight))
 
     def _placed(self, weight: LinearWeight) -> LinearWeight:

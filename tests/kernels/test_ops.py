@@ -203,12 +203,12 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
     with pytest.raises(ValueError, match="tiled weights are float32 / bfloat16 / int8 on a CPU"):
         ops.linear(torch.randn(2, 128), torch.ones(2, 2, 4, 64, dtype=torch.uint8))
     with pytest.raises(ValueError, match="int8 weights must be tiled \\[N / 32, K / 4, 32, 4\\], got tiles of \\[4, "):
-        ops.linear(torch.randn(2, 128, dtype=bf16), torch.ones(8, 2, 4, 64, dtype=torch.int8), torch.ones(32, 1), 128)
+        ops.linear(torch.randn(2, 128, dtype=bf16), torch.ones(8, 2, 4, 64, dtype=torch.int8), torch.ones(1, 32), 128)
     tiled_int8 = torch.ones(1, 32, 32, 4, dtype=torch.int8)
-    with pytest.raises(ValueError, match="scales must be \\(32, 2\\) for a \\(32, 128\\) weight"):
-        ops.linear(torch.randn(2, 128, dtype=bf16), tiled_int8, torch.ones(8, 1), 64)
+    with pytest.raises(ValueError, match="scales must be \\(2, 32\\) for a tiled \\(32, 128\\) weight"):
+        ops.linear(torch.randn(2, 128, dtype=bf16), tiled_int8, torch.ones(32, 2), 64)
     with pytest.raises(ValueError, match="block_k \\(30\\) must be a multiple of the tiles' 4 columns"):
-        ops.linear(torch.randn(2, 128, dtype=bf16), tiled_int8, torch.ones(32, 5), 30)
+        ops.linear(torch.randn(2, 128, dtype=bf16), tiled_int8, torch.ones(5, 32), 30)
     with pytest.raises(ValueError, match="N a multiple of 4 and K of 32, got torch.bfloat16 \\(6, 64\\)"):
         ref.tile_weight(torch.ones(6, 64, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="N a multiple of 32 and K of 4, got torch.int8 \\(4, 64\\)"):
