@@ -34,10 +34,11 @@
 #     tile has rows; 1.17x on the Zen 5 VM).
 #   int8: R = I8_TILE_ROWS, C = 4: the quad panels themselves, read in place at every M (no decode tiles, nothing
 #     packed; block_k a multiple of 4), the scales [K / block_k, N] (a tile's scales of a block are one vector run:
-#     [N, K / block_k] took a gather per block, or a transposed copy per tile, a one-row pass's tenth on Zen 3). The quad panel tile does 12 vpdpbusd per 8
-#     loads where the decode tile does 8 per 6 loads and 4 sign flips and converts its block sums per weight row:
-#     linears of Qwen3-0.6B's shape at 16-32 rows of x took 0.4x the time of the decode tiles on a Zen 4, at one row
-#     the same. On AVX2 (Zen 3, 2 threads, a linear of Qwen3-0.6B's MLP shape) 0.6-0.8x from 8 to 512 rows.
+#     [N, K / block_k] took a gather per block, or a transposed copy per tile, a one-row pass's tenth on Zen 3). The
+#     quad panel tile does 12 vpdpbusd per 8 loads where the decode tile does 8 per 6 loads and 4 sign flips and
+#     converts its block sums per weight row: linears of Qwen3-0.6B's shape at 16-32 rows of x took 0.4x the time of the decode tiles on a Zen 4, at one row
+#     the same. On AVX2 (Zen 3, 2 threads, a linear of Qwen3-0.6B's MLP shape) 0.6-0.8x from 8 to 512 rows, but a
+#     one-row pass ~1.1x: the model tiles int8 weights with VNNI only (I8_TILED).
 # GPU: a thread per output element (the model graph dequantizes to bfloat16 and uses MAX's matmul there).
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
@@ -98,9 +99,14 @@ comptime PARALLEL_X_ROWS = 128
 more than the work)."""
 comptime I8_DOT = CompilationTarget._has_feature["avx512vnni"]()
 comptime I8_MADD = CompilationTarget._has_feature["avx2"]()
-comptime I8_TILED = I8_DOT or I8_MADD
-"""Whether int8 weights are best tiled on this CPU (the model loader asks, bindings/eager): as quad panels, read in
-place, with VNNI or AVX2 (elsewhere nothing multiplies a quad at once)."""
+comptime I8_QUADS = I8_DOT or I8_MADD
+"""Whether int8 weights are multiplied as quad panels past DECODE_ROWS rows of x (and as tiled ones at every M): a
+quad of x against 4 bytes of each weight row, by vpdpbusd or vpmaddubsw + vpmaddwd."""
+comptime I8_TILED = I8_DOT
+"""Whether int8 weights are best tiled on this CPU (the model loader asks, bindings/eager). With VNNI yes. On AVX2 a
+one-row pass over the quad panels streamed ~0.9x as fast as the decode tiles over [N, K] (Zen 3, Qwen3-0.6B in int8,
+one engine each way in one process: batch 1 43.9 against 48.2 tok/s, batch 8 139 against 108; prefill the same, the
+untiled weights packed into quad panels per call), and a single user's batch 1 is the case that matters most."""
 comptime I8_OFFSET = Int32(128) if I8_DOT else Int32(0)
 """What vpdpbusd adds to each weight (see _dot_i8); the other paths multiply the weights as they are."""
 comptime DOT_LANES = F32_WIDTH
@@ -1125,7 +1131,7 @@ def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
     var decode = m <= DECODE_ROWS
     # int8 prefill with VNNI or AVX2: quads of x against quads of a panel (which must not straddle a block)
     var quads = False
-    comptime if w_type == DType.int8 and I8_TILED:
+    comptime if w_type == DType.int8 and I8_QUADS:
         quads = wt.block_k % 4 == 0
     # the effective x (see the top): bfloat16 weights read x rounded, int8 weights x quantized
     var rounded = List[BFloat16]()
@@ -1161,7 +1167,7 @@ def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
     else:
         comptime if w_type == DType.bfloat16 and BF16_DOT:
             runner.run(_PairPanelTiles[a_type, w_type, tiled](y, xb, wt, m), ceildiv(n, PANEL), serial)
-        elif w_type == DType.int8 and I8_TILED:
+        elif w_type == DType.int8 and I8_QUADS:
             if quads:
                 runner.run(_QuadPanelTiles[a_type, w_type, tiled](y, xq, wt, m), ceildiv(n, PANEL), serial)
             else:
