@@ -36,9 +36,10 @@
 #     packed; block_k a multiple of 4), the scales [K / block_k, N] (a tile's scales of a block are one vector run:
 #     [N, K / block_k] took a gather per block, or a transposed copy per tile, a one-row pass's tenth on Zen 3). The
 #     quad panel tile does 12 vpdpbusd per 8 loads where the decode tile does 8 per 6 loads and 4 sign flips and
-#     converts its block sums per weight row: linears of Qwen3-0.6B's shape at 16-32 rows of x took 0.4x the time of the decode tiles on a Zen 4, at one row
-#     the same. On AVX2 (Zen 3, 2 threads, a linear of Qwen3-0.6B's MLP shape) 0.6-0.8x from 8 to 512 rows, but a
-#     one-row pass ~1.1x: the model tiles int8 weights with VNNI only (I8_TILED).
+#     converts its block sums per weight row: linears of Qwen3-0.6B's shape at 16-32 rows of x took 0.4x the time of
+#     the decode tiles on a Zen 4, at one row the same. On AVX2 (Zen 3, 2 threads, a linear of Qwen3-0.6B's MLP
+#     shape) 0.6-0.8x from 8 to 512 rows, but a one-row pass ~1.1x: the model tiles int8 weights with VNNI only
+#     (I8_TILED).
 # GPU: a thread per output element (the model graph dequantizes to bfloat16 and uses MAX's matmul there).
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
@@ -644,7 +645,8 @@ def _quad_panel_tile[a_type: DType, rows: Int, stride: Int = PANEL, fetch: Bool 
                     prefetch[PrefetchOptions().for_read().medium_locality()](ahead.unsafe_offset(line))
             var b = Array[SIMD[DType.int8, 4 * DOT_LANES], vectors](fill=0)
             comptime for v in range(vectors):
-                b[v] = bitcast[DType.int8, 4 * DOT_LANES](panel.unsafe_load[width=DOT_LANES](kq * stride + v * DOT_LANES))
+                var quads = panel.unsafe_load[width=DOT_LANES](kq * stride + v * DOT_LANES)
+                b[v] = bitcast[DType.int8, 4 * DOT_LANES](quads)
             comptime for i in range(rows):
                 var a = _broadcast_quad(q, (m0 + i) * K + 4 * kq)
                 comptime for v in range(vectors):
@@ -663,23 +665,24 @@ def _quad_panel_tile[a_type: DType, rows: Int, stride: Int = PANEL, fetch: Bool 
         _store_panel_rows[a_type, rows, DOT_LANES](y, part, m0, n0 + p * PANEL, N)
 
 
-def _quad_panel_rows[a_type: DType, stride: Int = PANEL, stored: Bool = False](
+def _quad_panel_rows[a_type: DType, stride: Int = PANEL, stored: Bool = False, panels: Int = 1](
     y: Ptr[a_type], xq: _QuantizedX, panel: Ptr[DType.uint32], panel_scales: Ptr[F32], scale_stride: Int, m: Int,
     n0: Int, N: Int, K: Int, block_k: Int,
 ):
-    """y[:, n0 : n0 + PANEL] from a quad panel, QUAD_TILE_SUMS / 2 rows of x at a time (see _quad_panel_tile);
-    `stored`: the panel is the weight itself in memory, prefetched by the first rows' pass (the next ones find it in
-    L2)."""
-    comptime tile_rows = QUAD_TILE_SUMS // 2
+    """y[:, n0 : n0 + panels * PANEL] from quad panels side by side, as many rows of x at a time as QUAD_TILE_SUMS
+    allow (see _quad_panel_tile); `stored`: the panels are the weight itself in memory, prefetched by the first rows'
+    pass (the next ones find them in L2)."""
+    comptime tile_rows = QUAD_TILE_SUMS // (2 * panels)
     for m0 in range(0, m, tile_rows):
         var rows = min(tile_rows, m - m0)
         comptime for r in range(1, tile_rows + 1):
             if rows == r:
                 if stored and m0 == 0:
-                    _quad_panel_tile[a_type, r, stride, True](
+                    _quad_panel_tile[a_type, r, stride, True, panels](
                         y, xq, panel, panel_scales, scale_stride, m0, n0, N, K, block_k)
                 else:
-                    _quad_panel_tile[a_type, r, stride](y, xq, panel, panel_scales, scale_stride, m0, n0, N, K, block_k)
+                    _quad_panel_tile[a_type, r, stride, False, panels](
+                        y, xq, panel, panel_scales, scale_stride, m0, n0, N, K, block_k)
 
 
 struct _DecodeTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
@@ -1009,19 +1012,16 @@ struct _StoredQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
         var panel = ptr(self.wt.w).unsafe_bitcast[UInt32]().unsafe_offset(n0 * (self.wt.k // 4))
         var scales, N = ptr(self.wt.scales).unsafe_offset(n0), self.wt.n
         comptime panels = I8_TILE_ROWS // PANEL
-        comptime one_pass_rows = QUAD_TILE_SUMS // (2 * panels)
-        if self.m <= one_pass_rows:
+        if self.m <= QUAD_TILE_SUMS // (2 * panels):
             # the whole tile in one pass (AVX2: two panels, a pass each would stream every cache line of the tile from
             # memory while using half of them: 64 MB of int8 weights at one row of x, 0.77x the speed on Zen 3)
             if n0 + I8_TILE_ROWS < N:  # the next tile's scales, a run a block apart from the weights' stream
                 for kb in range(self.wt.k_blocks):
-                    comptime for line in range(0, I8_TILE_ROWS * size_of[F32](), 64):
+                    comptime for at in range(0, I8_TILE_ROWS, 64 // size_of[F32]()):
                         prefetch[PrefetchOptions().for_read().medium_locality()](
-                            scales.unsafe_bitcast[UInt8]().unsafe_offset((kb * N + I8_TILE_ROWS) * size_of[F32]() + line))
-            comptime for rows in range(1, one_pass_rows + 1):
-                if self.m == rows:
-                    _quad_panel_tile[Self.a_type, rows, I8_TILE_ROWS, True, panels](
-                        ptr(self.y), self.xq, panel, scales, N, 0, n0, N, self.wt.k, self.wt.block_k)
+                            scales.unsafe_offset(kb * N + I8_TILE_ROWS + at))
+            _quad_panel_rows[stride=I8_TILE_ROWS, stored=True, panels=panels](
+                ptr(self.y), self.xq, panel, scales, N, self.m, n0, N, self.wt.k, self.wt.block_k)
             return
         comptime for half in range(0, I8_TILE_ROWS, PANEL):
             _quad_panel_rows[stride=I8_TILE_ROWS, stored=True](
