@@ -159,17 +159,16 @@ def _openmp_functions():
 
     process = ctypes.CDLL(None)
     try:
-        return (ctypes.c_void_p * 4)(*[ctypes.cast(getattr(process, name), ctypes.c_void_p).value
-                                       for name in ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads",
-                                                    "omp_get_max_threads")])
+        return (ctypes.c_void_p * 3)(*[ctypes.cast(getattr(process, name), ctypes.c_void_p).value
+                                       for name in ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")])
     except AttributeError:
         return None
 
 
 def openmp_entry_points() -> int:
-    """The address of [GOMP_parallel, omp_get_thread_num, omp_get_num_threads, omp_get_max_threads] of the OpenMP
-    runtime torch loaded (mojo_kernels/utils/parallel.mojo OpenMPEntryPoints; LLVM's and Intel's runtimes export these
-    names too), or 0 when there is none: the eager CPU kernels then use Mojo's threads."""
+    """The address of [GOMP_parallel, omp_get_thread_num, omp_get_num_threads] of the OpenMP runtime torch
+    loaded (mojo_kernels/utils/parallel.mojo OpenMPEntryPoints; LLVM's and Intel's runtimes export these names
+    too), or 0 when there is none: the eager CPU kernels then use Mojo's threads."""
     import ctypes
 
     functions = _openmp_functions()

@@ -327,9 +327,8 @@ def run_linear_int4(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
                            ref.linear_int4(x, packed, scales, mins, block_k), dtype)
 
 
-MOE_SHAPES = [(1, 64, 40, 7, 3), (1, 96, 48, 5, 1), (5, 130, 72, 9, 8), (70, 200, 136, 6, 2)]
-"""(tokens, hidden, experts' intermediate size, experts, top_k): decode and prefill blocks, experts no token chose, one
-expert chosen (fewer than the threads: each expert's linears split over the threads, not the experts)."""
+MOE_SHAPES = [(1, 64, 40, 7, 3), (5, 130, 72, 9, 8), (70, 200, 136, 6, 2)]
+"""(tokens, hidden, experts' intermediate size, experts, top_k): decode and prefill blocks, experts no token chose."""
 MOE_TILED_SHAPES = [(3, 128, 64, 5, 2), (40, 128, 64, 4, 3)]
 MOE_FORMATS = ["float32", "bfloat16", "fp8", "int8", "int4", "bfloat16-tiled", "int8-tiled"]
 

@@ -14,7 +14,7 @@ from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
 from std.math import ceildiv, exp
 
-from ..utils.parallel import ChunkTask, MojoThreads, Runner, Serial
+from ..utils.parallel import MojoThreads, Runner
 from ..utils.types import (
     addr, ptr, list_ptr, convert_row, load_f32, Addr, F16, F32, F32_WIDTH, Ptr, check_same, is_fp8,
 )
@@ -114,88 +114,38 @@ def moe_cpu[a_type: DType, w_type: DType, tiled: Bool, packed: Bool, R: Runner](
     var weights = List[Float32](length=t * top_k, fill=0)
     _route(logits, t, e_count, top_k, normalize, list_ptr(ids), list_ptr(weights))
     # the (token, slot) pairs grouped by expert: expert e's are order[start[e] : start[e + 1]]
-    var start = List[Int32](length=e_count + 1, fill=0)
+    var start = List[Int](length=e_count + 1, fill=0)
     for p in range(t * top_k):
         start[Int(ids[p]) + 1] += 1
-    var chosen = List[Int32]()
     var most = 0
     for e in range(e_count):
-        if start[e + 1] > 0:
-            chosen.append(Int32(e))
-        most = max(most, Int(start[e + 1]))
+        most = max(most, start[e + 1])
         start[e + 1] += start[e]
-    var filled = List[Int32](length=e_count, fill=0)
-    var order = List[Int32](length=t * top_k, fill=0)
+    var filled = List[Int](length=e_count, fill=0)
+    var order = List[Int](length=t * top_k, fill=0)
     for p in range(t * top_k):
         var e = Int(ids[p])
-        order[Int(start[e] + filled[e])] = Int32(p)
+        order[start[e] + filled[e]] = p
         filled[e] += 1
+    var xe = List[Scalar[a_type]](length=most * h, fill=0)
+    var gate_up = List[Scalar[a_type]](length=most * 2 * inter, fill=0)
+    var act = List[Scalar[a_type]](length=most * inter, fill=0)
+    var out = List[Scalar[a_type]](length=most * h, fill=0)
     var acc = List[Float32](length=t * h, fill=0)
-    if len(chosen) >= runner.workers():
-        # an expert a thread, its whole MLP on it: one fork-join a layer instead of three an expert (a decode step's
-        # experts are small linears, and each fork-join costs tens of µs)
-        var out = List[Scalar[a_type]](unsafe_uninit_length=t * top_k * h)
-        runner.run(_ExpertMlps(experts, x, list_ptr(out), list_ptr(chosen), list_ptr(start), list_ptr(order), top_k),
-                   len(chosen), False)
-        for q in range(t * top_k):
-            var p = Int(order[q])
-            _add_scaled(list_ptr(acc), (p // top_k) * h, list_ptr(out), q * h, weights[p], h)
-    else:
-        var xe = List[Scalar[a_type]](unsafe_uninit_length=most * h)
-        var gate_up = List[Scalar[a_type]](unsafe_uninit_length=most * 2 * inter)
-        var act = List[Scalar[a_type]](unsafe_uninit_length=most * inter)
-        var out = List[Scalar[a_type]](unsafe_uninit_length=most * h)
-        for e in chosen:
-            var first, rows = Int(start[Int(e)]), Int(start[Int(e) + 1] - start[Int(e)])
-            var pairs = list_ptr(order).unsafe_offset(first)
-            _expert_mlp(runner, experts, Int(e), x, pairs, rows, top_k, list_ptr(xe), list_ptr(gate_up), list_ptr(act),
-                        list_ptr(out))
-            for r in range(rows):
-                var p = Int(pairs.unsafe_load(r))
-                _add_scaled(list_ptr(acc), (p // top_k) * h, list_ptr(out), r * h, weights[p], h)
+    for e in range(e_count):
+        var rows = start[e + 1] - start[e]
+        if rows == 0:
+            continue
+        for r in range(rows):
+            var token = order[start[e] + r] // top_k
+            convert_row(list_ptr(xe), r * h, x, token * h, h)
+        experts.run[a_type, R, True](runner, list_ptr(gate_up), list_ptr(xe), rows, e)
+        silu_and_mul_cpu[a_type](runner, list_ptr(act), list_ptr(gate_up), rows, inter)
+        experts.run[a_type, R, False](runner, list_ptr(out), list_ptr(act), rows, e)
+        for r in range(rows):
+            var p = order[start[e] + r]
+            _add_scaled(list_ptr(acc), (p // top_k) * h, list_ptr(out), r * h, weights[p], h)
     convert_row(y, 0, list_ptr(acc), 0, t * h)
-
-
-def _expert_mlp[a_type: DType, w_type: DType, tiled: Bool, packed: Bool, R: Runner](
-    runner: R, experts: _Experts[w_type, tiled, packed], e: Int, x: Ptr[a_type], pairs: Ptr[DType.int32], rows: Int,
-    top_k: Int, xe: Ptr[a_type], gate_up: Ptr[a_type], act: Ptr[a_type], y: Ptr[a_type],
-):
-    """y[:rows] = expert e's MLP of the rows of x its (token, slot) pairs name; xe, gate_up, act: scratch."""
-    var h = experts.hidden
-    for r in range(rows):
-        convert_row(xe, r * h, x, (Int(pairs.unsafe_load(r)) // top_k) * h, h)
-    experts.run[a_type, R, True](runner, gate_up, xe, rows, e)
-    silu_and_mul_cpu[a_type](runner, act, gate_up, rows, experts.inter)
-    experts.run[a_type, R, False](runner, y, act, rows, e)
-
-
-struct _ExpertMlps[a_type: DType, w_type: DType, tiled: Bool, packed: Bool](ChunkTask):
-    """Item u: the u-th chosen expert's MLP on this thread alone, its output rows at its pairs' rows of `outputs` (the
-    pairs grouped by expert)."""
-
-    var experts: _Experts[Self.w_type, Self.tiled, Self.packed]
-    var x: Addr[Self.a_type]
-    var outputs: Addr[Self.a_type]
-    var chosen: Addr[DType.int32]
-    var start: Addr[DType.int32]
-    var order: Addr[DType.int32]
-    var top_k: Int
-
-    def __init__(out self, experts: _Experts[Self.w_type, Self.tiled, Self.packed], x: Ptr[Self.a_type],
-                 outputs: Ptr[Self.a_type], chosen: Ptr[DType.int32], start: Ptr[DType.int32], order: Ptr[DType.int32],
-                 top_k: Int):
-        self.experts, self.x, self.outputs, self.top_k = experts, addr(x), addr(outputs), top_k
-        self.chosen, self.start, self.order = addr(chosen), addr(start), addr(order)
-
-    def run(self, item: Int):
-        var e = Int(ptr(self.chosen).unsafe_load(item))
-        var first, end = Int(ptr(self.start).unsafe_load(e)), Int(ptr(self.start).unsafe_load(e + 1))
-        var rows, h, inter = end - first, self.experts.hidden, self.experts.inter
-        var xe = List[Scalar[Self.a_type]](unsafe_uninit_length=rows * h)
-        var gate_up = List[Scalar[Self.a_type]](unsafe_uninit_length=rows * 2 * inter)
-        var act = List[Scalar[Self.a_type]](unsafe_uninit_length=rows * inter)
-        _expert_mlp(Serial(), self.experts, e, ptr(self.x), ptr(self.order).unsafe_offset(first), rows, self.top_k,
-                    list_ptr(xe), list_ptr(gate_up), list_ptr(act), ptr(self.outputs).unsafe_offset(first * h))
 
 
 def _add_scaled[dtype: DType](acc: Ptr[F32], acc_at: Int, row: Ptr[dtype], row_at: Int, weight: Float32, n: Int):

@@ -19,7 +19,7 @@ comptime _GompParallel = def(_OmpBody, _VoidPtr, UInt32, UInt32) abi("C") thin -
 and Intel's OpenMP runtimes export it too). num_threads 0: the calling thread's OpenMP default, which
 torch.set_num_threads sets."""
 comptime _OmpInt = def() abi("C") thin -> Int32
-"""omp_get_thread_num / omp_get_num_threads / omp_get_max_threads."""
+"""omp_get_thread_num / omp_get_num_threads."""
 
 
 trait ChunkTask(ImplicitlyCopyable, Movable, Deinitable):
@@ -32,27 +32,10 @@ trait Runner:
         """Runs task.run(i) for every i in [0, items): on this thread alone when `serial`."""
         ...
 
-    def workers(self) -> Int:
-        """The threads a run may use."""
-        ...
-
 
 def _on_this_thread[T: ChunkTask](task: T, items: Int):
     for i in range(items):
         task.run(i)
-
-
-struct Serial(Runner):
-    """This thread alone: the runner of work that already runs on one of a parallel run's workers."""
-
-    def __init__(out self):
-        pass
-
-    def run[T: ChunkTask](self, task: T, items: Int, serial: Bool):
-        _on_this_thread(task, items)
-
-    def workers(self) -> Int:
-        return 1
 
 
 comptime STEAL_GRAIN = 4
@@ -103,9 +86,6 @@ struct MojoThreads(Runner):
     def __init__(out self, ctx: DeviceContext):
         self.ctx = rebind[CpuContext](ctx)
 
-    def workers(self) -> Int:
-        return parallelism_level(self.ctx)
-
     def run[T: ChunkTask](self, task: T, items: Int, serial: Bool):
         """Worker w owns the w-th contiguous range of the items and runs it in order, STEAL_GRAIN items per claim:
         one stream through memory per worker, as in one op over all the bytes. A worker done with its range takes
@@ -115,7 +95,7 @@ struct MojoThreads(Runner):
         if serial or items == 1:
             _on_this_thread(task, items)
             return
-        var workers = min(self.workers(), items)
+        var workers = min(parallelism_level(self.ctx), items)
         var ranges = List[Int64](length=8 * workers, fill=0)
         for w in range(workers):
             ranges[8 * w] = (Int64(w * items // workers) << 32) | Int64((w + 1) * items // workers)
@@ -158,7 +138,6 @@ struct OpenMPEntryPoints:
     var gomp_parallel: _GompParallel
     var thread_num: _OmpInt
     var num_threads: _OmpInt
-    var max_threads: _OmpInt
 
 
 struct _OmpJob[T: ChunkTask]:
@@ -189,11 +168,6 @@ struct OpenMP(Runner):
 
     def __init__(out self, entry_points: Int):
         self.entry_points = entry_points
-
-    def workers(self) -> Int:
-        if self.entry_points == 0:
-            return MojoThreads().workers()
-        return Int(Pointer[OpenMPEntryPoints, MutUntrackedOrigin](unsafe_from_address=self.entry_points)[].max_threads())
 
     def run[T: ChunkTask](self, task: T, items: Int, serial: Bool):
         if self.entry_points == 0:
