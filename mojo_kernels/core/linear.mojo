@@ -108,6 +108,11 @@ comptime I8_TILED = I8_DOT
 one-row pass over the quad panels streamed ~0.9x as fast as the decode tiles over [N, K] (Zen 3, Qwen3-0.6B in int8,
 one engine each way in one process: batch 1 43.9 against 48.2 tok/s, batch 8 139 against 108; prefill the same, the
 untiled weights packed into quad panels per call), and a single user's batch 1 is the case that matters most."""
+comptime I8_MADD_PANEL_ROWS = 16
+"""AVX2 without VNNI: rows of x from which untiled int8 weights are packed into quad panels per call where a panel
+(PANEL x K bytes) fits L1 (32 KiB): Zen 3, 2 threads, against the decode tiles at 16 / 24 / 32 rows: 1.15 / 1.27 /
+1.37x the GMAC/s at K 1,024, 1.03 / 1.16 / 1.22x at K 2,048; at K 3,072 the panels lost up to 24 rows (0.87x at 16)."""
+comptime L1_BYTES = 32768
 comptime I8_OFFSET = Int32(128) if I8_DOT else Int32(0)
 """What vpdpbusd adds to each weight (see _dot_i8); the other paths multiply the weights as they are."""
 comptime DOT_LANES = F32_WIDTH
@@ -1133,6 +1138,8 @@ def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
     var quads = False
     comptime if w_type == DType.int8 and I8_QUADS:
         quads = wt.block_k % 4 == 0
+        comptime if not I8_DOT:
+            decode = decode and not (quads and m >= I8_MADD_PANEL_ROWS and PANEL * k <= L1_BYTES)
     # the effective x (see the top): bfloat16 weights read x rounded, int8 weights x quantized
     var rounded = List[BFloat16]()
     var q = List[Int8]()
