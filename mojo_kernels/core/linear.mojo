@@ -17,7 +17,8 @@
 #   decode (M <= DECODE_ROWS): every weight byte crosses the memory bus once,
 #     prefetched PREFETCH_BYTES ahead (all formats but float32). A tile of NR weight rows is widened in registers
 #     (or fed to the dot-product instructions as it is) for MR rows of x at a time; for the next MR rows it is read
-#     again from L1, not from memory. int8 on AVX2: a tile of one weight row for every row of x.
+#     again from L1, not from memory. int8 on AVX2: a tile of one weight row for every row of x, and only below
+#     I8_MADD_PANEL_ROWS rows where a quad panel fits L1.
 #   prefill: a panel of PANEL weight rows is widened once into a float32 [K, PANEL] buffer (L2), and a
 #     PANEL_ROWS x PANEL register tile of y is computed from it for every PANEL_ROWS rows of x. With AVX512_BF16,
 #     bfloat16 weights are packed in pairs instead ([K / 2, PANEL] pairs) for vdpbf16ps: twice the FMAs' work. With
@@ -101,8 +102,9 @@ more than the work)."""
 comptime I8_DOT = CompilationTarget._has_feature["avx512vnni"]()
 comptime I8_MADD = CompilationTarget._has_feature["avx2"]()
 comptime I8_QUADS = I8_DOT or I8_MADD
-"""Whether int8 weights are multiplied as quad panels past DECODE_ROWS rows of x (and as tiled ones at every M): a
-quad of x against 4 bytes of each weight row, by vpdpbusd or vpmaddubsw + vpmaddwd."""
+"""Whether int8 weights are multiplied as quad panels past DECODE_ROWS rows of x (AVX2: from I8_MADD_PANEL_ROWS where
+a panel fits L1; tiled weights at every M): a quad of x against 4 bytes of each weight row, by vpdpbusd or vpmaddubsw
++ vpmaddwd."""
 comptime I8_TILED = I8_DOT
 """Whether int8 weights are best tiled on this CPU (the model loader asks, bindings/eager). With VNNI yes. On AVX2 a
 one-row pass over the quad panels streamed ~0.9x as fast as the decode tiles over [N, K] (Zen 3, Qwen3-0.6B in int8,
@@ -113,6 +115,7 @@ comptime I8_MADD_PANEL_ROWS = 16
 (PANEL x K bytes) fits L1 (32 KiB): Zen 3, 2 threads, against the decode tiles at 16 / 24 / 32 rows: 1.15 / 1.27 /
 1.37x the GMAC/s at K 1,024, 1.03 / 1.16 / 1.22x at K 2,048; at K 3,072 the panels lost up to 24 rows (0.87x at 16)."""
 comptime L1_BYTES = 32768
+"""A core's L1 data cache on the CPUs with AVX2 but no VNNI (Zen 2 and 3, Intel before Ice Lake: 32 KiB)."""
 comptime I8_OFFSET = Int32(128) if I8_DOT else Int32(0)
 """What vpdpbusd adds to each weight (see _dot_i8); the other paths multiply the weights as they are."""
 comptime DOT_LANES = F32_WIDTH
