@@ -38,9 +38,7 @@
 #     [N, K / block_k] took a gather per block, or a transposed copy per tile, a one-row pass's tenth on Zen 3). The
 #     quad panel tile does 12 vpdpbusd per 8 loads where the decode tile does 8 per 6 loads and 4 sign flips and
 #     converts its block sums per weight row: linears of Qwen3-0.6B's shape at 16-32 rows of x took 0.4x the time of
-#     the decode tiles on a Zen 4, at one row the same. On AVX2 (Zen 3, 2 threads, a linear of Qwen3-0.6B's MLP
-#     shape) 0.6-0.8x from 8 to 512 rows, but a one-row pass ~1.1x: the model tiles int8 weights with VNNI only
-#     (I8_TILED).
+#     the decode tiles on a Zen 4, at one row the same. On AVX2 (Zen 3, 2 threads) too: see I8_TILED.
 # GPU: a thread per output element (the model graph dequantizes to bfloat16 and uses MAX's matmul there).
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
@@ -105,11 +103,12 @@ comptime I8_QUADS = I8_DOT or I8_MADD
 """Whether int8 weights are multiplied as quad panels past DECODE_ROWS rows of x (AVX2: from I8_MADD_PANEL_ROWS where
 a panel fits L1; tiled weights at every M): a quad of x against 4 bytes of each weight row, by vpdpbusd or vpmaddubsw
 + vpmaddwd."""
-comptime I8_TILED = I8_DOT
-"""Whether int8 weights are best tiled on this CPU (the model loader asks, bindings/eager). With VNNI yes. On AVX2 a
-one-row pass over the quad panels streamed ~0.9x as fast as the decode tiles over [N, K] (Zen 3, Qwen3-0.6B in int8,
-one engine each way in one process: batch 1 43.9 against 48.2 tok/s, batch 8 139 against 108; prefill the same, the
-untiled weights packed into quad panels per call), and a single user's batch 1 is the case that matters most."""
+comptime I8_TILED = I8_QUADS
+"""Whether int8 weights are best tiled on this CPU (the model loader asks, bindings/eager): with VNNI or AVX2. On Zen
+3 (2 threads), Qwen3-0.6B's 112 linears and LM head at 1 / 8 / 16 / 32 rows of x took 0.92-1.0 / 1.14 / 1.25 / 1.18x
+the time untiled; the model, old / new processes alternated twice (`mili bench peers --mili-weight-dtypes int8`):
+batch 1 29.0, 31.2 / 33.0, 30.7 tok/s, batch 8 84.1, 97.7 / 115, 111, batch 16 106, 114 / 136, 133, batch 32 128, 124
+/ 142, 129, prefill the same."""
 comptime I8_MADD_PANEL_ROWS = 16
 """AVX2 without VNNI: rows of x from which untiled int8 weights are packed into quad panels per call where a panel
 (PANEL x K bytes) fits L1 (32 KiB): Zen 3, 2 threads, against the decode tiles at 16 / 24 / 32 rows: 1.15 / 1.27 /

@@ -120,7 +120,7 @@ def test_bfloat16_weights_drift_no_more_than_transformers_bfloat16(tiny_checkpoi
 def test_int8_weights_match_the_reference_backend_and_stay_near_float32(tiny_checkpoint: Path) -> None:
     engines = {b: InferenceEngine.from_pretrained(tiny_checkpoint, dtype="float32", weight_dtype="int8", backend=b)
                for b in ("mojo", "reference")}
-    # tiled (reference.tile_weight) where the CPU's int8 decode tile reads several rows at a time (VNNI)
+    # tiled (reference.tile_weight) where the CPU multiplies int8 quads (VNNI or AVX2)
     tiled = library.eager_cpu_module().int8_tiled()
     assert all(w.weight.dim() == (4 if tiled else 2) for layer in engines["mojo"].model.layers
                for w in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj))
