@@ -109,6 +109,11 @@ comptime I8_TILED = I8_QUADS
 the time untiled; the model, old / new processes alternated twice (`mili bench peers --mili-weight-dtypes int8`):
 batch 1 29.0, 31.2 / 33.0, 30.7 tok/s, batch 8 84.1, 97.7 / 115, 111, batch 16 106, 114 / 136, 133, batch 32 128, 124
 / 142, 129, prefill the same."""
+comptime I8_TILED_EXPERTS = I8_DOT
+"""Whether MoE experts' int8 weights are best tiled on this CPU (the model loader asks): with VNNI. On AVX2 (Zen 3,
+Qwen3-30B-A3B's shape, 4 layers, old / new processes alternated) tiled experts decoded a token at 0.93x the speed
+(batch 1 40.4, 38.1, 42.6, 39.7 against 42.5, 42.9, 41.1, 46.6 tok/s), prefilled at 1.06x, batch 8 the same: each
+expert's few rows of x stream its weights, and one user's batch 1 is the MoE models' case."""
 comptime I8_MADD_PANEL_ROWS = 16
 """AVX2 without VNNI: rows of x from which untiled int8 weights are packed into quad panels per call where a panel
 (PANEL x K bytes) fits L1 (32 KiB): Zen 3, 2 threads, against the decode tiles at 16 / 24 / 32 rows: 1.15 / 1.27 /

@@ -31,9 +31,11 @@ BACKENDS = {"mojo": CompiledQwen3, "reference": ReferenceQwen3}
 DEFAULT_BACKEND = "mojo"
 
 
-def _tiles_int8(weight: QuantizedWeight) -> bool:
+def _tiles_int8(weight: QuantizedWeight, experts: bool) -> bool:
+    kernels = library.eager_cpu_module()
     return (weight.weight.dtype == torch.int8 and can_tile(weight.weight)
-            and weight.block_k % tile_columns(torch.int8) == 0 and library.eager_cpu_module().int8_tiled())
+            and weight.block_k % tile_columns(torch.int8) == 0
+            and (kernels.int8_experts_tiled() if experts else kernels.int8_tiled()))
 
 
 def _pair_panels(weight: torch.Tensor) -> bool:
@@ -168,7 +170,7 @@ class Qwen3CausalLM:
         for names in (gate_up, down):
             stacks.append([self._formatted(loader, *(n.format(e=e) for n in names))
                            for e in range(self.config.num_experts)])
-        tile = all(self._tileable(s[0]) for s in stacks)
+        tile = all(self._tileable(s[0], experts=True) for s in stacks)
         return tuple(self._placed(stack_experts([self._tiled(w) if tile else w for w in s])) for s in stacks)
 
     def _formatted(self, loader: WeightLoader, *names: str, weight_dtype: Optional[str] = None) -> LinearWeight:
@@ -178,14 +180,15 @@ class Qwen3CausalLM:
             weight_dtype = str(self.dtype).split(".")[-1]
         return convert(weight, weight_dtype, self.dtype)
 
-    def _tileable(self, weight: LinearWeight) -> bool:
-        """Whether the Mojo decode kernel reads weight in an order of its own (bindings/reference.tile_weight; batch-1
-        decode 1.1-1.3x faster): bfloat16, and int8 where the kernel reads several of its rows at a time. float32
-        stays [N, K]: its kernel streams as fast without, and slower with."""
+    def _tileable(self, weight: LinearWeight, experts: bool = False) -> bool:
+        """Whether the Mojo decode kernel reads weight (an MoE expert's: experts) in an order of its own
+        (bindings/reference.tile_weight; batch-1 decode 1.1-1.3x faster): bfloat16, and int8 where the CPU multiplies
+        its quads (linear.mojo's I8_TILED, I8_TILED_EXPERTS). float32 stays [N, K]: its kernel streams as fast
+        without, and slower with."""
         if self.backend != "mojo" or self.device.type != "cpu":
             return False
         if isinstance(weight, QuantizedWeight):
-            return _tiles_int8(weight)
+            return _tiles_int8(weight, experts)
         return isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16 and can_tile(weight)
 
     def _tiled(self, weight: LinearWeight, panels: bool = False) -> LinearWeight:

@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import Qwen3MoeForCausalLM
 
+from bindings import library
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.loader import load_model
 from python_layer.model.quantization import Int4Weight, QuantizedWeight, write_fp8_checkpoint
@@ -125,6 +126,9 @@ def test_moe_weight_formats_match_the_reference_backend(moe_dense_layer: Path, w
     assert isinstance(layer.experts_gate_up, kind) and isinstance(layer.experts_down, kind)
     if weight_dtype.startswith("fp8"):
         assert layer.experts_gate_up.weight.dtype == torch.float8_e4m3fn
+    if weight_dtype == "int8":  # tiled where this CPU reads int8 experts fastest so (linear.mojo's I8_TILED_EXPERTS)
+        tiled = library.eager_cpu_module().int8_experts_tiled()
+        assert layer.experts_gate_up.weight.dim() == layer.experts_down.weight.dim() == (5 if tiled else 3)
     prompts = _prompts(engines["mojo"].model.config.vocab_size, seed=4)
     logits = [_Batch(e.model, 1).forward([prompts[2]], all_logits=True) for e in engines.values()]
     # the experts' sums in another order than torch's; where x is rounded for the weights (bfloat16, int8 blocks: a
