@@ -32,10 +32,11 @@ DEFAULT_BACKEND = "mojo"
 
 
 def _tiles_int8(weight: QuantizedWeight, experts: bool) -> bool:
-    kernels = library.eager_cpu_module()
-    return (weight.weight.dtype == torch.int8 and can_tile(weight.weight)
-            and weight.block_k % tile_columns(torch.int8) == 0
-            and (kernels.int8_experts_tiled() if experts else kernels.int8_tiled()))
+    if not (weight.weight.dtype == torch.int8 and can_tile(weight.weight)
+            and weight.block_k % tile_columns(torch.int8) == 0):
+        return False
+    kernels = library.eager_cpu_module()  # only then: it digests the kernels' sources, and may build them
+    return kernels.int8_experts_tiled() if experts else kernels.int8_tiled()
 
 
 def _pair_panels(weight: torch.Tensor) -> bool:
