@@ -111,10 +111,10 @@ def _sweep(servers: List[Server], args: argparse.Namespace, prompts: List[str],
                 run = (partial(_guidellm_point, server, args, c, work / server.model / str(c)) if client == "guidellm"
                        else partial(_light_point, server, args, prompts, c))
                 point(server.name, client, c, run)
-        if args.offline:
-            point(f"MILI {args.mili_weight_dtype}", "offline", c,
-                  partial(offline_point, args.model, args.mili_weight_dtype, prompts[: _requests(args, c)],
-                          args.output_tokens, c, SAMPLING, work))
+        for dtype in args.mili_weight_dtypes if args.offline else ():
+            point(f"MILI {dtype}", "offline", c,
+                  partial(offline_point, args.model, dtype, prompts[: _requests(args, c)], args.output_tokens, c,
+                          SAMPLING, work))
     return rows, failed
 
 
@@ -124,7 +124,8 @@ def _servers(args: argparse.Namespace, log_dir: Path):
         return
     for system in args.systems:
         if system == "mili":
-            yield start_mili(args.model, args.mili_weight_dtype, log_dir)
+            for dtype in args.mili_weight_dtypes:
+                yield start_mili(args.model, dtype, log_dir)
         else:
             for gguf in args.llama_ggufs:
                 yield start_llama(PEERS / "gguf" / Path(args.model).name / f"{gguf}.gguf", args.threads, log_dir,
@@ -141,7 +142,8 @@ def main(argv=None) -> int:
     parser.add_argument("--requests", type=int, default=32, help="requests per concurrency (at least 2 a stream)")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--output-tokens", type=int, default=128)
-    parser.add_argument("--mili-weight-dtype", default="bfloat16")
+    parser.add_argument("--mili-weight-dtypes", "--mili-weight-dtype", default="bfloat16",
+                        help="comma-separated, a MILI server each: float32, bfloat16, int8, int4, fp8")
     parser.add_argument("--llama-ggufs", default="bf16",
                         help="comma-separated, a llama-server each: f32, bf16, q8_0, q4_0, q4_k_m "
                              "(benchmarks/peers/setup.sh writes them)")
@@ -150,6 +152,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-offline", action="store_true", help="no offline run of the workload")
     args = parser.parse_args(argv)
     args.llama_ggufs = [g.strip() for g in args.llama_ggufs.split(",") if g.strip()]
+    args.mili_weight_dtypes = [d.strip() for d in args.mili_weight_dtypes.split(",") if d.strip()]
     args.clients = [c.strip() for c in args.clients.split(",") if c.strip()]
     if not args.clients or set(args.clients) - {"guidellm", "light"}:
         parser.error(f"--clients: {args.clients}; choose from guidellm, light")
@@ -178,22 +181,25 @@ def main(argv=None) -> int:
     mili_rows = [r for r in rows if "decode_ms" in r]
     if mili_rows:
         print("\nwhere MILI's engine thread spent the window (light client, offline):")
-        print_table(mili_rows, ["client", "concurrency", "output_tok_s", *breakdown.COLUMNS])
+        print_table(mili_rows, ["system", "client", "concurrency", "output_tok_s", *breakdown.COLUMNS])
     generator = subprocess.run(
         [str(guidellm_sweep.GUIDELLM), "--version"], capture_output=True, text=True
     ).stdout.strip() if "guidellm" in args.clients else None
     meta = dict(benchmark="serving", generator=generator, generator_env=guidellm_sweep.GENERATOR_ENV,
                 model=args.model, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
-                requests=args.requests, sampling=SAMPLING, load_average=load, mili_weight_dtype=args.mili_weight_dtype,
-                llama_ggufs=args.llama_ggufs, threads=args.threads, failed=failed)
+                requests=args.requests, sampling=SAMPLING, load_average=load,
+                mili_weight_dtypes=args.mili_weight_dtypes, llama_ggufs=args.llama_ggufs, threads=args.threads,
+                failed=failed)
     out = write_json("serving", meta, rows)
     title = (f"{Path(args.model).name}: {args.prompt_tokens} tokens in, {args.output_tokens} out, "
              f"at least {args.requests} requests and 2 a stream per point ({args.clients[0]})")
     chosen = [r for r in rows if r["client"] == args.clients[0]]
     paths = [plots.throughput_latency(chosen, title, out.with_name(out.stem + "-throughput-latency.png")),
              plots.ttft_percentiles(chosen, title, out.with_name(out.stem + "-ttft.png"))]
-    if mili_rows:
-        paths.append(plots.breakdown(mili_rows, title, out.with_name(out.stem + "-breakdown.png")))
+    for system in sorted({r["system"] for r in mili_rows}):
+        name = out.stem + "-breakdown" + ("" if len(args.mili_weight_dtypes) == 1 else "-" + system.split()[-1])
+        paths.append(plots.breakdown([r for r in mili_rows if r["system"] == system], f"{system}, {title}",
+                                     out.with_name(name + ".png")))
     for path in paths:
         print(f"wrote {path}")
     for f in failed:

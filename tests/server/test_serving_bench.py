@@ -117,3 +117,40 @@ def test_a_light_client_sweep_needs_no_guidellm(monkeypatch: pytest.MonkeyPatch,
         monkeypatch.setattr(run.plots, draw, lambda rows, title, path: path)
     assert run.main(["--systems", "mili", "--clients", "light", "--concurrencies", "1", "--model", str(tmp_path)]) == 0
     assert written["meta"]["generator"] is None
+
+
+def test_each_mili_format_gets_its_offline_points_and_its_breakdown(monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path: Path) -> None:
+    """`--mili-weight-dtypes int8,int4`: a server each (started by _servers), an offline run each at every
+    concurrency, and a breakdown plot each."""
+    from benchmarks.serving import run
+
+    SPEEDS = {"int8": 1.0, "int4": 2.0}
+    monkeypatch.setattr(run, "SETTLE_S", 0)
+    monkeypatch.setattr(run, "offline_point", lambda model, dtype, *a: {"output_tok_s": SPEEDS[dtype]})
+    args = argparse.Namespace(concurrencies=[1, 8], clients=[], offline=True, mili_weight_dtypes=["int8", "int4"],
+                              model="m", output_tokens=4, requests=2)
+    rows, failed = run._sweep([], args, ["p"] * 16, tmp_path)
+    assert not failed
+    assert [(r["system"], r["concurrency"], r["output_tok_s"]) for r in rows] == [
+        ("MILI int8", 1, 1.0), ("MILI int4", 1, 2.0), ("MILI int8", 8, 1.0), ("MILI int4", 8, 2.0)]
+
+    started = []
+    monkeypatch.setattr(run, "start_mili", lambda model, dtype, log_dir: started.append(dtype) or dtype)
+    servers = list(run._servers(argparse.Namespace(url=None, systems=["mili"], mili_weight_dtypes=["int8", "int4"],
+                                                   model="m"), tmp_path))
+    assert servers == started == ["int8", "int4"]
+
+    drawn, written = [], {}
+    served = [dict(system=f"MILI {d}", client=c, concurrency=1, output_tok_s=1.0, decode_ms=1.0)
+              for d in ("int8", "int4") for c in ("light", "offline")]
+    monkeypatch.setattr(run, "_prompts", lambda *a: ["p"])
+    monkeypatch.setattr(run, "_servers", lambda args, log_dir: [])
+    monkeypatch.setattr(run, "_sweep", lambda *a: (served, []))
+    monkeypatch.setattr(run, "write_json", lambda name, meta, rows: written.update(meta=meta) or tmp_path / "s.json")
+    for draw in ("throughput_latency", "ttft_percentiles", "breakdown"):
+        monkeypatch.setattr(run.plots, draw, lambda rows, title, path: drawn.append((path.name, len(rows))) or path)
+    assert run.main(["--systems", "mili", "--clients", "light", "--concurrencies", "1", "--model", str(tmp_path),
+                     "--mili-weight-dtypes", "int8,int4"]) == 0
+    assert written["meta"]["mili_weight_dtypes"] == ["int8", "int4"]
+    assert ("s-breakdown-int4.png", 2) in drawn and ("s-breakdown-int8.png", 2) in drawn
