@@ -32,11 +32,12 @@ def counters(times: StepTimes) -> breakdown.Counters:
     return out
 
 
-def offline_point(checkpoint: str, weight_dtype: str, prompts: Sequence[str], output_tokens: int, concurrency: int,
-                  sampling: dict, work: Path) -> dict:
+def offline_point(checkpoint: str, weight_dtype: str, kv_cache_dtype: str, prompts: Sequence[str], output_tokens: int,
+                  concurrency: int, sampling: dict, work: Path) -> dict:
     """Output tok/s of the prompts at `concurrency` requests at a time, and the breakdown of the engine's time."""
     spec = work / "offline.json"
-    spec.write_text(json.dumps(dict(checkpoint=checkpoint, weight_dtype=weight_dtype, prompts=list(prompts),
+    spec.write_text(json.dumps(dict(checkpoint=checkpoint, weight_dtype=weight_dtype, kv_cache_dtype=kv_cache_dtype,
+                                    prompts=list(prompts),
                                     output_tokens=output_tokens, concurrency=concurrency, sampling=sampling)))
     done = subprocess.run([sys.executable, "-m", "benchmarks.serving.offline", str(spec)], cwd=ROOT,
                           capture_output=True, text=True)
@@ -49,7 +50,7 @@ def _run(spec: dict) -> dict:
     from python_layer import InferenceEngine, SamplingParams
 
     engine = InferenceEngine.from_pretrained(spec["checkpoint"], weight_dtype=spec["weight_dtype"],
-                                             max_num_seqs=spec["concurrency"])
+                                             kv_cache_dtype=spec["kv_cache_dtype"], max_num_seqs=spec["concurrency"])
     engine.generate("warm up", SamplingParams(max_tokens=4))
     sampling = {k: spec["sampling"][k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")}
     params = SamplingParams(max_tokens=spec["output_tokens"], ignore_eos=True, **sampling)

@@ -113,8 +113,8 @@ def _sweep(servers: List[Server], args: argparse.Namespace, prompts: List[str],
                 point(server.name, client, c, run)
         for dtype in args.mili_weight_dtypes if args.offline else ():
             point(f"MILI {dtype}", "offline", c,
-                  partial(offline_point, args.model, dtype, prompts[: _requests(args, c)], args.output_tokens, c,
-                          SAMPLING, work))
+                  partial(offline_point, args.model, dtype, args.mili_kv_cache_dtype, prompts[: _requests(args, c)],
+                          args.output_tokens, c, SAMPLING, work))
     return rows, failed
 
 
@@ -125,7 +125,7 @@ def _servers(args: argparse.Namespace, log_dir: Path):
     for system in args.systems:
         if system == "mili":
             for dtype in args.mili_weight_dtypes:
-                yield start_mili(args.model, dtype, log_dir)
+                yield start_mili(args.model, dtype, args.mili_kv_cache_dtype, log_dir)
         else:
             for gguf in args.llama_ggufs:
                 yield start_llama(PEERS / "gguf" / Path(args.model).name / f"{gguf}.gguf", args.threads, log_dir,
@@ -144,6 +144,9 @@ def main(argv=None) -> int:
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--mili-weight-dtypes", "--mili-weight-dtype", default="bfloat16",
                         help="comma-separated, a MILI server each: float32, bfloat16, int8, int4, fp8")
+    parser.add_argument("--mili-kv-cache-dtype", default="bfloat16",
+                        help="MILI's KV cache: bfloat16 (the 16 bits of llama-server's default f16 one), float32, "
+                             "int8, fp8")
     parser.add_argument("--llama-ggufs", default="bf16",
                         help="comma-separated, a llama-server each: f32, bf16, q8_0, q4_0, q4_k_m "
                              "(benchmarks/peers/setup.sh writes them)")
@@ -188,7 +191,8 @@ def main(argv=None) -> int:
     meta = dict(benchmark="serving", generator=generator, generator_env=guidellm_sweep.GENERATOR_ENV,
                 model=args.model, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
                 requests=args.requests, sampling=SAMPLING, load_average=load,
-                mili_weight_dtypes=args.mili_weight_dtypes, llama_ggufs=args.llama_ggufs, threads=args.threads,
+                mili_weight_dtypes=args.mili_weight_dtypes,
+                mili_kv_cache_dtype=args.mili_kv_cache_dtype, llama_ggufs=args.llama_ggufs, threads=args.threads,
                 failed=failed)
     out = write_json("serving", meta, rows)
     title = (f"{Path(args.model).name}: {args.prompt_tokens} tokens in, {args.output_tokens} out, "

@@ -44,10 +44,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_mili(checkpoint: str, weight_dtype: str, log_dir: Path) -> Server:
+def start_mili(checkpoint: str, weight_dtype: str, kv_cache_dtype: str, log_dir: Path) -> Server:
     port = free_port()
     cmd = [sys.executable, "-m", "python_layer.cli", "serve", "--model", checkpoint, "--port", str(port),
-           "--weight-dtype", weight_dtype, "--served-model-name", "mili", "--log-level", "warning"]
+           "--weight-dtype", weight_dtype, "--kv-cache-dtype", kv_cache_dtype, "--served-model-name", "mili",
+           "--log-level", "warning"]
     server = _start(f"MILI {weight_dtype}", "mili", port, cmd, dict(os.environ), log_dir / f"mili-{weight_dtype}.log")
     server.mili = True
     return server

@@ -127,19 +127,20 @@ def test_each_mili_format_gets_its_offline_points_and_its_breakdown(monkeypatch:
 
     SPEEDS = {"int8": 1.0, "int4": 2.0}
     monkeypatch.setattr(run, "SETTLE_S", 0)
-    monkeypatch.setattr(run, "offline_point", lambda model, dtype, *a: {"output_tok_s": SPEEDS[dtype]})
+    monkeypatch.setattr(run, "offline_point",
+                        lambda model, dtype, kv, *a: {"output_tok_s": SPEEDS[dtype] if kv == "bfloat16" else 0})
     args = argparse.Namespace(concurrencies=[1, 8], clients=[], offline=True, mili_weight_dtypes=["int8", "int4"],
-                              model="m", output_tokens=4, requests=2)
+                              mili_kv_cache_dtype="bfloat16", model="m", output_tokens=4, requests=2)
     rows, failed = run._sweep([], args, ["p"] * 16, tmp_path)
     assert not failed
     assert [(r["system"], r["concurrency"], r["output_tok_s"]) for r in rows] == [
         ("MILI int8", 1, 1.0), ("MILI int4", 1, 2.0), ("MILI int8", 8, 1.0), ("MILI int4", 8, 2.0)]
 
     started = []
-    monkeypatch.setattr(run, "start_mili", lambda model, dtype, log_dir: started.append(dtype) or dtype)
+    monkeypatch.setattr(run, "start_mili", lambda model, dtype, kv, log_dir: started.append((dtype, kv)) or dtype)
     servers = list(run._servers(argparse.Namespace(url=None, systems=["mili"], mili_weight_dtypes=["int8", "int4"],
-                                                   model="m"), tmp_path))
-    assert servers == started == ["int8", "int4"]
+                                                   mili_kv_cache_dtype="int8", model="m"), tmp_path))
+    assert servers == ["int8", "int4"] and started == [("int8", "int8"), ("int4", "int8")]
 
     drawn, written = [], {}
     served = [dict(system=f"MILI {d}", client=c, concurrency=1, output_tok_s=1.0, decode_ms=1.0)
