@@ -37,8 +37,8 @@ def offline_point(checkpoint: str, weight_dtype: str, kv_cache_dtype: str, promp
     """Output tok/s of the prompts at `concurrency` requests at a time, and the breakdown of the engine's time."""
     spec = work / "offline.json"
     spec.write_text(json.dumps(dict(checkpoint=checkpoint, weight_dtype=weight_dtype, kv_cache_dtype=kv_cache_dtype,
-                                    prompts=list(prompts),
-                                    output_tokens=output_tokens, concurrency=concurrency, sampling=sampling)))
+                                    prompts=list(prompts), output_tokens=output_tokens, concurrency=concurrency,
+                                    sampling=sampling)))
     done = subprocess.run([sys.executable, "-m", "benchmarks.serving.offline", str(spec)], cwd=ROOT,
                           capture_output=True, text=True)
     if done.returncode != 0:

@@ -191,9 +191,8 @@ def main(argv=None) -> int:
     meta = dict(benchmark="serving", generator=generator, generator_env=guidellm_sweep.GENERATOR_ENV,
                 model=args.model, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
                 requests=args.requests, sampling=SAMPLING, load_average=load,
-                mili_weight_dtypes=args.mili_weight_dtypes,
-                mili_kv_cache_dtype=args.mili_kv_cache_dtype, llama_ggufs=args.llama_ggufs, threads=args.threads,
-                failed=failed)
+                mili_weight_dtypes=args.mili_weight_dtypes, mili_kv_cache_dtype=args.mili_kv_cache_dtype,
+                llama_ggufs=args.llama_ggufs, threads=args.threads, failed=failed)
     out = write_json("serving", meta, rows)
     title = (f"{Path(args.model).name}: {args.prompt_tokens} tokens in, {args.output_tokens} out, "
              f"at least {args.requests} requests and 2 a stream per point ({args.clients[0]})")
