@@ -122,8 +122,8 @@ def _add_format_options(parser: argparse.ArgumentParser) -> None:
                         "checkpoint's int4, a W8A8 one's int8, else --dtype); "
                         "on a GPU they are dequantized to --dtype")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16", "int8", "fp8"],
-                        help="the KV cache (auto: --dtype); a CPU may keep bfloat16 K/V under float32 activations, "
-                        "int8 (a scale per token and head) or fp8 (e4m3) under either: attention reads fewer bytes")
+                        help="the KV cache (auto: bfloat16 on a CPU, --dtype on a GPU); a CPU may keep float32 K/V "
+                        "under float32 activations, int8 (a scale per token and head) or fp8 (e4m3) under either")
 
 
 def _add_device_graphs_option(parser: argparse.ArgumentParser) -> None:

@@ -41,8 +41,8 @@ def load_model(
     """A checkpoint directory or Hugging Face Hub id (None: MILI's built-in random-weight model) as a model
     ready to run. dtype (activations, KV cache) "auto" is float32 on a CPU, bfloat16 on a GPU. weight_dtype
     (the linear layers' weights on a CPU: float32, bfloat16, fp8, int8, int4) "auto" is an FP8 checkpoint's FP8,
-    an AWQ / GPTQ checkpoint's int4, a W8A8 one's int8, else dtype. kv_cache_dtype "auto" is dtype; a CPU may keep a
-    bfloat16 cache under float32 activations.
+    an AWQ / GPTQ checkpoint's int4, a W8A8 one's int8, else dtype. kv_cache_dtype "auto" is bfloat16 on a CPU
+    (under float32 or bfloat16 activations), dtype on a GPU.
     On a GPU, MAX's memory pool leaves room for the weights and the KV cache the model will serve with:
     num_kv_pages pages of page_size tokens, else kv_cache_memory_gb GiB, else the engine's default (InferenceEngine's
     arguments of the same names; device_memory.py). gpu_options: how it runs on a GPU (bindings/gpu_options.py; None:

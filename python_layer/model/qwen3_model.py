@@ -73,12 +73,13 @@ KV_CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8":
 
 
 def resolve_kv_cache_dtype(kv_cache_dtype: str, dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """The KV cache's dtype. "auto": the activations' dtype. A CPU may keep bfloat16 K/V under float32
-    activations: attention reads half the bytes (0.64-0.80x its time); they are rounded when stored. A CPU may also
+    """The KV cache's dtype. "auto": bfloat16 on a CPU (the 16-bit cache of vLLM's and llama.cpp's defaults), else
+    the activations' dtype. A CPU may keep bfloat16 K/V under float32 activations: attention reads half the bytes
+    (0.5-0.8x its time); they are rounded when stored. A CPU may also
     keep int8 K/V (a scale per token and head) or FP8 e4m3 ones (no scale) under either: a quarter (a half) of the
     bytes again (mojo_kernels/memory/kv_format.mojo)."""
     if kv_cache_dtype == "auto":
-        return dtype
+        return torch.bfloat16 if device.type == "cpu" else dtype
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} is not one of auto, {', '.join(KV_CACHE_DTYPES)}")
     cache = KV_CACHE_DTYPES[kv_cache_dtype]

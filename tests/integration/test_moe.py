@@ -61,7 +61,7 @@ def _hf_greedy(hf: Qwen3MoeForCausalLM, prompt: list[int], n: int) -> list[int]:
 @pytest.mark.parametrize("backend", ["mojo", "reference"])
 def test_moe_logits_match_transformers(moe_checkpoint: Path, backend: str) -> None:
     hf = _hf(moe_checkpoint)
-    model = load_model(moe_checkpoint, device="cpu", dtype="float32", backend=backend)
+    model = load_model(moe_checkpoint, device="cpu", dtype="float32", backend=backend, kv_cache_dtype="float32")
     assert model.config.model_type == "qwen3_moe"
     sparse = [i for i in range(model.config.num_hidden_layers) if model.config.is_sparse(i)]
     assert 0 < len(sparse) < model.config.num_hidden_layers
@@ -87,7 +87,7 @@ def test_moe_logits_match_transformers(moe_checkpoint: Path, backend: str) -> No
 def test_moe_greedy_tokens_with_chunked_prefill_and_prefix_hits(moe_checkpoint: Path) -> None:
     hf = _hf(moe_checkpoint)
     engine = InferenceEngine.from_pretrained(moe_checkpoint, device="cpu", dtype="float32", max_num_batched_tokens=16,
-                                             enable_prefix_caching=True)
+                                             kv_cache_dtype="float32", enable_prefix_caching=True)
     vocab = engine.model.config.vocab_size
     shared = torch.randint(0, vocab, (40,), generator=torch.Generator().manual_seed(7)).tolist()
     prompts = [shared + [5, 6, 7], shared + [900], _prompts(vocab, seed=2)[1]]
@@ -118,7 +118,7 @@ def test_moe_weight_formats_match_the_reference_backend(moe_dense_layer: Path, w
         path = build_random_gptq_checkpoint(tmp_path / "gptq", seed=3, **MOE_SHAPES["normalized_dense_layer"])
         options = {}
     engines = {b: InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", backend=b,
-                                                  enable_prefix_caching=False, **options)
+                                                  kv_cache_dtype="float32", enable_prefix_caching=False, **options)
                for b in ("mojo", "reference")}
     layer = next(layer for layer in engines["mojo"].model.layers if layer.router is not None)
     kind = {"int4": Int4Weight, "gptq-checkpoint": Int4Weight, "bfloat16": torch.Tensor}.get(weight_dtype,

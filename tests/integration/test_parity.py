@@ -66,7 +66,7 @@ DEVICES = pytest.mark.parametrize("device", [
 @BACKENDS
 def test_prefill_and_decode_logits_match_transformers(parity_checkpoint: Path, backend: str, device: str) -> None:
     hf = _hf(parity_checkpoint)
-    model = load_model(parity_checkpoint, device=device, dtype="float32", backend=backend)
+    model = load_model(parity_checkpoint, device=device, dtype="float32", backend=backend, kv_cache_dtype="float32")
     prompts = _prompts(model.config.vocab_size)
     batch = _Batch(model, len(prompts))
     # on an H100 the mojo backend's float32 logits were 1.1-1.3e-3 off (the reference backend there: < 1e-4), while
@@ -106,7 +106,7 @@ def test_greedy_tokens_batched_single_and_transformers_agree(
 ) -> None:
     hf = _hf(parity_checkpoint)
     engine = InferenceEngine.from_pretrained(parity_checkpoint, device=device, dtype="float32", backend=backend,
-                                             enable_prefix_caching=False)
+                                             kv_cache_dtype="float32", enable_prefix_caching=False)
     prompts = _prompts(engine.model.config.vocab_size, seed=1)
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
@@ -143,7 +143,8 @@ def test_bfloat16_logits_as_close_to_float32_as_transformers_bfloat16(
 def test_qwen3_0_6b_shape_greedy_matches_transformers(qwen3_0_6b_checkpoint: Path, backend: str) -> None:
     """The full Qwen3-0.6B architecture (28 layers, 16/8 heads, head_dim 128, tied 151,936-row embedding)."""
     hf = _hf(qwen3_0_6b_checkpoint)
-    engine = InferenceEngine.from_pretrained(qwen3_0_6b_checkpoint, num_kv_pages=64, backend=backend)
+    engine = InferenceEngine.from_pretrained(qwen3_0_6b_checkpoint, num_kv_pages=64, backend=backend,
+                                             kv_cache_dtype="float32")
     prompts = _prompts(engine.model.config.vocab_size, seed=2)
     outs = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     for prompt, out in zip(prompts, outs):

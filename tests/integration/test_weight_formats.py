@@ -79,7 +79,8 @@ def test_w8a8_checkpoint_runs_as_int8_with_no_flag_and_matches_the_reference_bac
     values in one block of all K columns, on the AMX / VNNI tiles (tiny: K a multiple of 64) and off them (odd)."""
     path = write_w8a8_checkpoint(tiny_checkpoint if shape == "tiny" else odd_checkpoint,
                                  checkpoints_dir / f"{shape}-w8a8")
-    engines = {b: InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", backend=b)
+    engines = {b: InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", backend=b,
+                                                  kv_cache_dtype="float32")
                for b in ("mojo", "reference")}
     model = engines["mojo"].model
     assert model.weight_dtype == "int8" and model.lm_head.dtype == torch.bfloat16  # unquantized in the checkpoint
@@ -177,7 +178,8 @@ def test_8bit_kv_cache_matches_the_reference_backend_and_stays_near_float32(tiny
 
 
 def test_int4_weights_match_the_reference_backend_and_stay_near_float32(tiny_checkpoint: Path) -> None:
-    engines = {b: InferenceEngine.from_pretrained(tiny_checkpoint, dtype="float32", weight_dtype="int4", backend=b)
+    engines = {b: InferenceEngine.from_pretrained(tiny_checkpoint, dtype="float32", weight_dtype="int4", backend=b,
+                                                  kv_cache_dtype="float32")
                for b in ("mojo", "reference")}
     model = engines["mojo"].model
     assert all(isinstance(w, Int4Weight) for layer in model.layers
@@ -225,9 +227,10 @@ def _hf_on_dequantized(path: Path) -> "torch.nn.Module":
 def test_awq_and_gptq_checkpoints_load_with_no_flag(int4_dense: Path, tmp_path: Path, method: str,
                                                     options: dict) -> None:
     path = write_int4_checkpoint(int4_dense, tmp_path / method, method, **options)
-    engine = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32")  # no flag: the config says
-    reference = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", backend="reference")
-    exact = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", weight_dtype="float32")
+    kv = dict(kv_cache_dtype="float32")
+    engine = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", **kv)  # no flag: the config says
+    reference = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", backend="reference", **kv)
+    exact = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", weight_dtype="float32", **kv)
     repacked = not options.get("desc_act")  # desc_act's groups follow g_idx: dequantized, dense
     assert engine.model.weight_dtype == "int4"
     assert isinstance(engine.model.layers[0].qkv_proj, Int4Weight) == repacked

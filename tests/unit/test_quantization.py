@@ -86,7 +86,8 @@ def test_weight_dtype_names_and_resolution() -> None:
 
 def test_kv_cache_dtype_resolution() -> None:
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
-    assert resolve_kv_cache_dtype("auto", torch.float32, cpu) == torch.float32
+    assert resolve_kv_cache_dtype("auto", torch.float32, cpu) == torch.bfloat16
+    assert resolve_kv_cache_dtype("auto", torch.float32, gpu) == torch.float32
     assert resolve_kv_cache_dtype("auto", torch.bfloat16, gpu) == torch.bfloat16
     assert resolve_kv_cache_dtype("bfloat16", torch.float32, cpu) == torch.bfloat16
     assert resolve_kv_cache_dtype("int8", torch.bfloat16, cpu) == torch.int8
