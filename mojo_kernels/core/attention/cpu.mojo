@@ -5,8 +5,8 @@
 # rows per KV head stage each key block (transposed, float32) and score it without horizontal sums, four
 # rows of a KV head at a time (each staged key / value vector loaded feeds four FMAs); the others (decode)
 # read the cache directly, KEY_GROUP keys at a time (the next group prefetched): the rows of a KV head (up
-# to four) score several keys at once (over bfloat16 caches with AVX512_BF16 by vdpbf16ps, q rounded to bfloat16),
-# and accumulate the group's values in registers.
+# to four) score several keys at once and accumulate the group's values in registers (over bfloat16 caches with
+# AVX512_BF16 both by vdpbf16ps: q and the softmax weights rounded to bfloat16, two keys' values interleaved).
 # 8-bit caches (memory/kv_format.mojo) are widened in registers; a key's scale multiplies its scores, a value's
 # its weight.
 # Over bfloat16 caches with AVX512_BF16, staged tiles stage the block in bfloat16 pairs instead and score and sum it
@@ -85,10 +85,12 @@ def _group_sums[n: Int, w: Int](v: SIMD[F32, w]) -> SIMD[F32, n]:
 
 @always_inline
 def _decode_pairs[cache_type: DType](head_dim: Int) -> Bool:
-    """Whether keys read straight from a bfloat16 cache are scored with vdpbf16ps against q rounded to bfloat16
-    pairs (_to_pairs; the staged tiles round q so too): 32 products an instruction, the keys not widened. 32
-    sequences of 200 keys, Qwen3-0.6B's heads, 2 threads of a Zen 4: 1.01 ms a layer against 1.31 with FMAs (the
-    fastest of 5 alternated runs)."""
+    """Whether keys and values read straight from a bfloat16 cache are multiplied with vdpbf16ps (32 products an
+    instruction, nothing widened): the keys against q rounded to bfloat16 pairs (_to_pairs; the staged tiles round q
+    so too), the values of two keys interleaved against their softmax weights rounded to a bfloat16 pair. 32
+    sequences of 200 keys, Qwen3-0.6B's heads, 2 threads of a Zen 4, fastest of 5 alternated runs: 1.01 ms a layer
+    with the scores' pairs against 1.31 with FMAs; medians of 4 alternated runs with the values' pairs too 1.24
+    against 1.40 (one sequence of 2,000 keys 0.42 against 0.50)."""
     comptime if BF16_DOT and cache_type == DType.bfloat16:
         return head_dim % PAIR_LANES == 0
     else:
@@ -145,11 +147,31 @@ def _value_tile[dtype: DType, R: Int, C: Int, W: Int](
     jj_begin: Int, jj_end: Int, s_off: Int, acc_off: Int, head_dim: Int,
 ):
     """acc[:, x : x + C * W] += sum over block keys jj_begin .. jj_end - 1 of p[:, key] * V[key] for R rows of one
-    KV head: the R x C accumulator vectors stay in registers while the keys' values stream by."""
+    KV head: the R x C accumulator vectors stay in registers while the keys' values stream by. With _decode_pairs
+    the weights are bfloat16 pairs of adjacent keys (jj_begin even, a pair past jj_end weighs 0) and two keys'
+    values, interleaved in registers, feed each vdpbf16ps."""
     var acc = Array[SIMD[F32, W], R * C](fill=0)
     comptime for r in range(R):
         comptime for c in range(C):
             acc[r * C + c] = buf.unsafe_load[width=W](acc_off + rows[r] * head_dim + x + c * W)
+    comptime if W == F32_WIDTH:
+        if _decode_pairs[dtype](head_dim):
+            var words, values = buf.unsafe_bitcast[UInt32](), cache.unsafe_bitcast[BFloat16]()
+            for jj in range(jj_begin, jj_end, 2):
+                var p = Array[SIMD[DType.bfloat16, PAIR_LANES], R](fill=0)
+                comptime for r in range(R):
+                    p[r] = bitcast[DType.bfloat16, PAIR_LANES](
+                        SIMD[DType.uint32, W](words.unsafe_load(s_off + rows[r] * KEY_BLOCK + jj // 2)))
+                var first = offsets[jj] + head_off + x
+                var second = (offsets[jj + 1] if jj + 1 < jj_end else offsets[jj]) + head_off + x  # weight 0
+                comptime for c in range(C):
+                    var pairs = rebind[SIMD[DType.bfloat16, PAIR_LANES]](values.unsafe_load[width=W](
+                        first + c * W).interleave(values.unsafe_load[width=W](second + c * W)))
+                    comptime for r in range(R):
+                        acc[r * C + c] = rebind[SIMD[F32, W]](dot_bf16(rebind[SIMD[F32, F32_WIDTH]](acc[r * C + c]),
+                                                                       p[r], pairs))
+            _store_acc(buf, rows, acc, acc_off, x, head_dim)
+            return
     for jj in range(jj_begin, jj_end):
         var at = offsets[jj] + head_off + x
         var v_scale = kv_scale(cache, offsets[jj] + head_off, head_dim)
@@ -160,6 +182,12 @@ def _value_tile[dtype: DType, R: Int, C: Int, W: Int](
             var v = widen[dtype, W](cache, at + c * W)
             comptime for r in range(R):
                 acc[r * C + c] = v.fma(p[r], acc[r * C + c])
+    _store_acc(buf, rows, acc, acc_off, x, head_dim)
+
+
+@always_inline
+def _store_acc[R: Int, C: Int, W: Int](buf: Ptr[F32], rows: IndexList[R], acc: Array[SIMD[F32, W], R * C], acc_off: Int,
+                                      x: Int, head_dim: Int):
     comptime for r in range(R):
         comptime for c in range(C):
             buf.unsafe_store(acc_off + rows[r] * head_dim + x + c * W, acc[r * C + c])
@@ -674,6 +702,10 @@ def attention_cpu[dtype: DType, cache_type: DType](
                         else:  # no visible key in this block: weights 0
                             for jj in range(n_keys):
                                 buf.unsafe_store(s_off + r * KEY_BLOCK + jj, 0)
+                        if _decode_pairs[cache_type](head_dim):  # the value step's weights as pairs of keys
+                            if n_keys % 2 == 1:
+                                buf.unsafe_store(s_off + r * KEY_BLOCK + n_keys, 0)
+                            _to_pairs(buf, s_off + r * KEY_BLOCK, KEY_BLOCK)
                     _direct_block[cache_type, False](buf, kv_rows, per_head, group_rows, kv_heads, v_cache, offsets, j0, n_keys,
                                                 s_off, acc_off, last_off, head_dim, k_cache, next_offsets, next_keys)
             if splits == 1:
