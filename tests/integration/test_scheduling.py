@@ -46,7 +46,8 @@ def alone(model: Qwen3CausalLM, prompts: list[list[int]]) -> list[list[int]]:
 
 
 def test_mojo_engine_matches_reference_backend(tiny_checkpoint: Path, prompts, alone) -> None:
-    reference = InferenceEngine.from_pretrained(tiny_checkpoint, backend="reference", num_kv_pages=64)
+    reference = InferenceEngine.from_pretrained(tiny_checkpoint, backend="reference", num_kv_pages=64,
+                                                kv_cache_dtype="float32")
     assert [o.token_ids for o in reference.generate(prompts, GREEDY)] == alone
 
 
