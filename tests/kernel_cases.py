@@ -36,10 +36,11 @@ QKV_ATTENTION_BATCHES = [ATTENTION_BATCHES[i] for i in (0, 2, 3, 4, 5, 7)] + [([
 """Decode batches (the GPU's one-kernel path, long contexts split over blocks), prefill, extension and a mixed batch."""
 QKV_ATTENTION_HEADS = [(16, 8, 128), (8, 2, 64), (8, 8, 16), (10, 2, 128)]
 """16: the narrowest row RoPE pairs across bfloat16 lanes; 10 over 2: Qwen3-14B's 5 query heads a KV head."""
-# (M, K, N): decode (M <= 32) and prefill (M > 32) kernels (AVX2 int8: panels from 16 rows, 17 and 20 here); K past
-# a vector width and a 128-column scale block; N past the decode tile (4 rows) and the prefill panel (2 vector widths)
+# (M, K, N): decode (M <= 32; bfloat16 with vdpbf16ps: <= 64) and prefill kernels (AVX2 int8: panels from 16 rows,
+# 17 and 20 here); K past a vector width and a 128-column scale block; N past the decode tile (4 rows) and the prefill
+# panel (2 vector widths)
 LINEAR_SHAPES = [(1, 37, 5), (1, 1000, 130), (7, 200, 133), (17, 301, 70), (20, 2048, 64), (33, 128, 33), (64, 301, 70),
-                 (130, 1024, 96)]
+                 (65, 301, 70), (130, 1024, 96)]
 WEIGHT_DTYPES = [torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.int8]
 TILED_LINEAR_SHAPES = [
     (1, 64, 4),
@@ -48,6 +49,7 @@ TILED_LINEAR_SHAPES = [
     (20, 2048, 64),
     (33, 128, 8),
     (64, 320, 68),
+    (65, 320, 68),
     (130, 1024, 96),
 ]
 """(M, K, N) with N a multiple of 4 and K of 64 (float32 and bfloat16 tiles): decode and panel paths, serial and

@@ -70,6 +70,12 @@ a decode tile rereads its weight rows from L1 for every row of x, a panel costs 
 do not repay. Decode steps of Qwen3-0.6B's shape on a 2-core Zen 4, against a threshold of 8: at 16 rows 107 against
 173 ms in bfloat16, at 32 190 / 251 (int8 and int4 then had decode tiles too: 99 / 157 and 100 / 158 at 16 rows; at
 64 their panels won, 304 / 373 and 316 / 384)."""
+comptime BF16_DECODE_ROWS = 64 if BF16_DOT else DECODE_ROWS
+"""DECODE_ROWS for bfloat16 weights: with vdpbf16ps the decode tiles beat the pair panels packed per call up to 64 rows
+of x. Zen 4, tiled weights, 40 / 64 rows, GFLOP/s on 2 cores, panels -> tiles: [1536, 2048] (a Qwen3-30B-A3B
+expert's gate_up, whose blocks are a few dozen rows in a prefill) 118-154 -> 254-275 / 166-179 -> 259-270,
+[2048, 768] 212-248 -> 242-254 / 248-282 -> 251-272, [4096, 1024] 221-251 -> 247-296 / 249-276 -> 251-289,
+[1024, 3072] 202-241 -> 224-274 / 204-264 -> 217-241 (from 96 rows the panels win that one)."""
 comptime I8_ROW_TILE = 8
 """Rows of x per int8 decode tile without VNNI (one weight row at a time: an accumulator per row of x)."""
 comptime PANEL = 2 * F32_WIDTH
@@ -1140,7 +1146,7 @@ def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
 ):
     """The decode tiles or the panels packed per call (every format and layout but tiled int8)."""
     var n, k = wt.n, wt.k
-    var decode = m <= DECODE_ROWS
+    var decode = m <= (BF16_DECODE_ROWS if w_type == DType.bfloat16 else DECODE_ROWS)
     # int8 prefill with VNNI or AVX2: quads of x against quads of a panel (which must not straddle a block)
     var quads = False
     comptime if w_type == DType.int8 and I8_QUADS:

@@ -4,19 +4,21 @@
 # when `normalize`. The experts' gate_up [E, 2I, H] and down [E, H, I] weights are stacks, one expert after the
 # other, of the linear kernels' weights in one format: linear.mojo's (float32, bfloat16, int8, FP8 bits; [N, K] or
 # tiled) for mili_moe, linear_int4.mojo's packed 4-bit ones for mili_moe_int4.
-# CPU: route every token; group its (token, slot) pairs by expert; then, for each expert some token chose, gather
-# its tokens' rows of x into one block and run that block through the expert's gate_up, silu_and_mul and down on
-# the linear kernels (so each chosen expert's weights are streamed once a step, for all its tokens, and the others
-# not at all: a decode step reads top_k experts a token; a prefill runs each expert's linears on its block of rows),
-# then add each row back into its token's float32 sum times its weight.
+# CPU: route every token; group its (token, slot) pairs by expert; then, each expert some token chose on one thread,
+# gather its tokens' rows of x into one block and run that block through the expert's gate_up, silu_and_mul and
+# down on the linear kernels (so each chosen expert's weights are streamed once a step, for all its tokens, and the
+# others not at all: a decode step reads top_k experts a token; a prefill runs each expert's linears on its block
+# of rows), into a row per pair; then sum each token's rows times their weights in float32.
 # GPU: none yet (a qwen3_moe model refuses to load on a GPU).
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
+from std.algorithm import vectorize
 from std.math import ceildiv, exp
 
-from ..utils.parallel import MojoThreads, Runner
+from ..utils.parallel import ChunkTask, MojoThreads, OnThisThread, Runner
 from ..utils.types import (
-    addr, ptr, list_ptr, convert_row, load_f32, Addr, F16, F32, F32_WIDTH, Ptr, check_same, is_fp8,
+    addr, ptr, list_ptr, convert_row, load_f32, narrow, Addr, F16, F32, F32_WIDTH, Ptr, SERIAL_ELEMENTS, check_same,
+    is_fp8,
 )
 from .activations import silu_and_mul_cpu
 from .linear import linear_cpu
@@ -103,60 +105,120 @@ def _route[a_type: DType](logits: Ptr[a_type], t: Int, e_count: Int, top_k: Int,
                 weights.unsafe_store(i * top_k + j, weights.unsafe_load(i * top_k + j) / chosen)
 
 
+struct _ExpertRows[a_type: DType, w_type: DType, tiled: Bool, packed: Bool](ChunkTask):
+    """Item i: the i-th chosen expert's rows (its block of the pairs grouped by expert, from `start`): its tokens' rows
+    of x gathered into one block and run through its gate_up, silu_and_mul and down on this thread, into those
+    rows of expert_out [pairs, H]."""
+
+    var expert_out: Addr[Self.a_type]
+    var x: Addr[Self.a_type]
+    var experts: _Experts[Self.w_type, Self.tiled, Self.packed]
+    var order: Addr[DType.int32]
+    var start: Addr[DType.int32]
+    var chosen: Addr[DType.int32]
+    var top_k: Int
+
+    def __init__(out self, expert_out: Ptr[Self.a_type], x: Ptr[Self.a_type], experts: _Experts[Self.w_type, Self.tiled,
+                 Self.packed], order: Ptr[DType.int32], start: Ptr[DType.int32], chosen: Ptr[DType.int32], top_k: Int):
+        self.expert_out, self.x, self.experts = addr(expert_out), addr(x), experts
+        self.order, self.start, self.chosen, self.top_k = addr(order), addr(start), addr(chosen), top_k
+
+    def run(self, item: Int):
+        var h, inter = self.experts.hidden, self.experts.inter
+        var e = Int(ptr(self.chosen).unsafe_load(item))
+        var first, rows = Int(ptr(self.start).unsafe_load(e)), Int(ptr(self.start).unsafe_load(e + 1))
+        rows -= first
+        var xe = List[Scalar[Self.a_type]](unsafe_uninit_length=rows * h)
+        var gate_up = List[Scalar[Self.a_type]](unsafe_uninit_length=rows * 2 * inter)
+        var act = List[Scalar[Self.a_type]](unsafe_uninit_length=rows * inter)
+        for r in range(rows):
+            var token = Int(ptr(self.order).unsafe_load(first + r)) // self.top_k
+            convert_row(list_ptr(xe), r * h, ptr(self.x), token * h, h)
+        var here = OnThisThread()
+        self.experts.run[Self.a_type, OnThisThread, True](here, list_ptr(gate_up), list_ptr(xe), rows, e)
+        silu_and_mul_cpu[Self.a_type](here, list_ptr(act), list_ptr(gate_up), rows, inter)
+        self.experts.run[Self.a_type, OnThisThread, False](here, ptr(self.expert_out).unsafe_offset(first * h),
+                                                              list_ptr(act), rows, e)
+
+
+struct _WeightedSums[dtype: DType](ChunkTask):
+    """Item t: y[t] = the sum of token t's rows of expert_out times their weights, in float32, its rows in the order
+    they lie in expert_out (by expert, as transformers adds them up)."""
+
+    var y: Addr[Self.dtype]
+    var expert_out: Addr[Self.dtype]
+    var rows: Addr[DType.int32]
+    var weights: Addr[F32]
+    var top_k: Int
+    var h: Int
+
+    def __init__(out self, y: Ptr[Self.dtype], expert_out: Ptr[Self.dtype], rows: Ptr[DType.int32], weights: Ptr[F32],
+                 top_k: Int, h: Int):
+        self.y, self.expert_out, self.rows, self.weights = addr(y), addr(expert_out), addr(rows), addr(weights)
+        self.top_k, self.h = top_k, h
+
+    def run(self, t: Int):
+        var y, out, rows, weights = ptr(self.y), ptr(self.expert_out), ptr(self.rows), ptr(self.weights)
+        var top_k, h = self.top_k, self.h
+
+        def body[width: Int](i: Int) {var y, var out, var rows, var weights, var top_k, var h, var t}:
+            var acc = SIMD[F32, width](0)
+            for j in range(t * top_k, (t + 1) * top_k):
+                var row = Int(rows.unsafe_load(j))
+                acc = load_f32[Self.dtype, width](out, row * h + i).fma(weights.unsafe_load(row), acc)
+            y.unsafe_store(t * h + i, narrow[Self.dtype, width](acc))
+
+        vectorize[F32_WIDTH](h, body)
+
+
 def moe_cpu[a_type: DType, w_type: DType, tiled: Bool, packed: Bool, R: Runner](
     runner: R, y: Ptr[a_type], x: Ptr[a_type], logits: Ptr[a_type], experts: _Experts[w_type, tiled, packed], t: Int,
     e_count: Int, top_k: Int, normalize: Bool,
 ):
-    var h, inter = experts.hidden, experts.inter
     if t == 0:
         return
-    var ids = List[Int32](length=t * top_k, fill=0)
-    var weights = List[Float32](length=t * top_k, fill=0)
+    var pairs = t * top_k
+    var ids = List[Int32](length=pairs, fill=0)
+    var weights = List[Float32](length=pairs, fill=0)
     _route(logits, t, e_count, top_k, normalize, list_ptr(ids), list_ptr(weights))
     # the (token, slot) pairs grouped by expert: expert e's are order[start[e] : start[e + 1]]
-    var start = List[Int](length=e_count + 1, fill=0)
-    for p in range(t * top_k):
+    var start = List[Int32](length=e_count + 1, fill=0)
+    for p in range(pairs):
         start[Int(ids[p]) + 1] += 1
-    var most = 0
+    var chosen = List[Int32]()
     for e in range(e_count):
-        most = max(most, start[e + 1])
+        if start[e + 1] > 0:
+            chosen.append(Int32(e))
         start[e + 1] += start[e]
     var filled = List[Int](length=e_count, fill=0)
-    var order = List[Int](length=t * top_k, fill=0)
-    for p in range(t * top_k):
+    var order = List[Int32](length=pairs, fill=0)
+    for p in range(pairs):
         var e = Int(ids[p])
-        order[start[e] + filled[e]] = p
+        order[Int(start[e]) + filled[e]] = Int32(p)
         filled[e] += 1
-    var xe = List[Scalar[a_type]](length=most * h, fill=0)
-    var gate_up = List[Scalar[a_type]](length=most * 2 * inter, fill=0)
-    var act = List[Scalar[a_type]](length=most * inter, fill=0)
-    var out = List[Scalar[a_type]](length=most * h, fill=0)
-    var acc = List[Float32](length=t * h, fill=0)
-    for e in range(e_count):
-        var rows = start[e + 1] - start[e]
-        if rows == 0:
-            continue
-        for r in range(rows):
-            var token = order[start[e] + r] // top_k
-            convert_row(list_ptr(xe), r * h, x, token * h, h)
-        experts.run[a_type, R, True](runner, list_ptr(gate_up), list_ptr(xe), rows, e)
-        silu_and_mul_cpu[a_type](runner, list_ptr(act), list_ptr(gate_up), rows, inter)
-        experts.run[a_type, R, False](runner, list_ptr(out), list_ptr(act), rows, e)
-        for r in range(rows):
-            var p = order[start[e] + r]
-            _add_scaled(list_ptr(acc), (p // top_k) * h, list_ptr(out), r * h, weights[p], h)
-    convert_row(y, 0, list_ptr(acc), 0, t * h)
-
-
-def _add_scaled[dtype: DType](acc: Ptr[F32], acc_at: Int, row: Ptr[dtype], row_at: Int, weight: Float32, n: Int):
-    """acc[acc_at : acc_at + n] += weight * row[row_at : row_at + n], by vectors."""
-    var i = 0
-    while i + F32_WIDTH <= n:
-        var v = load_f32[dtype, F32_WIDTH](row, row_at + i)
-        acc.unsafe_store(acc_at + i, v.fma(weight, acc.unsafe_load[width=F32_WIDTH](acc_at + i)))
-        i += F32_WIDTH
-    for j in range(i, n):
-        acc.unsafe_store(acc_at + j, load_f32[dtype, 1](row, row_at + j).fma(weight, acc.unsafe_load(acc_at + j)))
+    # each token's rows of out, by expert, and their weights
+    var token_rows = List[Int32](length=pairs, fill=0)
+    var row_weights = List[Float32](length=pairs, fill=0)
+    var taken = List[Int](length=t, fill=0)
+    for row in range(pairs):
+        var p = Int(order[row])
+        var token = p // top_k
+        token_rows[token * top_k + taken[token]] = Int32(row)
+        taken[token] += 1
+        row_weights[row] = weights[p]
+    # each expert on one thread, whole: at a prefill's few dozen rows an expert's linears split over the threads
+    # spent a third of the time joining them
+    var out = List[Scalar[a_type]](unsafe_uninit_length=pairs * experts.hidden)
+    runner.run(_ExpertRows[a_type, w_type, tiled, packed](list_ptr(out), x, experts, list_ptr(order), list_ptr(start),
+                                                          list_ptr(chosen), top_k), len(chosen), False)
+    runner.run(_WeightedSums[a_type](y, list_ptr(out), list_ptr(token_rows), list_ptr(row_weights), top_k,
+                                     experts.hidden), t, pairs * experts.hidden <= SERIAL_ELEMENTS)
+    _ = order^  # the tasks read them through pointers: kept alive until they are done
+    _ = start^
+    _ = chosen^
+    _ = token_rows^
+    _ = row_weights^
+    _ = out^
 
 
 def check_moe(t: Int, h: Int, y_t: Int, y_h: Int, logit_rows: Int, e_count: Int, gate_up_experts: Int,

@@ -131,6 +131,16 @@ struct MojoThreads(Runner):
         _ = ranges^
 
 
+struct OnThisThread(Runner):
+    """Every item on the calling thread: a kernel run inside another kernel's item."""
+
+    def __init__(out self):
+        pass
+
+    def run[T: ChunkTask](self, task: T, items: Int, serial: Bool):
+        _on_this_thread(task, items)
+
+
 struct OpenMPEntryPoints:
     """The OpenMP runtime's functions the runner calls: three addresses in a row in memory
     (bindings/library.py openmp_entry_points)."""
