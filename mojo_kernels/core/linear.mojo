@@ -14,7 +14,7 @@
 # Without those instructions the same numbers are computed with float32 FMAs / int32 multiplies.
 # FP8 weights are widened as utils/types.widen does: to their value times 2^-8 (FP8_SCALE goes into the scale).
 # CPU, by the number of rows M:
-#   decode (M <= DECODE_ROWS): every weight byte crosses the memory bus once,
+#   decode (M <= DECODE_ROWS; bfloat16 weights BF16_DECODE_ROWS): every weight byte crosses the memory bus once,
 #     prefetched PREFETCH_BYTES ahead (all formats but float32). A tile of NR weight rows is widened in registers
 #     (or fed to the dot-product instructions as it is) for MR rows of x at a time; for the next MR rows it is read
 #     again from L1, not from memory. int8 on AVX2: a tile of one weight row for every row of x, and only below
