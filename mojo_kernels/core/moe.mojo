@@ -126,8 +126,8 @@ struct _ExpertRows[a_type: DType, w_type: DType, tiled: Bool, packed: Bool](Chun
     def run(self, item: Int):
         var h, inter = self.experts.hidden, self.experts.inter
         var e = Int(ptr(self.chosen).unsafe_load(item))
-        var first, rows = Int(ptr(self.start).unsafe_load(e)), Int(ptr(self.start).unsafe_load(e + 1))
-        rows -= first
+        var first = Int(ptr(self.start).unsafe_load(e))
+        var rows = Int(ptr(self.start).unsafe_load(e + 1)) - first
         var xe = List[Scalar[Self.a_type]](unsafe_uninit_length=rows * h)
         var gate_up = List[Scalar[Self.a_type]](unsafe_uninit_length=rows * 2 * inter)
         var act = List[Scalar[Self.a_type]](unsafe_uninit_length=rows * inter)
@@ -196,7 +196,7 @@ def moe_cpu[a_type: DType, w_type: DType, tiled: Bool, packed: Bool, R: Runner](
         var e = Int(ids[p])
         order[Int(start[e]) + filled[e]] = Int32(p)
         filled[e] += 1
-    # each token's rows of out, by expert, and their weights
+    # each token's rows of out (in expert order) and every row's weight
     var token_rows = List[Int32](length=pairs, fill=0)
     var row_weights = List[Float32](length=pairs, fill=0)
     var taken = List[Int](length=t, fill=0)
@@ -206,8 +206,8 @@ def moe_cpu[a_type: DType, w_type: DType, tiled: Bool, packed: Bool, R: Runner](
         token_rows[token * top_k + taken[token]] = Int32(row)
         taken[token] += 1
         row_weights[row] = weights[p]
-    # each expert on one thread, whole: at a prefill's few dozen rows an expert's linears split over the threads
-    # spent a third of the time joining them
+    # the experts, not their linears, are what the threads share: no join per linear, and the gathers and sums run
+    # on every thread
     var out = List[Scalar[a_type]](unsafe_uninit_length=pairs * experts.hidden)
     runner.run(_ExpertRows[a_type, w_type, tiled, packed](list_ptr(out), x, experts, list_ptr(order), list_ptr(start),
                                                           list_ptr(chosen), top_k), len(chosen), False)
