@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -166,6 +167,8 @@ def builtin_model_path() -> Path:
     """The built-in default model (random weights, Qwen3 architecture and tokenizer), generated on first use."""
     path = cache_dir() / "models" / BUILTIN_NAME
     if not (path / "config.json").is_file():
-        print(f"MILI: generating the built-in random-weight Qwen3 model into {path} (first use only)", flush=True)
+        # on stderr: scripts take the path from stdout (benchmarks/serving/setup.sh)
+        print(f"MILI: generating the built-in random-weight Qwen3 model into {path} (first use only)", file=sys.stderr,
+              flush=True)
         build_random_checkpoint(path, seed=1234, **BUILTIN)
     return path

@@ -55,3 +55,13 @@ def test_a_wrong_model_directory_is_one_message_without_a_traceback(tmp_path: Pa
     assert done.returncode == 1, done.stderr
     assert "mili: error: " in done.stderr and "does not exist" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_generating_the_builtin_model_keeps_stdout_to_its_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture) -> None:
+    """Scripts take the path from stdout (benchmarks/serving/setup.sh); the first use's message goes to stderr."""
+    monkeypatch.setenv("MILI_CACHE_DIR", str(tmp_path))
+    path = builtin_model_path()
+    captured = capsys.readouterr()
+    assert captured.out == "" and "generating the built-in" in captured.err
+    assert (path / "config.json").is_file() and path.is_relative_to(tmp_path)
