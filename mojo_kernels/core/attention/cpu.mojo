@@ -115,7 +115,7 @@ def _score_tile[dtype: DType, R: Int, K: Int](
             comptime for r in range(R):
                 qv[r] = bitcast[DType.bfloat16, PAIR_LANES](words.unsafe_load[width=W](rows[r] * head_dim + x // 2))
             comptime for k in range(K):
-                var kv = keys.unsafe_load[width=PAIR_LANES](offsets[jj + k] + head_off + x)
+                var kv = keys.unsafe_load[width=PAIR_LANES](offsets.unsafe_get(jj + k) + head_off + x)
                 comptime for r in range(R):
                     acc[r * K + k] = dot_bf16(acc[r * K + k], qv[r], kv)
     else:
@@ -124,7 +124,7 @@ def _score_tile[dtype: DType, R: Int, K: Int](
             comptime for r in range(R):
                 qv[r] = buf.unsafe_load[width=W](rows[r] * head_dim + x)
             comptime for k in range(K):
-                var kv = widen[dtype, W](cache, offsets[jj + k] + head_off + x)
+                var kv = widen[dtype, W](cache, offsets.unsafe_get(jj + k) + head_off + x)
                 comptime for r in range(R):
                     acc[r * K + k] = qv[r].fma(kv, acc[r * K + k])
     var sums = _group_sums[R * K, W](_pair_sums[R * K](acc))
@@ -134,9 +134,9 @@ def _score_tile[dtype: DType, R: Int, K: Int](
         for x in range(vec_end, head_dim):
             var qx = buf.unsafe_load(rows[r] * head_dim + x)
             comptime for k in range(K):
-                s[k] += qx * widen[dtype, 1](cache, offsets[jj + k] + head_off + x)
+                s[k] += qx * widen[dtype, 1](cache, offsets.unsafe_get(jj + k) + head_off + x)
         comptime for k in range(K):
-            s[k] *= kv_scale(cache, offsets[jj + k] + head_off, head_dim)
+            s[k] *= kv_scale(cache, offsets.unsafe_get(jj + k) + head_off, head_dim)
         var visible = keys.le(SIMD[F32, K](buf.unsafe_load(last_off + rows[r])))
         buf.unsafe_store(s_off + rows[r] * KEY_BLOCK + jj, visible.select(s, SIMD[F32, K](MASKED)))
 
@@ -162,8 +162,8 @@ def _value_tile[dtype: DType, R: Int, C: Int, W: Int](
                 comptime for r in range(R):
                     p[r] = bitcast[DType.bfloat16, PAIR_LANES](
                         SIMD[DType.uint32, W](words.unsafe_load(s_off + rows[r] * KEY_BLOCK + jj // 2)))
-                var first = offsets[jj] + head_off + x
-                var second = (offsets[jj + 1] if jj + 1 < jj_end else offsets[jj]) + head_off + x  # weight 0
+                var first = offsets.unsafe_get(jj) + head_off + x
+                var second = (offsets.unsafe_get(jj + 1) if jj + 1 < jj_end else offsets.unsafe_get(jj)) + head_off + x  # weight 0
                 comptime for c in range(C):
                     var pairs = rebind[SIMD[DType.bfloat16, PAIR_LANES]](values.unsafe_load[width=W](
                         first + c * W).interleave(values.unsafe_load[width=W](second + c * W)))
@@ -173,8 +173,8 @@ def _value_tile[dtype: DType, R: Int, C: Int, W: Int](
             _store_acc(buf, rows, acc, acc_off, x, head_dim)
             return
     for jj in range(jj_begin, jj_end):
-        var at = offsets[jj] + head_off + x
-        var v_scale = kv_scale(cache, offsets[jj] + head_off, head_dim)
+        var at = offsets.unsafe_get(jj) + head_off + x
+        var v_scale = kv_scale(cache, offsets.unsafe_get(jj) + head_off, head_dim)
         var p = Array[SIMD[F32, W], R](fill=0)
         comptime for r in range(R):
             p[r] = SIMD[F32, W](buf.unsafe_load(s_off + rows[r] * KEY_BLOCK + jj) * v_scale)
@@ -231,7 +231,7 @@ def _prefetch_head[dtype: DType](cache: Ptr[dtype], offsets: Array[Int, KEY_BLOC
     comptime LINE = 64 // size_of[dtype]()
     var lines = ceildiv(head_dim, LINE)
     for jj in range(jj_begin, jj_end):
-        var row = cache.unsafe_offset(offsets[jj] + head_off)
+        var row = cache.unsafe_offset(offsets.unsafe_get(jj) + head_off)
         for line in range(lines):
             prefetch[PrefetchOptions().for_read().medium_locality()](row.unsafe_offset(line * LINE))
 
@@ -417,7 +417,7 @@ def _stage_pairs[dtype: DType](
     for j in range(KEY_BLOCK):
         for g in range(kv_heads):
             var kt = kt_off + g * head_dim * KEY_BLOCK
-            var at = (offsets[j] + g * head_dim) // 2
+            var at = (offsets.unsafe_get(j) + g * head_dim) // 2
             for d2 in range(0, half, F32_WIDTH):
                 var w = SIMD[DType.uint32, F32_WIDTH](0)
                 if j < n_keys:
@@ -443,9 +443,9 @@ def _stage_value_pairs[dtype: DType](
             for x in range(0, head_dim, F32_WIDTH):
                 var v0, v1 = SIMD[DType.uint16, F32_WIDTH](0), SIMD[DType.uint16, F32_WIDTH](0)
                 if j < n_keys:
-                    v0 = v_bits.unsafe_load[width=F32_WIDTH](offsets[j] + g * head_dim + x)
+                    v0 = v_bits.unsafe_load[width=F32_WIDTH](offsets.unsafe_get(j) + g * head_dim + x)
                 if j + 1 < n_keys:
-                    v1 = v_bits.unsafe_load[width=F32_WIDTH](offsets[j + 1] + g * head_dim + x)
+                    v1 = v_bits.unsafe_load[width=F32_WIDTH](offsets.unsafe_get(j + 1) + g * head_dim + x)
                 words.unsafe_store(vb + x, bitcast[DType.uint32, F32_WIDTH](v0.interleave(v1)))
 
 
@@ -652,7 +652,7 @@ def attention_cpu[dtype: DType, cache_type: DType](
                     for jj in range(KEY_BLOCK):  # stage the block, reading the cache in address order
                         if jj < n_keys:
                             for g in range(kv_heads):
-                                var at = offsets[jj] + g * head_len
+                                var at = offsets.unsafe_get(jj) + g * head_len
                                 _copy_column[cache_type](buf, kt_off + g * head_dim * KEY_BLOCK + jj, KEY_BLOCK, k_cache,
                                                          at, head_dim, kv_scale(k_cache, at, head_dim))
                                 _copy_row[cache_type](buf, vb_off + (g * KEY_BLOCK + jj) * head_dim, v_cache, at,

@@ -120,7 +120,7 @@ def amx_stage_keys[dtype: DType](
             for x in range(0, head_dim, LANES):
                 var v = SIMD[DType.uint16, LANES](0)
                 if jj < n_keys:
-                    v = cache.unsafe_load[width=LANES](offsets[jj] + g * head_dim + x)
+                    v = cache.unsafe_load[width=LANES](offsets.unsafe_get(jj) + g * head_dim + x)
                 keys.unsafe_store(kt + jj * head_dim + x, v)
 
 
