@@ -163,7 +163,7 @@ def _value_tile[dtype: DType, R: Int, C: Int, W: Int](
                     p[r] = bitcast[DType.bfloat16, PAIR_LANES](
                         SIMD[DType.uint32, W](words.unsafe_load(s_off + rows[r] * KEY_BLOCK + jj // 2)))
                 var first = offsets.unsafe_get(jj) + head_off + x
-                var second = (offsets.unsafe_get(jj + 1) if jj + 1 < jj_end else offsets.unsafe_get(jj)) + head_off + x  # weight 0
+                var second = offsets.unsafe_get(jj + 1 if jj + 1 < jj_end else jj) + head_off + x  # weight 0
                 comptime for c in range(C):
                     var pairs = rebind[SIMD[DType.bfloat16, PAIR_LANES]](values.unsafe_load[width=W](
                         first + c * W).interleave(values.unsafe_load[width=W](second + c * W)))
