@@ -15,7 +15,7 @@ from .gpu_options import GpuOptions
 from .reference import rope_inv_freq
 
 from max.dtype import DType
-from max.graph import BufferValue, TensorType, TensorValue, ops
+from max.graph import BufferValue, DimLike, TensorType, TensorValue, ops
 
 Scalar = Union[float, TensorValue]
 
@@ -100,11 +100,11 @@ def linear(x: TensorValue, weight: TensorValue, scales: TensorValue, block_k: Un
     return _custom("mili_linear", x, [x, weight, scales, block_k], [[x.shape[0], weight.shape[0]]])[0]
 
 
-def linear_int4(x: TensorValue, packed: TensorValue, scales: TensorValue, mins: TensorValue,
-                block_k: TensorValue) -> TensorValue:
-    """x [M, K] @ dequantize_int4(packed, scales, mins, block_k, K)^T (reference.linear_int4; scales and mins
-    [ceil(K / block_k), N]), on a CPU."""
-    return _custom("mili_linear_int4", x, [x, packed, scales, mins, block_k], [[x.shape[0], scales.shape[1]]])[0]
+def linear_int4(x: TensorValue, packed: TensorValue, scales: TensorValue, mins: TensorValue, block_k: TensorValue,
+                n: DimLike) -> TensorValue:
+    """x [M, K] @ dequantize_int4(packed, scales, mins, block_k, n, K)^T (reference.linear_int4; scales and mins
+    tiled by reference.tile_int4_scales), on a CPU."""
+    return _custom("mili_linear_int4", x, [x, packed, scales, mins, block_k], [[x.shape[0], n]])[0]
 
 
 def moe(x: TensorValue, logits: TensorValue, gate_up: TensorValue, gate_up_scales: TensorValue, down: TensorValue,

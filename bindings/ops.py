@@ -59,6 +59,7 @@ class CompiledOp:
         self._eager_kernels: dict = {}
         self._compiled: dict = {}
         self.takes_options = "options" in inspect.signature(fn).parameters
+        self.takes_n = "n" in inspect.signature(fn).parameters  # the output's columns, which no input's shape gives
         ALL_OPS.append(self)
 
     def input_types(self, dtype: DType, dev: DeviceRef) -> list:
@@ -75,6 +76,8 @@ class CompiledOp:
         n = len(self.outputs)
         args = [v.buffer if kind == "buffer" else v.tensor for v, (kind, _, _) in zip(values[n:], self.inputs)]
         extra = {"options": options} if self.takes_options else {}
+        if self.takes_n:
+            extra["n"] = values[0].buffer.shape[-1]
         for _ in range(repeat):
             results = self.fn(*args, **extra)
             results = [] if results is None else list(results) if isinstance(results, tuple) else [results]
@@ -459,19 +462,22 @@ _LINEAR_TILED = {
 _LINEAR_INT4 = CompiledOp(
     graph.linear_int4,
     [T(SAME, "M", "N")],
-    [T(SAME, "M", "K"), T(DType.uint8, "NT", "TB"), T(F16, "KB", "N"), T(F16, "KB", "N"), T(I32, 1)],
+    [T(SAME, "M", "K"), T(DType.uint8, "NT", "TB"), T(F16, "ST", "KB", 32), T(F16, "MT", "MB", 32), T(I32, 1)],
 )
 
 
-def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
-                block_k: int) -> torch.Tensor:
-    """x [M, K] @ dequantize_int4(packed, scales, mins, block_k, K)^T (reference.linear_int4), on a CPU."""
+def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, block_k: int,
+                n: int) -> torch.Tensor:
+    """x [M, K] @ dequantize_int4(packed, scales, mins, block_k, n, K)^T (reference.linear_int4), on a CPU."""
     if not x.is_cpu:
         raise ValueError(f"linear_int4: 4-bit weights are a CPU format, got x on {x.device}")
     if packed.dtype != torch.uint8:
         raise ValueError(f"linear_int4: packed weights are uint8 (reference.pack_int4), got {packed.dtype}")
     _check_half("linear_int4", scales, mins)
-    y = x.new_empty((x.shape[0], scales.shape[1]))
+    if scales.dim() != 3 or mins.dim() != 3:
+        raise ValueError(f"linear_int4: scales and mins are tiled [ceil(N / 32), blocks, 32] "
+                         f"(reference.tile_int4_scales), got {tuple(scales.shape)} and {tuple(mins.shape)}")
+    y = x.new_empty((x.shape[0], n))
     _LINEAR_INT4(y, _c(x), _c(packed), _c(scales), _c(mins), _block_k_on(int(block_k), x.device))
     return y
 

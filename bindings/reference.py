@@ -464,17 +464,31 @@ def unpack_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
     return q.permute(0, 2, 1, 3, 4).reshape(packed.shape[0] * INT4_TILE_ROWS, -1)[:n, :k]
 
 
-def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, block_k: int,
+def tile_int4_scales(t: torch.Tensor) -> torch.Tensor:
+    """A 4-bit weight's scales (or mins) [ceil(K / block_k), N], a row per block of block_k columns, as the kernel
+    reads them: [ceil(N / 32), ceil(K / block_k), 32], each tile's together (0 past row N)."""
+    blocks, n = t.shape
+    tiles = -(-n // INT4_TILE_ROWS)
+    t = torch.nn.functional.pad(t, (0, tiles * INT4_TILE_ROWS - n))
+    return t.view(blocks, tiles, INT4_TILE_ROWS).permute(1, 0, 2).contiguous()
+
+
+def untile_int4_scales(t: torch.Tensor, n: int) -> torch.Tensor:
+    """tile_int4_scales' t [ceil(K / block_k), N] back."""
+    return t.permute(1, 0, 2).reshape(t.shape[1], -1)[:, :n]
+
+
+def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, block_k: int, n: int,
                     k: int) -> torch.Tensor:
-    """A 4-bit weight [N, K] in float32: q * scales + mins, scales and mins [ceil(K / block_k), N] per block of
-    block_k columns and row (a block's a row of them, as AWQ / GPTQ store theirs)."""
-    expand = lambda t: t.float().t().repeat_interleave(block_k, dim=1)[:, :k]
-    return unpack_int4(packed, scales.shape[1], k).float() * expand(scales) + expand(mins)
+    """A 4-bit weight [N, K] in float32: q * scales + mins, scales and mins per block of block_k columns and row,
+    tiled by tile_int4_scales."""
+    expand = lambda t: untile_int4_scales(t, n).float().t().repeat_interleave(block_k, dim=1)[:, :k]
+    return unpack_int4(packed, n, k).float() * expand(scales) + expand(mins)
 
 
-def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
-                block_k: int) -> torch.Tensor:
+def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, block_k: int,
+                n: int) -> torch.Tensor:
     """quantized_x(x) [M, K] @ dequantize_int4(...)[N, K]^T in float32, in x's dtype (x quantized to int8 per row and
     block of block_k columns, as for int8 weights); block_k a multiple of 8."""
-    w = dequantize_int4(packed, scales, mins, block_k, x.shape[1])
+    w = dequantize_int4(packed, scales, mins, block_k, n, x.shape[1])
     return torch.matmul(quantized_x(x, block_k), w.t()).to(x.dtype)

@@ -318,16 +318,19 @@ INT4_BLOCKS = [64, 128, 256, 40]
 
 
 def run_linear_int4(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
-    """Random 4- or 6-bit values (pack_int4's round trip checked), scales and mins of either sign."""
+    """Random 4- or 6-bit values (pack_int4's and tile_int4_scales' round trips checked), scales and mins of either
+    sign, 0 in the last tile's rows past N (as tile_int4_scales pads them)."""
     (m, k, n), block_k, bits = case
     q = torch.randint(0, 2**bits, (n, k), dtype=torch.uint8)
     packed = ref.pack_int4(q, bits)
     assert torch.equal(ref.unpack_int4(packed, n, k), q)
     blocks = -(-k // block_k)
     scales, mins = (torch.randn(blocks, n) * 0.01).half(), (torch.randn(blocks, n) * 0.05).half()
+    tiled_scales, tiled_mins = ref.tile_int4_scales(scales), ref.tile_int4_scales(mins)
+    assert torch.equal(ref.untile_int4_scales(tiled_scales, n), scales)
     x = torch.randn(m, k, device=device).to(dtype)
-    _assert_linear_matches(ops.linear_int4(x, packed, scales, mins, block_k),
-                           ref.linear_int4(x, packed, scales, mins, block_k), dtype)
+    _assert_linear_matches(ops.linear_int4(x, packed, tiled_scales, tiled_mins, block_k, n),
+                           ref.linear_int4(x, packed, tiled_scales, tiled_mins, block_k, n), dtype)
 
 
 MOE_SHAPES = [(1, 64, 40, 7, 3), (5, 130, 72, 9, 8), (70, 200, 136, 6, 2)]
@@ -340,8 +343,9 @@ def _expert_weight(n: int, k: int, fmt: str) -> tuple[tuple, callable]:
     """One expert's [N, K] weight in fmt: (its tensors as the kernel takes them, its linear in the reference)."""
     if fmt == "int4":
         packed = ref.pack_int4(torch.randint(0, 16, (n, k), dtype=torch.uint8))
-        scales, mins = (torch.rand(-(-k // 64), n) * 0.02).half(), (torch.randn(-(-k // 64), n) * 0.05).half()
-        return (packed, scales, mins), lambda x: ref.linear_int4(x, packed, scales, mins, 64)
+        scales, mins = (ref.tile_int4_scales(t.half()) for t in (torch.rand(-(-k // 64), n) * 0.02,
+                                                                 torch.randn(-(-k // 64), n) * 0.05))
+        return (packed, scales, mins), lambda x: ref.linear_int4(x, packed, scales, mins, 64, n)
     dtype = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}.get(fmt.split("-")[0]) or getattr(torch, fmt.split("-")[0])
     weight, scales, block_k = linear_weight(n, k, dtype, "cpu", 64 if fmt == "int8-tiled" else 32)
     if weight.is_floating_point() and weight.dtype != torch.float8_e4m3fn:

@@ -275,12 +275,12 @@ def linear_tiled[a_type: DType, w_type: DType](mut args: Args) raises:
 def linear_int4[a_type: DType](mut args: Args) raises:
     var runner = OpenMP(args.int())
     var y, x, w = args.tensor[a_type, 2](), args.tensor[a_type, 2](), args.tensor[DType.uint8, 2]()
-    var scales, mins = args.tensor[F16, 2](), args.tensor[F16, 2]()
+    var scales, mins = args.tensor[F16, 3](), args.tensor[F16, 3]()
     var block_k = Int(args.tensor[I32, 1]().ptr().unsafe_load(0))
     args.done("linear_int4")
-    var bits = check_linear_int4(x.dims[0], x.dims[1], scales.dims[1], w.dims[0], w.dims[1], y.dims[0], y.dims[1],
-                                 scales.dims[0], mins.dims[0], mins.dims[1], block_k)
-    linear_int4_cpu[a_type](runner, y.ptr(), x.ptr(), w.ptr(), scales.ptr(), mins.ptr(), x.dims[0], scales.dims[1],
+    var bits = check_linear_int4(x.dims[0], x.dims[1], y.dims[1], w.dims[0], w.dims[1], y.dims[0], scales.dims,
+                                 mins.dims, block_k)
+    linear_int4_cpu[a_type](runner, y.ptr(), x.ptr(), w.ptr(), scales.ptr(), mins.ptr(), x.dims[0], y.dims[1],
                             x.dims[1], block_k, bits)
 
 

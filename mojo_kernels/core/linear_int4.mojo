@@ -6,8 +6,9 @@
 # holds the 32 rows' 4-byte lanes, byte c of a row's lane its column c in the low nibble and column 4 + c in the high
 # one: a mask or a shift of one vector load gives the unsigned quads vpdpbusd multiplies by a broadcast quad of x,
 # 16 rows at a time, with nothing to reduce across lanes (the quad panels of linear.mojo, stored at half the bytes).
-# 6-bit values add each 16 rows' 32 bytes of high bit pairs per group. Scales and mins are float16 [ceil(K / block_k),
-# N], so a block's scales of 16 rows are one vector. The bits are told by the bytes per tile.
+# 6-bit values add each 16 rows' 32 bytes of high bit pairs per group. Scales and mins are float16 [ceil(N / 32),
+# ceil(K / block_k), 32] (reference.tile_int4_scales): a tile's run one after the other as its groups do, and a block's
+# scales of 16 rows are one vector. The bits are told by the bytes per tile.
 # x is quantized to int8 per row and block of block_k columns as for int8 weights (reference.quantized_x, as
 # llama.cpp's q4 formats do with q8): per block, sum_k w x = sx * (s * sum_k q xq + m * sum_k xq), exact int32 sums
 # then the scales.
@@ -26,6 +27,7 @@ from std.math import ceildiv
 from std.memory import bitcast
 from std.sys import llvm_intrinsic
 from std.sys.intrinsics import prefetch, PrefetchOptions
+from std.utils.index import IndexList
 
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
 from ..utils.types import addr, ptr, list_ptr, zero_f32, Addr, F16, F32, Ptr, check_same
@@ -54,7 +56,8 @@ AVX-512's 32 registers; AVX2's 16 take 3 rows."""
 
 
 struct _Int4Tiles[bits: Int](ImplicitlyCopyable):
-    """w packed in tiles of TILE_ROWS rows (see the top), with its scales and mins [ceil(K / block_k), N]."""
+    """w packed in tiles of TILE_ROWS rows, with its scales and mins [ceil(N / TILE_ROWS), ceil(K / block_k),
+    TILE_ROWS] (see the top)."""
 
     comptime group_bytes = TILE_ROWS * Self.bits
     """Bytes of a tile's group: its nibbles, then (6 bits) its high pairs."""
@@ -82,6 +85,11 @@ struct _Int4Tiles[bits: Int](ImplicitlyCopyable):
     @always_inline
     def group_at(self, tile: Int, g: Int) -> Int:
         return (tile * self.groups + g) * Self.group_bytes
+
+    @always_inline
+    def block_at(self, tile: Int, kb: Int) -> Int:
+        """Where the scales and mins of a tile's block kb start."""
+        return (tile * self.k_blocks + kb) * TILE_ROWS
 
     @always_inline
     def values[v: Int](self, at: Int) -> Tuple[SIMD[DType.uint8, S], SIMD[DType.uint8, S]]:
@@ -153,24 +161,24 @@ def _lane_products[c: Int](w: SIMD[DType.uint8, S], x: SIMD[DType.int8, S]) -> S
 
 @always_inline
 def _tile[a_type: DType, bits: Int, rows: Int, panel: Int, panels: Int, fetch: Bool](
-    y: Ptr[a_type], xq: _QuantizedX, wt: _Int4Tiles[bits], tile: Int, scales: Ptr[F16], mins: Ptr[F16],
-    scale_stride: Int, m0: Int,
+    y: Ptr[a_type], xq: _QuantizedX, wt: _Int4Tiles[bits], tile: Int, m0: Int,
 ):
-    """y[m0 : m0 + rows, the tile's PANEL columns from the panel-th, `panels` of them]; scales / mins: the tile's
-    first row's, a block's scale_stride apart; `fetch`: the first rows of x, which stream the tile from memory."""
+    """y[m0 : m0 + rows, the tile's PANEL columns from the panel-th, `panels` of them]; `fetch`: the first rows of x,
+    which stream the tile from memory."""
     comptime chains = 2 if rows == 1 and I8_DOT else 1  # vpdpbusd's latency, else one chain a vector
     comptime vectors = 2 * panels
     var w, q = ptr(wt.w), ptr(xq.q).unsafe_bitcast[UInt8]()
+    var scales, mins = ptr(wt.scales), ptr(wt.mins)
     var stride = wt.padded_k()
+    # the scales and mins as far ahead as the weights' prefetches: a block's are a line each
+    var blocks_ahead = ceildiv(PREFETCH_BYTES, wt.block_k // GROUP * _Int4Tiles[bits].group_bytes)
     var acc = Array[SIMD[F32, DOT_LANES], vectors * rows](fill=0)
     for kb in range(wt.k_blocks):
+        var block = wt.block_at(tile, kb)
         comptime if fetch:
-            # a block's scales and mins of a tile are a line each, N * 2 bytes from the next block's: no stream the
-            # prefetchers follow, so they missed at every block (a third of one row's time); the next tile's are the
-            # following line
             comptime ahead = PrefetchOptions().for_read().medium_locality()
-            prefetch[ahead](scales.unsafe_offset(kb * scale_stride + TILE_ROWS))
-            prefetch[ahead](mins.unsafe_offset(kb * scale_stride + TILE_ROWS))
+            prefetch[ahead](scales.unsafe_offset(block + blocks_ahead * TILE_ROWS))
+            prefetch[ahead](mins.unsafe_offset(block + blocks_ahead * TILE_ROWS))
         var dots = Array[SIMD[DType.int32, DOT_LANES], vectors * chains * rows](fill=0)
         for g in range(kb * wt.block_k // GROUP, min(wt.groups, (kb + 1) * wt.block_k // GROUP)):
             var at = wt.group_at(tile, g)
@@ -193,7 +201,7 @@ def _tile[a_type: DType, bits: Int, rows: Int, panel: Int, panels: Int, fetch: B
                     else:
                         dots[d] = _dot_u4_pair(dots[d], lo[v], a0, hi[v], a1)
         comptime for v in range(vectors):
-            var si = kb * scale_stride + panel * PANEL + v * DOT_LANES
+            var si = block + panel * PANEL + v * DOT_LANES
             var s = scales.unsafe_load[width=DOT_LANES](si).cast[F32]()
             var mn = mins.unsafe_load[width=DOT_LANES](si).cast[F32]()
             comptime for i in range(rows):
@@ -224,22 +232,8 @@ struct _Int4TileRows[a_type: DType, bits: Int](ChunkTask):
         self.y, self.xq, self.wt, self.m = addr(y), xq, wt, m
 
     def run(self, item: Int):
-        var n0 = item * TILE_ROWS
-        var scales, mins = ptr(self.wt.scales).unsafe_offset(n0), ptr(self.wt.mins).unsafe_offset(n0)
-        var scale_stride = self.wt.n
-        var last = List[Float16]()  # the last tile's scales and mins, padded to whole vectors with zeros
-        if n0 + TILE_ROWS > self.wt.n:
-            var blocks = self.wt.k_blocks
-            last.resize(2 * blocks * TILE_ROWS, 0)
-            for kb in range(blocks):
-                for r in range(self.wt.n - n0):
-                    last[kb * TILE_ROWS + r] = scales.unsafe_load(kb * self.wt.n + r)
-                    last[(blocks + kb) * TILE_ROWS + r] = mins.unsafe_load(kb * self.wt.n + r)
-            scales, scale_stride = list_ptr(last), TILE_ROWS
-            mins = scales.unsafe_offset(blocks * TILE_ROWS)
         if self.m == 1:  # the whole tile in one pass: the stream from memory reads every byte it fetches
-            _tile[Self.a_type, Self.bits, 1, 0, TILE_ROWS // PANEL, True](
-                ptr(self.y), self.xq, self.wt, item, scales, mins, scale_stride, 0)
+            _tile[Self.a_type, Self.bits, 1, 0, TILE_ROWS // PANEL, True](ptr(self.y), self.xq, self.wt, item, 0)
         else:
             comptime for panel in range(TILE_ROWS // PANEL):
                 for m0 in range(0, self.m, X_ROWS):
@@ -247,12 +241,10 @@ struct _Int4TileRows[a_type: DType, bits: Int](ChunkTask):
                     comptime for r in range(1, X_ROWS + 1):
                         if rows == r:
                             if m0 == 0 and panel == 0:
-                                _tile[Self.a_type, Self.bits, r, panel, 1, True](
-                                    ptr(self.y), self.xq, self.wt, item, scales, mins, scale_stride, m0)
+                                _tile[Self.a_type, Self.bits, r, panel, 1, True](ptr(self.y), self.xq, self.wt, item, m0)
                             else:
                                 _tile[Self.a_type, Self.bits, r, panel, 1, False](
-                                    ptr(self.y), self.xq, self.wt, item, scales, mins, scale_stride, m0)
-        _ = last^
+                                    ptr(self.y), self.xq, self.wt, item, m0)
 
 
 struct _AmxInt4Tiles[a_type: DType, bits: Int](ChunkTask):
@@ -282,12 +274,12 @@ struct _AmxInt4Tiles[a_type: DType, bits: Int](ChunkTask):
                 var lo, hi = self.wt.values[v](at)
                 panel.unsafe_store(2 * g * TILE_ROWS + v * AMX_ROWS, bitcast[DType.uint32, AMX_ROWS](lo))
                 panel.unsafe_store((2 * g + 1) * TILE_ROWS + v * AMX_ROWS, bitcast[DType.uint32, AMX_ROWS](hi))
-        var coefficients = List[Float32](length=2 * blocks * TILE_ROWS, fill=0)  # scales then mins, 0 past row N
+        var coefficients = List[Float32](unsafe_uninit_length=2 * blocks * TILE_ROWS)  # scales, then mins
         var scales, mins = list_ptr(coefficients), list_ptr(coefficients).unsafe_offset(blocks * TILE_ROWS)
-        for kb in range(blocks):
-            for r in range(min(TILE_ROWS, N - n0)):
-                scales.unsafe_store(kb * TILE_ROWS + r, ptr(self.wt.scales).unsafe_load(kb * N + n0 + r).cast[F32]())
-                mins.unsafe_store(kb * TILE_ROWS + r, ptr(self.wt.mins).unsafe_load(kb * N + n0 + r).cast[F32]())
+        var first = self.wt.block_at(item, 0)
+        for i in range(blocks * TILE_ROWS):
+            scales.unsafe_store(i, ptr(self.wt.scales).unsafe_load(first + i).cast[F32]())
+            mins.unsafe_store(i, ptr(self.wt.mins).unsafe_load(first + i).cast[F32]())
         var dot_buffer = List[Int32](unsafe_uninit_length=AMX_BLOCK * PANEL)
         var acc_buffer = List[Float32](unsafe_uninit_length=AMX_BLOCK * PANEL)
         var dots, acc = list_ptr(dot_buffer), list_ptr(acc_buffer)
@@ -354,22 +346,23 @@ def tile_bits(k: Int, tile_bytes: Int) -> Int:
     return 0
 
 
-def check_linear_int4(m: Int, k: Int, n: Int, tiles: Int, tile_bytes: Int, y_m: Int, y_n: Int, scale_rows: Int,
-                      min_rows: Int, min_cols: Int, block_k: Int) raises -> Int:
-    """n: the scales' columns. Returns the weight's bits."""
-    check_same["linear_int4"](tiles, ceildiv(n, TILE_ROWS), "the weight's tiles", "ceil(scale columns / 32)")
+def check_linear_int4(m: Int, k: Int, n: Int, tiles: Int, tile_bytes: Int, y_m: Int, scale_shape: IndexList[3],
+                      min_shape: IndexList[3], block_k: Int) raises -> Int:
+    """n: the output's columns. Returns the weight's bits."""
+    check_same["linear_int4"](tiles, ceildiv(n, TILE_ROWS), "the weight's tiles", "ceil(output columns / 32)")
     var bits = tile_bits(k, tile_bytes)
     if bits == 0:
         check_same["linear_int4"](tile_bytes, packed_tile_bytes(k, 4),
                                   "the weight's bytes per tile", "128 (4 bits) or 192 (6 bits) per 8 columns of x "
                                   "(bindings.reference.pack_int4)")
     check_same["linear_int4"](y_m, m, "output rows", "x rows")
-    check_same["linear_int4"](y_n, n, "output columns", "scale columns")
     if block_k <= 0 or block_k % GROUP != 0:
         raise Error("linear_int4: block_k must be a positive multiple of ", GROUP, ", got ", block_k)
-    check_same["linear_int4"](scale_rows, ceildiv(k, block_k), "scale rows", "ceil(in_features / block_k)")
-    check_same["linear_int4"](min_rows, scale_rows, "min rows", "scale rows")
-    check_same["linear_int4"](min_cols, n, "min columns", "scale columns")
+    check_same["linear_int4"](scale_shape[0], tiles, "scale tiles", "the weight's tiles")
+    check_same["linear_int4"](scale_shape[1], ceildiv(k, block_k), "scale blocks", "ceil(in_features / block_k)")
+    check_same["linear_int4"](scale_shape[2], TILE_ROWS, "scales per tile and block", "32")
+    for i in range(3):
+        check_same["linear_int4"](min_shape[i], scale_shape[i], "the mins' shape", "the scales' shape")
     return bits
 
 
@@ -380,16 +373,16 @@ struct LinearInt4:
         y: OutputTensor[dtype=a_type, rank=2, ...],
         x: InputTensor[dtype=a_type, rank=2, ...],
         w: InputTensor[dtype=DType.uint8, rank=2, ...],
-        scales: InputTensor[dtype=DType.float16, rank=2, ...],
-        mins: InputTensor[dtype=DType.float16, rank=2, ...],
+        scales: InputTensor[dtype=DType.float16, rank=3, ...],
+        mins: InputTensor[dtype=DType.float16, rank=3, ...],
         block_k: InputTensor[dtype=DType.int32, rank=1, ...],
         ctx: DeviceContext,
     ) raises:
         comptime if target == "cpu":
             var m, k, bk = x.dim_size[0](), x.dim_size[1](), Int(block_k.unsafe_ptr().unsafe_load(0))
-            var n = scales.dim_size[1]()
-            var bits = check_linear_int4(m, k, n, w.dim_size[0](), w.dim_size[1](), y.dim_size[0](), y.dim_size[1](),
-                                         scales.dim_size[0](), mins.dim_size[0](), mins.dim_size[1](), bk)
+            var n = y.dim_size[1]()
+            var bits = check_linear_int4(m, k, n, w.dim_size[0](), w.dim_size[1](), y.dim_size[0](),
+                                         scales.shape(), mins.shape(), bk)
             linear_int4_cpu[a_type](MojoThreads(ctx), y.unsafe_ptr(), x.unsafe_ptr(), w.unsafe_ptr(),
                                     scales.unsafe_ptr(), mins.unsafe_ptr(), m, n, k, bk, bits)
         else:

@@ -250,11 +250,14 @@ def check_moe_sizes[scaled: Bool](h: Int, inter: Int, block_k: Int, gate_up_size
         _check_scale_sizes(h, inter, block_k, gate_up_scale_size, down_scale_size)
 
 
-def _check_scale_sizes(h: Int, inter: Int, block_k: Int, gate_up_scale_size: Int, down_scale_size: Int) raises:
-    """An expert's scales (and mins): a row per output and block of block_k inputs."""
-    check_same["moe"](gate_up_scale_size, 2 * inter * ceildiv(h, block_k), "gate_up's scales per expert",
-                      "2 I x ceil(H / block_k)")
-    check_same["moe"](down_scale_size, h * ceildiv(inter, block_k), "down's scales per expert", "H x ceil(I / block_k)")
+def _check_scale_sizes[rows: Int = 1](h: Int, inter: Int, block_k: Int, gate_up_scale_size: Int,
+                                      down_scale_size: Int) raises:
+    """An expert's scales (and mins): a row per output (4-bit: per output padded to whole tiles of `rows`) and block
+    of block_k inputs."""
+    check_same["moe"](gate_up_scale_size, ceildiv(2 * inter, rows) * rows * ceildiv(h, block_k),
+                      "gate_up's scales per expert", "2 I x ceil(H / block_k)")
+    check_same["moe"](down_scale_size, ceildiv(h, rows) * rows * ceildiv(inter, block_k), "down's scales per expert",
+                      "H x ceil(I / block_k)")
 
 
 def packed_bits(n: Int, k: Int, bytes: Int) raises -> Int:
@@ -305,7 +308,7 @@ def moe_int4_cpu[a_type: DType, R: Runner](
         raise Error("moe: block_k must be a positive multiple of ", GROUP, ", got ", block_k)
     var bits = packed_bits(2 * inter, h, gate_up_size)
     check_same["moe"](packed_bits(h, inter, down_size), bits, "down's bits", "gate_up's bits")
-    _check_scale_sizes(h, inter, block_k, gate_up_scale_size, down_scale_size)
+    _check_scale_sizes[TILE_ROWS](h, inter, block_k, gate_up_scale_size, down_scale_size)
     var experts = _Experts[DType.uint8, False, True](gate_up, gate_up_scales, gate_up_mins, down, down_scales,
                                                      down_mins, gate_up_size, gate_up_scale_size, down_size,
                                                      down_scale_size, h, inter, block_k, bits)

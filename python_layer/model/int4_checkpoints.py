@@ -25,9 +25,8 @@ from typing import Mapping, Optional
 
 import torch
 
-from bindings import reference
 
-from .quantization import INT4_BLOCK_K, Int4Weight, LinearWeight, half_scales, rewrite_projections
+from .quantization import INT4_BLOCK_K, Int4Weight, LinearWeight, rewrite_projections
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 """AutoAWQ's order of a word's eight columns: nibble i holds column AWQ_ORDER[i]."""
@@ -101,7 +100,7 @@ class Int4Checkpoint:
             # each group's scale and min repeated over its blocks of INT4_BLOCK_K columns
             blocks = torch.arange(-(-k // INT4_BLOCK_K), device=scales.device) * INT4_BLOCK_K // block
             s, z = scales[blocks], zeros[blocks].float()
-            return Int4Weight(reference.pack_int4(q.t()), half_scales(s), half_scales(-z * s), INT4_BLOCK_K, k)
+            return Int4Weight.of(q.t(), s, -z * s, INT4_BLOCK_K)
         return ((q.float() - zeros[group_of].float()) * scales[group_of]).t().contiguous()
 
     def _g_idx(self, g_idx: torch.Tensor, k: int) -> torch.Tensor:

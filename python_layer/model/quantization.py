@@ -43,21 +43,39 @@ class QuantizedWeight(NamedTuple):
 
 class Int4Weight(NamedTuple):
     """A linear layer's weight [N, K] as 4-bit values q (0..15; 6-bit, 0..63, for the LM head under 4-bit layers)
-    packed by reference.pack_int4: w = q * scales + mins, scales and mins float16 [ceil(K / block_k), N] (block_k a
-    multiple of 8)."""
+    packed by reference.pack_int4: w = q * scales + mins, scales and mins float16 per row and block of block_k
+    columns (a multiple of 8), tiled by reference.tile_int4_scales."""
 
     packed: torch.Tensor
     scales: torch.Tensor
     mins: torch.Tensor
     block_k: int
     in_features: int
+    out_features: int
+
+    @classmethod
+    def of(cls, q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, block_k: int, bits: int = 4) -> "Int4Weight":
+        """The weight of values q [N, K] and scales and mins [ceil(K / block_k), N] (refused where float16
+        overflows)."""
+        n, k = q.shape
+        tile = lambda t: reference.tile_int4_scales(_half_scales(t))
+        return cls(reference.pack_int4(q, bits), tile(scales), tile(mins), block_k, k, n)
 
     @property
     def bits(self) -> int:
         return reference.packed_bits(self.packed, self.in_features)
 
+    def values(self) -> torch.Tensor:
+        """q [N, K]."""
+        return reference.unpack_int4(self.packed, self.out_features, self.in_features)
+
+    def block_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """scales and mins [ceil(K / block_k), N]."""
+        return tuple(reference.untile_int4_scales(t, self.out_features) for t in (self.scales, self.mins))
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return reference.dequantize_int4(self.packed, self.scales, self.mins, self.block_k, self.in_features).to(dtype)
+        return reference.dequantize_int4(self.packed, self.scales, self.mins, self.block_k, self.out_features,
+                                         self.in_features).to(dtype)
 
 
 LinearWeight = Union[torch.Tensor, QuantizedWeight, Int4Weight]
@@ -96,10 +114,10 @@ def quantize_int4(weight: torch.Tensor, block_k: int = INT4_BLOCK_K, bits: int =
     levels = 2**bits - 1
     parts = [_fit_int4(weight[i : i + INT4_ROWS_AT_ONCE], block_k, levels) for i in range(0, n, INT4_ROWS_AT_ONCE)]
     q, scales, mins = (torch.cat(t) for t in zip(*parts))
-    return Int4Weight(reference.pack_int4(q, bits), half_scales(scales.t()), half_scales(mins.t()), block_k, k)
+    return Int4Weight.of(q, scales.t(), mins.t(), block_k, bits)
 
 
-def half_scales(t: torch.Tensor) -> torch.Tensor:
+def _half_scales(t: torch.Tensor) -> torch.Tensor:
     """t (a 4-bit weight's scales or mins) in float16, as the kernel reads them; refused where float16 overflows."""
     half = t.to(torch.float16).contiguous()
     if not torch.isfinite(half).all():
@@ -229,11 +247,12 @@ def cat_rows(parts: Sequence[LinearWeight]) -> LinearWeight:
     if len(parts) == 1:
         return parts[0]
     if isinstance(parts[0], Int4Weight):
-        if any(not isinstance(p, Int4Weight) or (p.bits, *p[3:]) != (parts[0].bits, *parts[0][3:]) for p in parts):
+        first = (parts[0].bits, parts[0].block_k, parts[0].in_features)
+        if any(not isinstance(p, Int4Weight) or (p.bits, p.block_k, p.in_features) != first for p in parts):
             raise ValueError("cannot stack 4-bit weights with other formats, bits, blocks or input sizes")
-        q = torch.cat([reference.unpack_int4(p.packed, p.scales.shape[1], p.in_features) for p in parts])
-        return Int4Weight(reference.pack_int4(q, parts[0].bits), torch.cat([p.scales for p in parts], dim=1),
-                          torch.cat([p.mins for p in parts], dim=1), *parts[0][3:])
+        scales, mins = zip(*(p.block_scales() for p in parts))
+        return Int4Weight.of(torch.cat([p.values() for p in parts]), torch.cat(scales, dim=1), torch.cat(mins, dim=1),
+                             parts[0].block_k, parts[0].bits)
     if isinstance(parts[0], QuantizedWeight):
         if any(p.block_k != parts[0].block_k or p.weight.dtype != parts[0].weight.dtype for p in parts):
             raise ValueError("cannot stack quantized weights of different formats or block sizes")
@@ -272,7 +291,8 @@ def linear(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
     if isinstance(weight, QuantizedWeight):
         return reference.linear(x, weight.weight, weight.scales, weight.block_k)
     if isinstance(weight, Int4Weight):
-        return reference.linear_int4(x, weight.packed, weight.scales, weight.mins, weight.block_k)
+        return reference.linear_int4(x, weight.packed, weight.scales, weight.mins, weight.block_k,
+                                     weight.out_features)
     if weight.dtype == x.dtype:
         return x @ weight.T
     return reference.linear(x, weight)

@@ -114,7 +114,8 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
         no_scales = ops.constant(np.ones((1, 1), np.float32), DType.float32, dev)
         block_k_value = ops.constant(np.array([block_k], np.int32), DType.int32, dev)
 
-        def linear(x: TensorValue, name: str, bias: Optional[TensorValue] = None) -> TensorValue:
+        def linear(x: TensorValue, name: str, n: int, bias: Optional[TensorValue] = None) -> TensorValue:
+            """x @ w[name]^T, n its output features (which a 4-bit weight's tensors do not tell)."""
             if batch_one:  # x is [1, K] by its type, so both reshapes move nothing, and no transpose kernel runs
                 if block_k or len(w[name].shape) != 2:
                     raise ValueError(
@@ -124,7 +125,7 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
                 n, k = w[name].shape
                 y = ops.reshape(ops.matmul(w[name], ops.reshape(x, [k, 1])), [1, n])
             elif name + ".mins" in w:
-                y = mili.linear_int4(x, w[name], w[name + ".scales"], w[name + ".mins"], block_k_value)
+                y = mili.linear_int4(x, w[name], w[name + ".scales"], w[name + ".mins"], block_k_value, n)
             elif device_key == "cpu":  # MILI's kernel for every weight format
                 scales = w.get(name + ".scales", no_scales)
                 block = block_k_value
@@ -142,7 +143,7 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
             tiled = len(w[gate_up].shape) > 3
             params = ops.constant(np.array([block_k, c.num_experts_per_tok, c.norm_topk_prob, tiled,
                                             c.moe_intermediate_size], np.int32), DType.int32, dev)
-            logits = linear(x, p + "router")
+            logits = linear(x, p + "router", c.num_experts)
             if gate_up + ".mins" in w:
                 return mili.moe_int4(x, logits, *(per_expert(n + s) for n in (gate_up, down)
                                                    for s in ("", ".scales", ".mins")), params)
@@ -156,7 +157,7 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
                 residual, x = hidden, mili.rms_norm(hidden, w[p + "input_norm"], c.rms_norm_eps, options)
             else:
                 x, residual = mili.fused_add_rms_norm(hidden, residual, w[p + "input_norm"], c.rms_norm_eps, options)
-            qkv = linear(x, p + "qkv_proj", w.get(p + "qkv_bias"))
+            qkv = linear(x, p + "qkv_proj", q_size + 2 * c.num_key_value_heads * c.head_dim, w.get(p + "qkv_bias"))
             # q/k slices, head norms, RoPE and the KV store in one op, and with the flash kernels attention too: on
             # a GPU a decode step's in one kernel
             norm_rope_store = (qkv, w[p + "q_norm"], w[p + "k_norm"], c.rms_norm_eps, positions, inv_freq, rope_scale,
@@ -170,16 +171,17 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
                     o = mili.paged_attention_flash(q, k_caches[i], v_caches[i], *attention, options)
                 else:
                     o = mili.paged_attention(q, k_caches[i], v_caches[i], *attention)
-            hidden = linear(ops.reshape(o, [-1, q_size]), p + "o_proj")
+            hidden = linear(ops.reshape(o, [-1, q_size]), p + "o_proj", c.hidden_size)
             x, residual = mili.fused_add_rms_norm(hidden, residual, w[p + "post_attention_norm"], c.rms_norm_eps,
                                                   options)
             if p + "router" in w:
                 hidden = sparse_mlp(x, p)
             else:
-                hidden = linear(mili.silu_and_mul(linear(x, p + "gate_up_proj")), p + "down_proj")
+                gate_up = linear(x, p + "gate_up_proj", 2 * c.intermediate_size)
+                hidden = linear(mili.silu_and_mul(gate_up), p + "down_proj", c.hidden_size)
         hidden, residual = ops.gather(hidden, logits_indices, axis=0), ops.gather(residual, logits_indices, axis=0)
         x, _ = mili.fused_add_rms_norm(hidden, residual, w["final_norm"], c.rms_norm_eps, options)
-        g.output(ops.cast(linear(x, "lm_head"), DType.float32))
+        g.output(ops.cast(linear(x, "lm_head", c.vocab_size), DType.float32))
     return g
 
 

@@ -215,19 +215,24 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
         ref.tile_weight(torch.ones(4, 64, dtype=torch.int8))
     packed = torch.zeros(1, 3200, dtype=torch.uint8)  # 4 bits: up to 32 rows, K 193..200
     h = lambda *shape: torch.ones(*shape, dtype=torch.float16)
+    x = torch.randn(2, 200, dtype=bf16)
     with pytest.raises(ValueError, match="scales and mins are float16 .*, got torch.float32"):
-        ops.linear_int4(torch.randn(2, 200, dtype=bf16), packed, torch.ones(2, 8), torch.ones(2, 8), 128)
+        ops.linear_int4(x, packed, torch.ones(1, 2, 32), torch.ones(1, 2, 32), 128, 8)
+    with pytest.raises(ValueError, match="scales and mins are tiled \\[ceil\\(N / 32\\), blocks, 32\\]"):
+        ops.linear_int4(x, packed, h(2, 8), h(2, 8), 128, 8)
     with pytest.raises(ValueError, match="block_k must be a positive multiple of 8, got 60"):
-        ops.linear_int4(torch.randn(2, 200, dtype=bf16), packed, h(4, 8), h(4, 8), 60)
+        ops.linear_int4(x, packed, h(1, 4, 32), h(1, 4, 32), 60, 8)
     with pytest.raises(ValueError,
                        match="bytes per tile \\(3200\\) must equal 128 \\(4 bits\\) or 192 \\(6 bits\\) per 8"):
-        ops.linear_int4(torch.randn(2, 100, dtype=bf16), packed, h(1, 8), h(1, 8), 128)
-    with pytest.raises(ValueError, match="tiles \\(1\\) must equal ceil\\(scale columns / 32\\) \\(2\\)"):
-        ops.linear_int4(torch.randn(2, 200, dtype=bf16), packed, h(2, 40), h(2, 40), 128)
-    with pytest.raises(ValueError, match="min rows \\(1\\) must equal scale rows \\(2\\)|dimension 'KB'"):
-        ops.linear_int4(torch.randn(2, 200, dtype=bf16), packed, h(2, 8), h(1, 8), 128)
+        ops.linear_int4(torch.randn(2, 100, dtype=bf16), packed, h(1, 1, 32), h(1, 1, 32), 128, 8)
+    with pytest.raises(ValueError, match="tiles \\(1\\) must equal ceil\\(output columns / 32\\) \\(2\\)"):
+        ops.linear_int4(x, packed, h(1, 2, 32), h(1, 2, 32), 128, 40)
+    with pytest.raises(ValueError, match="scale blocks \\(3\\) must equal ceil\\(in_features / block_k\\) \\(2\\)"):
+        ops.linear_int4(x, packed, h(1, 3, 32), h(1, 3, 32), 128, 8)
+    with pytest.raises(ValueError, match="the mins' shape \\(1\\) must equal the scales' shape \\(2\\)"):
+        ops.linear_int4(x, packed, h(1, 2, 32), h(1, 1, 32), 128, 8)
     with pytest.raises(ValueError, match="packed weights are uint8"):
-        ops.linear_int4(torch.randn(2, 200, dtype=bf16), packed.to(torch.int8), h(2, 8), h(2, 8), 128)
+        ops.linear_int4(x, packed.to(torch.int8), h(1, 2, 32), h(1, 2, 32), 128, 8)
     if cpu_path == "graph":  # mili_moe's graphs compile in the model tests (test_moe.py); its checks are shared
         return
     x, logits = torch.randn(3, 64), torch.randn(3, 5)

@@ -81,7 +81,7 @@ def _read(path: Path, packed: bool = True) -> object:
 
 def _assert_repacked(weight: Int4Weight, theirs: torch.Tensor) -> None:
     """weight is theirs up to its mins -z * s rounded to float16 (half a float16 step of each min at most)."""
-    mins = weight.mins.float().t().repeat_interleave(weight.block_k, dim=1)[:, : weight.in_features]
+    mins = weight.block_scales()[1].float().t().repeat_interleave(weight.block_k, dim=1)[:, : weight.in_features]
     assert weight.block_k == INT4_BLOCK_K and weight.scales.dtype == torch.float16
     assert ((weight.dequantize() - theirs).abs() <= mins.abs() * 2.0**-11).all()
 
@@ -92,9 +92,11 @@ def test_quantize_int4_error_and_round_trip(bits: int) -> None:
     levels = 2**bits - 1
     q = quantize_int4(w, bits=bits)
     blocks = -(-300 // INT4_BLOCK_K)
-    assert q.packed.shape == (2, 38 * 32 * bits) and q.scales.shape == q.mins.shape == (blocks, 37)
-    assert q.scales.dtype == q.mins.dtype == torch.float16 and q.in_features == 300 and q.bits == bits
-    values = reference.unpack_int4(q.packed, 37, 300)
+    assert q.packed.shape == (2, 38 * 32 * bits) and q.scales.shape == q.mins.shape == (2, blocks, 32)
+    assert q.scales.dtype == q.mins.dtype == torch.float16
+    assert (q.in_features, q.out_features, q.bits) == (300, 37, bits)
+    assert not q.scales[1, :, 5:].any() and not q.mins[1, :, 5:].any()  # the last tile's rows past N
+    values = q.values()
     assert int(values.max()) <= levels and torch.equal(reference.pack_int4(values, bits), q.packed)
     err = (q.dequantize() - w).abs().view(37, -1)
     # min..max rounding is half a step of the block's range off at most; the least-squares fit trades the extremes'
