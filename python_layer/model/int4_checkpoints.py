@@ -25,7 +25,6 @@ from typing import Mapping, Optional
 
 import torch
 
-
 from .quantization import INT4_BLOCK_K, Int4Weight, LinearWeight, rewrite_projections
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)

@@ -122,8 +122,8 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
                         f"the batch-1 graph takes dense [N, K] weights (as a GPU holds them), not {name}'s "
                         f"{'quantized' if block_k else 'tiled'} ones"
                     )
-                n, k = w[name].shape
-                y = ops.reshape(ops.matmul(w[name], ops.reshape(x, [k, 1])), [1, n])
+                rows, k = w[name].shape
+                y = ops.reshape(ops.matmul(w[name], ops.reshape(x, [k, 1])), [1, rows])
             elif name + ".mins" in w:
                 y = mili.linear_int4(x, w[name], w[name + ".scales"], w[name + ".mins"], block_k_value, n)
             elif device_key == "cpu":  # MILI's kernel for every weight format
