@@ -14,13 +14,15 @@ from python_layer.inference.step_times import PHASES, STEP_KINDS
 
 Counters = Dict[Tuple[str, str], float]
 COLUMNS = ["steps_s", "decode_rows", "prefill_steps_s", "decode_ms", "prefill_ms", "host_ms"] + [
-    f"{phase}_share" for phase in PHASES] + ["idle_share", "loop_cpu"]
+    f"{phase}_share" for phase in PHASES] + ["idle_share", "loop_cpu", "prefix_hit_share"]
 """steps_s: steps a second; decode_rows: mean requests in a decode step; decode_ms / prefill_ms: the model's time
 per step of that kind; host_ms: schedule + sample + output + deliver per step; <phase>_share: the phase's share of
 the window's wall time on the engine thread; idle_share: the rest (waiting for requests, untimed bookkeeping);
-loop_cpu: cores the event loop took."""
+loop_cpu: cores the event loop took; prefix_hit_share: the prompt tokens the prefix cache answered (a benchmark
+whose prompts are all new reads 0)."""
 _LABEL = {"mili_engine_phase_seconds_total": "phase", "mili_engine_steps_total": "kind",
-          "mili_engine_step_rows_total": "kind"}
+          "mili_engine_step_rows_total": "kind", "mili_prefix_cache_queries_total": None,
+          "mili_prefix_cache_hits_total": None}
 
 
 def engine_counters(url: str) -> Counters:
@@ -29,8 +31,8 @@ def engine_counters(url: str) -> Counters:
 
 
 def parse_counters(text: str) -> Counters:
-    """The mili_engine_* counters of a /metrics text."""
-    return {(s.name, s.labels[_LABEL[s.name]]): s.value
+    """The mili_engine_* and prefix-cache counters of a /metrics text."""
+    return {(s.name, s.labels[_LABEL[s.name]] if _LABEL[s.name] else ""): s.value
             for family in text_string_to_metric_families(text) for s in family.samples if s.name in _LABEL}
 
 
@@ -58,4 +60,6 @@ def summarize(before: Counters, after: Counters, loop_cpu: float, wall: float) -
            "loop_cpu": loop_cpu / wall}
     row.update({f"{p}_share": seconds[p] / wall for p in PHASES})
     row["idle_share"] = 1 - sum(seconds.values()) / wall
+    queried = added("mili_prefix_cache_queries_total", "")
+    row["prefix_hit_share"] = added("mili_prefix_cache_hits_total", "") / queried if queried else 0.0
     return row

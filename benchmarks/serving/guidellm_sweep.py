@@ -22,9 +22,10 @@ METRICS = {"ttft_ms": "time_to_first_token_ms", "itl_ms": "inter_token_latency_m
 
 
 def scenario(url: str, model: str, tokenizer: str, concurrencies: Sequence[int], requests: int, prompt_tokens: int,
-             output_tokens: int, sampling: Dict[str, float], out: Path) -> dict:
+             output_tokens: int, sampling: Dict[str, float], out: Path, seed: int = 42) -> dict:
     """guidellm's scenario file: closed-loop streams at each concurrency, `requests` requests each, synthetic
-    prompts of exactly prompt_tokens tokens, exactly output_tokens out (guidellm sends ignore_eos)."""
+    prompts of exactly prompt_tokens tokens (drawn from `seed`: the same seed gives the same prompts),
+    exactly output_tokens out (guidellm sends ignore_eos)."""
     return {
         "spec": {
             "backend": {"kind": "openai_http", "target": url, "model": model, "request_format": "/v1/completions",
@@ -32,6 +33,7 @@ def scenario(url: str, model: str, tokenizer: str, concurrencies: Sequence[int],
             "profile": {"kind": "concurrent", "streams": concurrencies[0]},
             "data": [{"kind": "synthetic_text", "prompt_tokens": prompt_tokens, "output_tokens": output_tokens}],
             "tokenizer": {"kind": "hf_auto", "model": tokenizer},
+            "seed": {"kind": "static", "value": seed},
             "constraints": [{"kind": "max_requests", "count": requests}],
             "outputs": [{"kind": "json", "path": str(out)}],
         },

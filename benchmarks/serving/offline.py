@@ -14,21 +14,28 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from benchmarks.serving import breakdown
 
-from python_layer.inference.step_times import PHASES, STEP_KINDS, StepTimes
+from python_layer.inference.step_times import PHASES, STEP_KINDS
+
+if TYPE_CHECKING:
+    from python_layer import InferenceEngine
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def counters(times: StepTimes) -> breakdown.Counters:
-    """An engine's StepTimes as the counters its /metrics would export."""
+def counters(engine: InferenceEngine) -> breakdown.Counters:
+    """An engine's StepTimes and prefix-cache lookups as the counters its /metrics would export."""
+    times = engine.times
     out = {("mili_engine_phase_seconds_total", p): times.seconds[p] for p in PHASES}
     for kind in STEP_KINDS:
         out[("mili_engine_steps_total", kind)] = times.steps[kind]
         out[("mili_engine_step_rows_total", kind)] = times.rows[kind]
+    if engine.prefix_cache is not None:
+        out[("mili_prefix_cache_queries_total", "")] = engine.prefix_cache.queried_tokens
+        out[("mili_prefix_cache_hits_total", "")] = engine.prefix_cache.hit_tokens
     return out
 
 
@@ -54,13 +61,13 @@ def _run(spec: dict) -> dict:
     engine.generate("warm up", SamplingParams(max_tokens=4))
     sampling = {k: spec["sampling"][k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")}
     params = SamplingParams(max_tokens=spec["output_tokens"], ignore_eos=True, **sampling)
-    before = counters(engine.times)
+    before = counters(engine)
     start = time.perf_counter()
     outputs = engine.generate(spec["prompts"], params)
     wall = time.perf_counter() - start
     generated = sum(len(o.token_ids) for o in outputs)
     row = {"requests": len(outputs), "errors": 0, "duration_s": wall, "output_tok_s": generated / wall}
-    return dict(row, **breakdown.summarize(before, counters(engine.times), 0.0, wall))
+    return dict(row, **breakdown.summarize(before, counters(engine), 0.0, wall))
 
 
 if __name__ == "__main__":

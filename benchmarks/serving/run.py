@@ -21,7 +21,7 @@ import tempfile
 import time
 from functools import partial
 from pathlib import Path
-from typing import Callable, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 from transformers import AutoTokenizer
 
@@ -62,15 +62,33 @@ def _requests(args: argparse.Namespace, concurrency: int) -> int:
     return max(args.requests, 2 * concurrency)
 
 
+WARM_UP_PROMPTS = 2
+
+
+def _point_prompts(prompts: List[str], args: argparse.Namespace) -> Tuple[List[str], Dict[int, List[str]]]:
+    """The warm-up's prompts and each concurrency's own, in turn from `prompts`: no point sends a prompt an earlier
+    one sent, so no server answers from its prefix cache what the point means to have computed."""
+    at = WARM_UP_PROMPTS
+    per_point = {}
+    for c in args.concurrencies:
+        per_point[c] = prompts[at: at + _requests(args, c)]
+        at += _requests(args, c)
+    return prompts[:WARM_UP_PROMPTS], per_point
+
+
+def _prompt_count(args: argparse.Namespace) -> int:
+    return WARM_UP_PROMPTS + sum(_requests(args, c) for c in args.concurrencies)
+
+
 def _light_point(server: Server, args: argparse.Namespace, prompts: List[str], concurrency: int) -> dict:
+    """The light client's point: `prompts` (this point's own), `concurrency` at a time."""
     pid = server.process.pid if server.process else None
     before = breakdown.engine_counters(server.url) if server.mili else None
     loop_cpu = breakdown.event_loop_cpu_seconds(pid) if server.mili and pid else 0.0
     with CpuMeter({"server": pid} if pid else {}) as meter:
         start = time.time()
-        timings, wall, cpu = light_client.run_concurrency(server.url, server.model,
-                                                          prompts[: _requests(args, concurrency)],
-                                                          args.output_tokens, concurrency, SAMPLING)
+        timings, wall, cpu = light_client.run_concurrency(server.url, server.model, prompts, args.output_tokens,
+                                                          concurrency, SAMPLING)
         end = time.time()
     row = dict(light_client.summarize(timings, wall), concurrency=concurrency, client_cpu=cpu / wall,
                server_cpu=meter.share("server", start, end) if pid else None)
@@ -81,8 +99,11 @@ def _light_point(server: Server, args: argparse.Namespace, prompts: List[str], c
 
 
 def _guidellm_point(server: Server, args: argparse.Namespace, concurrency: int, work: Path) -> dict:
+    """guidellm's point: its synthetic prompts seeded by the concurrency, so that each point's differ from the
+    earlier points' and every server gets the same ones."""
     spec = guidellm_sweep.scenario(server.url, server.model, args.model, [concurrency], _requests(args, concurrency),
-                                   args.prompt_tokens, args.output_tokens, SAMPLING, work / "guidellm.json")
+                                   args.prompt_tokens, args.output_tokens, SAMPLING, work / "guidellm.json",
+                                   seed=concurrency)
     (row,) = guidellm_sweep.run(spec, work, server.process.pid if server.process else None)
     return dict(row, client_cpu=row.pop("generator_cpu"))
 
@@ -91,9 +112,11 @@ def _sweep(servers: List[Server], args: argparse.Namespace, prompts: List[str],
            work: Path) -> Tuple[List[dict], List[dict]]:
     """Every point of every server in turn (concurrency, then server, then client), then offline, after a pause
     for the last run's threads to go idle: this VM's speed drifts over minutes, and running them in turn keeps the
-    drift out of the comparisons. Returns the rows and the points that failed (the sweep goes on past them)."""
+    drift out of the comparisons. `prompts`: _prompt_count(args) of them, shared out by _point_prompts. Returns the
+    rows and the points that failed (the sweep goes on past them)."""
+    warm_up, point_prompts = _point_prompts(prompts, args)
     for server in servers:
-        light_client.run_concurrency(server.url, server.model, prompts[:2], 8, 2, SAMPLING)  # warm-up
+        light_client.run_concurrency(server.url, server.model, warm_up, 8, len(warm_up), SAMPLING)
     rows, failed = [], []
 
     def point(system: str, client: str, c: int, run: Callable[[], dict]) -> None:
@@ -109,11 +132,11 @@ def _sweep(servers: List[Server], args: argparse.Namespace, prompts: List[str],
         for server in servers:
             for client in args.clients:
                 run = (partial(_guidellm_point, server, args, c, work / server.model / str(c)) if client == "guidellm"
-                       else partial(_light_point, server, args, prompts, c))
+                       else partial(_light_point, server, args, point_prompts[c], c))
                 point(server.name, client, c, run)
         for dtype in args.mili_weight_dtypes if args.offline else ():
             point(f"MILI {dtype}", "offline", c,
-                  partial(offline_point, args.model, dtype, args.mili_kv_cache_dtype, prompts[: _requests(args, c)],
+                  partial(offline_point, args.model, dtype, args.mili_kv_cache_dtype, point_prompts[c],
                           args.output_tokens, c, SAMPLING, work))
     return rows, failed
 
@@ -168,7 +191,7 @@ def main(argv=None) -> int:
     load = os.getloadavg()[0]
     if load > 1:
         print(f"warning: load average {load:.1f}: the figures need an otherwise idle machine", file=sys.stderr)
-    prompts = _prompts(args.model, max(_requests(args, c) for c in args.concurrencies), args.prompt_tokens)
+    prompts = _prompts(args.model, _prompt_count(args), args.prompt_tokens)
     servers: List[Server] = []
     args.offline = "mili" in args.systems and not args.no_offline and not args.url
     with tempfile.TemporaryDirectory(prefix="mili-serving-") as tmp:

@@ -75,8 +75,9 @@ def test_guidellm_rows_and_the_plots(tmp_path: Path) -> None:
     assert [r["concurrency"] for r in rows] == [1, 4] and [r["output_tok_s"] for r in rows] == [64.0, 192.0]
     assert rows[1]["ttft_ms_p90"] == 150.0 and rows[0]["e2e_s_p99"] == 3.0 and rows[0]["errors"] == 2
     assert (rows[1]["_start"], rows[1]["_end"]) == (1060.0, 1080.0)
-    spec = guidellm_sweep.scenario("http://x", "m", "/tok", [1, 4], 32, 128, 64, SAMPLING, tmp_path / "o.json")
+    spec = guidellm_sweep.scenario("http://x", "m", "/tok", [1, 4], 32, 128, 64, SAMPLING, tmp_path / "o.json", seed=4)
     assert spec["benchmarks"] == [{"profile.streams": 1}, {"profile.streams": 4}]
+    assert spec["spec"]["seed"] == {"kind": "static", "value": 4}
     assert spec["spec"]["backend"]["extras"] == {"body": SAMPLING}
     labelled = [dict(r, system=s) for s in ("MILI", "peer") for r in rows]
     for draw in (plots.throughput_latency, plots.ttft_percentiles):
@@ -96,10 +97,38 @@ def test_a_failed_point_is_reported_and_the_sweep_goes_on(monkeypatch: pytest.Mo
     monkeypatch.setattr(run, "SETTLE_S", 0)
     monkeypatch.setattr(run.light_client, "run_concurrency", lambda *a: None)
     monkeypatch.setattr(run, "_guidellm_point", guidellm_point)
-    args = argparse.Namespace(concurrencies=[1, 2, 4], clients=["guidellm"], offline=False)
-    rows, failed = run._sweep([Server("peer", "m", "http://x")], args, ["p"], tmp_path)
+    args = argparse.Namespace(concurrencies=[1, 2, 4], clients=["guidellm"], offline=False, requests=2)
+    rows, failed = run._sweep([Server("peer", "m", "http://x")], args, ["p"] * run._prompt_count(args), tmp_path)
     assert [(r["concurrency"], r["output_tok_s"]) for r in rows] == [(1, 10.0), (4, 40.0)]
     assert failed == [{"system": "peer", "client": "guidellm", "concurrency": 2, "error": "guidellm failed (exit 1)"}]
+
+
+def test_no_point_sends_a_prompt_an_earlier_point_sent(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A prompt sent twice is answered from the prefix cache the second time: every point (the warm-up too) gets
+    prompts of its own, the same ones for every server, and guidellm a seed of its own per point."""
+    from benchmarks.serving import run
+    from benchmarks.serving.servers import Server
+
+    sent, seeds = [], []
+    monkeypatch.setattr(run, "SETTLE_S", 0)
+    monkeypatch.setattr(run.light_client, "run_concurrency",
+                        lambda url, model, prompts, *a: sent.append((url, "warm-up", list(prompts))))
+    monkeypatch.setattr(run, "_light_point",
+                        lambda server, args, prompts, c: sent.append((server.url, c, list(prompts))) or {})
+    monkeypatch.setattr(run.guidellm_sweep, "run",
+                        lambda spec, work, pid: seeds.append(spec["spec"]["seed"]["value"]) or [{"generator_cpu": 0}])
+    args = argparse.Namespace(concurrencies=[1, 4, 8], clients=["guidellm", "light"], offline=False, requests=3,
+                              model="m", prompt_tokens=8, output_tokens=4)
+    prompts = [f"p{i}" for i in range(run._prompt_count(args))]
+    rows, failed = run._sweep([Server("a", "m", "a"), Server("b", "m", "b")], args, prompts, tmp_path)
+    assert not failed and len(rows) == 2 * 3 * 2 and seeds == [1, 1, 4, 4, 8, 8]
+    by_point = {}
+    for url, point, texts in sent:
+        by_point.setdefault(point, {})[url] = texts
+    by_point = {p: [by_point[p]["a"], by_point[p]["b"]] for p in by_point}
+    assert [len(by_point[p][0]) for p in ("warm-up", 1, 4, 8)] == [2, 3, 8, 16]
+    assert all(texts == by_point[p][0] for p in by_point for texts in by_point[p])  # both servers, the same
+    assert sorted(t for p in by_point for t in by_point[p][0]) == sorted(prompts)  # each prompt once
 
 
 def test_a_light_client_sweep_needs_no_guidellm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -11,10 +11,10 @@ from python_layer.inference.metrics import EngineMetrics
 from python_layer.inference.step_times import StepTimes
 
 
-def _engine(times: StepTimes) -> SimpleNamespace:
+def _engine(times: StepTimes, prefix_cache: SimpleNamespace) -> SimpleNamespace:
     scheduler = SimpleNamespace(running=[], waiting=[], num_preemptions=0)
-    return SimpleNamespace(scheduler=scheduler, kv_cache=SimpleNamespace(num_usable_pages=8), prefix_cache=None,
-                           num_request_pages=0, times=times)
+    return SimpleNamespace(scheduler=scheduler, kv_cache=SimpleNamespace(num_usable_pages=8),
+                           prefix_cache=prefix_cache, num_request_pages=0, times=times)
 
 
 def _run_steps(times: StepTimes) -> None:
@@ -29,19 +29,22 @@ def _run_steps(times: StepTimes) -> None:
 
 def test_metrics_export_what_the_breakdown_reads() -> None:
     times = StepTimes()
+    lookups = SimpleNamespace(num_cached_pages=0, queried_tokens=50, hit_tokens=10)
     metrics = EngineMetrics("m")
-    metrics.observe_engine(_engine(times))
+    metrics.observe_engine(_engine(times, lookups))
     before = breakdown.parse_counters(generate_latest(metrics.registry).decode())
     _run_steps(times)
-    metrics.observe_engine(_engine(times))
+    lookups.queried_tokens, lookups.hit_tokens = 250, 60  # 200 looked up in the window, 50 found
+    metrics.observe_engine(_engine(times, lookups))
     after = breakdown.parse_counters(generate_latest(metrics.registry).decode())
-    assert after == counters(times) and set(before) == set(after)
+    assert after == counters(_engine(times, lookups)) and set(before) == set(after)
     row = breakdown.summarize(before, after, loop_cpu=2.0, wall=10.0)
     assert row["steps_s"] == pytest.approx(0.4) and row["prefill_steps_s"] == pytest.approx(0.1)
     assert row["decode_rows"] == 4 and row["decode_ms"] == pytest.approx(1000) and row["prefill_ms"] == 1000
     assert row["host_ms"] == pytest.approx(1e3 * 1.0 / 4)
     assert row["decode_share"] == pytest.approx(0.3) and row["idle_share"] == pytest.approx(0.5)
-    assert row["loop_cpu"] == pytest.approx(0.2)
+    assert row["loop_cpu"] == pytest.approx(0.2) and row["prefix_hit_share"] == pytest.approx(0.25)
+    assert breakdown.summarize(after, after, 0.0, 1.0)["prefix_hit_share"] == 0
 
 
 def test_phases_accumulate_across_steps() -> None:
