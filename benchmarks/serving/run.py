@@ -21,7 +21,7 @@ import tempfile
 import time
 from functools import partial
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from transformers import AutoTokenizer
 
@@ -108,6 +108,15 @@ def _guidellm_point(server: Server, args: argparse.Namespace, concurrency: int, 
     return dict(row, client_cpu=row.pop("generator_cpu"))
 
 
+def _exit_report(server: Optional[Server]) -> str:
+    """For a failed point: the server's exit code and the end of its log if it has exited (the log lives in the
+    sweep's temporary directory), else nothing."""
+    if server is None or server.process is None or server.process.poll() is None:
+        return ""
+    tail = server.log.read_text(errors="replace")[-1500:] if server.log and server.log.is_file() else ""
+    return f"\n{server.name} exited with code {server.process.returncode}; the end of its log:\n{tail}"
+
+
 def _sweep(servers: List[Server], args: argparse.Namespace, prompts: List[str],
            work: Path) -> Tuple[List[dict], List[dict]]:
     """Every point of every server in turn (concurrency, then server, then client), then offline, after a pause
@@ -119,21 +128,22 @@ def _sweep(servers: List[Server], args: argparse.Namespace, prompts: List[str],
         light_client.run_concurrency(server.url, server.model, warm_up, 8, len(warm_up), SAMPLING)
     rows, failed = [], []
 
-    def point(system: str, client: str, c: int, run: Callable[[], dict]) -> None:
+    def point(system: str, client: str, c: int, run: Callable[[], dict], server: Optional[Server] = None) -> None:
         time.sleep(SETTLE_S)
         print(f"{system}: {client} at concurrency {c}", flush=True)
         try:
             rows.append(dict(run(), concurrency=c, system=system, client=client))
         except RuntimeError as e:
-            print(f"{system}: {client} at concurrency {c} failed: {e}", file=sys.stderr, flush=True)
-            failed.append(dict(system=system, client=client, concurrency=c, error=str(e)))
+            error = f"{e}{_exit_report(server)}"
+            print(f"{system}: {client} at concurrency {c} failed: {error}", file=sys.stderr, flush=True)
+            failed.append(dict(system=system, client=client, concurrency=c, error=error))
 
     for c in args.concurrencies:
         for server in servers:
             for client in args.clients:
                 run = (partial(_guidellm_point, server, args, c, work / server.model / str(c)) if client == "guidellm"
                        else partial(_light_point, server, args, point_prompts[c], c))
-                point(server.name, client, c, run)
+                point(server.name, client, c, run, server)
         for dtype in args.mili_weight_dtypes if args.offline else ():
             point(f"MILI {dtype}", "offline", c,
                   partial(offline_point, args.model, dtype, args.mili_kv_cache_dtype, point_prompts[c],

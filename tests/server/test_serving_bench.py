@@ -102,6 +102,16 @@ def test_a_failed_point_is_reported_and_the_sweep_goes_on(monkeypatch: pytest.Mo
     assert [(r["concurrency"], r["output_tok_s"]) for r in rows] == [(1, 10.0), (4, 40.0)]
     assert failed == [{"system": "peer", "client": "guidellm", "concurrency": 2, "error": "guidellm failed (exit 1)"}]
 
+    # a server that died: its exit code and the end of its log go with the error (its log is deleted after the run)
+    log = tmp_path / "peer.log"
+    log.write_text("slot 3: out of memory\n")
+    dead = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    dead.wait()
+    rows, failed = run._sweep([Server("peer", "m", "http://x", dead, log)], args, ["p"] * run._prompt_count(args),
+                              tmp_path)
+    assert failed[0]["error"] == ("guidellm failed (exit 1)\npeer exited with code 3; the end of its log:\n"
+                                  "slot 3: out of memory\n")
+
 
 def test_no_point_sends_a_prompt_an_earlier_point_sent(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A prompt sent twice is answered from the prefix cache the second time: every point (the warm-up too) gets
