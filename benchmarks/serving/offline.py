@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Sequence
 
 from benchmarks.serving import breakdown
 
-from python_layer.inference.step_times import PHASES, STEP_KINDS
+from prometheus_client import generate_latest
+
+from python_layer.inference.metrics import EngineMetrics
 
 if TYPE_CHECKING:
     from python_layer import InferenceEngine
@@ -27,16 +29,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def counters(engine: InferenceEngine) -> breakdown.Counters:
-    """An engine's StepTimes and prefix-cache lookups as the counters its /metrics would export."""
-    times = engine.times
-    out = {("mili_engine_phase_seconds_total", p): times.seconds[p] for p in PHASES}
-    for kind in STEP_KINDS:
-        out[("mili_engine_steps_total", kind)] = times.steps[kind]
-        out[("mili_engine_step_rows_total", kind)] = times.rows[kind]
-    if engine.prefix_cache is not None:
-        out[("mili_prefix_cache_queries_total", "")] = engine.prefix_cache.queried_tokens
-        out[("mili_prefix_cache_hits_total", "")] = engine.prefix_cache.hit_tokens
-    return out
+    """An engine's counters as its server's /metrics would export them: read through the server's own
+    EngineMetrics."""
+    metrics = EngineMetrics("offline")
+    metrics.observe_engine(engine)
+    return breakdown.parse_counters(generate_latest(metrics.registry).decode())
 
 
 def offline_point(checkpoint: str, weight_dtype: str, kv_cache_dtype: str, prompts: Sequence[str], output_tokens: int,
