@@ -71,8 +71,9 @@ def _point_prompts(prompts: List[str], args: argparse.Namespace) -> Tuple[List[s
     at = WARM_UP_PROMPTS
     per_point = {}
     for c in args.concurrencies:
-        per_point[c] = prompts[at: at + _requests(args, c)]
-        at += _requests(args, c)
+        n = _requests(args, c)
+        per_point[c] = prompts[at: at + n]
+        at += n
     return prompts[:WARM_UP_PROMPTS], per_point
 
 
