@@ -6,10 +6,12 @@ comptime F32 = DType.float32
 comptime F16 = DType.float16
 comptime F32_WIDTH = simd_width_of[DType.float32]()
 """SIMD lanes of float32 on the host CPU (8 with AVX2, 16 with AVX-512)."""
-comptime BF16_DOT = CompilationTarget._has_feature["avx512bf16"]() and not CompilationTarget._has_feature["amx-bf16"]()
-"""AVX512_BF16's vdpbf16ps: 32 bfloat16 products summed in pairs into 16 float32 lanes per instruction. Not on CPUs
-with AMX (Intel's), where the float32 FMAs on the widened pairs are faster (Qwen3-0.6B's shape on an Intel Xeon VM,
-decode at batch 8: 99-102 against 88 tok/s, batch 1: 20-21 against 19) and prefill-sized matmuls run on the tiles."""
+comptime BF16_DOT = CompilationTarget._has_feature["avx512bf16"]() and not CompilationTarget._has_feature["avx512fp16"]()
+"""AVX512_BF16's vdpbf16ps: 32 bfloat16 products summed in pairs into 16 float32 lanes per instruction. On AMD's
+CPUs (Zen 4, Zen 5). Not on Intel's, which have AVX512_FP16 beside it and run vdpbf16ps on one port: there the float32
+FMAs on widened weights are faster (Qwen3-0.6B's shape on an Intel Xeon VM with AMX, decode at batch 8: 99-102
+against 88 tok/s, batch 1: 20-21 against 19; on one without AMX tiles, prefill of 512 tokens 2.9-3.1 against
+4.2-4.3 s, batch 8 56-57 against 52-53 tok/s)."""
 
 comptime Ptr[dtype: DType] = Pointer[Scalar[dtype], MutAnyOrigin]
 comptime Addr[dtype: DType] = Pointer[Scalar[dtype], MutUntrackedOrigin]
