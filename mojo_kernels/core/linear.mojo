@@ -20,10 +20,11 @@
 #     again from L1, not from memory. int8 on AVX2: a tile of one weight row for every row of x, and only below
 #     I8_MADD_PANEL_ROWS rows where a quad panel fits L1.
 #   prefill: a panel of PANEL weight rows is widened once into a float32 [K, PANEL] buffer (L2), and a
-#     PANEL_ROWS x PANEL register tile of y is computed from it for every PANEL_ROWS rows of x. With AVX512_BF16,
-#     bfloat16 weights are packed in pairs instead ([K / 2, PANEL] pairs) for vdpbf16ps: twice the FMAs' work. With
-#     AVX512_VNNI or AVX2, int8 weights in quads ([K / 4, PANEL] quads, with their scales per block) for vpdpbusd
-#     (vpmaddubsw + vpmaddwd) against x quantized per block (block_k a multiple of 4; else the float32 panels).
+#     PANEL_ROWS x PANEL register tile of y is computed from it for every PANEL_ROWS rows of x. With BF16_DOT (AMD's
+#     AVX512_BF16: utils/types.mojo), bfloat16 weights are packed in pairs instead ([K / 2, PANEL] pairs) for
+#     vdpbf16ps: twice the FMAs' work. With AVX512_VNNI or AVX2, int8 weights in quads ([K / 4, PANEL] quads, with
+#     their scales per block) for vpdpbusd (vpmaddubsw + vpmaddwd) against x quantized per block (block_k a multiple
+#     of 4; else the float32 panels).
 #   AMX (linear_amx.mojo), from AMX_ROWS rows of x on: bfloat16 weights' pair panels against x as AMX tiles; tiled
 #     int8 weights' quad panels in place, block by block (block_k a multiple of 64).
 # Tiled weights (mili_linear_tiled, CPU only; float32, bfloat16 and int8): w as [N / R, K / C, R, C], R =

@@ -6,14 +6,14 @@
 # rows of a KV head at a time (each staged key / value vector loaded feeds four FMAs); the others (decode)
 # read the cache directly, KEY_GROUP keys at a time (the next group prefetched): the rows of a KV head (up
 # to four) score several keys at once and accumulate the group's values in registers (over bfloat16 caches with
-# AVX512_BF16 both by vdpbf16ps: q and the softmax weights rounded to bfloat16, two keys' values interleaved).
+# BF16_DOT both by vdpbf16ps: q and the softmax weights rounded to bfloat16, two keys' values interleaved).
 # 8-bit caches (memory/kv_format.mojo) are widened in registers; a key's scale multiplies its scores, a value's
 # its weight.
-# Over bfloat16 caches with AVX512_BF16, staged tiles stage the block in bfloat16 pairs instead and score and sum it
-# with vdpbf16ps, twice the work of an FMA per instruction: q and the softmax weights are rounded to bfloat16 for
-# it (as llama.cpp's and vLLM's CPU attention round them to the cache's type), the sums stay float32. With AMX
-# (Intel's), tiles of AMX_ROWS rows a KV head or more run on AMX tiles instead (cpu_amx.mojo): 28 layers of a
-# 512-token Qwen3-0.6B prefill's attention 0.27x the time of the float32 FMAs on an Intel Xeon VM.
+# Over bfloat16 caches with BF16_DOT (utils/types.mojo), staged tiles stage the block in bfloat16 pairs instead and
+# score and sum it with vdpbf16ps, twice the work of an FMA per instruction: q and the softmax weights are rounded to
+# bfloat16 for it (as llama.cpp's and vLLM's CPU attention round them to the cache's type), the sums stay float32.
+# With AMX (Intel's), tiles of AMX_ROWS rows a KV head or more run on AMX tiles instead (cpu_amx.mojo): 28 layers of
+# a 512-token Qwen3-0.6B prefill's attention 0.27x the time of the float32 FMAs on an Intel Xeon VM.
 from std.math import ceildiv, exp, iota
 from std.collections import Array
 from std.memory import bitcast
