@@ -77,24 +77,28 @@ def tolerance(dtype: torch.dtype) -> dict:
     return dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
 
 
-def assert_caches_match(ours: tuple, theirs: tuple, dtype: torch.dtype, **override) -> None:
-    """Caches written from k and v that the kernel and the reference computed each in its own way: to dtype's
-    tolerance (or override's), or in 8-bit caches at most one step apart (int8 values, adjacent FP8 codes) and int8
-    scales close."""
+def assert_caches_match(ours: tuple, theirs: tuple, dtype: torch.dtype, source: torch.dtype, **override) -> None:
+    """Caches written from k and v that the kernel and the reference computed in source dtype each in its own way: to
+    dtype's tolerance (or override's), or in 8-bit caches at most one step apart (int8 values, adjacent FP8 codes).
+    An int8 row's scale follows its largest |k|, which two orders of summing can round one source step apart; the
+    row's values then may differ by as much more as that rescaling moves 127."""
     if dtype not in EIGHT_BIT_KV:
         return assert_matches(ours, theirs, dtype, **override)
     for a, b in zip(ours, theirs, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape
         a, b = a.cpu(), b.cpu()
+        allowed = 1
         if dtype == torch.int8:
             head_dim = ref.kv_head_dim(a)
             scales = [t[..., head_dim:].contiguous().view(torch.float32) for t in (a, b)]
-            torch.testing.assert_close(*scales, rtol=1e-5, atol=0)
+            torch.testing.assert_close(*scales, rtol=max(1e-5, torch.finfo(source).eps), atol=0)
+            rescaled = (scales[0] - scales[1]).abs() / torch.minimum(*scales).clamp_min(torch.finfo(torch.float32).tiny)
+            allowed = 1 + (127 * rescaled).ceil().int()
             a, b = a[..., :head_dim], b[..., :head_dim]
         else:  # an FP8 code's magnitude bits are ordered as its values: signed, they count steps across zero too
             a, b = (torch.where(t >= 128, 128 - t, t) for t in (a.view(torch.uint8).int(), b.view(torch.uint8).int()))
-        steps = (a.int() - b.int()).abs()
-        assert steps.max() <= 1, f"{int((steps > 1).sum())} values more than one step apart"
+        excess = (a.int() - b.int()).abs() > allowed
+        assert not excess.any(), f"{int(excess.sum())} values more than the allowed steps apart"
 
 
 def assert_matches(ours, theirs, dtype: torch.dtype, **override) -> None:
@@ -206,7 +210,7 @@ def run_qk_norm_rope_store(ops, device: str, dtype: torch.dtype, case: tuple) ->
         normed = ref.head_rms_norm(qkv.view(tokens, -1, head_dim), torch.maximum(q_norm, k_norm), 1e-6)
         steps = dict(atol=2 * torch.finfo(dtype).eps * 2 ** normed.float().abs().max().log2().floor().item())
     assert_matches(q, expected, dtype, **steps)
-    assert_caches_match(tuple(ours), tuple(caches), kv_dtype, **steps)  # k, v rounded to the caches' dtype
+    assert_caches_match(tuple(ours), tuple(caches), kv_dtype, dtype, **steps)  # k, v rounded to the caches' dtype
 
 
 def run_attention(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
@@ -249,7 +253,7 @@ def run_qkv_attention(ops, device: str, dtype: torch.dtype, case: tuple) -> None
     # over bfloat16 caches, to bfloat16's tolerance: the CPU kernel is exact there only for q in the caches' dtype
     # (run_attention draws q so), and this q is float32
     assert_matches(ours, expected, kv_dtype if kv_dtype not in EIGHT_BIT_KV else torch.bfloat16)
-    assert_caches_match(tuple(caches), tuple(expected_caches), kv_dtype)  # the new tokens' k and v, stored
+    assert_caches_match(tuple(caches), tuple(expected_caches), kv_dtype, dtype)  # the new tokens' k and v, stored
 
 
 def linear_weight(n: int, k: int, weight_dtype: torch.dtype, device: str, block_k: int = 128) -> tuple:
