@@ -239,23 +239,25 @@ struct _Weights[w_type: DType, tiled: Bool](ImplicitlyCopyable):
 
 
 struct _QuantizedX(ImplicitlyCopyable):
-    """x [M, K] as int8 per row and block of columns: x ~ q * scale; sum: the block's sum of q."""
+    """x [M, K] as int8 per row and block of columns: x ~ q * scale; sum: the block's sum of q. The scales and sums
+    of a block are together ([k_blocks, rows]): an epilogue's rows load theirs as a run, not a gather."""
 
     var q: Addr[DType.int8]
     var scales: Addr[F32]
     var sums: Addr[DType.int32]
     var k_blocks: Int
+    var rows: Int
 
-    def __init__(out self, q: Ptr[DType.int8], scales: Ptr[F32], sums: Ptr[DType.int32], k_blocks: Int):
-        self.q, self.scales, self.sums, self.k_blocks = addr(q), addr(scales), addr(sums), k_blocks
+    def __init__(out self, q: Ptr[DType.int8], scales: Ptr[F32], sums: Ptr[DType.int32], k_blocks: Int, rows: Int):
+        self.q, self.scales, self.sums, self.k_blocks, self.rows = addr(q), addr(scales), addr(sums), k_blocks, rows
 
     @always_inline
     def scale(self, m: Int, kb: Int) -> Float32:
-        return ptr(self.scales).unsafe_load(m * self.k_blocks + kb)
+        return ptr(self.scales).unsafe_load(kb * self.rows + m)
 
     @always_inline
     def sum(self, m: Int, kb: Int) -> Int32:
-        return ptr(self.sums).unsafe_load(m * self.k_blocks + kb)
+        return ptr(self.sums).unsafe_load(kb * self.rows + m)
 
 
 def _quantize_x[a_type: DType, dequantized: Bool](x: Ptr[a_type], xq: _QuantizedX, m: Int, k: Int, block_k: Int,
@@ -290,8 +292,8 @@ def _quantize_x[a_type: DType, dequantized: Bool](x: Ptr[a_type], xq: _Quantized
                     q.unsafe_store(out + t, v.cast[DType.int8]())
                     sum += v.cast[DType.int32]()[0]
             comptime if not dequantized:
-                ptr(xq.scales).unsafe_store(r * xq.k_blocks + kb, scale)
-                ptr(xq.sums).unsafe_store(r * xq.k_blocks + kb, total.reduce_add() + sum)
+                ptr(xq.scales).unsafe_store(kb * xq.rows + r, scale)
+                ptr(xq.sums).unsafe_store(kb * xq.rows + r, total.reduce_add() + sum)
 
 
 def _round_x[a_type: DType, to: DType](x: Ptr[a_type], dst: Ptr[to], count: Int):
@@ -921,8 +923,8 @@ struct _QuantizeRows[a_type: DType](ChunkTask):
         var r0 = item * AMX_ROWS
         var rows, blocks = min(AMX_ROWS, self.m - r0), self.xq.k_blocks
         var q = ptr(self.xq.q).unsafe_offset(r0 * self.stride)
-        var xq = _QuantizedX(q, ptr(self.xq.scales).unsafe_offset(r0 * blocks),
-                             ptr(self.xq.sums).unsafe_offset(r0 * blocks), blocks)
+        var xq = _QuantizedX(q, ptr(self.xq.scales).unsafe_offset(r0), ptr(self.xq.sums).unsafe_offset(r0), blocks,
+                             self.xq.rows)
         var unused = List[Float32]()
         _quantize_x[Self.a_type, False](ptr(self.x).unsafe_offset(r0 * self.k), xq, rows, self.k, self.block_k,
                                         self.stride, list_ptr(unused))
@@ -942,7 +944,7 @@ def _quantized_x[a_type: DType, R: Runner](
     var k_blocks = ceildiv(k, block_k)
     scales = List[Float32](unsafe_uninit_length=m * k_blocks)
     sums = List[Int32](unsafe_uninit_length=m * k_blocks)
-    var xq = _QuantizedX(list_ptr(q), list_ptr(scales), list_ptr(sums), k_blocks)
+    var xq = _QuantizedX(list_ptr(q), list_ptr(scales), list_ptr(sums), k_blocks, m)
     runner.run(_QuantizeRows(x, xq, m, k, block_k, stride), ceildiv(m, AMX_ROWS), m < PARALLEL_X_ROWS)
     return xq
 
@@ -1162,7 +1164,7 @@ def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
     var effective = List[Float32]()
     var amx = False  # bfloat16 prefill on AMX tiles
     var kp = amx_padded[DType.bfloat16](k)
-    var xq = _QuantizedX(list_ptr(q), list_ptr(q_scales), list_ptr(q_sums), wt.k_blocks)
+    var xq = _QuantizedX(list_ptr(q), list_ptr(q_scales), list_ptr(q_sums), wt.k_blocks, m)
     comptime if w_type == DType.int8:
         if decode or quads:
             xq = _quantized_x(runner, x, m, m, wt.k, wt.block_k, wt.k, q, q_scales, q_sums)

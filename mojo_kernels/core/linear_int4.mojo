@@ -173,6 +173,7 @@ def _tile[a_type: DType, bits: Int, rows: Int, panel: Int, panels: Int, fetch: B
     # the scales and mins as far ahead as the weights' prefetches: a block's are a line each
     var blocks_ahead = ceildiv(PREFETCH_BYTES, wt.block_k // GROUP * _Int4Tiles[bits].group_bytes)
     var acc = Array[SIMD[F32, DOT_LANES], vectors * rows](fill=0)
+    var block_groups = wt.block_k // GROUP
     for kb in range(wt.k_blocks):
         var block = wt.block_at(tile, kb)
         comptime if fetch:
@@ -180,7 +181,7 @@ def _tile[a_type: DType, bits: Int, rows: Int, panel: Int, panels: Int, fetch: B
             prefetch[ahead](scales.unsafe_offset(block + blocks_ahead * TILE_ROWS))
             prefetch[ahead](mins.unsafe_offset(block + blocks_ahead * TILE_ROWS))
         var dots = Array[SIMD[DType.int32, DOT_LANES], vectors * chains * rows](fill=0)
-        for g in range(kb * wt.block_k // GROUP, min(wt.groups, (kb + 1) * wt.block_k // GROUP)):
+        for g in range(kb * block_groups, min(wt.groups, (kb + 1) * block_groups)):
             var at = wt.group_at(tile, g)
             comptime if fetch:
                 comptime for line in range(0, _Int4Tiles[bits].group_bytes, 64):
