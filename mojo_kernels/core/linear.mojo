@@ -644,18 +644,41 @@ def _broadcast_quad(q: Ptr[DType.uint8], at: Int) -> SIMD[DType.int8, 4 * DOT_LA
     return bitcast[DType.int8, 4 * DOT_LANES](SIMD[DType.uint32, DOT_LANES](quad))
 
 
+struct NextTileShare(ImplicitlyCopyable):
+    """The share of the next weight tile that one of a tile's passes over the rows of x asks for, a line a step (at
+    most one line a step: two or more passes). Each pass after the first computes from cache and leaves the memory
+    idle: spread over all of them, the next tile streams in behind the compute instead of before it."""
+
+    var at: Int
+    var end: Int
+
+    def __init__(out self, next_tile: Int, tile_bytes: Int, pass_index: Int, passes: Int):
+        """next_tile: the next tile's offset in bytes (0: none, or a single pass)."""
+        var span = ceildiv(tile_bytes, passes * 64) * 64
+        self.at = next_tile + pass_index * span
+        self.end = next_tile + min((pass_index + 1) * span, tile_bytes) if next_tile != 0 and passes > 1 else 0
+
+    @always_inline
+    def step(mut self, base: Ptr[DType.uint8]):
+        if self.at < self.end:
+            prefetch[PrefetchOptions().for_read().medium_locality()](base.unsafe_offset(self.at))
+            self.at += 64
+
+
 @always_inline
 def _quad_panel_tile[a_type: DType, rows: Int, stride: Int = PANEL, fetch: Bool = False, panels: Int = 1](
     y: Ptr[a_type], xq: _QuantizedX, panel: Ptr[DType.uint32], panel_scales: Ptr[F32], scale_stride: Int, m0: Int,
-    n0: Int, N: Int, K: Int, block_k: Int,
+    n0: Int, N: Int, K: Int, block_k: Int, share: NextTileShare = NextTileShare(0, 0, 0, 1),
 ):
     """y[m0 : m0 + rows, n0 : n0 + panels * PANEL] from `panels` quad panels side by side: each step a quad of x
     broadcast against 2 x 16 quads a panel, exact int32 sums per block, then both scales. K: the rows' stride in xq;
     `stride`: the panels' (within a wider one); block kb's scales of the panels' rows at panel_scales + kb *
-    scale_stride; `fetch`: the panels are read from memory, asked for QUAD_PREFETCH_BYTES ahead."""
+    scale_stride; `fetch`: the panels are read from memory, asked for QUAD_PREFETCH_BYTES ahead; `share`: the next
+    tile's lines this pass asks for (bytes from `panel`)."""
     comptime assert PANEL == 2 * DOT_LANES, "quad panels are two dot-product accumulators wide"
     comptime vectors = 2 * panels
     var q = ptr(xq.q).unsafe_bitcast[UInt8]()
+    var next = share
     var acc = Array[SIMD[F32, DOT_LANES], vectors * rows](fill=0)
     for kb in range(xq.k_blocks):
         var dots = Array[SIMD[DType.int32, DOT_LANES], vectors * rows](fill=0)
@@ -664,6 +687,7 @@ def _quad_panel_tile[a_type: DType, rows: Int, stride: Int = PANEL, fetch: Bool 
                 var ahead = panel.unsafe_bitcast[UInt8]().unsafe_offset(4 * kq * stride + QUAD_PREFETCH_BYTES)
                 comptime for line in range(0, 4 * PANEL * panels, 64):
                     prefetch[PrefetchOptions().for_read().medium_locality()](ahead.unsafe_offset(line))
+            next.step(panel.unsafe_bitcast[UInt8]())
             var b = Array[SIMD[DType.int8, 4 * DOT_LANES], vectors](fill=0)
             comptime for v in range(vectors):
                 var quads = panel.unsafe_load[width=DOT_LANES](kq * stride + v * DOT_LANES)
@@ -688,22 +712,25 @@ def _quad_panel_tile[a_type: DType, rows: Int, stride: Int = PANEL, fetch: Bool 
 
 def _quad_panel_rows[a_type: DType, stride: Int = PANEL, stored: Bool = False, panels: Int = 1](
     y: Ptr[a_type], xq: _QuantizedX, panel: Ptr[DType.uint32], panel_scales: Ptr[F32], scale_stride: Int, m: Int,
-    n0: Int, N: Int, K: Int, block_k: Int,
+    n0: Int, N: Int, K: Int, block_k: Int, next_tile: Int = 0,
 ):
     """y[:, n0 : n0 + panels * PANEL] from quad panels side by side, as many rows of x at a time as QUAD_TILE_SUMS
     allow (see _quad_panel_tile); `stored`: the panels are the weight itself in memory, prefetched by the first rows'
-    pass (the next ones find them in L2)."""
+    pass (the next ones find them in L2); next_tile: the bytes from `panel` to the next tile (0: none), which the
+    passes ask for in shares (NextTileShare)."""
     comptime tile_rows = QUAD_TILE_SUMS // (2 * panels)
+    var passes = ceildiv(m, tile_rows)
     for m0 in range(0, m, tile_rows):
         var rows = min(tile_rows, m - m0)
+        var share = NextTileShare(next_tile, next_tile, m0 // tile_rows, passes)
         comptime for r in range(1, tile_rows + 1):
             if rows == r:
                 if stored and m0 == 0:
                     _quad_panel_tile[a_type, r, stride, True, panels](
-                        y, xq, panel, panel_scales, scale_stride, m0, n0, N, K, block_k)
+                        y, xq, panel, panel_scales, scale_stride, m0, n0, N, K, block_k, share)
                 else:
                     _quad_panel_tile[a_type, r, stride, False, panels](
-                        y, xq, panel, panel_scales, scale_stride, m0, n0, N, K, block_k)
+                        y, xq, panel, panel_scales, scale_stride, m0, n0, N, K, block_k, share)
 
 
 struct _DecodeTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
@@ -1044,10 +1071,11 @@ struct _StoredQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
             _quad_panel_rows[stride=I8_TILE_ROWS, stored=True, panels=panels](
                 ptr(self.y), self.xq, panel, scales, N, self.m, n0, N, self.wt.k, self.wt.block_k)
             return
+        var next_tile = I8_TILE_ROWS * self.wt.k if n0 + I8_TILE_ROWS < N else 0
         comptime for half in range(0, I8_TILE_ROWS, PANEL):
             _quad_panel_rows[stride=I8_TILE_ROWS, stored=True](
                 ptr(self.y), self.xq, panel.unsafe_offset(half), scales.unsafe_offset(half), N, self.m, n0 + half, N,
-                self.wt.k, self.wt.block_k,
+                self.wt.k, self.wt.block_k, next_tile if half == 0 else 0,
             )
 
 

@@ -33,7 +33,7 @@ from ..utils.parallel import ChunkTask, MojoThreads, Runner
 from ..utils.types import addr, ptr, list_ptr, zero_f32, Addr, F16, F32, Ptr, check_same
 from .linear import (
     _QuantizedX, _add_block_dots, _broadcast_quad, _quantized_x, _store_block, _store_panel_rows, DOT_LANES, I8_DOT,
-    I8_MADD, PANEL, PREFETCH_BYTES, QUAD_TILE_SUMS, SERIAL_MACS,
+    I8_MADD, NextTileShare, PANEL, PREFETCH_BYTES, QUAD_TILE_SUMS, SERIAL_MACS,
 )
 from .linear_amx import (
     AMX, AMX_BLOCK, AMX_ROWS, amx_k, amx_padded, amx_rows, amx_steps, amx_store, amx_zero, configure_tiles,
@@ -81,6 +81,10 @@ struct _Int4Tiles[bits: Int](ImplicitlyCopyable):
     @always_inline
     def padded_k(self) -> Int:
         return self.groups * GROUP
+
+    @always_inline
+    def tile_bytes(self) -> Int:
+        return self.groups * Self.group_bytes
 
     @always_inline
     def group_at(self, tile: Int, g: Int) -> Int:
@@ -162,9 +166,10 @@ def _lane_products[c: Int](w: SIMD[DType.uint8, S], x: SIMD[DType.int8, S]) -> S
 @always_inline
 def _tile[a_type: DType, bits: Int, rows: Int, panel: Int, panels: Int, fetch: Bool](
     y: Ptr[a_type], xq: _QuantizedX, wt: _Int4Tiles[bits], tile: Int, m0: Int,
+    share: NextTileShare = NextTileShare(0, 0, 0, 1),
 ):
     """y[m0 : m0 + rows, the tile's PANEL columns from the panel-th, `panels` of them]; `fetch`: the first rows of x,
-    which stream the tile from memory."""
+    which stream the tile from memory; `share`: the next tile's lines this pass asks for (bytes from the tile's)."""
     comptime chains = 2 if rows == 1 and I8_DOT else 1  # vpdpbusd's latency, else one chain a vector
     comptime vectors = 2 * panels
     var w, q = ptr(wt.w), ptr(xq.q).unsafe_bitcast[UInt8]()
@@ -173,6 +178,7 @@ def _tile[a_type: DType, bits: Int, rows: Int, panel: Int, panels: Int, fetch: B
     # the scales and mins as far ahead as the weights' prefetches: a block's are a line each
     var blocks_ahead = ceildiv(PREFETCH_BYTES, wt.block_k // GROUP * _Int4Tiles[bits].group_bytes)
     var acc = Array[SIMD[F32, DOT_LANES], vectors * rows](fill=0)
+    var next, tile_start = share, w.unsafe_offset(wt.group_at(tile, 0))
     var block_groups = wt.block_k // GROUP
     for kb in range(wt.k_blocks):
         var block = wt.block_at(tile, kb)
@@ -186,6 +192,7 @@ def _tile[a_type: DType, bits: Int, rows: Int, panel: Int, panels: Int, fetch: B
             comptime if fetch:
                 comptime for line in range(0, _Int4Tiles[bits].group_bytes, 64):
                     prefetch[PrefetchOptions().for_read().medium_locality()](w.unsafe_offset(at + line + PREFETCH_BYTES))
+            next.step(tile_start)
             var lo = Array[SIMD[DType.uint8, S], vectors](fill=0)
             var hi = Array[SIMD[DType.uint8, S], vectors](fill=0)
             comptime for v in range(vectors):
@@ -235,17 +242,21 @@ struct _Int4TileRows[a_type: DType, bits: Int](ChunkTask):
     def run(self, item: Int):
         if self.m == 1:  # the whole tile in one pass: the stream from memory reads every byte it fetches
             _tile[Self.a_type, Self.bits, 1, 0, TILE_ROWS // PANEL, True](ptr(self.y), self.xq, self.wt, item, 0)
-        else:
+        else:  # the passes of the first panel ask for the next tile in shares (linear.NextTileShare)
+            var tile_bytes, passes = self.wt.tile_bytes(), ceildiv(self.m, X_ROWS)
+            var next_tile = tile_bytes if item + 1 < ceildiv(self.wt.n, TILE_ROWS) else 0
             comptime for panel in range(TILE_ROWS // PANEL):
                 for m0 in range(0, self.m, X_ROWS):
                     var rows = min(X_ROWS, self.m - m0)
+                    var share = NextTileShare(next_tile if panel == 0 else 0, tile_bytes, m0 // X_ROWS, passes)
                     comptime for r in range(1, X_ROWS + 1):
                         if rows == r:
                             if m0 == 0 and panel == 0:
-                                _tile[Self.a_type, Self.bits, r, panel, 1, True](ptr(self.y), self.xq, self.wt, item, m0)
+                                _tile[Self.a_type, Self.bits, r, panel, 1, True](
+                                    ptr(self.y), self.xq, self.wt, item, m0, share)
                             else:
                                 _tile[Self.a_type, Self.bits, r, panel, 1, False](
-                                    ptr(self.y), self.xq, self.wt, item, m0)
+                                    ptr(self.y), self.xq, self.wt, item, m0, share)
 
 
 struct _AmxInt4Tiles[a_type: DType, bits: Int](ChunkTask):
