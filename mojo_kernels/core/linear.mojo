@@ -39,7 +39,9 @@
 #     [N, K / block_k] took a gather per block, or a transposed copy per tile, a one-row pass's tenth on Zen 3). The
 #     quad panel tile does 12 vpdpbusd per 8 loads where the decode tile does 8 per 6 loads and 4 sign flips and
 #     converts its block sums per weight row: linears of Qwen3-0.6B's shape at 16-32 rows of x took 0.4x the time of
-#     the decode tiles on a Zen 4, at one row the same. On AVX2 (Zen 3, 2 threads) too: see I8_TILED.
+#     the decode tiles on a Zen 4, at one row the same. On AVX2 (Zen 3, 2 threads) too: see I8_TILED. A tile's
+#     first pass over the rows of x streams it from memory, the others read it from L2, and all of them ask for a
+#     share of the next tile (NextTileShare).
 # GPU: a thread per output element (the model graph dequantizes to bfloat16 and uses MAX's matmul there).
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext

@@ -13,8 +13,9 @@
 # llama.cpp's q4 formats do with q8): per block, sum_k w x = sx * (s * sum_k q xq + m * sum_k xq), exact int32 sums
 # then the scales.
 # CPU: every number of rows reads the tiles in place, X_ROWS rows of x at a time, a tile's groups streamed once from
-# memory (prefetched PREFETCH_BYTES ahead) for the first rows of x and from cache for the next. With VNNI one row of
-# x keeps two chains of dot products per vector of weights (low and high nibbles), else vpdpbusd's latency bounds it.
+# memory (prefetched PREFETCH_BYTES ahead) for the first rows of x and from cache for the next, every pass asking for a
+# share of the next tile (linear.NextTileShare). With VNNI one row of x keeps two chains of dot products per vector
+# of weights (low and high nibbles), else vpdpbusd's latency bounds it.
 # AVX2: vpmaddubsw + vpmaddwd, the low and high nibbles' int16 pair sums added before vpmaddwd (2 * 63 * 127 * 2 fits
 # int16); a tile as two panels of 16 rows, in one pass for one row of x (two passes would fetch the tile's second
 # cache lines while using only its first: at one row, 1.2x on Qwen3-0.6B's layers, 1.4x on its 6-bit LM head).
