@@ -654,11 +654,11 @@ struct NextTileShare(ImplicitlyCopyable):
     var at: Int
     var end: Int
 
-    def __init__(out self, next_tile: Int, tile_bytes: Int, pass_index: Int, passes: Int):
-        """next_tile: the next tile's offset in bytes (0: none, or a single pass)."""
+    def __init__(out self, tile_bytes: Int, pass_index: Int, passes: Int):
+        """tile_bytes: a tile's bytes, the next one's offset (0: no next tile)."""
         var span = ceildiv(tile_bytes, passes * 64) * 64
-        self.at = next_tile + pass_index * span
-        self.end = next_tile + min((pass_index + 1) * span, tile_bytes) if next_tile != 0 and passes > 1 else 0
+        self.at = tile_bytes + pass_index * span
+        self.end = tile_bytes + min((pass_index + 1) * span, tile_bytes) if passes > 1 else 0
 
     @always_inline
     def step(mut self, base: Ptr[DType.uint8]):
@@ -670,7 +670,7 @@ struct NextTileShare(ImplicitlyCopyable):
 @always_inline
 def _quad_panel_tile[a_type: DType, rows: Int, stride: Int = PANEL, fetch: Bool = False, panels: Int = 1](
     y: Ptr[a_type], xq: _QuantizedX, panel: Ptr[DType.uint32], panel_scales: Ptr[F32], scale_stride: Int, m0: Int,
-    n0: Int, N: Int, K: Int, block_k: Int, share: NextTileShare = NextTileShare(0, 0, 0, 1),
+    n0: Int, N: Int, K: Int, block_k: Int, share: NextTileShare = NextTileShare(0, 0, 1),
 ):
     """y[m0 : m0 + rows, n0 : n0 + panels * PANEL] from `panels` quad panels side by side: each step a quad of x
     broadcast against 2 x 16 quads a panel, exact int32 sums per block, then both scales. K: the rows' stride in xq;
@@ -724,7 +724,7 @@ def _quad_panel_rows[a_type: DType, stride: Int = PANEL, stored: Bool = False, p
     var passes = ceildiv(m, tile_rows)
     for m0 in range(0, m, tile_rows):
         var rows = min(tile_rows, m - m0)
-        var share = NextTileShare(next_tile, next_tile, m0 // tile_rows, passes)
+        var share = NextTileShare(next_tile, m0 // tile_rows, passes)
         comptime for r in range(1, tile_rows + 1):
             if rows == r:
                 if stored and m0 == 0:

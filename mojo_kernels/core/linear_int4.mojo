@@ -167,7 +167,7 @@ def _lane_products[c: Int](w: SIMD[DType.uint8, S], x: SIMD[DType.int8, S]) -> S
 @always_inline
 def _tile[a_type: DType, bits: Int, rows: Int, panel: Int, panels: Int, fetch: Bool](
     y: Ptr[a_type], xq: _QuantizedX, wt: _Int4Tiles[bits], tile: Int, m0: Int,
-    share: NextTileShare = NextTileShare(0, 0, 0, 1),
+    share: NextTileShare = NextTileShare(0, 0, 1),
 ):
     """y[m0 : m0 + rows, the tile's PANEL columns from the panel-th, `panels` of them]; `fetch`: the first rows of x,
     which stream the tile from memory; `share`: the next tile's lines this pass asks for (bytes from the tile's)."""
@@ -244,12 +244,12 @@ struct _Int4TileRows[a_type: DType, bits: Int](ChunkTask):
         if self.m == 1:  # the whole tile in one pass: the stream from memory reads every byte it fetches
             _tile[Self.a_type, Self.bits, 1, 0, TILE_ROWS // PANEL, True](ptr(self.y), self.xq, self.wt, item, 0)
         else:  # the passes of the first panel ask for the next tile in shares (linear.NextTileShare)
-            var tile_bytes, passes = self.wt.tile_bytes(), ceildiv(self.m, X_ROWS)
-            var next_tile = tile_bytes if item + 1 < ceildiv(self.wt.n, TILE_ROWS) else 0
+            var passes = ceildiv(self.m, X_ROWS)
+            var next_tile = self.wt.tile_bytes() if item + 1 < ceildiv(self.wt.n, TILE_ROWS) else 0
             comptime for panel in range(TILE_ROWS // PANEL):
                 for m0 in range(0, self.m, X_ROWS):
                     var rows = min(X_ROWS, self.m - m0)
-                    var share = NextTileShare(next_tile if panel == 0 else 0, tile_bytes, m0 // X_ROWS, passes)
+                    var share = NextTileShare(next_tile if panel == 0 else 0, m0 // X_ROWS, passes)
                     comptime for r in range(1, X_ROWS + 1):
                         if rows == r:
                             if m0 == 0 and panel == 0:
