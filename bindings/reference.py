@@ -350,12 +350,14 @@ def quantized_x(x: torch.Tensor, block_k: int) -> torch.Tensor:
 
 
 TILE_ROWS = 4
-"""Weight rows per tile of a float32 / bfloat16 weight in the CPU linear kernel's tiled layout
+"""Weight rows per tile of a bfloat16 weight in the CPU linear kernel's tiled layout
 (mojo_kernels/core/linear.mojo: NR)."""
 TILE_BYTES = 64
-"""Bytes of a float32 / bfloat16 row per run of the tiled layout (linear.mojo: TILE_BYTES)."""
+"""Bytes of a bfloat16 row per run of the tiled layout (linear.mojo: TILE_BYTES)."""
 I8_TILE_ROWS, I8_TILE_COLUMNS = 32, 4
 """An int8 weight's tiles: quads of its rows, 32 rows in turn (linear.mojo: the quad panels vpdpbusd reads)."""
+F32_TILE_ROWS = 32
+"""A float32 weight's tiles: panels of 32 rows, each column's 32 values in turn (linear.mojo: F32_TILE_ROWS)."""
 TILED_DTYPES = (torch.float32, torch.bfloat16, torch.int8)
 PAIR_TILE_ROWS, PAIR_TILE_COLUMNS = 32, 2
 """A bfloat16 weight as pair panels: its column pairs, 32 rows in turn (linear.mojo: PAIR_TILE_ROWS, the words AMX
@@ -365,11 +367,15 @@ AMX_COLUMNS = 32
 
 
 def tile_rows(dtype: torch.dtype, pairs: bool = False) -> int:
-    return PAIR_TILE_ROWS if pairs else I8_TILE_ROWS if dtype == torch.int8 else TILE_ROWS
+    if pairs:
+        return PAIR_TILE_ROWS
+    return {torch.int8: I8_TILE_ROWS, torch.float32: F32_TILE_ROWS}.get(dtype, TILE_ROWS)
 
 
 def tile_columns(dtype: torch.dtype, pairs: bool = False) -> int:
-    return PAIR_TILE_COLUMNS if pairs else I8_TILE_COLUMNS if dtype == torch.int8 else TILE_BYTES // dtype.itemsize
+    if pairs:
+        return PAIR_TILE_COLUMNS
+    return {torch.int8: I8_TILE_COLUMNS, torch.float32: 1}.get(dtype, TILE_BYTES // dtype.itemsize)
 
 
 def can_tile(weight: torch.Tensor, pairs: bool = False) -> bool:
@@ -405,7 +411,7 @@ def tile_scales(scales: torch.Tensor) -> torch.Tensor:
 def untile_weight(tiles: torch.Tensor) -> torch.Tensor:
     """tile_weight's [N, K] weight back from its tiles."""
     n_tiles, k_tiles, rows, cols = tiles.shape
-    return tiles.transpose(1, 2).reshape(n_tiles * rows, k_tiles * cols)
+    return tiles.transpose(1, 2).reshape(n_tiles * rows, k_tiles * cols).contiguous()
 
 
 def linear(

@@ -52,8 +52,12 @@ TILED_LINEAR_SHAPES = [
     (65, 320, 68),
     (130, 1024, 96),
 ]
-"""(M, K, N) with N a multiple of 4 and K of 64 (float32 and bfloat16 tiles): decode and panel paths, serial and
-parallel, partial panels."""
+"""(M, K, N) with N a multiple of 4 and K of 64 (bfloat16 tiles): decode and panel paths, serial and parallel,
+partial panels."""
+F32_TILED_LINEAR_SHAPES = [(1, 37, 32), (1, 1024, 160), (7, 200, 64), (12, 301, 96), (13, 128, 32), (20, 2048, 64),
+                           (64, 301, 96), (130, 1024, 96)]
+"""(M, K, N) with N a multiple of 32 (float32 panels, read in place at every M): every row count of the register
+tile and a partial last one, one pass over a panel and several, serial and parallel, odd K."""
 I8_TILED_LINEAR_SHAPES = [(1, 148, 32), (1, 1024, 160), (7, 192, 64), (20, 2048, 96), (33, 132, 32), (64, 320, 64),
                           (130, 1024, 96)]
 """(M, K, N) with N a multiple of 32 and K of 4 (int8 tiles, read as quad panels): every row count of the register
@@ -420,7 +424,8 @@ def kernel_cases() -> list:
                   for b in INT8_BLOCKS]
         cases += [pytest.param(run_linear_tiled, dtype, (s, w), id=f"linear_tiled-{d}-{str(w).split('.')[-1]}-{s}")
                   for w in ref.TILED_DTYPES
-                  for s in (I8_TILED_LINEAR_SHAPES if w == torch.int8 else TILED_LINEAR_SHAPES)]
+                  for s in {torch.int8: I8_TILED_LINEAR_SHAPES, torch.float32: F32_TILED_LINEAR_SHAPES}.get(
+                      w, TILED_LINEAR_SHAPES)]
         cases += [pytest.param(run_linear_pair_panels, dtype, s, id=f"linear_pair_panels-{d}-{s}")
                   for s in PAIR_PANEL_SHAPES]
         cases += [pytest.param(run_linear_int4, dtype, (s, b, bits), id=f"linear_int4-{d}-{bits}bits-blocks_of_{b}-{s}")

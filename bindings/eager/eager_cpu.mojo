@@ -20,7 +20,7 @@ from mojo_kernels.core.attention.common import check_attention
 from mojo_kernels.core.attention.cpu import attention_cpu
 from mojo_kernels.core.attention.qkv_attention import check_qkv_attention, qkv_attention_cpu
 from mojo_kernels.core.linear import (
-    check_linear, check_linear_tiled, linear_cpu, linear_tiled_cpu, I8_TILED, I8_TILED_EXPERTS,
+    check_linear, check_linear_tiled, linear_cpu, linear_tiled_cpu, F32_TILED, I8_TILED, I8_TILED_EXPERTS,
 )
 from mojo_kernels.core.linear_amx import AMX
 from mojo_kernels.core.linear_int4 import check_linear_int4, linear_int4_cpu
@@ -349,6 +349,10 @@ def int8_experts_tiled() raises -> PythonObject:
     return PythonObject(I8_TILED_EXPERTS)
 
 
+def float32_tiled() raises -> PythonObject:
+    return PythonObject(F32_TILED)
+
+
 def bf16_pair_panels() raises -> PythonObject:
     return PythonObject(AMX)
 
@@ -361,6 +365,8 @@ def _add_ops(mut m: PythonModuleBuilder) raises:
     m.def_function[int8_tiled]("int8_tiled", docstring="Whether the linear kernels read int8 weights fastest tiled.")
     m.def_function[int8_experts_tiled]("int8_experts_tiled", docstring=(
         "Whether the MoE kernels read int8 experts fastest tiled."))
+    m.def_function[float32_tiled]("float32_tiled", docstring=(
+        "Whether the linear kernels read float32 weights fastest tiled (as panels)."))
     m.def_function[bf16_pair_panels]("bf16_pair_panels", docstring=(
         "Whether the linear kernels read bfloat16 weights fastest as pair panels (on AMX tiles)"))
     m.def_function[float32_lanes]("float32_lanes", docstring="float32 lanes of the kernels' vectors (16: AVX-512)")

@@ -30,7 +30,9 @@
 # Tiled weights (mili_linear_tiled, CPU only; float32, bfloat16 and int8): w as [N / R, K / C, R, C], R =
 #   tile_rows, C = tile_k columns: each R rows as C-column runs of each row in turn (bindings/reference.tile_weight
 #   makes them).
-#   float32, bfloat16: R = NR rows, C = TILE_BYTES of a row: the rows of a decode tile lie in memory in the order
+#   float32: R = F32_TILE_ROWS, C = 1: panels read in place at every M, the first pass over the rows of x streaming
+#     them from memory (one row of x: as two streams, the halves of K), the others from L2.
+#   bfloat16: R = NR rows, C = TILE_BYTES of a row: the rows of a decode tile lie in memory in the order
 #     the tile reads them, so a worker streams one sequential run of memory instead of NR rows at once (the model's
 #     linears at batch 1: bfloat16 ~1.1x faster on the AVX2 VM, whose prefetchers keep fewer streams going than the
 #     tile has rows; 1.17x on the Zen 5 VM).
@@ -83,8 +85,18 @@ comptime I8_ROW_TILE = 8
 """Rows of x per int8 decode tile without VNNI (one weight row at a time: an accumulator per row of x)."""
 comptime PANEL = 2 * F32_WIDTH
 """Weight rows per prefill panel: two vectors of y per row of x."""
-comptime PANEL_ROWS = 6
-"""Rows of x per prefill register tile: 12 accumulators, 2 panel vectors and a broadcast (16 AVX2 registers)."""
+comptime PANEL_ROWS = 12 if F32_WIDTH >= 16 else 6
+"""Rows of x per prefill register tile: 2 accumulators a row, 2 panel vectors and a broadcast (AVX2's 16 registers
+take 6 rows, AVX-512's 32 take 12: Qwen3-0.6B's four linears at 512 rows, float32, Intel Xeon without AMX, 0.91x
+torch.matmul's speed with 6 rows, 0.95x with 12)."""
+comptime F32_TILE_ROWS = 32
+"""Rows of a tiled float32 weight: panels [N / 32, K, 32], each k's 32 values in turn (reference.tile_weight), read in
+place at every M by the panel tiles (AVX2: as two panels): nothing widened or packed per call."""
+comptime F32_TILED = F32_WIDTH >= 16
+"""Whether float32 weights are best tiled on this CPU (the model loader asks): with AVX-512. Qwen3-0.6B's four linears
+on an Intel Xeon without AMX, [N, K] -> panels: at 512 rows 0.95x -> 1.03x torch.matmul's speed (each panel packed per
+call -> read in place); 28 layers of them (1.4 GB) at 1 / 8 / 32 rows of x 65-68 -> 64-68, 104-108 -> 81-90 and
+172-175 -> 129-131 ms."""
 comptime PAIR_PANEL_ROWS = 12
 """Rows of x per pair-panel register tile (AVX-512 only): 24 accumulators, 2 panel vectors and a broadcast."""
 comptime PAIR_TILE_ROWS = 32
@@ -151,7 +163,8 @@ LM head at half the memory bandwidth. With the weights on huge pages, 4 KiB ahea
 their NR rows of a tile lie next to each other, and the hardware prefetchers alone streamed them in 0.97x the time."""
 
 comptime QUAD_PREFETCH_BYTES = 16384
-"""How far ahead a quad panel tile prefetches a stored panel: it reads 128 bytes a step (a weight row's decode tile
+"""How far ahead a quad panel tile (and a stored float32 panel's first pass) prefetches a stored panel: it reads 128
+bytes a step (a weight row's decode tile
 32), and at one row of x, Qwen3-30B-A3B's expert linears streamed in 0.97x the decode tiles' time at 16 KiB, 1.2x at
 4 KiB and 1.3x at 32 KiB (Zen 3)."""
 
@@ -163,13 +176,17 @@ def is_scaled[w_type: DType]() -> Bool:
 
 @always_inline
 def tile_k[w_type: DType]() -> Int:
-    """Columns of a tiled weight's row per run: TILE_BYTES of them, int8 a quad."""
+    """Columns of a tiled weight's row per run: TILE_BYTES of them, int8 a quad, float32 one (panels)."""
+    comptime if w_type == DType.float32:
+        return 1
     return 4 if w_type == DType.int8 else TILE_BYTES // size_of[w_type]()
 
 
 @always_inline
 def tile_rows[w_type: DType]() -> Int:
     """Rows of a tiled weight's tile."""
+    comptime if w_type == DType.float32:
+        return F32_TILE_ROWS
     return I8_TILE_ROWS if w_type == DType.int8 else NR
 
 
@@ -500,19 +517,57 @@ def _pack_panel[w_type: DType, tiled: Bool](panel: Ptr[F32], wt: _Weights[w_type
 
 
 @always_inline
-def _panel_tile[a_type: DType, x_type: DType, rows: Int](
+def _ask_ahead[stride: Int](panel: Ptr[F32], at: Int):
+    """Asks for the `stride` values of a float32 panel from `at` on, QUAD_PREFETCH_BYTES ahead."""
+    var ahead = panel.unsafe_bitcast[UInt8]().unsafe_offset(4 * at + QUAD_PREFETCH_BYTES)
+    comptime for line in range(0, 4 * stride, 64):
+        prefetch[PrefetchOptions().for_read().medium_locality()](ahead.unsafe_offset(line))
+
+
+@always_inline
+def _panel_tile[a_type: DType, x_type: DType, rows: Int, stride: Int = PANEL, fetch: Bool = False](
     y: Ptr[a_type], x: Ptr[x_type], panel: Ptr[F32], m0: Int, n0: Int, N: Int, K: Int,
+    share: NextTileShare = NextTileShare(0, 0, 1),
 ):
-    """y[m0 : m0 + rows, n0 : n0 + PANEL] from a packed panel."""
+    """y[m0 : m0 + rows, n0 : n0 + PANEL] from a panel (`stride`: its values' per k, within a wider one); `fetch`:
+    the panel is read from memory, asked for QUAD_PREFETCH_BYTES ahead; `share`: the next tile's lines this pass asks
+    for (bytes from `panel`)."""
+    var next = share
     var acc = Array[SIMD[F32, W], 2 * rows](fill=0)
     for k in range(K):
-        var b0 = panel.unsafe_load[width=W](k * PANEL)
-        var b1 = panel.unsafe_load[width=W](k * PANEL + W)
+        comptime if fetch:
+            _ask_ahead[stride](panel, k * stride)
+        next.step(panel.unsafe_bitcast[UInt8]())
+        var b0 = panel.unsafe_load[width=W](k * stride)
+        var b1 = panel.unsafe_load[width=W](k * stride + W)
         comptime for i in range(rows):
             var a = SIMD[F32, W](load_f32[x_type, 1](x, (m0 + i) * K + k)[0])
             acc[2 * i] = a.fma(b0, acc[2 * i])
             acc[2 * i + 1] = a.fma(b1, acc[2 * i + 1])
     _store_panel_rows[a_type, rows, W](y, acc, m0, n0, N)
+
+
+@always_inline
+def _panel_row[a_type: DType, x_type: DType, stride: Int](
+    y: Ptr[a_type], x: Ptr[x_type], panel: Ptr[F32], n0: Int, N: Int, K: Int,
+):
+    """y[0, n0 : n0 + PANEL] from a panel read from memory as two streams, its two halves of K side by side."""
+    var half = K // 2
+    var acc = Array[SIMD[F32, W], 4](fill=0)
+    for k in range(half):
+        comptime for part in range(2):
+            var at = (k + part * half) * stride
+            _ask_ahead[stride](panel, at)
+            var a = SIMD[F32, W](load_f32[x_type, 1](x, k + part * half)[0])
+            acc[2 * part] = a.fma(panel.unsafe_load[width=W](at), acc[2 * part])
+            acc[2 * part + 1] = a.fma(panel.unsafe_load[width=W](at + W), acc[2 * part + 1])
+    for k in range(2 * half, K):
+        var a = SIMD[F32, W](load_f32[x_type, 1](x, k)[0])
+        acc[0] = a.fma(panel.unsafe_load[width=W](k * stride), acc[0])
+        acc[1] = a.fma(panel.unsafe_load[width=W](k * stride + W), acc[1])
+    var sums = Array[SIMD[F32, W], 2](fill=0)
+    sums[0], sums[1] = acc[0] + acc[2], acc[1] + acc[3]
+    _store_panel_rows[a_type, 1, W](y, sums, 0, n0, N)
 
 
 @always_inline
@@ -780,8 +835,9 @@ struct _DecodeTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
             _decode_tile[Self.a_type, Self.w_type, Self.tiled, rows, cols, first](ptr(self.y), ptr(self.x), self.wt, m0, n0)
 
 
-struct _PanelTiles[a_type: DType, x_type: DType, w_type: DType, tiled: Bool](ChunkTask):
-    """Item: a PANEL of weight rows, widened once, against every row of x."""
+struct _PanelTiles[a_type: DType, x_type: DType, w_type: DType, tiled: Bool, stored: Bool = False](ChunkTask):
+    """Item: a PANEL of weight rows, widened once, against every row of x (stored: F32_TILE_ROWS rows of a float32
+    weight's panels, read in place)."""
 
     var y: Addr[Self.a_type]
     var x: Addr[Self.x_type]
@@ -792,6 +848,9 @@ struct _PanelTiles[a_type: DType, x_type: DType, w_type: DType, tiled: Bool](Chu
         self.y, self.x, self.wt, self.m = addr(y), addr(x), wt, m
 
     def run(self, item: Int):
+        comptime if Self.stored:
+            self._stored(item)
+            return
         var buffer = List[Float32](unsafe_uninit_length=self.wt.k * PANEL)  # _pack_panel writes all of it
         var panel = list_ptr(buffer)
         var n0 = item * PANEL
@@ -802,6 +861,32 @@ struct _PanelTiles[a_type: DType, x_type: DType, w_type: DType, tiled: Bool](Chu
             comptime for r in range(1, PANEL_ROWS + 1):
                 if rows == r:
                     _panel_tile[Self.a_type, Self.x_type, r](ptr(self.y), ptr(self.x), panel, m0, n0, self.wt.n, self.wt.k)
+
+    def _stored(self, item: Int):
+        """The first pass over the rows of x streams the panels from memory, the others read them from L2 and ask
+        for shares of the next tile (NextTileShare)."""
+        comptime assert Self.w_type == DType.float32 and Self.tiled, "stored panels are tiled float32 weights"
+        var n0, K = item * F32_TILE_ROWS, self.wt.k
+        var panel = ptr(self.wt.w).unsafe_bitcast[Float32]().unsafe_offset(n0 * K)
+        var next_tile = F32_TILE_ROWS * K * size_of[F32]() if n0 + F32_TILE_ROWS < self.wt.n else 0
+        var passes = ceildiv(self.m, PANEL_ROWS)
+        if self.m == 1:
+            comptime for half in range(0, F32_TILE_ROWS, PANEL):
+                _panel_row[Self.a_type, Self.x_type, F32_TILE_ROWS](
+                    ptr(self.y), ptr(self.x), panel.unsafe_offset(half), n0 + half, self.wt.n, K)
+            return
+        comptime for half in range(0, F32_TILE_ROWS, PANEL):
+            for m0 in range(0, self.m, PANEL_ROWS):
+                var rows = min(PANEL_ROWS, self.m - m0)
+                var share = NextTileShare(next_tile if half == 0 else 0, m0 // PANEL_ROWS, passes)
+                comptime for r in range(1, PANEL_ROWS + 1):
+                    if rows == r:
+                        if m0 == 0 and half == 0:
+                            _panel_tile[Self.a_type, Self.x_type, r, F32_TILE_ROWS, True](
+                                ptr(self.y), ptr(self.x), panel, m0, n0, self.wt.n, K, share)
+                        else:
+                            _panel_tile[Self.a_type, Self.x_type, r, F32_TILE_ROWS](
+                                ptr(self.y), ptr(self.x), panel.unsafe_offset(half), m0, n0 + half, self.wt.n, K, share)
 
 
 struct _PairPanelTiles[a_type: DType, w_type: DType, tiled: Bool, stored: Bool = False](ChunkTask):
@@ -1089,7 +1174,9 @@ def linear_cpu[a_type: DType, w_type: DType, R: Runner, tiled: Bool = False](
         return
     var wt = _Weights[w_type, tiled](w, scales, n, k, block_k)
     var serial = m * n * k <= SERIAL_MACS
-    comptime if tiled and w_type == DType.int8:
+    comptime if tiled and w_type == DType.float32:
+        runner.run(_PanelTiles[a_type, a_type, w_type, tiled, stored=True](y, x, wt, m), n // F32_TILE_ROWS, serial)
+    elif tiled and w_type == DType.int8:
         var amx = use_amx[DType.int8](m, wt.block_k)
         var q = List[Int8]()
         var q_scales = List[Float32]()

@@ -183,15 +183,19 @@ class Qwen3CausalLM:
         return convert(weight, weight_dtype, self.dtype)
 
     def _tileable(self, weight: LinearWeight, experts: bool = False) -> bool:
-        """Whether the Mojo decode kernel reads weight (an MoE expert's: experts) in an order of its own
-        (bindings/reference.tile_weight; batch-1 decode 1.1-1.3x faster): bfloat16, and int8 where the CPU multiplies
-        its quads (linear.mojo's I8_TILED, I8_TILED_EXPERTS). float32 stays [N, K]: its kernel streams as fast
-        without, and slower with."""
+        """Whether the Mojo kernels read weight (an MoE expert's: experts) in an order of their own
+        (bindings/reference.tile_weight): bfloat16 (batch-1 decode 1.1-1.3x faster), int8 where the CPU multiplies
+        its quads (linear.mojo's I8_TILED, I8_TILED_EXPERTS), float32 dense linears as panels with AVX-512
+        (F32_TILED: prefill linears 1.07x faster)."""
         if self.backend != "mojo" or self.device.type != "cpu":
             return False
         if isinstance(weight, QuantizedWeight):
             return _tiles_int8(weight, experts)
-        return isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16 and can_tile(weight)
+        if not (isinstance(weight, torch.Tensor) and can_tile(weight)):
+            return False
+        if weight.dtype == torch.float32:
+            return not experts and library.eager_cpu_module().float32_tiled()
+        return weight.dtype == torch.bfloat16
 
     def _tiled(self, weight: LinearWeight, panels: bool = False) -> LinearWeight:
         """weight in the order the Mojo decode kernel reads it, where it has one (else weight itself); panels: a

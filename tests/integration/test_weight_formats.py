@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from bindings import library
+from bindings.reference import untile_weight
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.config import Qwen3Config
 from python_layer.model.int4_checkpoints import write_int4_checkpoint
@@ -235,7 +236,7 @@ def test_awq_and_gptq_checkpoints_load_with_no_flag(int4_dense: Path, tmp_path: 
     assert engine.model.weight_dtype == "int4"
     assert isinstance(engine.model.layers[0].qkv_proj, Int4Weight) == repacked
     # the int4 weights are the exact ones but for their mins -z * s rounded to float16
-    ours, theirs = _dequantized(engine.model.layers[1].down_proj), exact.model.layers[1].down_proj
+    ours, theirs = _dequantized(engine.model.layers[1].down_proj), _dequantized(exact.model.layers[1].down_proj)
     assert (ours - theirs).abs().max() <= theirs.abs().max() * 2.0**-10
     prompts = _prompts(engine.model.config.vocab_size, seed=5)
     _assert_greedy_agrees(engine.generate(prompts, GREEDY_TOP2), reference.generate(prompts, GREEDY_TOP2))
@@ -248,4 +249,7 @@ def test_awq_and_gptq_checkpoints_load_with_no_flag(int4_dense: Path, tmp_path: 
 
 
 def _dequantized(weight) -> torch.Tensor:
-    return weight if isinstance(weight, torch.Tensor) else weight.dequantize()
+    """A weight as [N, K] values: float32 ones may be tiled as panels (reference.tile_weight)."""
+    if isinstance(weight, torch.Tensor):
+        return untile_weight(weight) if weight.dim() == 4 else weight
+    return weight.dequantize()
