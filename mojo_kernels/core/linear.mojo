@@ -164,9 +164,8 @@ their NR rows of a tile lie next to each other, and the hardware prefetchers alo
 
 comptime QUAD_PREFETCH_BYTES = 16384
 """How far ahead a quad panel tile (and a stored float32 panel's first pass) prefetches a stored panel: it reads 128
-bytes a step (a weight row's decode tile
-32), and at one row of x, Qwen3-30B-A3B's expert linears streamed in 0.97x the decode tiles' time at 16 KiB, 1.2x at
-4 KiB and 1.3x at 32 KiB (Zen 3)."""
+bytes a step (a weight row's decode tile 32), and at one row of x, Qwen3-30B-A3B's expert linears streamed in 0.97x
+the decode tiles' time at 16 KiB, 1.2x at 4 KiB and 1.3x at 32 KiB (Zen 3)."""
 
 
 @always_inline
