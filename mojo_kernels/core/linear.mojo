@@ -516,10 +516,11 @@ def _pack_panel[w_type: DType, tiled: Bool](panel: Ptr[F32], wt: _Weights[w_type
 
 
 @always_inline
-def _ask_ahead[stride: Int](panel: Ptr[F32], at: Int):
-    """Asks for the `stride` values of a float32 panel from `at` on, QUAD_PREFETCH_BYTES ahead."""
-    var ahead = panel.unsafe_bitcast[UInt8]().unsafe_offset(4 * at + QUAD_PREFETCH_BYTES)
-    comptime for line in range(0, 4 * stride, 64):
+def _ask_ahead[p_type: DType, //, count: Int](panel: Ptr[p_type], at: Int):
+    """Asks for the `count` values of a stored panel from `at` on, QUAD_PREFETCH_BYTES ahead."""
+    comptime size = size_of[p_type]()
+    var ahead = panel.unsafe_bitcast[UInt8]().unsafe_offset(size * at + QUAD_PREFETCH_BYTES)
+    comptime for line in range(0, size * count, 64):
         prefetch[PrefetchOptions().for_read().medium_locality()](ahead.unsafe_offset(line))
 
 
@@ -740,9 +741,7 @@ def _quad_panel_tile[a_type: DType, rows: Int, stride: Int = PANEL, fetch: Bool 
         var dots = Array[SIMD[DType.int32, DOT_LANES], vectors * rows](fill=0)
         for kq in range(kb * block_k // 4, ceildiv(min(K, kb * block_k + block_k), 4)):
             comptime if fetch:
-                var ahead = panel.unsafe_bitcast[UInt8]().unsafe_offset(4 * kq * stride + QUAD_PREFETCH_BYTES)
-                comptime for line in range(0, 4 * PANEL * panels, 64):
-                    prefetch[PrefetchOptions().for_read().medium_locality()](ahead.unsafe_offset(line))
+                _ask_ahead[PANEL * panels](panel, kq * stride)
             next.step(panel.unsafe_bitcast[UInt8]())
             var b = Array[SIMD[DType.int8, 4 * DOT_LANES], vectors](fill=0)
             comptime for v in range(vectors):
@@ -867,13 +866,13 @@ struct _PanelTiles[a_type: DType, x_type: DType, w_type: DType, tiled: Bool, sto
         comptime assert Self.w_type == DType.float32 and Self.tiled, "stored panels are tiled float32 weights"
         var n0, K = item * F32_TILE_ROWS, self.wt.k
         var panel = ptr(self.wt.w).unsafe_bitcast[Float32]().unsafe_offset(n0 * K)
-        var next_tile = F32_TILE_ROWS * K * size_of[F32]() if n0 + F32_TILE_ROWS < self.wt.n else 0
-        var passes = ceildiv(self.m, PANEL_ROWS)
         if self.m == 1:
             comptime for half in range(0, F32_TILE_ROWS, PANEL):
                 _panel_row[Self.a_type, Self.x_type, F32_TILE_ROWS](
                     ptr(self.y), ptr(self.x), panel.unsafe_offset(half), n0 + half, self.wt.n, K)
             return
+        var next_tile = F32_TILE_ROWS * K * size_of[F32]() if n0 + F32_TILE_ROWS < self.wt.n else 0
+        var passes = ceildiv(self.m, PANEL_ROWS)
         comptime for half in range(0, F32_TILE_ROWS, PANEL):
             for m0 in range(0, self.m, PANEL_ROWS):
                 var rows = min(PANEL_ROWS, self.m - m0)
