@@ -60,8 +60,11 @@ F32_TILED_LINEAR_SHAPES = [(1, 37, 32), (1, 1024, 160), (7, 200, 64), (12, 301, 
 tile and a partial last one, one pass over a panel and several, serial and parallel, odd K."""
 I8_TILED_LINEAR_SHAPES = [(1, 148, 32), (1, 1024, 160), (7, 192, 64), (20, 2048, 96), (33, 132, 32), (64, 320, 64),
                           (130, 1024, 96)]
-"""(M, K, N) with N a multiple of 32 and K of 4 (int8 tiles, read as quad panels): every row count of the register
-tile, serial and parallel, partial last blocks of 128 columns."""
+"""(M, K, N) with N a multiple of 32 and K of 4 (int8 tiles, read as quad panels): serial and parallel, partial last
+blocks of 128 columns."""
+QUAD_ROW_SHAPES = [(2, 132, 96), (3, 68, 32), (5, 200, 64), (6, 132, 32), (11, 260, 96)]
+"""(M, K, N) for 4-bit weights and int8 tiles: with LINEAR_SHAPES' and I8_TILED_LINEAR_SHAPES' M (their passes' last
+rows), every row count of the quad-panel register tiles (12 rows of x with AVX-512)."""
 ATTENTION_HEADS = [(8, 8, 64), (16, 8, 128), (8, 2, 128), (16, 2, 128), (4, 2, 44), (10, 2, 128)]
 """GQA ratios 1, 2, 4, 8 and 5 (Qwen3-14B); 44: vector tails."""
 EIGHT_BIT_KV = [torch.int8, torch.float8_e4m3fn]
@@ -424,12 +427,13 @@ def kernel_cases() -> list:
                   for b in INT8_BLOCKS]
         cases += [pytest.param(run_linear_tiled, dtype, (s, w), id=f"linear_tiled-{d}-{str(w).split('.')[-1]}-{s}")
                   for w in ref.TILED_DTYPES
-                  for s in {torch.int8: I8_TILED_LINEAR_SHAPES, torch.float32: F32_TILED_LINEAR_SHAPES}.get(
-                      w, TILED_LINEAR_SHAPES)]
+                  for s in {torch.int8: I8_TILED_LINEAR_SHAPES + QUAD_ROW_SHAPES,
+                            torch.float32: F32_TILED_LINEAR_SHAPES}.get(w, TILED_LINEAR_SHAPES)]
         cases += [pytest.param(run_linear_pair_panels, dtype, s, id=f"linear_pair_panels-{d}-{s}")
                   for s in PAIR_PANEL_SHAPES]
         cases += [pytest.param(run_linear_int4, dtype, (s, b, bits), id=f"linear_int4-{d}-{bits}bits-blocks_of_{b}-{s}")
-                  for bits in ref.PACKED_BITS for b in INT4_BLOCKS for s in LINEAR_SHAPES if b != 256 or s[1] > 128]
+                  for bits in ref.PACKED_BITS for b in INT4_BLOCKS for s in LINEAR_SHAPES + QUAD_ROW_SHAPES
+                  if b != 256 or s[1] > 128]
         cases += [pytest.param(run_moe, dtype, (s, f, i % 2 == 0), id=f"moe-{d}-{f}-{s}")
                   for f in MOE_FORMATS for i, s in enumerate(MOE_TILED_SHAPES if f.endswith("tiled") else MOE_SHAPES)]
     group = lambda runner, dtype: pytest.mark.xdist_group(f"{runner.__name__}-{dtype}")
