@@ -151,8 +151,9 @@ comptime I8_ROWS = 2
 comptime QUAD_TILE_SUMS = 24 if DOT_LANES == 16 else 8
 """int32 block sums per int8 quad-panel register tile. AVX-512: 12 rows of x by a panel's 2 vectors, with 2 panel
 vectors and a broadcast; LLVM keeps the float32 totals, touched once a block, in L1 (Qwen3-0.6B's four linears, 12
-layers, Intel Xeon without AMX: 6 rows 16.6-16.8 ms at 32 rows of x, 12 rows 15.0-15.7; 10.1 / 9.6 at 16). AVX2's 16
-registers take 8 (a linear of Qwen3-0.6B's MLP shape on one Zen 3 core, GMAC/s: 12 sums 52, 6 sums 62, 8 sums 66)."""
+layers, Intel Xeon without AMX, 6 rows against 12: 16.6-16.8 against 15.0-15.7 ms at 32 rows of x, 9.7-10.1 against
+9.4-9.7 at 16). AVX2's 16 registers take 8 (a linear of Qwen3-0.6B's MLP shape on one Zen 3 core, GMAC/s: 12 sums 52,
+6 sums 62, 8 sums 66)."""
 comptime TILE_BYTES = 64
 """Bytes of each weight row per step of a tiled float32 / bfloat16 weight's stream: a cache line."""
 comptime I8_TILE_ROWS = 32
