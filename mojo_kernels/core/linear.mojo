@@ -150,10 +150,11 @@ comptime I8_ROWS = 2
 """Rows of x per int8 decode tile with VNNI: an int32 block sum and a float32 total per pair, 2 x NR x 2 vectors."""
 comptime QUAD_TILE_SUMS = 24 if DOT_LANES == 16 else 8
 """int32 block sums per int8 quad-panel register tile. AVX-512: 12 rows of x by a panel's 2 vectors, with 2 panel
-vectors and a broadcast; LLVM keeps the float32 totals, touched once a block, in L1 (Qwen3-0.6B's four linears, 12
-layers, Intel Xeon without AMX, 6 rows against 12: 16.6-16.8 against 15.0-15.7 ms at 32 rows of x, 9.7-10.1 against
-9.4-9.7 at 16). AVX2's 16 registers take 8 (a linear of Qwen3-0.6B's MLP shape on one Zen 3 core, GMAC/s: 12 sums 52,
-6 sums 62, 8 sums 66)."""
+vectors and a broadcast; LLVM keeps the float32 totals, touched once a block, in L1. Qwen3-0.6B's four linears, 28
+layers (beyond the caches), Intel Xeon without AMX, best of 5 against 6 rows a pass: 33.2-33.7 against 35.5-37.1 ms
+at 32 rows of x, 22.7-25.4 against 23.4-23.9 at 16, but 20.4-21.6 against 19.4 at 8 (one pass of 8 rows: 6 + 2 let the
+second pass ask for the next tile). AVX2's 16 registers take 8 (a linear of Qwen3-0.6B's MLP shape on one Zen 3 core,
+GMAC/s: 12 sums 52, 6 sums 62, 8 sums 66)."""
 comptime TILE_BYTES = 64
 """Bytes of each weight row per step of a tiled float32 / bfloat16 weight's stream: a cache line."""
 comptime I8_TILE_ROWS = 32

@@ -54,8 +54,9 @@ comptime S = 4 * DOT_LANES
 comptime X_ROWS = QUAD_TILE_SUMS // 2 if DOT_LANES == 16 else 3
 """Rows of x per register tile. AVX-512: 24 int32 block sums, 4 weight vectors and 2 broadcasts, the float32 totals in
 L1 (LLVM spills them: touched once a block). Each pass unpacks the tile's nibbles again: 12 rows against 6 took Qwen3-
-0.6B's four linears, 12 layers, Intel Xeon without AMX, from 5.0-5.1 to 4.4-4.5 ms at 8 rows of x, 15.6-16.0 to
-14.9-15.0 at 32. AVX2's 16 registers take 3 rows, the totals in registers."""
+0.6B's four linears, Intel Xeon without AMX, from 5.0-5.1 to 4.4-4.5 ms at 8 rows of x and 15.6-16.0 to 14.9-15.0 at 32
+over 12 layers, 12.4 to 12.1 and 31.2 to 30.0 over 28 (beyond the caches; 17.3 at 16 rows either way). AVX2's 16
+registers take 3 rows, the totals in registers."""
 
 
 struct _Int4Tiles[bits: Int](ImplicitlyCopyable):
