@@ -62,9 +62,9 @@ I8_TILED_LINEAR_SHAPES = [(1, 148, 32), (1, 1024, 160), (7, 192, 64), (20, 2048,
                           (130, 1024, 96)]
 """(M, K, N) with N a multiple of 32 and K of 4 (int8 tiles, read as quad panels): serial and parallel, partial last
 blocks of 128 columns."""
-QUAD_ROW_SHAPES = [(2, 132, 96), (3, 68, 32), (5, 200, 64), (6, 132, 32), (11, 260, 96)]
-"""(M, K, N) for 4-bit weights and int8 tiles: with LINEAR_SHAPES' and I8_TILED_LINEAR_SHAPES' M (their passes' last
-rows), every row count of the quad-panel register tiles (12 rows of x with AVX-512)."""
+QUAD_ROW_SHAPES = [(2, 132, 96), (3, 68, 32), (4, 132, 64), (5, 200, 64), (6, 132, 32), (11, 260, 96), (15, 200, 96)]
+"""(M, K, N) for 4-bit weights and int8 tiles: with LINEAR_SHAPES' and I8_TILED_LINEAR_SHAPES' M (the passes'
+rows, linear.row_passes), every row count of the quad-panel register tiles (12 rows of x with AVX-512)."""
 ATTENTION_HEADS = [(8, 8, 64), (16, 8, 128), (8, 2, 128), (16, 2, 128), (4, 2, 44), (10, 2, 128)]
 """GQA ratios 1, 2, 4, 8 and 5 (Qwen3-14B); 44: vector tails."""
 EIGHT_BIT_KV = [torch.int8, torch.float8_e4m3fn]

@@ -152,9 +152,9 @@ comptime QUAD_TILE_SUMS = 24 if DOT_LANES == 16 else 8
 """int32 block sums per int8 quad-panel register tile. AVX-512: 12 rows of x by a panel's 2 vectors, with 2 panel
 vectors and a broadcast; LLVM keeps the float32 totals, touched once a block, in L1. Qwen3-0.6B's four linears, 28
 layers (beyond the caches), Intel Xeon without AMX, best of 5 against 6 rows a pass: 33.2-33.7 against 35.5-37.1 ms
-at 32 rows of x, 22.7-25.4 against 23.4-23.9 at 16, but 20.4-21.6 against 19.4 at 8 (one pass of 8 rows: 6 + 2 let the
-second pass ask for the next tile). AVX2's 16 registers take 8 (a linear of Qwen3-0.6B's MLP shape on one Zen 3 core,
-GMAC/s: 12 sums 52, 6 sums 62, 8 sums 66)."""
+at 32 rows of x, 22.7-25.4 against 23.4-23.9 at 16; at 8 rows 20.5-20.7 either way (bound by the memory bus, in one
+pass, 6 + 2 or 4 + 4). AVX2's 16 registers take 8 (a linear of Qwen3-0.6B's MLP shape on one Zen 3 core, GMAC/s: 12
+sums 52, 6 sums 62, 8 sums 66)."""
 comptime TILE_BYTES = 64
 """Bytes of each weight row per step of a tiled float32 / bfloat16 weight's stream: a cache line."""
 comptime I8_TILE_ROWS = 32
@@ -768,27 +768,59 @@ def _quad_panel_tile[a_type: DType, rows: Int, stride: Int = PANEL, fetch: Bool 
         _store_panel_rows[a_type, rows, DOT_LANES](y, part, m0, n0 + p * PANEL, N)
 
 
-def _quad_panel_rows[a_type: DType, stride: Int = PANEL, stored: Bool = False, panels: Int = 1](
-    y: Ptr[a_type], xq: _QuantizedX, panel: Ptr[DType.uint32], panel_scales: Ptr[F32], scale_stride: Int, m: Int,
-    n0: Int, N: Int, K: Int, block_k: Int, next_tile: Int = 0,
-):
-    """y[:, n0 : n0 + panels * PANEL] from quad panels side by side, as many rows of x at a time as QUAD_TILE_SUMS
-    allow (see _quad_panel_tile); `stored`: the panels are the weight itself in memory, prefetched by the first rows'
-    pass (the next ones find them in L2); next_tile: the bytes from `panel` to the next tile (0: none), which the
-    passes ask for in shares (NextTileShare)."""
-    comptime tile_rows = QUAD_TILE_SUMS // (2 * panels)
-    var passes = ceildiv(m, tile_rows)
-    for m0 in range(0, m, tile_rows):
-        var rows = min(tile_rows, m - m0)
-        var share = NextTileShare(next_tile, m0 // tile_rows, passes)
-        comptime for r in range(1, tile_rows + 1):
+trait RowPass(ImplicitlyCopyable):
+    """A weight tile against one pass over the rows of x (row_passes)."""
+
+    def rows_pass[rows: Int, fetch: Bool](self, m0: Int, share: NextTileShare):
+        """y for rows m0 : m0 + rows of x; `fetch`: this pass streams the tile from memory; `share`: the next tile's
+        lines it asks for."""
+        ...
+
+
+def row_passes[T: RowPass, //, most_rows: Int](tile: T, m: Int, fetch: Bool, next_tile: Int = 0):
+    """tile against m rows of x in as few passes as take at most most_rows rows each, their rows as even as can be
+    (16 rows as 8 + 8, not 12 + 4: Qwen3-0.6B's four linears, 28 layers, Intel Xeon without AMX, best of 5 alternated
+    runs, int4 16.0-16.2 against 17.6-18.5 ms, int8 22.1-23.9 against 22.8-29.0; at 32-64 rows 1.02-1.04x). fetch:
+    the first pass streams the tile from memory; next_tile: the bytes from the tile to the next one (0: none), which
+    the passes ask for in shares (NextTileShare)."""
+    var pass_rows = ceildiv(m, ceildiv(m, most_rows))
+    var passes = ceildiv(m, pass_rows)
+    for m0 in range(0, m, pass_rows):
+        var rows = min(pass_rows, m - m0)
+        var share = NextTileShare(next_tile, m0 // pass_rows, passes)
+        comptime for r in range(1, most_rows + 1):
             if rows == r:
-                if stored and m0 == 0:
-                    _quad_panel_tile[a_type, r, stride, True, panels](
-                        y, xq, panel, panel_scales, scale_stride, m0, n0, N, K, block_k, share)
+                if fetch and m0 == 0:
+                    tile.rows_pass[r, True](m0, share)
                 else:
-                    _quad_panel_tile[a_type, r, stride, False, panels](
-                        y, xq, panel, panel_scales, scale_stride, m0, n0, N, K, block_k, share)
+                    tile.rows_pass[r, False](m0, share)
+
+
+struct _QuadPanelPass[a_type: DType, stride: Int, panels: Int](RowPass):
+    """`panels` quad panels side by side against a pass over the rows of x (_quad_panel_tile)."""
+
+    var y: Addr[Self.a_type]
+    var xq: _QuantizedX
+    var panel: Addr[DType.uint32]
+    var panel_scales: Addr[F32]
+    var scale_stride: Int
+    var n0: Int
+    var N: Int
+    var K: Int
+    var block_k: Int
+
+    def __init__(
+        out self, y: Ptr[Self.a_type], xq: _QuantizedX, panel: Ptr[DType.uint32], panel_scales: Ptr[F32],
+        scale_stride: Int, n0: Int, N: Int, K: Int, block_k: Int,
+    ):
+        self.y, self.xq, self.panel, self.panel_scales = addr(y), xq, addr(panel), addr(panel_scales)
+        self.scale_stride, self.n0, self.N, self.K, self.block_k = scale_stride, n0, N, K, block_k
+
+    def rows_pass[rows: Int, fetch: Bool](self, m0: Int, share: NextTileShare):
+        _quad_panel_tile[Self.a_type, rows, Self.stride, fetch, Self.panels](
+            ptr(self.y), self.xq, ptr(self.panel), ptr(self.panel_scales), self.scale_stride, m0, self.n0, self.N,
+            self.K, self.block_k, share,
+        )
 
 
 struct _DecodeTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
@@ -1017,8 +1049,11 @@ struct _QuadPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
         var panel, panel_scales = list_ptr(buffer), list_ptr(scale_buffer)
         var n0 = item * PANEL
         _pack_quad_panel(panel, panel_scales, self.wt, n0)
-        _quad_panel_rows(ptr(self.y), self.xq, panel, panel_scales, PANEL, self.m, n0, self.wt.n, self.wt.k,
-                         self.wt.block_k)
+        var tile = _QuadPanelPass[Self.a_type, PANEL, 1](
+            ptr(self.y), self.xq, panel, panel_scales, PANEL, n0, self.wt.n, self.wt.k, self.wt.block_k)
+        row_passes[QUAD_TILE_SUMS // 2](tile, self.m, False)
+        _ = buffer^
+        _ = scale_buffer^
 
 
 struct _QuantizeRows[a_type: DType](ChunkTask):
@@ -1156,15 +1191,16 @@ struct _StoredQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
                     comptime for at in range(0, I8_TILE_ROWS, 64 // size_of[F32]()):
                         prefetch[PrefetchOptions().for_read().medium_locality()](
                             scales.unsafe_offset(kb * N + I8_TILE_ROWS + at))
-            _quad_panel_rows[stride=I8_TILE_ROWS, stored=True, panels=panels](
-                ptr(self.y), self.xq, panel, scales, N, self.m, n0, N, self.wt.k, self.wt.block_k)
+            var tile = _QuadPanelPass[Self.a_type, I8_TILE_ROWS, panels](
+                ptr(self.y), self.xq, panel, scales, N, n0, N, self.wt.k, self.wt.block_k)
+            row_passes[QUAD_TILE_SUMS // (2 * panels)](tile, self.m, True)
             return
         var next_tile = I8_TILE_ROWS * self.wt.k if n0 + I8_TILE_ROWS < N else 0
         comptime for half in range(0, I8_TILE_ROWS, PANEL):
-            _quad_panel_rows[stride=I8_TILE_ROWS, stored=True](
-                ptr(self.y), self.xq, panel.unsafe_offset(half), scales.unsafe_offset(half), N, self.m, n0 + half, N,
-                self.wt.k, self.wt.block_k, next_tile if half == 0 else 0,
-            )
+            var tile = _QuadPanelPass[Self.a_type, I8_TILE_ROWS, 1](
+                ptr(self.y), self.xq, panel.unsafe_offset(half), scales.unsafe_offset(half), N, n0 + half, N,
+                self.wt.k, self.wt.block_k)
+            row_passes[QUAD_TILE_SUMS // 2](tile, self.m, True, next_tile if half == 0 else 0)
 
 
 def linear_cpu[a_type: DType, w_type: DType, R: Runner, tiled: Bool = False](

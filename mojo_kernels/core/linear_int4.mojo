@@ -12,10 +12,10 @@
 # x is quantized to int8 per row and block of block_k columns as for int8 weights (reference.quantized_x, as
 # llama.cpp's q4 formats do with q8): per block, sum_k w x = sx * (s * sum_k q xq + m * sum_k xq), exact int32 sums
 # then the scales.
-# CPU: every number of rows reads the tiles in place, X_ROWS rows of x at a time, a tile's groups streamed once from
-# memory (prefetched PREFETCH_BYTES ahead) for the first rows of x and from cache for the next, every pass asking for a
-# share of the next tile (linear.NextTileShare). With VNNI one row of x keeps two chains of dot products per vector
-# of weights (low and high nibbles), else vpdpbusd's latency bounds it.
+# CPU: every number of rows reads the tiles in place, up to X_ROWS rows of x a pass (linear.row_passes), a tile's groups
+# streamed once from memory (prefetched PREFETCH_BYTES ahead) for the first rows of x and from cache for the next, every
+# pass asking for a share of the next tile (linear.NextTileShare). With VNNI one row of x keeps two chains of dot
+# products per vector of weights (low and high nibbles), else vpdpbusd's latency bounds it.
 # AVX2: vpmaddubsw + vpmaddwd, the low and high nibbles' int16 pair sums added before vpmaddwd (2 * 63 * 127 * 2 fits
 # int16); a tile as two panels of 16 rows, in one pass for one row of x (two passes would fetch the tile's second
 # cache lines while using only its first: at one row, 1.2x on Qwen3-0.6B's layers, 1.4x on its 6-bit LM head).
@@ -34,7 +34,7 @@ from ..utils.parallel import ChunkTask, MojoThreads, Runner
 from ..utils.types import addr, ptr, list_ptr, zero_f32, Addr, F16, F32, Ptr, check_same
 from .linear import (
     _QuantizedX, _add_block_dots, _broadcast_quad, _quantized_x, _store_block, _store_panel_rows, DOT_LANES, I8_DOT,
-    I8_MADD, NextTileShare, PANEL, PREFETCH_BYTES, QUAD_TILE_SUMS, SERIAL_MACS,
+    I8_MADD, NextTileShare, PANEL, PREFETCH_BYTES, QUAD_TILE_SUMS, RowPass, SERIAL_MACS, row_passes,
 )
 from .linear_amx import (
     AMX, AMX_BLOCK, AMX_ROWS, amx_k, amx_padded, amx_rows, amx_steps, amx_store, amx_zero, configure_tiles,
@@ -247,20 +247,25 @@ struct _Int4TileRows[a_type: DType, bits: Int](ChunkTask):
         if self.m == 1:  # the whole tile in one pass: the stream from memory reads every byte it fetches
             _tile[Self.a_type, Self.bits, 1, 0, TILE_ROWS // PANEL, True](ptr(self.y), self.xq, self.wt, item, 0)
         else:  # the passes of the first panel ask for the next tile in shares (linear.NextTileShare)
-            var passes = ceildiv(self.m, X_ROWS)
             var next_tile = self.wt.tile_bytes() if item + 1 < ceildiv(self.wt.n, TILE_ROWS) else 0
             comptime for panel in range(TILE_ROWS // PANEL):
-                for m0 in range(0, self.m, X_ROWS):
-                    var rows = min(X_ROWS, self.m - m0)
-                    var share = NextTileShare(next_tile if panel == 0 else 0, m0 // X_ROWS, passes)
-                    comptime for r in range(1, X_ROWS + 1):
-                        if rows == r:
-                            if m0 == 0 and panel == 0:
-                                _tile[Self.a_type, Self.bits, r, panel, 1, True](
-                                    ptr(self.y), self.xq, self.wt, item, m0, share)
-                            else:
-                                _tile[Self.a_type, Self.bits, r, panel, 1, False](
-                                    ptr(self.y), self.xq, self.wt, item, m0, share)
+                var tile = _Int4PanelPass[Self.a_type, Self.bits, panel](ptr(self.y), self.xq, self.wt, item)
+                row_passes[X_ROWS](tile, self.m, panel == 0, next_tile if panel == 0 else 0)
+
+
+struct _Int4PanelPass[a_type: DType, bits: Int, panel: Int](RowPass):
+    """A tile's panel-th PANEL columns against a pass over the rows of x (_tile)."""
+
+    var y: Addr[Self.a_type]
+    var xq: _QuantizedX
+    var wt: _Int4Tiles[Self.bits]
+    var tile: Int
+
+    def __init__(out self, y: Ptr[Self.a_type], xq: _QuantizedX, wt: _Int4Tiles[Self.bits], tile: Int):
+        self.y, self.xq, self.wt, self.tile = addr(y), xq, wt, tile
+
+    def rows_pass[rows: Int, fetch: Bool](self, m0: Int, share: NextTileShare):
+        _tile[Self.a_type, Self.bits, rows, Self.panel, 1, fetch](ptr(self.y), self.xq, self.wt, self.tile, m0, share)
 
 
 struct _AmxInt4Tiles[a_type: DType, bits: Int](ChunkTask):
