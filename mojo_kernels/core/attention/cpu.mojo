@@ -24,7 +24,7 @@ from ...memory.kv_format import kv_head_len, kv_scale
 from ...utils.types import list_ptr, dot_bf16, narrow, widen, zero_f32, BF16_DOT, F32, F32_WIDTH, Ptr
 from ...utils.parallel import fork_join
 from ..linear_amx import AMX_BLOCK, AMX_ROWS, configure_tiles, release_tiles, use_amx
-from .cpu_amx import amx_head_block, amx_stage_keys, amx_stage_q, amx_state_back, AmxScratch
+from .cpu_amx import amx_head_block, amx_stage_keys, amx_stage_q, amx_state_back, transpose_block, AmxScratch
 from .cpu_softmax import block_weights, softmax_block, KEY_BLOCK, MASKED
 
 comptime QUERY_TILE = 32
@@ -316,23 +316,6 @@ def _write_row[dtype: DType](dst: Ptr[dtype], dst_off: Int, src: Ptr[F32], src_o
 
 
 @always_inline
-def _transposed[dtype: DType, W: Int](rows: Array[SIMD[dtype, W], W]) -> Array[SIMD[dtype, W], W]:
-    """The W x W matrix rows[i][j] as columns: out[j][i]. Each round interleaves row i with row i + W / 2, which
-    rotates the bits of an element's flat index i * W + j by one: log2(W) rounds transpose it."""
-    var cur = rows.copy()
-    comptime rounds = 4 if W == 16 else 3 if W == 8 else 2 if W == 4 else 1 if W == 2 else 0
-    comptime assert W == 1 << rounds, "W is a power of two up to 16"
-    comptime for _ in range(rounds):
-        var next = Array[SIMD[dtype, W], W](fill=0)
-        comptime for i in range(W // 2):
-            var both = cur[i].interleave(cur[i + W // 2])
-            next[2 * i] = both.slice[W, offset=0]()
-            next[2 * i + 1] = both.slice[W, offset=W]()
-        cur = next.copy()
-    return cur^
-
-
-@always_inline
 def _stage_head[dtype: DType](
     buf: Ptr[F32], kt: Int, vb: Int, k_cache: Ptr[dtype], v_cache: Ptr[dtype], offsets: Array[Int, KEY_BLOCK],
     n_keys: Int, head_off: Int, head_dim: Int,
@@ -353,7 +336,7 @@ def _stage_head[dtype: DType](
                 if j < keys:
                     var at = offsets.unsafe_get(j0 + j) + head_off
                     rows[j] = widen[dtype, W](k_cache, at + x) * kv_scale(k_cache, at, head_dim)
-            var columns = _transposed(rows)
+            var columns = transpose_block(rows)
             comptime for d in range(W):
                 buf.unsafe_store(kt + (x + d) * KEY_BLOCK + j0, columns[d])
         for x in range(vec_end, head_dim):
@@ -456,7 +439,7 @@ def _stage_pairs[dtype: DType](
                 comptime for j in range(W):
                     if j < keys:
                         rows[j] = k_words.unsafe_load[width=W]((offsets.unsafe_get(j0 + j) + g * head_dim) // 2 + d2)
-                var columns = _transposed(rows)
+                var columns = transpose_block(rows)
                 comptime for d in range(W):
                     words.unsafe_store(kt + (d2 + d) * KEY_BLOCK + j0, columns[d])
     _stage_value_pairs(words, v_cache, offsets, n_keys, kv_heads, head_dim, vb_off)

@@ -55,14 +55,16 @@ struct AmxScratch(ImplicitlyCopyable):
 
 
 @always_inline
-def _transpose(rows: Array[WORDS, F32_WIDTH]) -> Array[WORDS, F32_WIDTH]:
-    """A F32_WIDTH x F32_WIDTH block of words transposed: log2(F32_WIDTH) rounds, each interleaving row i with row
-    i + F32_WIDTH / 2."""
+def transpose_block[dtype: DType](
+    rows: Array[SIMD[dtype, F32_WIDTH], F32_WIDTH]
+) -> Array[SIMD[dtype, F32_WIDTH], F32_WIDTH]:
+    """A F32_WIDTH x F32_WIDTH block transposed in registers: log2(F32_WIDTH) rounds, each interleaving row i with row
+    i + F32_WIDTH / 2 (a round rotates the bits of an element's flat index by one)."""
     comptime HALF = F32_WIDTH // 2
     comptime ROUNDS = 4 if F32_WIDTH == 16 else (3 if F32_WIDTH == 8 else 2)
     var a = rows.copy()
     comptime for _ in range(ROUNDS):
-        var b = Array[WORDS, F32_WIDTH](fill=0)
+        var b = Array[SIMD[dtype, F32_WIDTH], F32_WIDTH](fill=0)
         comptime for i in range(HALF):
             var z = a[i].interleave(a[i + HALF])
             b[2 * i] = z.slice[F32_WIDTH, offset=0]()
@@ -91,7 +93,7 @@ def amx_stage_q(buf: Ptr[F32], sc: AmxScratch, kv_rows: Ptr[DType.int64], per_he
                 comptime for i in range(F32_WIDTH):
                     if k0 + i < group_rows:
                         rows[i] = _pair_words(buf, Int(kv_rows.unsafe_load(g * per_head + k0 + i)) * head_dim + d0)
-                var cols = _transpose(rows)
+                var cols = transpose_block(rows)
                 comptime for i in range(F32_WIDTH):
                     words.unsafe_store(qt + (d0 // 2 + i) * sc.padded + k0, cols[i])
         for k in range(sc.padded):
@@ -195,7 +197,7 @@ def amx_head_block(
                     var even = narrow[BF16, F32_WIDTH](buf.unsafe_load[width=F32_WIDTH](at))
                     var odd = narrow[BF16, F32_WIDTH](buf.unsafe_load[width=F32_WIDTH](at + AMX_BLOCK))
                     pairs[i] = bitcast[DType.uint32, F32_WIDTH](even.interleave(odd))
-                var rows = _transpose(pairs)
+                var rows = transpose_block(pairs)
                 comptime for i in range(F32_WIDTH):
                     words.unsafe_store(sc.p + (col + i) * (KEY_BLOCK // 2) + kp0, rows[i])
         var acc = sc.acc + state * head_dim
