@@ -78,6 +78,9 @@ def _apply_virtual_cpu_target() -> str:
 
 
 CPU_TARGET = _apply_virtual_cpu_target()
+AMX_TILES = CPU_TARGET == AMX_CPU
+"""Whether the CPU kernels are compiled for AMX tiles (4-bit linears of many rows multiply differently there:
+reference.linear_int4's amx)."""
 """The CPU that graphs' host code and the CPU extension module are compiled for ("": the host's)."""
 
 

@@ -364,6 +364,8 @@ PAIR_TILE_ROWS, PAIR_TILE_COLUMNS = 32, 2
 tiles read; AVX-512 CPUs only)."""
 AMX_COLUMNS = 32
 """bfloat16 columns of an AMX tile row: the kernels read pair panels on the tiles when K is a multiple of it."""
+AMX_INT4_ROWS = 64
+"""Rows of x from which the CPU kernels' 4-bit linears run on AMX tiles where they have them (linear_int4.mojo)."""
 
 
 def tile_rows(dtype: torch.dtype, pairs: bool = False) -> int:
@@ -493,8 +495,13 @@ def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tens
 
 
 def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, block_k: int,
-                n: int) -> torch.Tensor:
+                n: int, amx: bool = False) -> torch.Tensor:
     """quantized_x(x) [M, K] @ dequantize_int4(...)[N, K]^T in float32, in x's dtype (x quantized to int8 per row and
-    block of block_k columns, as for int8 weights); block_k a multiple of 8."""
+    block of block_k columns, as for int8 weights); block_k a multiple of 8. amx: as the kernels compiled with AMX
+    tiles (bindings.library.AMX_TILES) compute it: from AMX_INT4_ROWS rows of x on, x and the dequantized weight
+    rounded to bfloat16 (llama.cpp's GPU backends also dequantize for large batches, past the int8 sums' per-block
+    cost)."""
     w = dequantize_int4(packed, scales, mins, block_k, n, x.shape[1])
+    if amx and x.shape[0] >= AMX_INT4_ROWS:
+        return torch.matmul(x.to(torch.bfloat16).float(), w.to(torch.bfloat16).float().t()).to(x.dtype)
     return torch.matmul(quantized_x(x, block_k), w.t()).to(x.dtype)

@@ -346,7 +346,7 @@ def run_linear_int4(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     assert torch.equal(ref.untile_int4_scales(tiled_scales, n), scales)
     x = torch.randn(m, k, device=device).to(dtype)
     _assert_linear_matches(ops.linear_int4(x, packed, tiled_scales, tiled_mins, block_k, n),
-                           ref.linear_int4(x, packed, tiled_scales, tiled_mins, block_k, n), dtype)
+                           ref.linear_int4(x, packed, tiled_scales, tiled_mins, block_k, n, library.AMX_TILES), dtype)
 
 
 MOE_SHAPES = [(1, 64, 40, 7, 3), (5, 130, 72, 9, 8), (70, 200, 136, 6, 2)]
@@ -361,7 +361,7 @@ def _expert_weight(n: int, k: int, fmt: str) -> tuple[tuple, callable]:
         packed = ref.pack_int4(torch.randint(0, 16, (n, k), dtype=torch.uint8))
         scales, mins = (ref.tile_int4_scales(t.half()) for t in (torch.rand(-(-k // 64), n) * 0.02,
                                                                  torch.randn(-(-k // 64), n) * 0.05))
-        return (packed, scales, mins), lambda x: ref.linear_int4(x, packed, scales, mins, 64, n)
+        return (packed, scales, mins), lambda x: ref.linear_int4(x, packed, scales, mins, 64, n, library.AMX_TILES)
     dtype = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}.get(fmt.split("-")[0]) or getattr(torch, fmt.split("-")[0])
     weight, scales, block_k = linear_weight(n, k, dtype, "cpu", 64 if fmt == "int8-tiled" else 32)
     if weight.is_floating_point() and weight.dtype != torch.float8_e4m3fn:

@@ -952,11 +952,8 @@ struct _PairPanelTiles[a_type: DType, w_type: DType, tiled: Bool, stored: Bool =
 
 struct _AmxPanelTiles[a_type: DType, w_type: DType, tiled: Bool, stored: Bool = False](ChunkTask):
     """Item: a PANEL of bfloat16 weight rows packed in pairs (stored: AMX_STORED_PANELS pair panels of the weight,
-    read in place, K = kp), against every row of x rounded to bfloat16, on AMX tiles (linear_amx.mojo). xb: x as
-    tiles (x_tile_at), its rows padded to a multiple of AMX_BLOCK, its columns with zeros to kp, a multiple of amx_k.
-    The columns go in chunks of AMX_CHUNK_STEPS tile rows, each chunk over every panel and block of rows, the sums
-    kept in float32 between chunks: a panel's chunk stays in L1 for all the blocks of rows and x's in L2 for all the
-    panels (x whole, 1-3 MiB at 512 rows, was read from L3 for every panel)."""
+    read in place, K = kp), against every row of x rounded to bfloat16, on AMX tiles (amx_pair_panels). xb: x as
+    tiles (x_tile_at), its rows padded to a multiple of AMX_BLOCK, its columns with zeros to kp, a multiple of amx_k."""
 
     var y: Addr[Self.a_type]
     var xb: Addr[DType.bfloat16]
@@ -969,48 +966,60 @@ struct _AmxPanelTiles[a_type: DType, w_type: DType, tiled: Bool, stored: Bool = 
         self.y, self.xb, self.wt, self.m, self.kp = addr(y), addr(xb), wt, m, kp
 
     def run(self, item: Int):
-        comptime assert PANEL == AMX_BLOCK, "a panel is two tiles of weights"
         comptime per_item = AMX_STORED_PANELS if Self.stored else 1
-        comptime tile = AMX_ROWS * amx_k[DType.bfloat16]()
-        var N, m = self.wt.n, self.m
         var n_first = item * per_item * PANEL
-        var panels = min(per_item, ceildiv(N - n_first, PANEL))
-        var buffer = List[UInt32]()
-        comptime if not Self.stored:
-            buffer = List[UInt32](length=self.kp // 2 * PANEL, fill=0)  # pairs past K stay 0
+        var panels = min(per_item, ceildiv(self.wt.n - n_first, PANEL))
+        comptime if Self.stored:
+            amx_pair_panels[Self.a_type, True](ptr(self.y), ptr(self.xb), _stored_panel(self.wt, n_first), panels,
+                                               self.m, self.kp, n_first, self.wt.n)
+        else:
+            var buffer = List[UInt32](length=self.kp // 2 * PANEL, fill=0)  # pairs past K stay 0
             _pack_pair_panel(list_ptr(buffer), self.wt, n_first)
-        var rows = amx_rows(m)
-        var sums_buffer = List[Float32](unsafe_uninit_length=panels * rows * PANEL)
-        var steps = self.kp // amx_k[DType.bfloat16]()
-        configure_tiles()
-        var chunk = AMX_CHUNK_STEPS if m > AMX_CHUNK_ROWS else steps
-        for s0 in range(0, steps, chunk):
-            var count, first, last = min(chunk, steps - s0), s0 == 0, s0 + chunk >= steps
-            for p in range(panels):
-                var n0 = n_first + p * PANEL
-                var panel = list_ptr(buffer)
-                comptime if Self.stored:
-                    panel = _stored_panel(self.wt, n0)
-                panel = panel.unsafe_offset(s0 * AMX_ROWS * PANEL)
-                var sums = list_ptr(sums_buffer).unsafe_offset(p * rows * PANEL)
-                for m0 in range(0, m, AMX_BLOCK):
-                    var x, block = ptr(self.xb).unsafe_offset(m0 * self.kp + s0 * tile), sums.unsafe_offset(m0 * PANEL)
-                    if m - m0 <= AMX_ROWS:
-                        amx_start[half=True](block, first)
-                        amx_steps_16[AMX_AHEAD if Self.stored else 0](x, tile, AMX_BYTES, panel, PANEL, count)
-                        amx_store_16(block)
+            amx_pair_panels[Self.a_type, False](ptr(self.y), ptr(self.xb), list_ptr(buffer), 1, self.m, self.kp,
+                                                n_first, self.wt.n)
+            _ = buffer^
+
+
+def amx_pair_panels[a_type: DType, stored: Bool](
+    y: Ptr[a_type], xb: Ptr[DType.bfloat16], panels: Ptr[DType.uint32], count: Int, m: Int, kp: Int, n_first: Int,
+    N: Int,
+):
+    """y[:m, n_first : n_first + count * PANEL] (up to column N) from `count` pair panels one after the other (kp / 2 *
+    PANEL words each) against x as AMX tiles (x_tile_at, rows padded to a multiple of AMX_BLOCK, zeros past K to kp);
+    stored: the panels stream from memory (asked for ahead on their first pass). The columns go in chunks of
+    AMX_CHUNK_STEPS tile rows, each chunk over every panel and block of rows, the sums kept in float32 between
+    chunks: a panel's chunk stays in L1 for all the blocks of rows and x's in L2 for all the panels (x whole, 1-3 MiB
+    at 512 rows, was read from L3 for every panel)."""
+    comptime assert PANEL == AMX_BLOCK, "a panel is two tiles of weights"
+    comptime tile = AMX_ROWS * amx_k[DType.bfloat16]()
+    var rows = amx_rows(m)
+    var sums_buffer = List[Float32](unsafe_uninit_length=count * rows * PANEL)
+    var steps = kp // amx_k[DType.bfloat16]()
+    configure_tiles()
+    var chunk = AMX_CHUNK_STEPS if m > AMX_CHUNK_ROWS else steps
+    for s0 in range(0, steps, chunk):
+        var count_steps, first, last = min(chunk, steps - s0), s0 == 0, s0 + chunk >= steps
+        for p in range(count):
+            var n0 = n_first + p * PANEL
+            var panel = panels.unsafe_offset((p * kp // 2 + s0 * AMX_ROWS) * PANEL)
+            var sums = list_ptr(sums_buffer).unsafe_offset(p * rows * PANEL)
+            for m0 in range(0, m, AMX_BLOCK):
+                var x, block = xb.unsafe_offset(m0 * kp + s0 * tile), sums.unsafe_offset(m0 * PANEL)
+                if m - m0 <= AMX_ROWS:
+                    amx_start[half=True](block, first)
+                    amx_steps_16[AMX_AHEAD if stored else 0](x, tile, AMX_BYTES, panel, PANEL, count_steps)
+                    amx_store_16(block)
+                else:
+                    amx_start(block, first)
+                    if stored and m0 == 0:  # the weights' first pass, from memory
+                        amx_steps[w_type=DType.bfloat16, ahead=AMX_AHEAD](x, tile, AMX_BYTES, AMX_ROWS * kp, panel,
+                                                                          PANEL, count_steps)
                     else:
-                        amx_start(block, first)
-                        if Self.stored and m0 == 0:  # the weights' first pass, from memory
-                            amx_steps[w_type=DType.bfloat16, ahead=AMX_AHEAD](x, tile, AMX_BYTES, AMX_ROWS * self.kp,
-                                                                              panel, PANEL, count)
-                        else:
-                            amx_steps[w_type=DType.bfloat16](x, tile, AMX_BYTES, AMX_ROWS * self.kp, panel, PANEL,
-                                                             count)
-                        amx_store(block, PANEL)
-                    if last:
-                        _store_block(ptr(self.y), block, m0, min(AMX_BLOCK, m - m0), n0, N)
-        release_tiles()
+                        amx_steps[w_type=DType.bfloat16](x, tile, AMX_BYTES, AMX_ROWS * kp, panel, PANEL, count_steps)
+                    amx_store(block, PANEL)
+                if last:
+                    _store_block(y, block, m0, min(AMX_BLOCK, m - m0), n0, N)
+    release_tiles()
 
 
 @always_inline
@@ -1100,21 +1109,17 @@ def _quantized_x[a_type: DType, R: Runner](
 
 
 @always_inline
-def _add_block_dots[with_mins: Bool](
+def _add_block_dots(
     acc: Ptr[F32], dots: Ptr[DType.int32], xq: _QuantizedX, m0: Int, rows: Int, kb: Int, scales: Ptr[F32],
-    mins: Ptr[F32],
 ):
-    """acc[i] += sx * (dots[i] * scales + mins * the block's sum of x) for the `rows` rows of a block of y (PANEL
-    columns; rows PANEL apart) from x's row m0 on: block kb's int32 sums, scales and mins its PANEL columns'."""
+    """acc[i] += sx * dots[i] * scales for the `rows` rows of a block of y (PANEL columns; rows PANEL apart) from x's
+    row m0 on: block kb's int32 sums, scales its PANEL columns'."""
     for i in range(rows):
         var sx = xq.scale(m0 + i, kb)
         comptime for h in range(0, PANEL, W):
             var at = i * PANEL + h
-            var total = dots.unsafe_load[width=W](at).cast[F32]().fma(scales.unsafe_load[width=W](h) * sx,
-                                                                      acc.unsafe_load[width=W](at))
-            comptime if with_mins:
-                total = mins.unsafe_load[width=W](h).fma(sx * Float32(xq.sum(m0 + i, kb)), total)
-            acc.unsafe_store(at, total)
+            acc.unsafe_store(at, dots.unsafe_load[width=W](at).cast[F32]().fma(scales.unsafe_load[width=W](h) * sx,
+                                                                               acc.unsafe_load[width=W](at)))
 
 
 struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
@@ -1160,7 +1165,7 @@ struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
                 if k1 > whole:
                     amx_steps[w_type=DType.int8](x.unsafe_offset(whole), step, kp, AMX_ROWS * kp, tail, I8_TILE_ROWS, 1)
                 amx_store(dots)
-                _add_block_dots[False](acc, dots, self.xq, m0, rows, kb, scales.unsafe_offset(kb * self.wt.n), scales)
+                _add_block_dots(acc, dots, self.xq, m0, rows, kb, scales.unsafe_offset(kb * self.wt.n))
             _store_block(ptr(self.y), acc, m0, rows, n0, self.wt.n)
         release_tiles()
 

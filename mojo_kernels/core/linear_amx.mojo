@@ -2,9 +2,9 @@
 # memory, 16 x 16 x 32 bfloat16 products per TDPBF16PS (float32 sums; 16 times vdpbf16ps's work) or 16 x 16 x 64
 # int8 ones per TDPBSSD (exact int32 sums). The prefill linears use them (linear.mojo): bfloat16 weights packed in
 # pairs against x rounded to bfloat16, int8 weights in their stored quad panels against x quantized per block, as
-# each format defines its effective x. Tiles are registers of the thread that configured them, and Linux hands them
-# to a process only when it asks (arch_prctl ARCH_REQ_XCOMP_PERM): use_amx asks, and a worker configures its
-# tiles for each item it runs.
+# each format defines its effective x; 4-bit weights dequantized into bfloat16 pairs (linear_int4.mojo). Tiles are
+# registers of the thread that configured them, and Linux hands them to a process only when it asks (arch_prctl
+# ARCH_REQ_XCOMP_PERM): use_amx asks, and a worker configures its tiles for each item it runs.
 from std.ffi import external_call
 from std.math import ceildiv
 from std.memory import stack_allocation
@@ -100,15 +100,13 @@ def amx_steps[x_type: DType, w_type: DType, ahead: Int = 0](
     x: Ptr[x_type], x_step: Int, x_stride: Int, x_pitch: Int, w: Ptr[DType.uint32], w_stride: Int, steps: Int,
 ):
     """Adds `steps` x 64 bytes of columns to the block of y: 32 rows of x against 32 columns of weight words
-    (bfloat16 pairs; signed or unsigned int8 quads as w_type says). x: the first tile of x (x_stride bytes between
+    (bfloat16 pairs or int8 quads as w_type says). x: the first tile of x (x_stride bytes between
     its rows), its second one x_pitch elements on, each step's tiles x_step elements on; w: the first weight word of
     the block's 32 columns, w_stride words between word rows. ahead: bytes past each step's weights asked for
     meanwhile (weights streamed from memory whose word rows lie next to each other: the hardware prefetchers alone
     left a batch-1 step at 0.88x the decode tiles' speed)."""
     comptime if AMX:
-        comptime op = "llvm.x86.tdpbf16ps" if w_type == DType.bfloat16 else (
-            "llvm.x86.tdpbsud" if w_type == DType.uint8 else "llvm.x86.tdpbssd"
-        )
+        comptime op = "llvm.x86.tdpbf16ps" if w_type == DType.bfloat16 else "llvm.x86.tdpbssd"
         for s in range(steps):
             var a = x.unsafe_offset(s * x_step)
             _tile["llvm.x86.tileloadd64", 0](a, x_stride)

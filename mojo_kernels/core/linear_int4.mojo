@@ -19,7 +19,9 @@
 # AVX2: vpmaddubsw + vpmaddwd, the low and high nibbles' int16 pair sums added before vpmaddwd (2 * 63 * 127 * 2 fits
 # int16); a tile as two panels of 16 rows, in one pass for one row of x (two passes would fetch the tile's second
 # cache lines while using only its first: at one row, 1.2x on Qwen3-0.6B's layers, 1.4x on its 6-bit LM head).
-# AMX (linear_amx.mojo), from AMX_ROWS rows of x on: each tile unpacked once into unsigned quads for TDPBSUD.
+# AMX (linear_amx.mojo), from AMX_INT4_ROWS rows of x on: each tile dequantized once into a bfloat16 pair panel
+# against x rounded to bfloat16 (reference.linear_int4's amx), as the bfloat16 weights' prefill runs: on int8 tiles
+# each block's int32 sums took longer to scale than TDPBSUD took to make them.
 # GPU: none (the model dequantizes 4-bit checkpoints to its activation dtype there).
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
@@ -31,15 +33,12 @@ from std.sys.intrinsics import prefetch, PrefetchOptions
 from std.utils.index import IndexList
 
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
-from ..utils.types import addr, ptr, list_ptr, zero_f32, Addr, F16, F32, Ptr, check_same
+from ..utils.types import addr, ptr, list_ptr, Addr, F16, F32, Ptr, check_same
 from .linear import (
-    _QuantizedX, _add_block_dots, _broadcast_quad, _quantized_x, _store_block, _store_panel_rows, DOT_LANES, I8_DOT,
+    _QuantizedX, _broadcast_quad, _quantized_x, _store_panel_rows, _x_tiles, amx_pair_panels, DOT_LANES, I8_DOT,
     I8_MADD, NextTileShare, PANEL, PREFETCH_BYTES, QUAD_TILE_SUMS, RowPass, SERIAL_MACS, row_passes,
 )
-from .linear_amx import (
-    AMX, AMX_BLOCK, AMX_ROWS, amx_k, amx_padded, amx_rows, amx_steps, amx_store, amx_zero, configure_tiles,
-    release_tiles, use_amx,
-)
+from .linear_amx import AMX, AMX_ROWS, amx_padded, use_amx
 
 comptime TILE_ROWS = 32
 """Weight rows per tile."""
@@ -57,6 +56,12 @@ L1 (LLVM spills them: touched once a block). Each pass unpacks the tile's nibble
 0.6B's four linears, Intel Xeon without AMX, from 5.0-5.1 to 4.4-4.5 ms at 8 rows of x and 15.6-16.0 to 14.9-15.0 at 32
 over 12 layers, 12.4 to 12.1 and 31.2 to 30.0 over 28 (beyond the caches; 17.3 at 16 rows either way). AVX2's 16
 registers take 3 rows, the totals in registers."""
+
+comptime AMX_INT4_ROWS = 64
+"""Rows of x from which the 4-bit linears run on AMX tiles where the CPU has them (reference.AMX_INT4_ROWS), each
+call dequantizing every tile once. Qwen3-0.6B's four linears of a layer on an Intel Xeon VM, best of 10, ms, at 16 /
+32 / 64 / 128 / 512 rows: the VNNI tiles 0.67 / 1.53 / 3.07 / 6.31 / -; AMX 1.77 / 2.09 / 2.51 / 4.36 / 14.0; on
+int8 tiles, x quantized and each block's sums scaled (as before) 1.07 / 1.81 / 2.80 / 5.28 / 18.5."""
 
 
 struct _Int4Tiles[bits: Int](ImplicitlyCopyable):
@@ -269,57 +274,42 @@ struct _Int4PanelPass[a_type: DType, bits: Int, panel: Int](RowPass):
 
 
 struct _AmxInt4Tiles[a_type: DType, bits: Int](ChunkTask):
-    """Item: a tile of weight rows, unpacked into a quad panel of unsigned bytes, against every row of x quantized to
-    int8, on AMX tiles (linear_amx.mojo, TDPBSUD): per block of block_k columns (a multiple of 64) exact int32 sums,
-    then sx * (s * sum + m * sum of x). xq: its rows kp apart (a multiple of 64, zeros past K), padded to a multiple
-    of AMX_BLOCK."""
+    """Item: a tile of weight rows dequantized into a bfloat16 pair panel, against every row of x rounded to bfloat16,
+    on AMX tiles (linear.amx_pair_panels). xb: x as tiles (x_tile_at), rows padded to a multiple of AMX_BLOCK, zeros
+    past K to kp."""
 
     var y: Addr[Self.a_type]
-    var xq: _QuantizedX
+    var xb: Addr[DType.bfloat16]
     var wt: _Int4Tiles[Self.bits]
     var m: Int
     var kp: Int
 
-    def __init__(out self, y: Ptr[Self.a_type], xq: _QuantizedX, wt: _Int4Tiles[Self.bits], m: Int, kp: Int):
-        self.y, self.xq, self.wt, self.m, self.kp = addr(y), xq, wt, m, kp
+    def __init__(out self, y: Ptr[Self.a_type], xb: Ptr[DType.bfloat16], wt: _Int4Tiles[Self.bits], m: Int, kp: Int):
+        self.y, self.xb, self.wt, self.m, self.kp = addr(y), addr(xb), wt, m, kp
 
     def run(self, item: Int):
-        comptime assert TILE_ROWS == AMX_BLOCK and S == 4 * AMX_ROWS, "a tile is two tiles of 16 rows' quads"
-        comptime step = amx_k[DType.int8]()
-        var n0, N, kp, block_k, blocks = item * TILE_ROWS, self.wt.n, self.kp, self.wt.block_k, self.wt.k_blocks
-        var panel_buffer = List[UInt32](length=kp // 4 * TILE_ROWS, fill=0)
-        var panel = list_ptr(panel_buffer)
+        comptime assert TILE_ROWS == PANEL and S == 4 * AMX_ROWS, "a tile is one pair panel, 16 rows a vector"
+        var buffer = List[UInt32](length=self.kp // 2 * TILE_ROWS, fill=0)  # pairs past the groups stay 0
+        var panel = list_ptr(buffer)
+        var scales, mins = ptr(self.wt.scales), ptr(self.wt.mins)
         for g in range(self.wt.groups):
-            var at = self.wt.group_at(item, g)
+            var at, block = self.wt.group_at(item, g), self.wt.block_at(item, g * GROUP // self.wt.block_k)
             comptime for v in range(2):
+                var s = scales.unsafe_load[width=AMX_ROWS](block + v * AMX_ROWS).cast[F32]()
+                var mn = mins.unsafe_load[width=AMX_ROWS](block + v * AMX_ROWS).cast[F32]()
+                var s2, m2 = s.interleave(s), mn.interleave(mn)  # lane 2r + j: row r's
                 var lo, hi = self.wt.values[v](at)
-                panel.unsafe_store(2 * g * TILE_ROWS + v * AMX_ROWS, bitcast[DType.uint32, AMX_ROWS](lo))
-                panel.unsafe_store((2 * g + 1) * TILE_ROWS + v * AMX_ROWS, bitcast[DType.uint32, AMX_ROWS](hi))
-        var coefficients = List[Float32](unsafe_uninit_length=2 * blocks * TILE_ROWS)  # scales, then mins
-        var scales, mins = list_ptr(coefficients), list_ptr(coefficients).unsafe_offset(blocks * TILE_ROWS)
-        var first = self.wt.block_at(item, 0)
-        for i in range(blocks * TILE_ROWS):
-            scales.unsafe_store(i, ptr(self.wt.scales).unsafe_load(first + i).cast[F32]())
-            mins.unsafe_store(i, ptr(self.wt.mins).unsafe_load(first + i).cast[F32]())
-        var dot_buffer = List[Int32](unsafe_uninit_length=AMX_BLOCK * PANEL)
-        var acc_buffer = List[Float32](unsafe_uninit_length=AMX_BLOCK * PANEL)
-        var dots, acc = list_ptr(dot_buffer), list_ptr(acc_buffer)
-        var q = ptr(self.xq.q)
-        configure_tiles()
-        for m0 in range(0, self.m, AMX_BLOCK):
-            var rows = min(AMX_BLOCK, self.m - m0)
-            zero_f32(acc, 0, AMX_BLOCK * PANEL)
-            for kb in range(blocks):
-                var k0 = kb * block_k
-                amx_zero()
-                amx_steps[w_type=DType.uint8](q.unsafe_offset(m0 * kp + k0), step, kp, AMX_ROWS * kp,
-                                              panel.unsafe_offset(k0 // 4 * TILE_ROWS), TILE_ROWS,
-                                              ceildiv(min(block_k, self.wt.k - k0), step))
-                amx_store(dots)
-                _add_block_dots[True](acc, dots, self.xq, m0, rows, kb, scales.unsafe_offset(kb * TILE_ROWS),
-                                      mins.unsafe_offset(kb * TILE_ROWS))
-            _store_block(ptr(self.y), acc, m0, rows, n0, N)
-        release_tiles()
+                comptime for h in range(2):
+                    # byte 4r + c of a quad vector: column 4h + c of row r; as words, columns 4h + 2p + j of row r
+                    var pairs = bitcast[DType.uint16, 2 * AMX_ROWS](lo if h == 0 else hi).deinterleave()
+                    comptime for p in range(2):
+                        var q = bitcast[DType.uint8, 2 * AMX_ROWS](pairs[p]).cast[F32]()
+                        var w = q.fma(s2, m2).cast[DType.bfloat16]()
+                        panel.unsafe_store((4 * g + 2 * h + p) * TILE_ROWS + v * AMX_ROWS,
+                                           bitcast[DType.uint32, AMX_ROWS](w))
+        amx_pair_panels[Self.a_type, False](ptr(self.y), ptr(self.xb), panel, 1, self.m, self.kp, item * TILE_ROWS,
+                                            self.wt.n)
+        _ = buffer^
 
 
 def linear_int4_cpu[a_type: DType, R: Runner](
@@ -341,11 +331,12 @@ def _linear_tiles[a_type: DType, bits: Int, R: Runner](runner: R, y: Ptr[a_type]
     var q_scales = List[Float32]()
     var q_sums = List[Int32]()
     var serial = m * wt.n * wt.k <= SERIAL_MACS
-    if use_amx[DType.int8](m, wt.block_k):
+    if m >= AMX_INT4_ROWS and use_amx[DType.bfloat16](m, wt.block_k):
         comptime if AMX:  # AVX2 builds have no AMX and tiles of other shapes: not instantiated there
-            var kp = amx_padded[DType.int8](wt.k)
-            var xq = _quantized_x(runner, x, m, amx_rows(m), wt.k, wt.block_k, kp, q, q_scales, q_sums)
-            runner.run(_AmxInt4Tiles[a_type, bits](y, xq, wt, m, kp), ceildiv(wt.n, TILE_ROWS), serial)
+            var kp = amx_padded[DType.bfloat16](wt.padded_k())
+            var xb = _x_tiles(runner, x, m, wt.k, kp)
+            runner.run(_AmxInt4Tiles[a_type, bits](y, list_ptr(xb), wt, m, kp), ceildiv(wt.n, TILE_ROWS), serial)
+            _ = xb^
     else:
         var xq = _quantized_x(runner, x, m, m, wt.k, wt.block_k, wt.padded_k(), q, q_scales, q_sums)  # rows to whole groups
         runner.run(_Int4TileRows[a_type, bits](y, xq, wt, m), ceildiv(wt.n, TILE_ROWS), serial)

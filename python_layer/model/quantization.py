@@ -17,7 +17,7 @@ from typing import Callable, NamedTuple, Optional, Sequence, Union
 import torch
 from safetensors.torch import load_file, save_file
 
-from bindings import reference
+from bindings import library, reference
 
 BLOCK_K = 128
 INT4_BLOCK_K = 64
@@ -292,7 +292,7 @@ def linear(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
         return reference.linear(x, weight.weight, weight.scales, weight.block_k)
     if isinstance(weight, Int4Weight):
         return reference.linear_int4(x, weight.packed, weight.scales, weight.mins, weight.block_k,
-                                     weight.out_features)
+                                     weight.out_features, library.AMX_TILES)
     if weight.dtype == x.dtype:
         return x @ weight.T
     return reference.linear(x, weight)
