@@ -78,10 +78,10 @@ def _apply_virtual_cpu_target() -> str:
 
 
 CPU_TARGET = _apply_virtual_cpu_target()
+"""The CPU that graphs' host code and the CPU extension module are compiled for ("": the host's)."""
 AMX_TILES = CPU_TARGET == AMX_CPU
 """Whether the CPU kernels are compiled for AMX tiles (4-bit linears of many rows multiply differently there:
 reference.linear_int4's amx)."""
-"""The CPU that graphs' host code and the CPU extension module are compiled for ("": the host's)."""
 
 
 def kernels_dir() -> Path:
