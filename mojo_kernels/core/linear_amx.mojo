@@ -100,11 +100,11 @@ def amx_steps[x_type: DType, w_type: DType, ahead: Int = 0](
     x: Ptr[x_type], x_step: Int, x_stride: Int, x_pitch: Int, w: Ptr[DType.uint32], w_stride: Int, steps: Int,
 ):
     """Adds `steps` x 64 bytes of columns to the block of y: 32 rows of x against 32 columns of weight words
-    (bfloat16 pairs or int8 quads as w_type says). x: the first tile of x (x_stride bytes between
-    its rows), its second one x_pitch elements on, each step's tiles x_step elements on; w: the first weight word of
-    the block's 32 columns, w_stride words between word rows. ahead: bytes past each step's weights asked for
-    meanwhile (weights streamed from memory whose word rows lie next to each other: the hardware prefetchers alone
-    left a batch-1 step at 0.88x the decode tiles' speed)."""
+    (bfloat16 pairs or int8 quads as w_type says). x: the first tile of x (x_stride bytes between its rows), its
+    second one x_pitch elements on, each step's tiles x_step elements on; w: the first weight word of the block's 32
+    columns, w_stride words between word rows. ahead: bytes past each step's weights asked for meanwhile (weights
+    streamed from memory whose word rows lie next to each other: the hardware prefetchers alone left a batch-1 step
+    at 0.88x the decode tiles' speed)."""
     comptime if AMX:
         comptime op = "llvm.x86.tdpbf16ps" if w_type == DType.bfloat16 else "llvm.x86.tdpbssd"
         for s in range(steps):

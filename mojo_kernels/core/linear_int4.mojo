@@ -327,9 +327,6 @@ def _linear_tiles[a_type: DType, bits: Int, R: Runner](runner: R, y: Ptr[a_type]
                                                       m: Int):
     if m == 0 or wt.n == 0:
         return
-    var q = List[Int8]()
-    var q_scales = List[Float32]()
-    var q_sums = List[Int32]()
     var serial = m * wt.n * wt.k <= SERIAL_MACS
     if m >= AMX_INT4_ROWS and use_amx[DType.bfloat16](m, wt.block_k):
         comptime if AMX:  # AVX2 builds have no AMX and tiles of other shapes: not instantiated there
@@ -338,11 +335,14 @@ def _linear_tiles[a_type: DType, bits: Int, R: Runner](runner: R, y: Ptr[a_type]
             runner.run(_AmxInt4Tiles[a_type, bits](y, list_ptr(xb), wt, m, kp), ceildiv(wt.n, TILE_ROWS), serial)
             _ = xb^
     else:
+        var q = List[Int8]()
+        var q_scales = List[Float32]()
+        var q_sums = List[Int32]()
         var xq = _quantized_x(runner, x, m, m, wt.k, wt.block_k, wt.padded_k(), q, q_scales, q_sums)  # rows to whole groups
         runner.run(_Int4TileRows[a_type, bits](y, xq, wt, m), ceildiv(wt.n, TILE_ROWS), serial)
-    _ = q^
-    _ = q_scales^
-    _ = q_sums^
+        _ = q^
+        _ = q_scales^
+        _ = q_sums^
 
 
 def packed_tile_bytes(k: Int, bits: Int) -> Int:
