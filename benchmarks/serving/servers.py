@@ -57,14 +57,16 @@ def start_mili(checkpoint: str, weight_dtype: str, kv_cache_dtype: str, log_dir:
 def start_llama(gguf: Path, threads: int, log_dir: Path, slots: int = 8) -> Server:
     """llama.cpp's own server (built by benchmarks/peers/setup.sh) on a GGUF it wrote: `slots` sequences decoded
     together (its continuous batching; at least 8), 1,024 tokens of context each, the weights read into memory (no
-    mmap)."""
+    mmap), without its host-memory prompt cache (`--cache-ram 0`): no prompt of the sweep repeats, and that cache,
+    up to 8 GiB a server by default, filled with them until the OOM killer stopped a server at 32 streams."""
     slots = max(slots, 8)
     server, tools = PEERS / "build" / "bin" / "llama-server", "bash benchmarks/serving/setup.sh CHECKPOINT"
     if not gguf.is_file() or not server.is_file():
         raise SystemExit(f"{gguf if not gguf.is_file() else server} not found: run `{tools}` first")
     port = free_port()
     cmd = [str(server), "-m", str(gguf), "--alias", "llama", "--host", "127.0.0.1", "--port", str(port),
-           "-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(1024 * slots), "--load-mode", "none"]
+           "-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(1024 * slots), "--load-mode", "none",
+           "--cache-ram", "0"]
     return _start(f"llama.cpp {gguf.stem}", "llama", port, cmd, dict(os.environ), log_dir / f"llama-{gguf.stem}.log")
 
 
