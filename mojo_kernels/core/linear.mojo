@@ -114,6 +114,10 @@ Single-threaded at 512 rows on an Intel Xeon VM, Qwen3-0.6B's down projection to
 comptime AMX_CHUNK_ROWS = 64
 """Rows of x up to which K goes in one chunk: few blocks of rows reuse a panel's chunk little, and the weights stream
 from memory best in one pass (Qwen3-0.6B's four linears at 32 rows: 1.17-1.30 ms against 1.34-1.40 in chunks)."""
+comptime AMX_INT8_ROWS = 64
+"""Rows of x from which the int8 linears run on AMX tiles: below, the VNNI quad panels are faster in the model (the
+engine's decode step of Qwen3-0.6B in int8 on an Intel Xeon VM, ms, at 16 / 32 / 64 rows: VNNI 56-59 / 87-95 /
+166-169, AMX 67-71 / 93-96 / 153-155), though alone the four linears of a layer tied at 16 rows."""
 comptime SERIAL_MACS = 1 << 18
 comptime PARALLEL_X_ROWS = 128
 """Rows of x from which the AMX linears round or quantize it on every thread (fewer: the threads' hand-off costs
@@ -1219,7 +1223,7 @@ def linear_cpu[a_type: DType, w_type: DType, R: Runner, tiled: Bool = False](
     comptime if tiled and w_type == DType.float32:
         runner.run(_PanelTiles[a_type, a_type, w_type, tiled, stored=True](y, x, wt, m), n // F32_TILE_ROWS, serial)
     elif tiled and w_type == DType.int8:
-        var amx = use_amx[DType.int8](m, wt.block_k)
+        var amx = m >= AMX_INT8_ROWS and use_amx[DType.int8](m, wt.block_k)
         var q = List[Int8]()
         var q_scales = List[Float32]()
         var q_sums = List[Int32]()
