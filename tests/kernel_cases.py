@@ -62,6 +62,9 @@ I8_TILED_LINEAR_SHAPES = [(1, 148, 32), (1, 1024, 160), (7, 192, 64), (20, 2048,
                           (130, 1024, 96)]
 """(M, K, N) with N a multiple of 32 and K of 4 (int8 tiles, read as quad panels): serial and parallel, partial last
 blocks of 128 columns."""
+I8_TILED_BLOCKS = [((130, 1092, 64), 128), ((100, 1088, 64), 1088), ((72, 576, 32), 192)]
+"""((M, K, N), block_k) of int8 tiles past 64 rows (AMX tiles where the CPU has them, K in chunks of 512 columns):
+a last step of 4 columns, one block over every chunk (W8A8's per-channel scales), blocks across chunks' ends."""
 QUAD_ROW_SHAPES = [(2, 132, 96), (3, 68, 32), (4, 132, 64), (5, 200, 64), (6, 132, 32), (11, 260, 96), (15, 200, 96)]
 """(M, K, N) for 4-bit weights and int8 tiles: with LINEAR_SHAPES' and I8_TILED_LINEAR_SHAPES' M (the passes'
 rows, linear.row_passes), every row count of the quad-panel register tiles (12 rows of x with AVX-512)."""
@@ -300,9 +303,9 @@ def run_linear(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
 
 
 def run_linear_tiled(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
-    (m, k, n), weight_dtype = case
+    (m, k, n), weight_dtype, *block = case
     x = torch.randn(m, k, device=device).to(dtype)
-    weight, scales, block_k = linear_weight(n, k, weight_dtype, device)
+    weight, scales, block_k = linear_weight(n, k, weight_dtype, device, *block)
     tiles = ref.tile_weight(weight)
     assert torch.equal(ref.untile_weight(tiles), weight)
     tiled_scales = ref.tile_scales(scales) if weight.dtype == torch.int8 else scales
@@ -429,6 +432,8 @@ def kernel_cases() -> list:
                   for w in ref.TILED_DTYPES
                   for s in {torch.int8: I8_TILED_LINEAR_SHAPES + QUAD_ROW_SHAPES,
                             torch.float32: F32_TILED_LINEAR_SHAPES}.get(w, TILED_LINEAR_SHAPES)]
+        cases += [pytest.param(run_linear_tiled, dtype, (s, torch.int8, b), id=f"linear_tiled-{d}-int8-{s}-blocks_of_{b}")
+                  for s, b in I8_TILED_BLOCKS]
         cases += [pytest.param(run_linear_pair_panels, dtype, s, id=f"linear_pair_panels-{d}-{s}")
                   for s in PAIR_PANEL_SHAPES]
         cases += [pytest.param(run_linear_int4, dtype, (s, b, bits), id=f"linear_int4-{d}-{bits}bits-blocks_of_{b}-{s}")

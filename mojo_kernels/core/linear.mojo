@@ -55,7 +55,7 @@ from std.sys import CompilationTarget, llvm_intrinsic, size_of
 from std.sys.intrinsics import prefetch, PrefetchOptions
 
 from .linear_amx import (
-    AMX, AMX_BLOCK, AMX_BYTES, AMX_ROWS, amx_granted, amx_k, amx_padded, amx_rows, amx_start, amx_steps, amx_steps_16,
+    AMX, AMX_BLOCK, AMX_BYTES, AMX_ROWS, amx_granted, amx_k, amx_load, amx_padded, amx_rows, amx_start, amx_steps, amx_steps_16,
     amx_store, amx_store_16, amx_zero,
     configure_tiles, release_tiles, use_amx, x_tile_at,
 )
@@ -110,7 +110,9 @@ comptime AMX_STORED_PANELS = 4
 comptime AMX_CHUNK_STEPS = 8
 """Tile rows of x and of the weights per chunk of K on AMX tiles (256 bfloat16 columns: 16 KiB of a pair panel).
 Single-threaded at 512 rows on an Intel Xeon VM, Qwen3-0.6B's down projection took 2.54 ms in chunks of 8, 2.96 of
-16, 3.06 of 32 and 3.84 unchunked; its qkv projection 3.05, 3.83, 3.41 and 3.34."""
+16, 3.06 of 32 and 3.84 unchunked; its qkv projection 3.05, 3.83, 3.41 and 3.34. int8 quad panels go in chunks of
+as many steps (512 columns, 16 KiB too): its four linears at 512 rows, bfloat16 x, took 11.2-11.7 ms unchunked and
+8.7-9.5 chunked in blocks of 128 columns, 6.7-7.1 and 5.8-6.4 with a scale per row (W8A8)."""
 comptime AMX_CHUNK_ROWS = 64
 """Rows of x up to which K goes in one chunk: few blocks of rows reuse a panel's chunk little, and the weights stream
 from memory best in one pass (Qwen3-0.6B's four linears at 32 rows: 1.17-1.30 ms against 1.34-1.40 in chunks)."""
@@ -1070,7 +1072,8 @@ struct _QuadPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
 
 
 struct _QuantizeRows[a_type: DType](ChunkTask):
-    """Item: AMX_ROWS rows of x [m, k] quantized into xq (_quantize_x), rows `stride` apart, zeros past column k."""
+    """Item: AMX_ROWS rows of x [m, k] quantized into xq (_quantize_x), rows `stride` apart, zeros past column k;
+    as_tiles: the rows' 64 columns a step as AMX tiles (x_tile_at), zeros past row m."""
 
     var x: Addr[Self.a_type]
     var xq: _QuantizedX
@@ -1078,19 +1081,31 @@ struct _QuantizeRows[a_type: DType](ChunkTask):
     var k: Int
     var block_k: Int
     var stride: Int
+    var as_tiles: Bool
 
-    def __init__(out self, x: Ptr[Self.a_type], xq: _QuantizedX, m: Int, k: Int, block_k: Int, stride: Int):
+    def __init__(out self, x: Ptr[Self.a_type], xq: _QuantizedX, m: Int, k: Int, block_k: Int, stride: Int,
+                 as_tiles: Bool):
         self.x, self.xq, self.m, self.k, self.block_k, self.stride = addr(x), xq, m, k, block_k, stride
+        self.as_tiles = as_tiles
 
     def run(self, item: Int):
         var r0 = item * AMX_ROWS
         var rows, blocks = min(AMX_ROWS, self.m - r0), self.xq.k_blocks
-        var q = ptr(self.xq.q).unsafe_offset(r0 * self.stride)
+        var out = ptr(self.xq.q).unsafe_offset(r0 * self.stride)
+        var staged = List[Int8](length=AMX_ROWS * self.stride if self.as_tiles else 0, fill=0)
+        var q = list_ptr(staged) if self.as_tiles else out
         var xq = _QuantizedX(q, ptr(self.xq.scales).unsafe_offset(r0), ptr(self.xq.sums).unsafe_offset(r0), blocks,
                              self.xq.rows)
         var unused = List[Float32]()
         _quantize_x[Self.a_type, False](ptr(self.x).unsafe_offset(r0 * self.k), xq, rows, self.k, self.block_k,
                                         self.stride, list_ptr(unused))
+        if self.as_tiles:
+            comptime cols = amx_k[DType.int8]()
+            for r in range(AMX_ROWS):
+                for c in range(0, self.stride, cols):
+                    out.unsafe_store(x_tile_at[DType.int8](r, c, self.stride),
+                                     q.unsafe_load[width=cols](r * self.stride + c))
+            return
         for r in range(rows):
             for c in range(self.k, self.stride):
                 q.unsafe_store(r * self.stride + c, 0)
@@ -1098,7 +1113,7 @@ struct _QuantizeRows[a_type: DType](ChunkTask):
 
 def _quantized_x[a_type: DType, R: Runner](
     runner: R, x: Ptr[a_type], m: Int, rows: Int, k: Int, block_k: Int, stride: Int, mut q: List[Int8],
-    mut scales: List[Float32], mut sums: List[Int32],
+    mut scales: List[Float32], mut sums: List[Int32], as_tiles: Bool = False,
 ) -> _QuantizedX:
     """x [m, k] quantized per row and block of block_k columns into q (`rows` >= m rows `stride` apart, zeros past k
     and m), scales and sums (the caller keeps them alive); AMX_ROWS rows a work item."""
@@ -1108,7 +1123,7 @@ def _quantized_x[a_type: DType, R: Runner](
     scales = List[Float32](unsafe_uninit_length=m * k_blocks)
     sums = List[Int32](unsafe_uninit_length=m * k_blocks)
     var xq = _QuantizedX(list_ptr(q), list_ptr(scales), list_ptr(sums), k_blocks, m)
-    runner.run(_QuantizeRows(x, xq, m, k, block_k, stride), ceildiv(m, AMX_ROWS), m < PARALLEL_X_ROWS)
+    runner.run(_QuantizeRows(x, xq, m, k, block_k, stride, as_tiles), ceildiv(m, AMX_ROWS), m < PARALLEL_X_ROWS)
     return xq
 
 
@@ -1129,7 +1144,8 @@ def _add_block_dots(
 struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
     """Item: I8_TILE_ROWS rows of a tiled int8 weight, its quad panels read in place, against every row of x quantized
     to int8, on AMX tiles (linear_amx.mojo): exact int32 sums per block of block_k columns (a multiple of 64), then
-    both scales. xq: its rows kp apart (a multiple of 64, zeros past K) and padded to a multiple of AMX_BLOCK."""
+    both scales. xq: as AMX tiles (x_tile_at, kp columns: a multiple of 64, zeros past K), its rows padded to a
+    multiple of AMX_BLOCK."""
 
     var y: Addr[Self.a_type]
     var xq: _QuantizedX
@@ -1143,34 +1159,51 @@ struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
     def run(self, item: Int):
         comptime assert I8_TILE_ROWS == AMX_BLOCK, "a tile of int8 weights is two tiles of quads"
         comptime step = amx_k[DType.int8]()
-        var n0, K, kp, block_k = item * I8_TILE_ROWS, self.wt.k, self.kp, self.wt.block_k
+        comptime tile = AMX_ROWS * step
+        var n0, K, kp, N = item * I8_TILE_ROWS, self.wt.k, self.kp, self.wt.n
         var panel = ptr(self.wt.w).unsafe_bitcast[UInt32]().unsafe_offset(n0 * (K // 4))
         # the quads of the last columns, past the last whole step, with zeros after them: a step's tile is 16 rows
-        var whole = K - K % step
+        var whole = K // step
         var tail_buffer = List[UInt32](length=AMX_ROWS * I8_TILE_ROWS, fill=0)
         var tail = list_ptr(tail_buffer)
-        for i in range((K - whole) // 4 * I8_TILE_ROWS):
-            tail.unsafe_store(i, panel.unsafe_load(whole // 4 * I8_TILE_ROWS + i))
-        var dot_buffer = List[Int32](unsafe_uninit_length=AMX_BLOCK * PANEL)
-        var acc_buffer = List[Float32](unsafe_uninit_length=AMX_BLOCK * PANEL)
-        var dots, acc, scales = list_ptr(dot_buffer), list_ptr(acc_buffer), ptr(self.wt.scales).unsafe_offset(n0)
-        var q = ptr(self.xq.q)
+        for i in range((K - whole * step) // 4 * I8_TILE_ROWS):
+            tail.unsafe_store(i, panel.unsafe_load(whole * step // 4 * I8_TILE_ROWS + i))
+        var rows = amx_rows(self.m)
+        var dot_buffer = List[Int32](unsafe_uninit_length=rows * PANEL)
+        var acc_buffer = List[Float32](length=rows * PANEL, fill=0)
+        var scales, q = ptr(self.wt.scales).unsafe_offset(n0), ptr(self.xq.q)
+        var steps, block_steps = ceildiv(K, step), self.wt.block_k // step
+        var chunk = AMX_CHUNK_STEPS if self.m > AMX_CHUNK_ROWS else steps
         configure_tiles()
-        for m0 in range(0, self.m, AMX_BLOCK):
-            var rows = min(AMX_BLOCK, self.m - m0)
-            zero_f32(acc, 0, AMX_BLOCK * PANEL)
-            for kb in range(self.wt.k_blocks):
-                var k0, k1 = kb * block_k, min(K, kb * block_k + block_k)
+        for s0 in range(0, steps, chunk):  # a chunk of the panel stays in L1 for every block of rows
+            var s1 = min(steps, s0 + chunk)
+            for m0 in range(0, self.m, AMX_BLOCK):
                 var x = q.unsafe_offset(m0 * kp)
-                amx_zero()
-                if min(k1, whole) > k0:
-                    amx_steps[w_type=DType.int8](x.unsafe_offset(k0), step, kp, AMX_ROWS * kp, panel.unsafe_offset(k0 // 4 * I8_TILE_ROWS),
-                              I8_TILE_ROWS, (min(k1, whole) - k0) // step)
-                if k1 > whole:
-                    amx_steps[w_type=DType.int8](x.unsafe_offset(whole), step, kp, AMX_ROWS * kp, tail, I8_TILE_ROWS, 1)
-                amx_store(dots)
-                _add_block_dots(acc, dots, self.xq, m0, rows, kb, scales.unsafe_offset(kb * self.wt.n))
-            _store_block(ptr(self.y), acc, m0, rows, n0, self.wt.n)
+                var dots, acc = list_ptr(dot_buffer).unsafe_offset(m0 * PANEL), list_ptr(acc_buffer).unsafe_offset(
+                    m0 * PANEL)
+                var s = s0
+                while s < s1:  # the chunk's share of each block it meets: int32 sums, scaled where a block ends
+                    var kb = s // block_steps
+                    var e = min(s1, (kb + 1) * block_steps)
+                    if s == kb * block_steps:
+                        amx_zero()
+                    else:
+                        amx_load(dots, AMX_BLOCK)
+                    if min(e, whole) > s:
+                        amx_steps[w_type=DType.int8](x.unsafe_offset(s * tile), tile, AMX_BYTES, AMX_ROWS * kp,
+                                                     panel.unsafe_offset(s * step // 4 * I8_TILE_ROWS), I8_TILE_ROWS,
+                                                     min(e, whole) - s)
+                    if e > whole:
+                        amx_steps[w_type=DType.int8](x.unsafe_offset(whole * tile), tile, AMX_BYTES, AMX_ROWS * kp,
+                                                     tail, I8_TILE_ROWS, 1)
+                    amx_store(dots)
+                    if e == (kb + 1) * block_steps or e == steps:
+                        _add_block_dots(acc, dots, self.xq, m0, min(AMX_BLOCK, self.m - m0), kb,
+                                        scales.unsafe_offset(kb * N))
+                    s = e
+        for m0 in range(0, self.m, AMX_BLOCK):
+            _store_block(ptr(self.y), list_ptr(acc_buffer).unsafe_offset(m0 * PANEL), m0, min(AMX_BLOCK, self.m - m0),
+                         n0, N)
         release_tiles()
 
 
@@ -1229,7 +1262,7 @@ def linear_cpu[a_type: DType, w_type: DType, R: Runner, tiled: Bool = False](
         var q_sums = List[Int32]()
         if amx:
             var kp = amx_padded[DType.int8](wt.k)
-            var xq = _quantized_x(runner, x, m, amx_rows(m), wt.k, wt.block_k, kp, q, q_scales, q_sums)
+            var xq = _quantized_x(runner, x, m, amx_rows(m), wt.k, wt.block_k, kp, q, q_scales, q_sums, as_tiles=True)
             runner.run(_AmxQuadPanels[a_type, w_type, tiled](y, xq, wt, m, kp), n // I8_TILE_ROWS, serial)
         else:
             var xq = _quantized_x(runner, x, m, m, wt.k, wt.block_k, wt.k, q, q_scales, q_sums)
