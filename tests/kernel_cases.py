@@ -62,9 +62,10 @@ I8_TILED_LINEAR_SHAPES = [(1, 148, 32), (1, 1024, 160), (7, 192, 64), (20, 2048,
                           (130, 1024, 96)]
 """(M, K, N) with N a multiple of 32 and K of 4 (int8 tiles, read as quad panels): serial and parallel, partial last
 blocks of 128 columns."""
-I8_TILED_BLOCKS = [((130, 1092, 64), 128), ((100, 1088, 64), 1088), ((72, 576, 32), 192)]
+I8_TILED_BLOCKS = [((130, 1092, 160), 128), ((100, 1088, 64), 1088), ((72, 576, 32), 192)]
 """((M, K, N), block_k) of int8 tiles past 64 rows (AMX tiles where the CPU has them, K in chunks of 512 columns):
-a last step of 4 columns, one block over every chunk (W8A8's per-channel scales), blocks across chunks' ends."""
+a last step of 4 columns, a work item of fewer tiles than the others, one block over every chunk (W8A8's per-channel
+scales), blocks across chunks' ends; each with a last block of rows of 16 or fewer."""
 QUAD_ROW_SHAPES = [(2, 132, 96), (3, 68, 32), (4, 132, 64), (5, 200, 64), (6, 132, 32), (11, 260, 96), (15, 200, 96)]
 """(M, K, N) for 4-bit weights and int8 tiles: with LINEAR_SHAPES' and I8_TILED_LINEAR_SHAPES' M (the passes'
 rows, linear.row_passes), every row count of the quad-panel register tiles (12 rows of x with AVX-512)."""

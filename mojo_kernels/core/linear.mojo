@@ -55,7 +55,7 @@ from std.sys import CompilationTarget, llvm_intrinsic, size_of
 from std.sys.intrinsics import prefetch, PrefetchOptions
 
 from .linear_amx import (
-    AMX, AMX_BLOCK, AMX_BYTES, AMX_ROWS, amx_granted, amx_k, amx_load, amx_padded, amx_rows, amx_start, amx_steps, amx_steps_16,
+    AMX, AMX_BLOCK, AMX_BYTES, AMX_ROWS, amx_granted, amx_k, amx_padded, amx_rows, amx_start, amx_steps, amx_steps_16,
     amx_store, amx_store_16, amx_zero,
     configure_tiles, release_tiles, use_amx, x_tile_at,
 )
@@ -116,10 +116,10 @@ as many steps (512 columns, 16 KiB too): its four linears at 512 rows, bfloat16 
 comptime AMX_CHUNK_ROWS = 64
 """Rows of x up to which K goes in one chunk: few blocks of rows reuse a panel's chunk little, and the weights stream
 from memory best in one pass (Qwen3-0.6B's four linears at 32 rows: 1.17-1.30 ms against 1.34-1.40 in chunks)."""
-comptime AMX_INT8_ROWS = 64
-"""Rows of x from which the int8 linears run on AMX tiles: below, the VNNI quad panels are faster in the model (the
-engine's decode step of Qwen3-0.6B in int8 on an Intel Xeon VM, ms, at 16 / 32 / 64 rows: VNNI 56-59 / 87-95 /
-166-169, AMX 67-71 / 93-96 / 153-155), though alone the four linears of a layer tied at 16 rows."""
+comptime AMX_INT8_ROWS = 24
+"""Rows of x from which the int8 linears run on AMX tiles: below, the VNNI quad panels are as fast (the engine's decode
+step of Qwen3-0.6B in int8 on an Intel Xeon VM, 200 keys, ms, at 16 / 24 / 32 rows: VNNI 62-66 / 77-83 / 101-102,
+AMX 63-67 / 75-76 / 88-93)."""
 comptime SERIAL_MACS = 1 << 18
 comptime PARALLEL_X_ROWS = 128
 """Rows of x from which the AMX linears round or quantize it on every thread (fewer: the threads' hand-off costs
@@ -1013,7 +1013,8 @@ def amx_pair_panels[a_type: DType, stored: Bool](
                 var x, block = xb.unsafe_offset(m0 * kp + s0 * tile), sums.unsafe_offset(m0 * PANEL)
                 if m - m0 <= AMX_ROWS:
                     amx_start[half=True](block, first)
-                    amx_steps_16[AMX_AHEAD if stored else 0](x, tile, AMX_BYTES, panel, PANEL, count_steps)
+                    amx_steps_16[DType.bfloat16, DType.bfloat16, AMX_AHEAD if stored else 0](
+                        x, tile, AMX_BYTES, panel, PANEL, count_steps)
                     amx_store_16(block)
                 else:
                     amx_start(block, first)
@@ -1141,11 +1142,42 @@ def _add_block_dots(
                                                                                acc.unsafe_load[width=W](at)))
 
 
+@always_inline
+def _amx_int8_share[half: Bool](
+    x: Ptr[DType.int8], w: Ptr[DType.uint32], tail: Ptr[DType.uint32], dots: Ptr[DType.int32], steps: Int,
+    with_tail: Bool, kp: Int, new_block: Bool, first_pass: Bool,
+):
+    """A block of 32 (half: 16) rows of x as tiles against a quad panel's `steps` tile rows from x's and w's, then the
+    tail's (with_tail: the step at x + steps tiles, its quads in `tail`), the int32 sums added to dots' (new_block:
+    from 0) and stored there; first_pass: the weights stream from memory (asked for ahead)."""
+    comptime tile = AMX_ROWS * amx_k[DType.int8]()
+    amx_start[half=half](dots, new_block)
+    if steps > 0 and first_pass:
+        _amx_int8_steps[half, AMX_AHEAD](x, w, kp, steps)
+    elif steps > 0:
+        _amx_int8_steps[half, 0](x, w, kp, steps)
+    if with_tail:
+        _amx_int8_steps[half, 0](x.unsafe_offset(max(steps, 0) * tile), tail, kp, 1)
+    comptime if half:
+        amx_store_16(dots)
+    else:
+        amx_store(dots)
+
+
+@always_inline
+def _amx_int8_steps[half: Bool, ahead: Int](x: Ptr[DType.int8], w: Ptr[DType.uint32], kp: Int, steps: Int):
+    comptime tile = AMX_ROWS * amx_k[DType.int8]()
+    comptime if half:
+        amx_steps_16[DType.int8, DType.int8, ahead](x, tile, AMX_BYTES, w, I8_TILE_ROWS, steps)
+    else:
+        amx_steps[DType.int8, DType.int8, ahead](x, tile, AMX_BYTES, AMX_ROWS * kp, w, I8_TILE_ROWS, steps)
+
+
 struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
-    """Item: I8_TILE_ROWS rows of a tiled int8 weight, its quad panels read in place, against every row of x quantized
-    to int8, on AMX tiles (linear_amx.mojo): exact int32 sums per block of block_k columns (a multiple of 64), then
-    both scales. xq: as AMX tiles (x_tile_at, kp columns: a multiple of 64, zeros past K), its rows padded to a
-    multiple of AMX_BLOCK."""
+    """Item: AMX_STORED_PANELS tiles of I8_TILE_ROWS rows of a tiled int8 weight (a tile configuration and the buffers
+    serve them all), their quad panels read in place, against every row of x quantized to int8, on AMX tiles
+    (linear_amx.mojo): exact int32 sums per block of block_k columns (a multiple of 64), then both scales. xq: as AMX
+    tiles (x_tile_at, kp columns: a multiple of 64, zeros past K), its rows padded to a multiple of AMX_BLOCK."""
 
     var y: Addr[Self.a_type]
     var xq: _QuantizedX
@@ -1158,53 +1190,54 @@ struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
 
     def run(self, item: Int):
         comptime assert I8_TILE_ROWS == AMX_BLOCK, "a tile of int8 weights is two tiles of quads"
-        comptime step = amx_k[DType.int8]()
-        comptime tile = AMX_ROWS * step
-        var n0, K, kp, N = item * I8_TILE_ROWS, self.wt.k, self.kp, self.wt.n
-        var panel = ptr(self.wt.w).unsafe_bitcast[UInt32]().unsafe_offset(n0 * (K // 4))
-        # the quads of the last columns, past the last whole step, with zeros after them: a step's tile is 16 rows
-        var whole = K // step
-        var tail_buffer = List[UInt32](length=AMX_ROWS * I8_TILE_ROWS, fill=0)
-        var tail = list_ptr(tail_buffer)
-        for i in range((K - whole * step) // 4 * I8_TILE_ROWS):
-            tail.unsafe_store(i, panel.unsafe_load(whole * step // 4 * I8_TILE_ROWS + i))
+        var first = item * AMX_STORED_PANELS
         var rows = amx_rows(self.m)
         var dot_buffer = List[Int32](unsafe_uninit_length=rows * PANEL)
-        var acc_buffer = List[Float32](length=rows * PANEL, fill=0)
+        var acc_buffer = List[Float32](unsafe_uninit_length=rows * PANEL)
+        # the quads of the last columns, past the last whole step, with zeros after them: a step's tile is 16 rows
+        var tail_buffer = List[UInt32](length=AMX_ROWS * I8_TILE_ROWS if self.wt.k % amx_k[DType.int8]() else 0,
+                                       fill=0)
+        configure_tiles()
+        for t in range(first, min(first + AMX_STORED_PANELS, self.wt.n // I8_TILE_ROWS)):
+            zero_f32(list_ptr(acc_buffer), 0, len(acc_buffer))
+            self._tile(t * I8_TILE_ROWS, list_ptr(dot_buffer), list_ptr(acc_buffer), list_ptr(tail_buffer))
+        release_tiles()
+
+    def _tile(self, n0: Int, dots_all: Ptr[DType.int32], acc_all: Ptr[F32], tail: Ptr[DType.uint32]):
+        """y[:, n0 : n0 + I8_TILE_ROWS]; acc_all: zeros."""
+        comptime step = amx_k[DType.int8]()
+        comptime tile = AMX_ROWS * step
+        var K, kp, N = self.wt.k, self.kp, self.wt.n
+        var panel = ptr(self.wt.w).unsafe_bitcast[UInt32]().unsafe_offset(n0 * (K // 4))
+        var whole = K // step
+        for i in range((K - whole * step) // 4 * I8_TILE_ROWS):
+            tail.unsafe_store(i, panel.unsafe_load(whole * step // 4 * I8_TILE_ROWS + i))
         var scales, q = ptr(self.wt.scales).unsafe_offset(n0), ptr(self.xq.q)
         var steps, block_steps = ceildiv(K, step), self.wt.block_k // step
         var chunk = AMX_CHUNK_STEPS if self.m > AMX_CHUNK_ROWS else steps
-        configure_tiles()
         for s0 in range(0, steps, chunk):  # a chunk of the panel stays in L1 for every block of rows
             var s1 = min(steps, s0 + chunk)
             for m0 in range(0, self.m, AMX_BLOCK):
                 var x = q.unsafe_offset(m0 * kp)
-                var dots, acc = list_ptr(dot_buffer).unsafe_offset(m0 * PANEL), list_ptr(acc_buffer).unsafe_offset(
-                    m0 * PANEL)
+                var dots, acc = dots_all.unsafe_offset(m0 * PANEL), acc_all.unsafe_offset(m0 * PANEL)
                 var s = s0
                 while s < s1:  # the chunk's share of each block it meets: int32 sums, scaled where a block ends
                     var kb = s // block_steps
                     var e = min(s1, (kb + 1) * block_steps)
-                    if s == kb * block_steps:
-                        amx_zero()
+                    var xs, ws = x.unsafe_offset(s * tile), panel.unsafe_offset(s * step // 4 * I8_TILE_ROWS)
+                    var new_block, first_pass = s == kb * block_steps, m0 == 0
+                    if self.m - m0 <= AMX_ROWS:
+                        _amx_int8_share[True](xs, ws, tail, dots, min(e, whole) - s, e > whole, kp, new_block,
+                                              first_pass)
                     else:
-                        amx_load(dots, AMX_BLOCK)
-                    if min(e, whole) > s:
-                        amx_steps[w_type=DType.int8](x.unsafe_offset(s * tile), tile, AMX_BYTES, AMX_ROWS * kp,
-                                                     panel.unsafe_offset(s * step // 4 * I8_TILE_ROWS), I8_TILE_ROWS,
-                                                     min(e, whole) - s)
-                    if e > whole:
-                        amx_steps[w_type=DType.int8](x.unsafe_offset(whole * tile), tile, AMX_BYTES, AMX_ROWS * kp,
-                                                     tail, I8_TILE_ROWS, 1)
-                    amx_store(dots)
+                        _amx_int8_share[False](xs, ws, tail, dots, min(e, whole) - s, e > whole, kp, new_block,
+                                               first_pass)
                     if e == (kb + 1) * block_steps or e == steps:
                         _add_block_dots(acc, dots, self.xq, m0, min(AMX_BLOCK, self.m - m0), kb,
                                         scales.unsafe_offset(kb * N))
                     s = e
         for m0 in range(0, self.m, AMX_BLOCK):
-            _store_block(ptr(self.y), list_ptr(acc_buffer).unsafe_offset(m0 * PANEL), m0, min(AMX_BLOCK, self.m - m0),
-                         n0, N)
-        release_tiles()
+            _store_block(ptr(self.y), acc_all.unsafe_offset(m0 * PANEL), m0, min(AMX_BLOCK, self.m - m0), n0, N)
 
 
 struct _StoredQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
@@ -1263,7 +1296,8 @@ def linear_cpu[a_type: DType, w_type: DType, R: Runner, tiled: Bool = False](
         if amx:
             var kp = amx_padded[DType.int8](wt.k)
             var xq = _quantized_x(runner, x, m, amx_rows(m), wt.k, wt.block_k, kp, q, q_scales, q_sums, as_tiles=True)
-            runner.run(_AmxQuadPanels[a_type, w_type, tiled](y, xq, wt, m, kp), n // I8_TILE_ROWS, serial)
+            runner.run(_AmxQuadPanels[a_type, w_type, tiled](y, xq, wt, m, kp),
+                       ceildiv(n // I8_TILE_ROWS, AMX_STORED_PANELS), serial)
         else:
             var xq = _quantized_x(runner, x, m, m, wt.k, wt.block_k, wt.k, q, q_scales, q_sums)
             runner.run(_StoredQuadPanels[a_type, w_type, tiled](y, xq, wt, m), n // I8_TILE_ROWS, serial)

@@ -122,21 +122,21 @@ def amx_steps[x_type: DType, w_type: DType, ahead: Int = 0](
 
 
 @always_inline
-def amx_steps_16[ahead: Int = 0](
-    x: Ptr[DType.bfloat16], x_step: Int, x_stride: Int, w: Ptr[DType.uint32], w_stride: Int, steps: Int,
+def amx_steps_16[x_type: DType, w_type: DType, ahead: Int = 0](
+    x: Ptr[x_type], x_step: Int, x_stride: Int, w: Ptr[DType.uint32], w_stride: Int, steps: Int,
 ):
-    """amx_steps for 16 rows of x (bfloat16 against pairs), into the top half of the block of y (tiles 4-5). Its
-    steps alternate between two sets of tiles (x in 0 or 1, weights in 2-3 or 6-7): tiles are not renamed, so a
-    step's loads into the tiles the last step multiplies would wait for its products (one row of x streaming the
-    weights from memory: 1.2x the time)."""
+    """amx_steps for 16 rows of x, into the top half of the block of y (tiles 4-5). Its steps alternate between two
+    sets of tiles (x in 0 or 1, weights in 2-3 or 6-7): tiles are not renamed, so a step's loads into the tiles the
+    last step multiplies would wait for its products (one row of x streaming bfloat16 weights from memory: 1.2x the
+    time)."""
     comptime if AMX:
         for s in range(steps):
             var a, b = x.unsafe_offset(s * x_step), w.unsafe_offset(s * AMX_ROWS * w_stride)
             _prefetch_step[ahead](b, w_stride)
             if s % 2 == 0:
-                _step_16[0, 2, 3](a, x_stride, b, w_stride)
+                _step_16[x_type, w_type, 0, 2, 3](a, x_stride, b, w_stride)
             else:
-                _step_16[1, 6, 7](a, x_stride, b, w_stride)
+                _step_16[x_type, w_type, 1, 6, 7](a, x_stride, b, w_stride)
 
 
 @always_inline
@@ -149,14 +149,15 @@ def _prefetch_step[ahead: Int](b: Ptr[DType.uint32], w_stride: Int):
 
 
 @always_inline
-def _step_16[xt: Int, wt0: Int, wt1: Int](
-    a: Ptr[DType.bfloat16], x_stride: Int, b: Ptr[DType.uint32], w_stride: Int,
+def _step_16[x_type: DType, w_type: DType, xt: Int, wt0: Int, wt1: Int](
+    a: Ptr[x_type], x_stride: Int, b: Ptr[DType.uint32], w_stride: Int,
 ):
+    comptime op = "llvm.x86.tdpbf16ps" if w_type == DType.bfloat16 else "llvm.x86.tdpbssd"
     _tile["llvm.x86.tileloadd64", xt](a, x_stride)
     _tile["llvm.x86.tileloadd64", wt0](b, 4 * w_stride)
     _tile["llvm.x86.tileloadd64", wt1](b.unsafe_offset(AMX_ROWS), 4 * w_stride)
-    llvm_intrinsic["llvm.x86.tdpbf16ps", NoneType](Int8(4), Int8(xt), Int8(wt0))
-    llvm_intrinsic["llvm.x86.tdpbf16ps", NoneType](Int8(5), Int8(xt), Int8(wt1))
+    llvm_intrinsic[op, NoneType](Int8(4), Int8(xt), Int8(wt0))
+    llvm_intrinsic[op, NoneType](Int8(5), Int8(xt), Int8(wt1))
 
 
 @always_inline
@@ -191,9 +192,9 @@ def amx_load[dtype: DType](y: Ptr[dtype], row: Int):
 
 
 @always_inline
-def amx_start[half: Bool = False](y: Ptr[DType.float32], first: Bool):
+def amx_start[dtype: DType, half: Bool = False](y: Ptr[dtype], first: Bool):
     """The block of y (half: its top half, amx_steps_16's) for a chunk of K: 0 for the first chunk, else the sums
-    of the chunks before from y[32, 32] (amx_store's layout, rows 32 apart)."""
+    of the chunks before (float32 or int32) from y[32, 32] (amx_store's layout, rows 32 apart)."""
     if first:
         amx_zero()
     else:
