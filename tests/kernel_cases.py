@@ -433,8 +433,8 @@ def kernel_cases() -> list:
                   for w in ref.TILED_DTYPES
                   for s in {torch.int8: I8_TILED_LINEAR_SHAPES + QUAD_ROW_SHAPES,
                             torch.float32: F32_TILED_LINEAR_SHAPES}.get(w, TILED_LINEAR_SHAPES)]
-        cases += [pytest.param(run_linear_tiled, dtype, (s, torch.int8, b), id=f"linear_tiled-{d}-int8-{s}-blocks_of_{b}")
-                  for s, b in I8_TILED_BLOCKS]
+        cases += [pytest.param(run_linear_tiled, dtype, (s, torch.int8, b),
+                               id=f"linear_tiled-{d}-int8-{s}-blocks_of_{b}") for s, b in I8_TILED_BLOCKS]
         cases += [pytest.param(run_linear_pair_panels, dtype, s, id=f"linear_pair_panels-{d}-{s}")
                   for s in PAIR_PANEL_SHAPES]
         cases += [pytest.param(run_linear_int4, dtype, (s, b, bits), id=f"linear_int4-{d}-{bits}bits-blocks_of_{b}-{s}")
