@@ -1152,12 +1152,12 @@ def _amx_int8_share[half: Bool](
     from 0) and stored there; first_pass: the weights stream from memory (asked for ahead)."""
     comptime tile = AMX_ROWS * amx_k[DType.int8]()
     amx_start[half=half](dots, new_block)
-    if steps > 0 and first_pass:
+    if first_pass:
         _amx_int8_steps[half, AMX_AHEAD](x, w, kp, steps)
-    elif steps > 0:
+    else:
         _amx_int8_steps[half, 0](x, w, kp, steps)
     if with_tail:
-        _amx_int8_steps[half, 0](x.unsafe_offset(max(steps, 0) * tile), tail, kp, 1)
+        _amx_int8_steps[half, 0](x.unsafe_offset(steps * tile), tail, kp, 1)
     comptime if half:
         amx_store_16(dots)
     else:
