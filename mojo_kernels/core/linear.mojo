@@ -55,9 +55,8 @@ from std.sys import CompilationTarget, llvm_intrinsic, size_of
 from std.sys.intrinsics import prefetch, PrefetchOptions
 
 from .linear_amx import (
-    AMX, AMX_BLOCK, AMX_BYTES, AMX_ROWS, amx_granted, amx_k, amx_padded, amx_rows, amx_start, amx_steps, amx_steps_16,
-    amx_store, amx_store_16, amx_zero,
-    configure_tiles, release_tiles, use_amx, x_tile_at,
+    AMX, AMX_BLOCK, AMX_ROWS, amx_block, amx_granted, amx_k, amx_padded, amx_rows, configure_tiles, release_tiles,
+    use_amx, x_tile_at,
 )
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
 from ..utils.types import (
@@ -103,8 +102,6 @@ comptime PAIR_TILE_ROWS = 32
 """Rows of a bfloat16 weight stored as pair panels ([N / 32, K / 2, 32, 2]: each 32 rows' column pairs in turn, the
 words AMX tiles and vdpbf16ps read; reference.tile_weight(w, pairs=True)), read in place at every batch size
 (linear_pair_panels). On AVX-512 only (PANEL is 32 there)."""
-comptime AMX_AHEAD = 16384
-"""Bytes of stored pair panels asked for ahead of the AMX tiles' first pass over them."""
 comptime AMX_STORED_PANELS = 4
 """Stored pair panels per work item on AMX tiles: a tile configuration and a buffer serve them all."""
 comptime AMX_CHUNK_STEPS = 8
@@ -1010,20 +1007,9 @@ def amx_pair_panels[a_type: DType, stored: Bool](
             var panel = panels.unsafe_offset((p * kp // 2 + s0 * AMX_ROWS) * PANEL)
             var sums = list_ptr(sums_buffer).unsafe_offset(p * rows * PANEL)
             for m0 in range(0, m, AMX_BLOCK):
-                var x, block = xb.unsafe_offset(m0 * kp + s0 * tile), sums.unsafe_offset(m0 * PANEL)
-                if m - m0 <= AMX_ROWS:
-                    amx_start[half=True](block, first)
-                    amx_steps_16[DType.bfloat16, DType.bfloat16, AMX_AHEAD if stored else 0](
-                        x, tile, AMX_BYTES, panel, PANEL, count_steps)
-                    amx_store_16(block)
-                else:
-                    amx_start(block, first)
-                    if stored and m0 == 0:  # the weights' first pass, from memory
-                        amx_steps[w_type=DType.bfloat16, ahead=AMX_AHEAD](x, tile, AMX_BYTES, AMX_ROWS * kp, panel,
-                                                                          PANEL, count_steps)
-                    else:
-                        amx_steps[w_type=DType.bfloat16](x, tile, AMX_BYTES, AMX_ROWS * kp, panel, PANEL, count_steps)
-                    amx_store(block, PANEL)
+                var block = sums.unsafe_offset(m0 * PANEL)
+                amx_block(m - m0, block, first, xb.unsafe_offset(m0 * kp + s0 * tile), kp, panel, count_steps,
+                          stored and m0 == 0, panel, False)
                 if last:
                     _store_block(y, block, m0, min(AMX_BLOCK, m - m0), n0, N)
     release_tiles()
@@ -1142,37 +1128,6 @@ def _add_block_dots(
                                                                                acc.unsafe_load[width=W](at)))
 
 
-@always_inline
-def _amx_int8_share[half: Bool](
-    x: Ptr[DType.int8], w: Ptr[DType.uint32], tail: Ptr[DType.uint32], dots: Ptr[DType.int32], steps: Int,
-    with_tail: Bool, kp: Int, new_block: Bool, first_pass: Bool,
-):
-    """A block of 32 (half: 16) rows of x as tiles against a quad panel's `steps` tile rows from x's and w's, then the
-    tail's (with_tail: the step at x + steps tiles, its quads in `tail`), the int32 sums added to dots' (new_block:
-    from 0) and stored there; first_pass: the weights stream from memory (asked for ahead)."""
-    comptime tile = AMX_ROWS * amx_k[DType.int8]()
-    amx_start[half=half](dots, new_block)
-    if first_pass:
-        _amx_int8_steps[half, AMX_AHEAD](x, w, kp, steps)
-    else:
-        _amx_int8_steps[half, 0](x, w, kp, steps)
-    if with_tail:
-        _amx_int8_steps[half, 0](x.unsafe_offset(steps * tile), tail, kp, 1)
-    comptime if half:
-        amx_store_16(dots)
-    else:
-        amx_store(dots)
-
-
-@always_inline
-def _amx_int8_steps[half: Bool, ahead: Int](x: Ptr[DType.int8], w: Ptr[DType.uint32], kp: Int, steps: Int):
-    comptime tile = AMX_ROWS * amx_k[DType.int8]()
-    comptime if half:
-        amx_steps_16[DType.int8, DType.int8, ahead](x, tile, AMX_BYTES, w, I8_TILE_ROWS, steps)
-    else:
-        amx_steps[DType.int8, DType.int8, ahead](x, tile, AMX_BYTES, AMX_ROWS * kp, w, I8_TILE_ROWS, steps)
-
-
 struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
     """Item: AMX_STORED_PANELS tiles of I8_TILE_ROWS rows of a tiled int8 weight (a tile configuration and the buffers
     serve them all), their quad panels read in place, against every row of x quantized to int8, on AMX tiles
@@ -1225,13 +1180,9 @@ struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
                     var kb = s // block_steps
                     var e = min(s1, (kb + 1) * block_steps)
                     var xs, ws = x.unsafe_offset(s * tile), panel.unsafe_offset(s * step // 4 * I8_TILE_ROWS)
-                    var new_block, first_pass = s == kb * block_steps, m0 == 0
-                    if self.m - m0 <= AMX_ROWS:
-                        _amx_int8_share[True](xs, ws, tail, dots, min(e, whole) - s, e > whole, kp, new_block,
-                                              first_pass)
-                    else:
-                        _amx_int8_share[False](xs, ws, tail, dots, min(e, whole) - s, e > whole, kp, new_block,
-                                               first_pass)
+                    # the weights' first pass (m0 == 0) streams them from memory
+                    amx_block(self.m - m0, dots, s == kb * block_steps, xs, kp, ws, min(e, whole) - s, m0 == 0, tail,
+                              e > whole)
                     if e == (kb + 1) * block_steps or e == steps:
                         _add_block_dots(acc, dots, self.xq, m0, min(AMX_BLOCK, self.m - m0), kb,
                                         scales.unsafe_offset(kb * N))

@@ -23,6 +23,8 @@ comptime AMX_BYTES = 64
 """Bytes of a tile row: the columns of x per step (32 bfloat16, 64 int8)."""
 comptime AMX_BLOCK = 2 * AMX_ROWS
 """Rows of x and of weights per block of y: 2 x 2 tiles of y, each tile of x and of weights used twice."""
+comptime AMX_AHEAD = 16384
+"""Bytes of weights asked for ahead of the tiles' first pass over them, as they stream from memory."""
 comptime _SYS_ARCH_PRCTL = 158
 comptime _ARCH_REQ_XCOMP_PERM = 0x1023
 comptime _XFEATURE_XTILEDATA = 18
@@ -171,6 +173,50 @@ def _block_tiles[op: StaticString, dtype: DType, tiles: Int = 4](y: Ptr[dtype], 
         comptime if tiles == 4:
             _tile[op, 6](y.unsafe_offset(AMX_ROWS * row), 4 * row)
             _tile[op, 7](y.unsafe_offset(AMX_ROWS * row + AMX_ROWS), 4 * row)
+
+
+@always_inline
+def amx_block[x_type: DType, dtype: DType](
+    rows: Int, sums: Ptr[dtype], first: Bool, x: Ptr[x_type], kp: Int, w: Ptr[DType.uint32], steps: Int,
+    streamed: Bool, tail: Ptr[DType.uint32], with_tail: Bool,
+):
+    """A block of `rows` rows of x (16 or fewer: on half the tiles) against a panel's 32 columns of weight words: the
+    block's sums in sums[32, 32] (first: from 0) plus `steps` tile rows of x and of the words (PANEL words a word row:
+    bfloat16 pairs or int8 quads, as x_type), then, with_tail, the next step of x against `tail`'s words, stored back.
+    x: as tiles (x_tile_at, kp columns). streamed: the words come from memory (AMX_AHEAD bytes asked for ahead)."""
+    if rows <= AMX_ROWS:
+        _amx_block[half=True](sums, first, x, kp, w, steps, streamed, tail, with_tail)
+    else:
+        _amx_block[half=False](sums, first, x, kp, w, steps, streamed, tail, with_tail)
+
+
+@always_inline
+def _amx_block[x_type: DType, dtype: DType, //, half: Bool](
+    sums: Ptr[dtype], first: Bool, x: Ptr[x_type], kp: Int, w: Ptr[DType.uint32], steps: Int, streamed: Bool,
+    tail: Ptr[DType.uint32], with_tail: Bool,
+):
+    amx_start[half=half](sums, first)
+    if streamed:
+        _amx_block_steps[half, AMX_AHEAD](x, kp, w, steps)
+    else:
+        _amx_block_steps[half, 0](x, kp, w, steps)
+    if with_tail:
+        _amx_block_steps[half, 0](x.unsafe_offset(steps * AMX_ROWS * amx_k[x_type]()), kp, tail, 1)
+    comptime if half:
+        amx_store_16(sums)
+    else:
+        amx_store(sums)
+
+
+@always_inline
+def _amx_block_steps[x_type: DType, //, half: Bool, ahead: Int](
+    x: Ptr[x_type], kp: Int, w: Ptr[DType.uint32], steps: Int
+):
+    comptime tile = AMX_ROWS * amx_k[x_type]()
+    comptime if half:
+        amx_steps_16[x_type, x_type, ahead](x, tile, AMX_BYTES, w, AMX_BLOCK, steps)
+    else:
+        amx_steps[x_type, x_type, ahead](x, tile, AMX_BYTES, AMX_ROWS * kp, w, AMX_BLOCK, steps)
 
 
 @always_inline
