@@ -20,6 +20,10 @@ from python_layer.model.random_checkpoint import (
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
+IDLE_BUSY = 0.05
+"""Share of all the cores busy below which the machine counts as idle (settle)."""
+SETTLE_TIMEOUT_S = 30.0
+
 
 RANDOM_MODELS: dict[str, Callable[[Path], Path]] = {
     "qwen3-0.6b-random": lambda path: build_random_checkpoint(path, dtype=torch.bfloat16, **QWEN3_0_6B_SHAPE),
@@ -76,3 +80,18 @@ def write_json(name: str, meta: dict, rows: Sequence[dict], out: Optional[Path] 
     out.write_text(json.dumps(dict(meta=meta, rows=list(rows)), indent=1))
     print(f"wrote {out}")
     return out
+
+
+def settle(window_s: float = 0.25) -> float:
+    """Waits until the machine is idle (under IDLE_BUSY of all the cores busy over window_s), at most SETTLE_TIMEOUT_S;
+    returns the seconds waited. Before each timed run: MAX's runtime threads spin on after a graph (an idle MILI server
+    ~2 s after its last request, on 2 cores, and for tens of seconds while another process competes for the cores),
+    and a fixed pause let them take up to a third of the next system's cores."""
+    import psutil
+
+    start = time.perf_counter()
+    while psutil.cpu_percent(interval=window_s) >= 100 * IDLE_BUSY:
+        if time.perf_counter() - start > SETTLE_TIMEOUT_S:
+            print(f"warning: the machine did not go idle within {SETTLE_TIMEOUT_S:g} s", file=sys.stderr, flush=True)
+            break
+    return time.perf_counter() - start

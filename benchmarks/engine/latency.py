@@ -25,15 +25,12 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from benchmarks.common import device_argument, model_path, print_table, write_json
+from benchmarks.common import device_argument, model_path, print_table, settle, write_json
 
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.memory.kv_cache_manager import DEFAULT_PAGE_SIZE
 from python_layer.model.quantization import Int4Weight, LinearWeight, QuantizedWeight
 
-SETTLE_S = 1.0
-"""Pause before each run: the previous system's threads keep spinning for a while after its run (MAX's runtime
-threads used both cores for ~0.3 s after a MILI step, measured), which would slow the next system down."""
 
 
 def bits_per_weight(weights: Iterable[LinearWeight]) -> float:
@@ -128,7 +125,7 @@ def measure(args: argparse.Namespace, subjects: list[Subject]) -> list[str]:
         samples: dict[int, list[float]] = {id(s): [] for s in live}
         for run in range(args.runs + 1):  # run 0: the warm-up
             for s in list(live):
-                time.sleep(SETTLE_S)
+                settle()
                 try:
                     seconds = once(s)
                 except Exception:  # one system failing must not lose the others' figures

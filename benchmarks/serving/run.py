@@ -30,10 +30,9 @@ from benchmarks.serving import guidellm_sweep
 from benchmarks.serving import light_client
 from benchmarks.serving import plots
 from benchmarks.serving.offline import offline_point
-from benchmarks.common import print_table, write_json
+from benchmarks.common import print_table, settle, write_json
 from benchmarks.serving.cpu_meter import CpuMeter
 # the pause `mili bench engine latency` takes before each run, for the same reason
-from benchmarks.engine.latency import SETTLE_S
 from benchmarks.serving.servers import PEERS, Server, start_llama, start_mili
 
 from python_layer.model.random_checkpoint import builtin_model_path
@@ -120,8 +119,8 @@ def _exit_report(server: Optional[Server]) -> str:
 
 def _sweep(servers: List[Server], args: argparse.Namespace, prompts: List[str],
            work: Path) -> Tuple[List[dict], List[dict]]:
-    """Every point of every server in turn (concurrency, then server, then client), then offline, after a pause
-    for the last run's threads to go idle: this VM's speed drifts over minutes, and running them in turn keeps the
+    """Every point of every server in turn (concurrency, then server, then client), then offline, each once the
+    machine is idle (settle: the last run's threads spin on for a while): this VM's speed drifts over minutes, and running them in turn keeps the
     drift out of the comparisons. `prompts`: _prompt_count(args) of them, shared out by _point_prompts. Returns the
     rows and the points that failed (the sweep goes on past them)."""
     warm_up, point_prompts = _point_prompts(prompts, args)
@@ -130,7 +129,7 @@ def _sweep(servers: List[Server], args: argparse.Namespace, prompts: List[str],
     rows, failed = [], []
 
     def point(system: str, client: str, c: int, run: Callable[[], dict], server: Optional[Server] = None) -> None:
-        time.sleep(SETTLE_S)
+        settle()
         print(f"{system}: {client} at concurrency {c}", flush=True)
         try:
             rows.append(dict(run(), concurrency=c, system=system, client=client))

@@ -94,7 +94,7 @@ def test_a_failed_point_is_reported_and_the_sweep_goes_on(monkeypatch: pytest.Mo
             raise RuntimeError("guidellm failed (exit 1)")
         return {"output_tok_s": 10.0 * c}
 
-    monkeypatch.setattr(run, "SETTLE_S", 0)
+    monkeypatch.setattr(run, "settle", lambda: 0.0)
     monkeypatch.setattr(run.light_client, "run_concurrency", lambda *a: None)
     monkeypatch.setattr(run, "_guidellm_point", guidellm_point)
     args = argparse.Namespace(concurrencies=[1, 2, 4], clients=["guidellm"], offline=False, requests=2)
@@ -120,7 +120,7 @@ def test_no_point_sends_a_prompt_an_earlier_point_sent(monkeypatch: pytest.Monke
     from benchmarks.serving.servers import Server
 
     sent, seeds = [], []
-    monkeypatch.setattr(run, "SETTLE_S", 0)
+    monkeypatch.setattr(run, "settle", lambda: 0.0)
     monkeypatch.setattr(run.light_client, "run_concurrency",
                         lambda url, model, prompts, *a: sent.append((url, "warm-up", list(prompts))))
     monkeypatch.setattr(run, "_light_point",
@@ -165,7 +165,7 @@ def test_each_mili_format_gets_its_offline_points_and_its_breakdown(monkeypatch:
     from benchmarks.serving import run
 
     SPEEDS = {"int8": 1.0, "int4": 2.0}
-    monkeypatch.setattr(run, "SETTLE_S", 0)
+    monkeypatch.setattr(run, "settle", lambda: 0.0)
     monkeypatch.setattr(run, "offline_point",
                         lambda model, dtype, kv, *a: {"output_tok_s": SPEEDS[dtype] if kv == "bfloat16" else 0})
     args = argparse.Namespace(concurrencies=[1, 8], clients=[], offline=True, mili_weight_dtypes=["int8", "int4"],
