@@ -60,7 +60,7 @@ from .linear_amx import (
 )
 from ..utils.parallel import ChunkTask, MojoThreads, Runner
 from ..utils.types import (
-    addr, ptr, list_ptr, dot_bf16, largest_abs, zero_f32, load_f32, BF16_DOT, narrow, round_even, widen, is_fp8, Addr, F32, F32_WIDTH, FP8_SCALE, Ptr, GPU_BLOCK, check_same,
+    addr, ptr, list_ptr, dot_bf16, largest_abs, load_f32, BF16_DOT, narrow, round_even, widen, is_fp8, Addr, F32, F32_WIDTH, FP8_SCALE, Ptr, GPU_BLOCK, check_same,
 )
 
 comptime W = F32_WIDTH
@@ -1119,13 +1119,13 @@ def _add_block_dots(
     acc: Ptr[F32], dots: Ptr[DType.int32], xq: _QuantizedX, m0: Int, rows: Int, kb: Int, scales: Ptr[F32],
 ):
     """acc[i] += sx * dots[i] * scales for the `rows` rows of a block of y (PANEL columns; rows PANEL apart) from x's
-    row m0 on: block kb's int32 sums, scales its PANEL columns'."""
+    row m0 on: block kb's int32 sums, scales its PANEL columns'. The first block (kb 0) sets acc: no zeroing first."""
     for i in range(rows):
         var sx = xq.scale(m0 + i, kb)
         comptime for h in range(0, PANEL, W):
             var at = i * PANEL + h
-            acc.unsafe_store(at, dots.unsafe_load[width=W](at).cast[F32]().fma(scales.unsafe_load[width=W](h) * sx,
-                                                                               acc.unsafe_load[width=W](at)))
+            var dot, scale = dots.unsafe_load[width=W](at).cast[F32](), scales.unsafe_load[width=W](h) * sx
+            acc.unsafe_store(at, dot * scale if kb == 0 else dot.fma(scale, acc.unsafe_load[width=W](at)))
 
 
 struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
@@ -1154,12 +1154,11 @@ struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
                                        fill=0)
         configure_tiles()
         for t in range(first, min(first + AMX_STORED_PANELS, self.wt.n // I8_TILE_ROWS)):
-            zero_f32(list_ptr(acc_buffer), 0, len(acc_buffer))
             self._tile(t * I8_TILE_ROWS, list_ptr(dot_buffer), list_ptr(acc_buffer), list_ptr(tail_buffer))
         release_tiles()
 
     def _tile(self, n0: Int, dots_all: Ptr[DType.int32], acc_all: Ptr[F32], tail: Ptr[DType.uint32]):
-        """y[:, n0 : n0 + I8_TILE_ROWS]; acc_all: zeros."""
+        """y[:, n0 : n0 + I8_TILE_ROWS]."""
         comptime step = amx_k[DType.int8]()
         comptime tile = AMX_ROWS * step
         var K, kp, N = self.wt.k, self.kp, self.wt.n
