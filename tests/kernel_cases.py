@@ -201,6 +201,17 @@ def run_store_kv(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     assert torch.equal(bits(ours[0]), bits(caches[0])) and torch.equal(bits(ours[1]), bits(caches[1]))
 
 
+def rotation_steps(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, head_dim: int) -> dict:
+    """The atol of q, k and v normed and rotated from a bfloat16 qkv ({} for float32): bfloat16 normed values are
+    rounded before the rotation; summing squares in another order can round one to the neighbouring value, and the
+    rotation carries that step (up to 1/32) into a result that may be near zero: two steps of the largest normed
+    value."""
+    if qkv.dtype != torch.bfloat16:
+        return {}
+    normed = ref.head_rms_norm(qkv.view(qkv.shape[0], -1, head_dim), torch.maximum(q_norm, k_norm), 1e-6)
+    return dict(atol=2 * torch.finfo(qkv.dtype).eps * 2 ** normed.float().abs().max().log2().floor().item())
+
+
 def run_qk_norm_rope_store(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     tokens, q_heads, kv_heads, head_dim, scaling, kv_dtype = case
     pages, page_size = tokens // 16 + 3, 16
@@ -218,13 +229,7 @@ def run_qk_norm_rope_store(ops, device: str, dtype: torch.dtype, case: tuple) ->
     ours = [c.clone() for c in caches]
     q = ops.qk_norm_rope_store(qkv, q_norm, k_norm, 1e-6, positions, inv_freq, scale, *ours, slots)
     expected = ref.qk_norm_rope_store(qkv, q_norm, k_norm, 1e-6, positions, inv_freq, scale, *caches, slots)
-    # bfloat16 normed values are rounded before the rotation; summing squares in another order can round one to the
-    # neighbouring value, and the rotation carries that step (up to 1/32) into a result that may be near zero: allow
-    # two steps of the largest normed value
-    steps = {}
-    if dtype == torch.bfloat16:
-        normed = ref.head_rms_norm(qkv.view(tokens, -1, head_dim), torch.maximum(q_norm, k_norm), 1e-6)
-        steps = dict(atol=2 * torch.finfo(dtype).eps * 2 ** normed.float().abs().max().log2().floor().item())
+    steps = rotation_steps(qkv, q_norm, k_norm, head_dim)
     assert_matches(q, expected, dtype, **steps)
     assert_caches_match(tuple(ours), tuple(caches), kv_dtype, dtype, **steps)  # k, v rounded to the caches' dtype
 
@@ -269,7 +274,9 @@ def run_qkv_attention(ops, device: str, dtype: torch.dtype, case: tuple) -> None
     # over bfloat16 caches, to bfloat16's tolerance: the CPU kernel is exact there only for q in the caches' dtype
     # (run_attention draws q so), and this q is float32
     assert_matches(ours, expected, kv_dtype if kv_dtype not in EIGHT_BIT_KV else torch.bfloat16)
-    assert_caches_match(tuple(caches), tuple(expected_caches), kv_dtype, dtype)  # the new tokens' k and v, stored
+    # the new tokens' k and v, stored
+    assert_caches_match(tuple(caches), tuple(expected_caches), kv_dtype, dtype,
+                        **rotation_steps(qkv, q_norm, k_norm, head_dim))
 
 
 def linear_weight(n: int, k: int, weight_dtype: torch.dtype, device: str, block_k: int = 128) -> tuple:
