@@ -120,9 +120,9 @@ def _exit_report(server: Optional[Server]) -> str:
 def _sweep(servers: List[Server], args: argparse.Namespace, prompts: List[str],
            work: Path) -> Tuple[List[dict], List[dict]]:
     """Every point of every server in turn (concurrency, then server, then client), then offline, each once the
-    machine is idle (settle: the last run's threads spin on for a while): this VM's speed drifts over minutes, and running them in turn keeps the
-    drift out of the comparisons. `prompts`: _prompt_count(args) of them, shared out by _point_prompts. Returns the
-    rows and the points that failed (the sweep goes on past them)."""
+    machine is idle (settle: the last run's threads spin on for a while): this VM's speed drifts over minutes, and
+    running them in turn keeps the drift out of the comparisons. `prompts`: _prompt_count(args) of them, shared out
+    by _point_prompts. Returns the rows and the points that failed (the sweep goes on past them)."""
     warm_up, point_prompts = _point_prompts(prompts, args)
     for server in servers:
         light_client.run_concurrency(server.url, server.model, warm_up, 8, len(warm_up), SAMPLING)
