@@ -32,7 +32,6 @@ from python_layer.memory.kv_cache_manager import DEFAULT_PAGE_SIZE
 from python_layer.model.quantization import Int4Weight, LinearWeight, QuantizedWeight
 
 
-
 def bits_per_weight(weights: Iterable[LinearWeight]) -> float:
     """The bits a weight of `weights` (a model's decode_weights) takes, scales and mins included, as llama.cpp's
     model size over its weights counts its files: int4's 6-bit LM head and a W8A8 checkpoint's scale per row are in

@@ -32,7 +32,6 @@ from benchmarks.serving import plots
 from benchmarks.serving.offline import offline_point
 from benchmarks.common import print_table, settle, write_json
 from benchmarks.serving.cpu_meter import CpuMeter
-# the pause `mili bench engine latency` takes before each run, for the same reason
 from benchmarks.serving.servers import PEERS, Server, start_llama, start_mili
 
 from python_layer.model.random_checkpoint import builtin_model_path
