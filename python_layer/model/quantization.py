@@ -134,21 +134,31 @@ def _fit_int4(weight: torch.Tensor, block_k: int, levels: int) -> tuple[torch.Te
     w = w.view(n, blocks, block_k)
     low, high = w.amin(dim=2, keepdim=True), w.amax(dim=2, keepdim=True)
     spread = (high - low).clamp(min=1e-12)
-    best_err = torch.full_like(low, float("inf"))
-    best_q, best_scale, best_min = None, low.clone(), low.clone()
+    offset, w_mean = w - low, w.mean(dim=2, keepdim=True)
+    centred = w - w_mean
+    w_var = (centred * centred).mean(dim=2, keepdim=True).double()
+    best_err = torch.full_like(w_var, float("inf"))
+    best_factor, best_scale, best_min = torch.zeros_like(low), low.clone(), low.clone()
+    q = torch.empty_like(w)
     for step in INT4_STEPS:
-        q = ((w - low) * ((levels + step) / spread)).round().clamp(0, levels)
-        q_mean, w_mean = q.mean(dim=2, keepdim=True), w.mean(dim=2, keepdim=True)
-        q_var = ((q - q_mean) ** 2).mean(dim=2, keepdim=True)
-        scale = torch.where(q_var > 0, ((q - q_mean) * (w - w_mean)).mean(dim=2, keepdim=True) / q_var.clamp(min=1e-30),
-                            torch.zeros_like(q_var))
-        minimum = w_mean - scale * q_mean
-        err = ((q * scale + minimum - w) ** 2).sum(dim=2, keepdim=True)
+        factor = (levels + step) / spread
+        torch.mul(offset, factor, out=q).round_().clamp_(0, levels)
+        # each block's least-squares scale and min and its squared error, block_k * (var(w) - cov(q, w)^2 / var(q)),
+        # from its sums: q's are exact (integers), the rest in float64 (the error is a difference of near values)
+        q_mean = q.sum(dim=2, keepdim=True) / block_k
+        q_var = ((q * q).sum(dim=2, keepdim=True) / block_k - q_mean * q_mean).double()
+        cov = ((q * centred).sum(dim=2, keepdim=True) / block_k).double()
+        fitted = q_var > 0
+        scale = torch.where(fitted, cov / q_var.clamp(min=1e-30), torch.zeros_like(cov))
+        err = block_k * torch.where(fitted, w_var - cov * scale, w_var)
         better = err < best_err
         best_err = torch.where(better, err, best_err)
-        best_q = q if best_q is None else torch.where(better, q, best_q)
-        best_scale, best_min = torch.where(better, scale, best_scale), torch.where(better, minimum, best_min)
-    return best_q.view(n, blocks * block_k)[:, :k].to(torch.uint8), best_scale[:, :, 0], best_min[:, :, 0]
+        scale = scale.float()
+        best_factor = torch.where(better, factor, best_factor)
+        best_scale = torch.where(better, scale, best_scale)
+        best_min = torch.where(better, w_mean - scale * q_mean, best_min)
+    torch.mul(offset, best_factor, out=q).round_().clamp_(0, levels)
+    return q.view(n, blocks * block_k)[:, :k].to(torch.uint8), best_scale[:, :, 0], best_min[:, :, 0]
 
 
 def from_block_scales(weight: torch.Tensor, scale_inv: torch.Tensor, block_size: Sequence[int]) -> QuantizedWeight:

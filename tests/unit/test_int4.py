@@ -12,7 +12,7 @@ from bindings import reference
 from python_layer.model.config import Qwen3Config
 from python_layer.model.int4_checkpoints import Int4Checkpoint, write_int4_checkpoint
 from python_layer.model.qwen3_model import resolve_weight_dtype
-from python_layer.model.quantization import INT4_BLOCK_K, Int4Weight, cat_rows, convert, quantize_int4
+from python_layer.model.quantization import INT4_BLOCK_K, INT4_STEPS, Int4Weight, cat_rows, convert, quantize_int4
 from python_layer.model.random_checkpoint import GPTQ_INT4, build_random_checkpoint, build_random_gptq_checkpoint
 from python_layer.model.weight_loader import WeightLoader
 
@@ -116,6 +116,31 @@ def test_quantize_int4_error_and_round_trip(bits: int) -> None:
     assert convert(q, f"int{other}", torch.float32).bits == other
     with pytest.raises(ValueError, match="cannot stack 4-bit weights with other formats, bits"):
         cat_rows([q, quantize_int4(w[:5], bits=other)])
+
+
+@pytest.mark.parametrize("bits", [4, 6])
+def test_quantize_int4_keeps_each_blocks_least_squares_best(bits: int) -> None:
+    """quantize_int4 scores its ranges from each block's sums: its pick against every range's values fitted here
+    directly in float64 (a block of constant values included, whose values all round alike)."""
+    w = torch.randn(9, 300) * torch.rand(9, 1) * 3
+    w[2, :INT4_BLOCK_K] = 0.25
+    q = quantize_int4(w, bits=bits)
+    levels, blocks = 2**bits - 1, -(-300 // INT4_BLOCK_K)
+    padded = torch.cat([w, w[:, -1:].expand(9, blocks * INT4_BLOCK_K - 300)], 1).double().view(9, blocks, -1)
+    chosen = torch.nn.functional.pad(q.values().double(), (0, blocks * INT4_BLOCK_K - 300), mode="replicate")
+    chosen = chosen.view(9, blocks, -1)
+
+    def best_fit_error(values: torch.Tensor) -> torch.Tensor:
+        design = torch.stack([values, torch.ones_like(values)], -1)
+        coefficients = torch.linalg.lstsq(design, padded[..., None]).solution
+        return ((design @ coefficients)[..., 0] - padded).pow(2).sum(-1)
+
+    single = padded.float()  # the ranges' values as quantize_int4 rounds them, in float32
+    low, high = single.amin(-1, keepdim=True), single.amax(-1, keepdim=True)
+    tried = [best_fit_error((((single - low) * ((levels + step) / (high - low).clamp(min=1e-12))).round()
+                             .clamp(0, levels)).double()) for step in INT4_STEPS]
+    # float32 sums may pick a near tie: within 1% of the best
+    assert (best_fit_error(chosen) <= torch.stack(tried).amin(0) * 1.01 + 1e-12).all()
 
 
 def test_int4_refuses_weights_beyond_float16() -> None:
