@@ -145,18 +145,17 @@ def _fit_int4(weight: torch.Tensor, block_k: int, levels: int) -> tuple[torch.Te
         torch.mul(offset, factor, out=q).round_().clamp_(0, levels)
         # each block's least-squares scale and min and its squared error, block_k * (var(w) - cov(q, w)^2 / var(q)),
         # from its sums: q's are exact (integers), the rest in float64 (the error is a difference of near values)
-        q_mean = q.sum(dim=2, keepdim=True) / block_k
-        q_var = ((q * q).sum(dim=2, keepdim=True) / block_k - q_mean * q_mean).double()
-        cov = ((q * centred).sum(dim=2, keepdim=True) / block_k).double()
+        q_mean = q.sum(dim=2, keepdim=True).double() / block_k
+        q_var = (q * q).sum(dim=2, keepdim=True).double() / block_k - q_mean * q_mean
+        cov = (q * centred).sum(dim=2, keepdim=True).double() / block_k
         fitted = q_var > 0
         scale = torch.where(fitted, cov / q_var.clamp(min=1e-30), torch.zeros_like(cov))
         err = block_k * torch.where(fitted, w_var - cov * scale, w_var)
         better = err < best_err
         best_err = torch.where(better, err, best_err)
-        scale = scale.float()
         best_factor = torch.where(better, factor, best_factor)
-        best_scale = torch.where(better, scale, best_scale)
-        best_min = torch.where(better, w_mean - scale * q_mean, best_min)
+        best_scale = torch.where(better, scale.float(), best_scale)
+        best_min = torch.where(better, (w_mean - scale * q_mean).float(), best_min)
     torch.mul(offset, best_factor, out=q).round_().clamp_(0, levels)
     return q.view(n, blocks * block_k)[:, :k].to(torch.uint8), best_scale[:, :, 0], best_min[:, :, 0]
 
