@@ -129,8 +129,9 @@ def _half_scales(t: torch.Tensor) -> torch.Tensor:
 def _fit_int4(weight: torch.Tensor, block_k: int, levels: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     n, k = weight.shape
     blocks = -(-k // block_k)
-    # the last block padded with its last column: its min and max stay, its fit barely moves
-    w = torch.nn.functional.pad(weight.float()[None], (0, blocks * block_k - k), mode="replicate")[0]
+    w = weight.float()
+    if k % block_k:  # the last block padded with its last column: its min and max stay, its fit barely moves
+        w = torch.nn.functional.pad(w[None], (0, blocks * block_k - k), mode="replicate")[0]
     w = w.view(n, blocks, block_k)
     low, high = w.amin(dim=2, keepdim=True), w.amax(dim=2, keepdim=True)
     spread = (high - low).clamp(min=1e-12)
