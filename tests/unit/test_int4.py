@@ -126,9 +126,11 @@ def test_quantize_int4_keeps_each_blocks_least_squares_best(bits: int) -> None:
     w[2, :INT4_BLOCK_K] = 0.25
     q = quantize_int4(w, bits=bits)
     levels, blocks = 2**bits - 1, -(-300 // INT4_BLOCK_K)
-    padded = torch.cat([w, w[:, -1:].expand(9, blocks * INT4_BLOCK_K - 300)], 1).double().view(9, blocks, -1)
-    chosen = torch.nn.functional.pad(q.values().double(), (0, blocks * INT4_BLOCK_K - 300), mode="replicate")
-    chosen = chosen.view(9, blocks, -1)
+    def blocked(t: torch.Tensor) -> torch.Tensor:  # [9, blocks, 64], the last block padded with its last column
+        padded = torch.nn.functional.pad(t.double(), (0, blocks * INT4_BLOCK_K - 300), mode="replicate")
+        return padded.view(9, blocks, -1)
+
+    padded, chosen = blocked(w), blocked(q.values())
 
     def best_fit_error(values: torch.Tensor) -> torch.Tensor:
         design = torch.stack([values, torch.ones_like(values)], -1)
