@@ -245,11 +245,11 @@ def run_attention(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     ours = ops.paged_attention(*args, head_dim**-0.5)
     assert ours.dtype == dtype and ours.shape == q.shape
     tol = tolerance(dtype)
-    if kv_dtype == torch.bfloat16 and device == "cpu" and dtype == torch.float32:
-        # prefill tiles and decode rows may weigh the values with softmax weights rounded to bfloat16 (vdpbf16ps):
-        # that moves an output by at most 2^-9 of the largest |v|, and the weights' float32 sum that divides it by as
-        # much again
-        tol["atol"] = 2**-8 * ref.from_kv_cache(vc, head_dim).abs().max().item()
+    if kv_dtype == torch.bfloat16 and device == "cpu":
+        # prefill tiles and decode rows may weigh the values with softmax weights rounded to bfloat16 (vdpbf16ps), in
+        # either activation dtype: that moves an output by at most 2^-9 of the largest |v|, and the weights' float32
+        # sum that divides it by as much again (~0.018 for randn values: more than bfloat16's default 0.01)
+        tol["atol"] = max(tol["atol"], 2**-8 * ref.from_kv_cache(vc, head_dim).abs().max().item())
     torch.testing.assert_close(ours.float().cpu(), expected, **tol)
 
 
