@@ -366,13 +366,15 @@ MOE_TILED_SHAPES = [(3, 128, 64, 5, 2), (40, 128, 64, 4, 3)]
 MOE_FORMATS = ["float32", "bfloat16", "fp8", "int8", "int4", "bfloat16-tiled", "int8-tiled"]
 
 
-def _expert_weight(n: int, k: int, fmt: str) -> tuple[tuple, callable]:
-    """One expert's [N, K] weight in fmt: (its tensors as the kernel takes them, its linear in the reference)."""
+def _expert_weight(n: int, k: int, fmt: str) -> tuple[tuple, callable, torch.Tensor]:
+    """One expert's [N, K] weight in fmt: (its tensors as the kernel takes them, its linear in the reference, its
+    values in float32)."""
     if fmt == "int4":
         packed = ref.pack_int4(torch.randint(0, 16, (n, k), dtype=torch.uint8))
         scales, mins = (ref.tile_int4_scales(t.half()) for t in (torch.rand(-(-k // 64), n) * 0.02,
                                                                  torch.randn(-(-k // 64), n) * 0.05))
-        return (packed, scales, mins), lambda x: ref.linear_int4(x, packed, scales, mins, 64, n, library.AMX_TILES)
+        return ((packed, scales, mins), lambda x: ref.linear_int4(x, packed, scales, mins, 64, n, library.AMX_TILES),
+                ref.dequantize_int4(packed, scales, mins, 64, n, k))
     dtype = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}.get(fmt.split("-")[0]) or getattr(torch, fmt.split("-")[0])
     weight, scales, block_k = linear_weight(n, k, dtype, "cpu", 64 if fmt == "int8-tiled" else 32)
     if weight.is_floating_point() and weight.dtype != torch.float8_e4m3fn:
@@ -380,7 +382,7 @@ def _expert_weight(n: int, k: int, fmt: str) -> tuple[tuple, callable]:
     tiled = fmt.endswith("tiled")
     tensors = (ref.tile_weight(weight) if tiled else weight,) + (
         (ref.tile_scales(scales) if tiled else scales,) if block_k else ())
-    return tensors, lambda x: ref.linear(x, weight, scales, block_k)
+    return tensors, lambda x: ref.linear(x, weight, scales, block_k), ref.dequantize(weight, scales, block_k)
 
 
 def run_moe(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
@@ -392,11 +394,25 @@ def run_moe(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     logits = (torch.stack([torch.randperm(e_count) for _ in range(t)]).float() * 0.75).to(dtype)
     ours = ops.moe(x, logits, top_k, normalize, inter, stack(0), stack(1), 64 if fmt in ("int4", "int8-tiled")
                    else 32)
-    theirs = ref.moe(x, logits, top_k, normalize, lambda v, e: experts[e][0][1](v), lambda v, e: experts[e][1][1](v))
+    down_inputs = []
+
+    def down(v: torch.Tensor, e: int) -> torch.Tensor:
+        down_inputs.append(v.float().abs().max().item())
+        return experts[e][1][1](v)
+
+    theirs = ref.moe(x, logits, top_k, normalize, lambda v, e: experts[e][0][1](v), down)
     if fmt in ("float32", "fp8"):
         _assert_linear_matches(ours, theirs, dtype)
-    else:  # down's input rounded to bfloat16 / quantized to int8: gate_up's sums in another order may flip a step
-        assert_matches(ours, theirs, dtype, atol=3e-3 * theirs.float().abs().max().item())
+    else:
+        # down's input is rounded to bfloat16 or quantized per block from gate_up's sums, which the kernel adds in
+        # another order: a value on a rounding boundary may land a step (at most its block's largest / 127) apart
+        # there, moving its token's outputs by that step times a down weight. Rare: a few tokens, not most, may show it.
+        tight = 3e-3 * theirs.float().abs().max().item()
+        step = max(down_inputs) / 127 * max(ex[1][2].abs().max().item() for ex in experts)
+        assert_matches(ours, theirs, dtype, atol=max(tight, 2 * step))
+        off = (ours.float() - theirs.float()).abs() > tight + tolerance(dtype)["rtol"] * theirs.float().abs()
+        tokens_off = int(off.any(dim=1).sum())
+        assert tokens_off <= min(2, (t - 1) // 2), f"{tokens_off} of {t} tokens' outputs off by more than {tight:.3g}"
 
 
 def kernel_cases() -> list:
