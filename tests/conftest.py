@@ -6,6 +6,7 @@ import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before huggingface_hub is imported: the tests never touch the network
 
+import random
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,16 @@ PARITY_SHAPES = {
                              max_position_embeddings=256,
                              rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
 }
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The run's seed of the kernel cases' random inputs (tests/kernel_cases.py seed_case): MILI_TEST_SEED, else a
+    fresh one, set here before any xdist worker starts so that all of them draw from it."""
+    os.environ.setdefault("MILI_TEST_SEED", str(random.randrange(2**31)))
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"kernel cases drawn with MILI_TEST_SEED={os.environ['MILI_TEST_SEED']} (set it to draw them again)"
 
 
 @pytest.fixture(scope="session", autouse=True)

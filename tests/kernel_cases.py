@@ -3,11 +3,21 @@ each runs a bindings.ops function and its bindings.reference twin on the same fr
 
 from __future__ import annotations
 
+import os
+import zlib
+
 import pytest
 import torch
 
 from bindings import library, reference as ref
 from tests.attention_cases import attention_case
+
+
+def seed_case(case: object) -> None:
+    """Seeds torch for a case: its own draws, fresh each run (tests/conftest.py picks MILI_TEST_SEED and pytest's
+    header prints it; the same value draws the same inputs again)."""
+    torch.manual_seed((int(os.environ.get("MILI_TEST_SEED", "0")) + zlib.crc32(str(case).encode())) % 2**31)
+
 
 DTYPES = [torch.float32, torch.bfloat16]
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.kernel_cases import (
-    eight_bit_kv_case, kernel_cases, linear_weight, run_attention, run_linear_pair_panels, run_linear_tiled,
+    eight_bit_kv_case, kernel_cases, linear_weight, run_attention, run_linear_pair_panels, run_linear_tiled, seed_case,
 )
 
 if not torch.cuda.is_available():
@@ -21,7 +21,7 @@ GPU_CASES = [c for c in kernel_cases() if c.values[0] not in (run_linear_tiled, 
 
 @pytest.mark.parametrize("runner, dtype, case", GPU_CASES)
 def test_op_matches_reference_on_gpu(runner, dtype: torch.dtype, case) -> None:
-    torch.manual_seed(hash(str(case)) % 2**31)
+    seed_case(case)
     runner(ops, "cuda", dtype, case)
 
 
@@ -30,7 +30,7 @@ def test_plain_attention_kernels_match_reference_on_gpu(monkeypatch, runner, dty
     """The plain GPU attention kernels, which GpuOptions(flash_attention=False) takes instead of the flash ones (the
     default, which the test above runs), on every attention case."""
     monkeypatch.setattr(ops, "GPU_OPTIONS", GpuOptions(flash_attention=False))
-    torch.manual_seed(hash(str(case)) % 2**31)
+    seed_case(case)
     runner(ops, "cuda", dtype, case)
 
 
@@ -41,7 +41,7 @@ def test_flash_prefill_with_two_row_tiles_a_block_matches_reference_on_gpu(monke
     """GpuOptions(prefill_pairs=True): every block of the prefill kernel takes a heavy row tile and its mirror, which
     it does by itself only where the row tiles outnumber the SMs (2,048 tokens and more, not the cases' sizes)."""
     monkeypatch.setattr(ops, "GPU_OPTIONS", GpuOptions(prefill_pairs=True))
-    torch.manual_seed(hash(str(case)) % 2**31)
+    seed_case(case)
     runner(ops, "cuda", dtype, case)
 
 

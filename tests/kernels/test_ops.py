@@ -10,7 +10,7 @@ import torch
 from bindings import gpu_compile_check
 from bindings import reference as ref
 from tests.attention_cases import attention_case
-from tests.kernel_cases import eight_bit_kv_case, kernel_cases, run_attention
+from tests.kernel_cases import eight_bit_kv_case, kernel_cases, run_attention, seed_case
 
 ops = pytest.importorskip("bindings.ops", reason="MAX is not installed")
 from max.dtype import DType
@@ -61,7 +61,7 @@ def cpu_cases() -> list:
 
 @pytest.mark.parametrize("cpu_path, runner, dtype, case", cpu_cases(), indirect=["cpu_path"])
 def test_op_matches_reference(cpu_path: str, runner, dtype: torch.dtype, case) -> None:
-    torch.manual_seed(hash(str(case)) % 2**31)
+    seed_case(case)
     runner(ops, "cpu", dtype, case)
 
 
@@ -81,7 +81,7 @@ def test_eager_threads(threads: str, runner, dtype: torch.dtype, case, monkeypat
     before = torch.get_num_threads()
     torch.set_num_threads(1 if threads == "one" else before)
     try:
-        torch.manual_seed(hash(str(case)) % 2**31)
+        seed_case(case)
         runner(ops, "cpu", dtype, case)
     finally:
         torch.set_num_threads(before)
