@@ -72,7 +72,7 @@ I8_TILED_LINEAR_SHAPES = [(1, 148, 32), (1, 1024, 160), (7, 192, 64), (20, 2048,
                           (130, 1024, 96)]
 """(M, K, N) with N a multiple of 32 and K of 4 (int8 tiles, read as quad panels): serial and parallel, partial last
 blocks of 128 columns."""
-I8_TILED_BLOCKS = [((130, 1092, 160), 128), ((100, 1088, 64), 1088), ((72, 576, 32), 192)]
+I8_TILED_BLOCKS = [((130, 1092, 160), 128), ((100, 1088, 64), 1088), ((72, 576, 32), 192), ((40, 352, 96), 32)]
 """((M, K, N), block_k) of int8 tiles past 64 rows (AMX tiles where the CPU has them, K in chunks of 512 columns):
 a last step of 4 columns, a work item of fewer tiles than the others, one block over every chunk (W8A8's per-channel
 scales), blocks across chunks' ends; each with a last block of rows of 16 or fewer."""
@@ -309,7 +309,7 @@ def _assert_linear_matches(ours: torch.Tensor, theirs: torch.Tensor, dtype: torc
     assert_matches(ours, theirs, dtype, atol=atol)
 
 
-INT8_BLOCKS = [30, 36]
+INT8_BLOCKS = [30, 36, 32]
 """int8 block widths other than 128 (prefill with VNNI: quads of columns need a multiple of 4, else float32 panels)."""
 
 
@@ -351,7 +351,7 @@ PAIR_PANEL_SHAPES = [(1, 64, 32), (7, 70, 96), (16, 128, 64), (33, 96, 32), (64,
 """(M, K, N): one row to three blocks of 32, a last block of up to 16 rows or more; K whole AMX tile rows or not (70,
 302: the dot products), in one chunk of K on the tiles (up to 64 rows) or several with a partial last (70 and 81
 rows); a work item's panels all there or not (160)."""
-INT4_BLOCKS = [64, 128, 256, 40]
+INT4_BLOCKS = [64, 128, 256, 40, 32, 16]
 
 
 def run_linear_int4(ops, device: str, dtype: torch.dtype, case: tuple) -> None:

@@ -13,6 +13,9 @@ from .hub import resolve_model_dir
 from .int4_checkpoints import METHODS, Int4Checkpoint, int4_checkpoint
 from .w8a8_checkpoints import METHOD as W8A8_METHOD, check_w8a8_config
 
+GGUF_METHOD = "gguf"
+"""quantization_config.quant_method of the config.json gguf_checkpoints.py writes for a GGUF file."""
+GGUF_WEIGHT_DTYPES = ("int4", "int8", "dense")
 _POSITIVE_INTS = (
     "vocab_size",
     "hidden_size",
@@ -139,6 +142,10 @@ class Qwen3Config:
         if isinstance(q, dict) and q.get("quant_method") in METHODS:
             Int4Checkpoint.from_config(q)
             return
+        if isinstance(q, dict) and q.get("quant_method") == GGUF_METHOD:
+            if q.get("weight_dtype") not in GGUF_WEIGHT_DTYPES:
+                raise ValueError(f"quantization_config of a GGUF file needs weight_dtype, one of {GGUF_WEIGHT_DTYPES}")
+            return
         if isinstance(q, dict) and q.get("quant_method") == W8A8_METHOD:
             check_w8a8_config(q)
             if self.num_experts:
@@ -150,7 +157,7 @@ class Qwen3Config:
             raise ValueError(
                 f"quantization_config.quant_method {method!r} is not supported: MILI loads FP8, AWQ, GPTQ and W8A8 "
                 "checkpoints (quant_method 'fp8', 'awq', 'gptq' as Qwen publishes them, 'compressed-tensors' int8 "
-                "as RedHatAI's *-quantized.w8a8) and quantizes others with --weight-dtype"
+                "as RedHatAI's *-quantized.w8a8), llama.cpp's GGUF files, and quantizes others with --weight-dtype"
             )
         if q.get("fmt", "e4m3") != "e4m3":
             raise ValueError(f"quantization_config.fmt {q['fmt']!r} is not supported: FP8 weights must be e4m3")
@@ -172,6 +179,13 @@ class Qwen3Config:
         """Whether this is a W8A8 int8 checkpoint (compressed-tensors, w8a8_checkpoints.py)."""
         q = self.quantization_config
         return bool(q) and q.get("quant_method") == W8A8_METHOD
+
+    @property
+    def gguf_weight_dtype(self) -> Optional[str]:
+        """A GGUF file's linears' format in MILI's terms (gguf_checkpoints.py: int4, int8 or dense); None for other
+        checkpoints."""
+        q = self.quantization_config
+        return q["weight_dtype"] if q and q.get("quant_method") == GGUF_METHOD else None
 
     @property
     def int4_checkpoint(self) -> Optional[Int4Checkpoint]:

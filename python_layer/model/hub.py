@@ -1,4 +1,4 @@
-"""Resolve a model reference (a local directory or a Hugging Face Hub id) to a local directory."""
+"""Resolve a model reference (a local directory, a GGUF file or a Hugging Face Hub id) to a local directory."""
 
 from __future__ import annotations
 
@@ -13,16 +13,22 @@ CHECKPOINT_FILES = ("*.json", "*.safetensors", "*.txt", "*.jinja")
 
 
 def resolve_model_dir(name_or_path: str | os.PathLike, allow_patterns: Optional[Sequence[str]] = None) -> Path:
-    """A local checkpoint directory, or the snapshot directory of a hub id (downloaded or from the HF cache).
+    """A local checkpoint directory, a GGUF file's (gguf_checkpoints.gguf_model_dir), or the snapshot directory of a
+    hub id (downloaded or from the HF cache).
 
     Raises FileNotFoundError when the reference is neither an existing directory nor a fetchable hub id.
     """
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        from .gguf_checkpoints import gguf_model_dir
+
+        return gguf_model_dir(path)
     if path.exists():
         raise FileNotFoundError(
-            f"Model path {str(path)!r} is a file; pass the checkpoint directory that holds config.json"
+            f"Model path {str(path)!r} is a file; pass the checkpoint directory that holds config.json, or a "
+            "llama.cpp .gguf file"
         )
     name = str(name_or_path)
     if not _HUB_ID.match(name):

@@ -9,6 +9,7 @@ repeats each scale over the block's rows, which is exact."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -252,14 +253,35 @@ def dense(weight: LinearWeight, dtype: torch.dtype) -> torch.Tensor:
     return weight.to(dtype) if isinstance(weight, torch.Tensor) else weight.dequantize(dtype)
 
 
+def reblocked(weight: Int4Weight, block_k: int, bits: int) -> Int4Weight:
+    """weight with the same values in blocks of block_k columns (a divisor of its own) and `bits` (at least its own):
+    each block's scale and min repeated over the smaller blocks it holds."""
+    if weight.block_k % block_k or bits < weight.bits:
+        raise ValueError(f"a {weight.bits}-bit weight in blocks of {weight.block_k} cannot be held in {bits} bits "
+                         f"in blocks of {block_k}")
+    blocks = -(-weight.in_features // block_k)
+    scales, mins = (t.repeat_interleave(weight.block_k // block_k, dim=0)[:blocks] for t in weight.block_scales())
+    return Int4Weight.of(weight.values(), scales, mins, block_k, bits)
+
+
+def common_int4(parts: Sequence[Int4Weight]) -> list[Int4Weight]:
+    """4-bit / 6-bit weights in one layout holding each one's values: the most bits, the common divisor of their
+    blocks (a GGUF's Q4_K q / k with its Q6_K v)."""
+    bits, block_k = max(p.bits for p in parts), math.gcd(*(p.block_k for p in parts))
+    return [p if (p.bits, p.block_k) == (bits, block_k) else reblocked(p, block_k, bits) for p in parts]
+
+
 def cat_rows(parts: Sequence[LinearWeight]) -> LinearWeight:
-    """Weights of several layers stacked along N (q, k, v; gate, up), in the format they share."""
+    """Weights of several layers stacked along N (q, k, v; gate, up), in the format they share: 4-bit weights of
+    different bits or blocks in the one that holds them all (common_int4), other mixes dense in float32."""
     if len(parts) == 1:
         return parts[0]
+    if any(type(p) is not type(parts[0]) for p in parts):
+        return torch.cat([dense(p, torch.float32) for p in parts])
     if isinstance(parts[0], Int4Weight):
-        first = (parts[0].bits, parts[0].block_k, parts[0].in_features)
-        if any(not isinstance(p, Int4Weight) or (p.bits, p.block_k, p.in_features) != first for p in parts):
-            raise ValueError("cannot stack 4-bit weights with other formats, bits, blocks or input sizes")
+        if any(p.in_features != parts[0].in_features for p in parts):
+            raise ValueError("cannot stack 4-bit weights of different input sizes")
+        parts = common_int4(parts)
         scales, mins = zip(*(p.block_scales() for p in parts))
         return Int4Weight.of(torch.cat([p.values() for p in parts]), torch.cat(scales, dim=1), torch.cat(mins, dim=1),
                              parts[0].block_k, parts[0].bits)

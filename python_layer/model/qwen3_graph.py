@@ -59,19 +59,12 @@ def graph_weights(model: "Qwen3CausalLM") -> Dict[str, torch.Tensor]:
     return weights
 
 
-def _block_k(model: "Qwen3CausalLM") -> int:
-    """The column block of the model's quantized weights (0: none); one graph constant serves them all but those of
-    one block a row (a W8A8 checkpoint's: the graph gives each its K)."""
-    quantized = [w for w in model.decode_weights() if isinstance(w, (QuantizedWeight, Int4Weight))]
-    # a model whose every quantized weight is one block a row still says it has some
-    blocks = {w.block_k for w in quantized
-              if not (isinstance(w, QuantizedWeight) and _one_block(w.scales, w.weight.dim() == 4))} or {
-        max((w.block_k for w in quantized), default=0)}
-    if len(blocks) > 1:
-        raise ValueError(
-            f"the model's quantized weights have different column blocks {sorted(blocks)}: one is supported"
-        )
-    return blocks.pop() if blocks else 0
+def block_sizes(model: "Qwen3CausalLM") -> Dict[str, int]:
+    """The column block of each quantized weight by its graph name (graph_weights'), the graph's constant for it."""
+    named = {"lm_head": model.lm_head}
+    for i, layer in enumerate(model.layers):
+        named.update({f"layers.{i}.{name}": w for name, w in vars(layer).items()})
+    return {name: w.block_k for name, w in named.items() if isinstance(w, (QuantizedWeight, Int4Weight))}
 
 
 def _one_block(scales: torch.Tensor | TensorValue, tiled: bool) -> bool:
@@ -81,11 +74,13 @@ def _one_block(scales: torch.Tensor | TensorValue, tiled: bool) -> bool:
 
 
 def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: torch.dtype, device_key: str,
-                block_k: int = 0, kv_cache_dtype: Optional[torch.dtype] = None, batch_one: bool = False,
-                options: GpuOptions = GpuOptions()) -> Graph:
-    """batch_one: the graph of a step of one token of one sequence (T = B = L = 1, static), its linears W @ x^T
-    through MAX's matmul: see GpuOptions.batch1_graph. It takes the weights as a GPU holds them, dense [N, K].
-    options: the GPU kernels the graph's ops launch (bindings/gpu_options.py)."""
+                blocks: Optional[Dict[str, int]] = None, kv_cache_dtype: Optional[torch.dtype] = None,
+                batch_one: bool = False, options: GpuOptions = GpuOptions()) -> Graph:
+    """blocks: each quantized weight's column block by name (block_sizes). batch_one: the graph of a step of one
+    token of one sequence (T = B = L = 1, static), its linears W @ x^T through MAX's matmul: see
+    GpuOptions.batch1_graph. It takes the weights as a GPU holds them, dense [N, K]. options: the GPU kernels the
+    graph's ops launch (bindings/gpu_options.py)."""
+    blocks = blocks or {}
     c, dev = config, library.device_ref(device_key)
     kv_dtype = kv_cache_dtype or dtype
     i32 = lambda *dims: TensorType(DType.int32, list(dims), dev)
@@ -112,25 +107,28 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
         inv_freq, rope_scale = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling)
         inv_freq = ops.constant(inv_freq.numpy(), DType.float32, dev)
         no_scales = ops.constant(np.ones((1, 1), np.float32), DType.float32, dev)
-        block_k_value = ops.constant(np.array([block_k], np.int32), DType.int32, dev)
+        block_k = lambda name: ops.constant(np.array([blocks[name]], np.int32), DType.int32, dev)
 
         def linear(x: TensorValue, name: str, n: int, bias: Optional[TensorValue] = None) -> TensorValue:
             """x @ w[name]^T, n its output features (which a 4-bit weight's tensors do not tell)."""
             if batch_one:  # x is [1, K] by its type, so both reshapes move nothing, and no transpose kernel runs
-                if block_k or len(w[name].shape) != 2:
+                if name in blocks or len(w[name].shape) != 2:
                     raise ValueError(
                         f"the batch-1 graph takes dense [N, K] weights (as a GPU holds them), not {name}'s "
-                        f"{'quantized' if block_k else 'tiled'} ones"
+                        f"{'quantized' if name in blocks else 'tiled'} ones"
                     )
                 rows, k = w[name].shape
                 y = ops.reshape(ops.matmul(w[name], ops.reshape(x, [k, 1])), [1, rows])
             elif name + ".mins" in w:
-                y = mili.linear_int4(x, w[name], w[name + ".scales"], w[name + ".mins"], block_k_value, n)
+                y = mili.linear_int4(x, w[name], w[name + ".scales"], w[name + ".mins"], block_k(name), n)
             elif device_key == "cpu":  # MILI's kernel for every weight format
                 scales = w.get(name + ".scales", no_scales)
-                block = block_k_value
-                if name + ".scales" in w and _one_block(scales, len(w[name].shape) == 4):
+                if name + ".scales" not in w:
+                    block = ops.constant(np.array([0], np.int32), DType.int32, dev)
+                elif _one_block(scales, len(w[name].shape) == 4):
                     block = ops.constant(np.array([int(x.shape[-1])], np.int32), DType.int32, dev)
+                else:
+                    block = block_k(name)
                 y = mili.linear(x, w[name], scales, block)
             else:  # weights and activations are both `dtype` on a GPU: MAX's matmul takes the transposed operand
                 y = ops.matmul(x, ops.transpose(w[name], 0, 1))
@@ -141,7 +139,8 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
             gate_up, down = p + "experts_gate_up", p + "experts_down"
             per_expert = lambda name: ops.reshape(w[name], [c.num_experts, -1])
             tiled = len(w[gate_up].shape) > 3
-            params = ops.constant(np.array([block_k, c.num_experts_per_tok, c.norm_topk_prob, tiled,
+            params = ops.constant(np.array([blocks.get(p + "experts_gate_up", 0), c.num_experts_per_tok,
+                                            c.norm_topk_prob, tiled,
                                             c.moe_intermediate_size], np.int32), DType.int32, dev)
             logits = linear(x, p + "router", c.num_experts)
             if gate_up + ".mins" in w:
@@ -190,8 +189,8 @@ def model_graph(
 ) -> Graph:
     """The graph of `model` (its graph_weights) on device_key (batch_one: its batch-1 graph), with the model's
     GpuOptions: what CompiledQwen3 compiles, and benchmarks/gpu/precompile.py for the GPU suite."""
-    return build_graph(model.config, weights, model.dtype, device_key, _block_k(model), model.kv_cache_dtype, batch_one,
-                       model.gpu_options)
+    return build_graph(model.config, weights, model.dtype, device_key, block_sizes(model), model.kv_cache_dtype,
+                       batch_one, model.gpu_options)
 
 
 BATCH_ONE_TOLERANCE = 0.07

@@ -3,6 +3,7 @@ compiled MAX graph on the Mojo kernels (qwen3_graph.py) or op by op in PyTorch (
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional, Protocol, Sequence
 
@@ -18,7 +19,8 @@ from ..memory.kv_cache_manager import DEFAULT_PAGE_SIZE, PagedKVCache
 from .attention_metadata import AttentionMetadata
 from .config import Qwen3Config
 from .quantization import (
-    Int4Weight, LinearWeight, QuantizedWeight, convert, lm_head_dtype, parse_weight_dtype, stack_experts,
+    Int4Weight, LinearWeight, QuantizedWeight, convert, dense, lm_head_dtype, parse_weight_dtype, reblocked,
+    stack_experts,
 )
 # imports MAX here, on the importing (main) thread: MAX enters its MLIR context there
 from .qwen3_graph import CompiledQwen3
@@ -54,8 +56,8 @@ def check_backend(backend: str) -> str:
 
 def resolve_weight_dtype(weight_dtype: str, config: Qwen3Config, dtype: torch.dtype, device: torch.device) -> str:
     """The linear layers' weight format. "auto": an FP8 checkpoint's FP8, an AWQ / GPTQ checkpoint's int4, a W8A8
-    one's int8, else the activation dtype. On a GPU the weights are dense in the activation dtype (FP8 / int8 /
-    4-bit checkpoints are dequantized when they load)."""
+    one's int8, a GGUF file's int4 or int8 where it has such tensors, else the activation dtype. On a GPU the weights
+    are dense in the activation dtype (FP8 / int8 / 4-bit checkpoints are dequantized when they load)."""
     weight_dtype = parse_weight_dtype(weight_dtype)
     if device.type != "cpu":
         return str(dtype).split(".")[-1]
@@ -65,6 +67,8 @@ def resolve_weight_dtype(weight_dtype: str, config: Qwen3Config, dtype: torch.dt
         return "fp8"
     if config.int4_checkpoint:
         return "int4"
+    if config.gguf_weight_dtype in ("int4", "int8"):
+        return config.gguf_weight_dtype
     return "int8" if config.w8a8 else str(dtype).split(".")[-1]
 
 
@@ -136,9 +140,10 @@ class Qwen3CausalLM:
         self.backend = check_backend(backend)
         self.model_path = weight_loader.model_path
         self.weight_dtype = resolve_weight_dtype(weight_dtype, config, self.dtype, self.device)
-        # layers a 4-bit checkpoint leaves unquantized, or holds in a form int4 cannot (8 bits, small groups,
-        # desc_act's order), keep their weights dense when the format is the checkpoint's
-        self._dense_unless_int4 = parse_weight_dtype(weight_dtype) == "auto" and self.weight_dtype == "int4"
+        # the checkpoint's own formats: a 4-bit checkpoint's layers it leaves unquantized, or holds in a form int4
+        # cannot (8 bits, small groups, desc_act's order), keep dense weights, and a GGUF file's each its own
+        self._as_stored = parse_weight_dtype(weight_dtype) == "auto" and (
+            self.weight_dtype == "int4" or config.gguf_weight_dtype is not None)
         self.kv_cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype, self.dtype, self.device)
         if config.num_experts and self.device.type != "cpu" and self.backend == "mojo":
             raise ValueError("qwen3_moe checkpoints run on a CPU so far: MILI's mixture-of-experts kernels have no GPU "
@@ -172,14 +177,17 @@ class Qwen3CausalLM:
         for names in (gate_up, down):
             stacks.append([self._formatted(loader, *(n.format(e=e) for n in names))
                            for e in range(self.config.num_experts)])
+        if all(isinstance(s[0], Int4Weight) for s in stacks):  # mili_moe_int4 takes one block size for both
+            block_k = math.gcd(*(s[0].block_k for s in stacks))
+            stacks = [[w if w.block_k == block_k else reblocked(w, block_k, w.bits) for w in s] for s in stacks]
         tile = all(self._tileable(s[0], experts=True) for s in stacks)
         return tuple(self._placed(stack_experts([self._tiled(w) if tile else w for w in s])) for s in stacks)
 
     def _formatted(self, loader: WeightLoader, *names: str, weight_dtype: Optional[str] = None) -> LinearWeight:
         weight_dtype = weight_dtype or self.weight_dtype
-        weight = loader.get_linears(names, packed=weight_dtype in ("int4", "int6"))
-        if self._dense_unless_int4 and not isinstance(weight, Int4Weight):
-            weight_dtype = str(self.dtype).split(".")[-1]
+        weight = loader.get_linears(names, packed=self._as_stored or weight_dtype in ("int4", "int6"))
+        if self._as_stored:
+            return weight if isinstance(weight, (Int4Weight, QuantizedWeight)) else dense(weight, self.dtype)
         return convert(weight, weight_dtype, self.dtype)
 
     def _tileable(self, weight: LinearWeight, experts: bool = False) -> bool:

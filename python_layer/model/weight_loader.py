@@ -1,4 +1,5 @@
-"""Load Qwen3 weights from Hugging Face safetensors checkpoints (one file or sharded with an index)."""
+"""Load Qwen3 weights from Hugging Face safetensors checkpoints (one file or sharded with an index), or from the
+GGUF file a checkpoint directory of gguf_checkpoints.py links to."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from safetensors import safe_open
 
 from .config import Qwen3Config
 from .hub import resolve_model_dir
-from .quantization import LinearWeight, QuantizedWeight, cat_rows, dense, from_block_scales, quantize
+from .quantization import Int4Weight, LinearWeight, QuantizedWeight, cat_rows, dense, from_block_scales, quantize
+from .gguf_checkpoints import GGUF_FILE, INDEX_FILE as GGUF_INDEX_FILE, GGUFTensors
 from .int4_checkpoints import SUFFIXES as INT4_SUFFIXES, Int4Checkpoint
 from .w8a8_checkpoints import SCALE_SUFFIX as W8A8_SCALE_SUFFIX, w8a8_weight
 
@@ -126,8 +128,10 @@ class WeightLoader:
         """Every tensor of `model_path`, its name, shape and dtype checked against the config now, its values read and
         converted to `dtype` on `device` when first asked for (CheckpointTensors; an FP8 checkpoint's float8_e4m3fn
         weights and a W8A8 one's int8 weights stay as they are)."""
-        files = self._safetensors_files()
         expected = expected_weight_shapes(self.config)
+        if (self.model_path / GGUF_FILE).exists():
+            return self._load_gguf(expected)
+        files = self._safetensors_files()
         block = self.config.fp8_block_size
         handles: Dict[str, Any] = {}
         dtypes: Dict[str, Optional[torch.dtype]] = {}
@@ -182,6 +186,26 @@ class WeightLoader:
         self._shapes = expected
         return self.weights
 
+    def _load_gguf(self, expected: Dict[str, tuple[int, ...]]) -> Mapping[str, Any]:
+        """A GGUF file's tensors (gguf_checkpoints.GGUFTensors), their names and shapes checked against the config."""
+        path = self.model_path / GGUF_FILE
+        if not path.exists():
+            raise FileNotFoundError(f"{path} links to a GGUF file that is gone: load the file again by its own path")
+        index = json.loads((self.model_path / GGUF_INDEX_FILE).read_text())
+        tensors = GGUFTensors(path.resolve(), index, self.config.num_experts)
+        for name in tensors:
+            if name not in expected:
+                raise ValueError(f"Unexpected tensor {tensors[name]!r} in {path.resolve()}: not part of a Qwen3 "
+                                 "model with this config")
+            if tensors.shape(name) != expected[name]:
+                raise ValueError(f"Tensor {tensors[name]!r} in {path.resolve()} has shape {tensors.shape(name)}, "
+                                 f"but the config needs {expected[name]}")
+        missing = [n for n in expected if n not in tensors]
+        if missing:
+            raise ValueError(f"GGUF file {path.resolve()} lacks the tensor(s) of {', '.join(missing[:3])}")
+        self.weights, self._shapes = tensors, expected
+        return tensors
+
     @staticmethod
     def _int4_tensors(name: str, int4: Int4Checkpoint, present: Mapping[str, Any]) -> bool:
         """Whether a 4-bit checkpoint has every tensor of the projection `name` (X.weight), in its place."""
@@ -189,8 +213,10 @@ class WeightLoader:
         return name.endswith(".weight") and all(f"{base}.{s}" in present for s in int4.suffixes)
 
     def release(self, prefix: str = "") -> None:
-        """Forgets the checkpoint's tensors read so far whose names start with prefix (all by default)."""
-        self.weights.release(prefix)
+        """Forgets the checkpoint's tensors read so far whose names start with prefix (all by default; a GGUF file's
+        are mapped, not read)."""
+        if isinstance(self.weights, CheckpointTensors):
+            self.weights.release(prefix)
 
     @staticmethod
     def _check_shape(f, name: str, file: Path, shape: tuple[int, ...]) -> None:
@@ -234,7 +260,12 @@ class WeightLoader:
 
     def get_linear(self, name: str, packed: bool = True) -> LinearWeight:
         """A linear layer's weight as the checkpoint has it: dense, FP8 or W8A8 int8 with its scales (QuantizedWeight),
-        or 4-bit (Int4Weight; packed=False: dequantized exactly into float32)."""
+        or 4-bit (Int4Weight; packed=False: dequantized exactly into float32); a GGUF file's in the MILI format of
+        its type (gguf_checkpoints.py)."""
+        if isinstance(self.weights, GGUFTensors):
+            tied = name == "lm_head.weight" and self.config.tie_word_embeddings
+            weight = self.weights.linear("model.embed_tokens.weight" if tied else name)
+            return weight if packed or not isinstance(weight, Int4Weight) else weight.dequantize()
         if name + SCALE_SUFFIX in self.weights:
             return from_block_scales(self.weights[name], self.weights[name + SCALE_SUFFIX], self.config.fp8_block_size)
         if name + W8A8_SCALE_SUFFIX in self.weights:
@@ -265,6 +296,8 @@ class WeightLoader:
         """A tensor of the checkpoint in `dtype` (FP8 and 4-bit weights dequantized)."""
         if name == "lm_head.weight" and self.config.tie_word_embeddings:
             name = "model.embed_tokens.weight"
+        if isinstance(self.weights, GGUFTensors):
+            return self.weights.dense(name).to(device=self.device, dtype=self.dtype)
         if any(name + s in self.weights for s in (SCALE_SUFFIX, W8A8_SCALE_SUFFIX)) or (
                 name[: -len(".weight")] + ".qweight" in self.weights):
             return dense(self.get_linear(name, packed=False), self.dtype)

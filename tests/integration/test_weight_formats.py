@@ -253,3 +253,42 @@ def _dequantized(weight) -> torch.Tensor:
     if isinstance(weight, torch.Tensor):
         return untile_weight(weight) if weight.dim() == 4 else weight
     return weight.dequantize()
+
+
+PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+               "mlp.up_proj", "mlp.down_proj")
+GGUF_LAYER_TYPES = [("Q4_K", "Q4_K", "Q6_K", "Q5_1", "Q4_K", "Q4_1", "Q5_0"),
+                    ("Q4_0", "F16", "Q4_0", "Q8_0", "Q5_K", "Q5_K", "Q8_0")]
+GGUF_TYPES = {"model.embed_tokens": "Q6_K", **{f"model.layers.{i}.{proj}": qtype
+                                               for i, types in enumerate(GGUF_LAYER_TYPES)
+                                               for proj, qtype in zip(PROJECTIONS, types, strict=True)}}
+"""A Q4_K_M-like mix (Q4_K q / k with a Q6_K v: the fused qkv in the 6-bit blocks of 16 that hold both) and every
+other type, an F16 k among 4-bit q / v (that qkv dense)."""
+
+
+def test_gguf_file_loads_with_no_flag_in_its_own_formats(checkpoints_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from tests.gguf_files import dequantized_checkpoint, write_gguf
+    from tests.unit.test_gguf import GGUF_SHAPES
+
+    src = build_random_checkpoint(checkpoints_dir / "gguf-src", seed=7, dtype=torch.bfloat16, **GGUF_SHAPES)
+    path = write_gguf(src, tmp_path / "mix.gguf", GGUF_TYPES)
+    kv = dict(kv_cache_dtype="float32")
+    engine = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", **kv)  # no flag: the file says
+    reference = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", backend="reference", **kv)
+    exact = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", weight_dtype="float32", **kv)
+    first, second = engine.model.layers
+    assert engine.model.weight_dtype == "int4"
+    assert (first.qkv_proj.bits, first.qkv_proj.block_k, first.gate_up_proj.bits, first.down_proj.bits) == (6, 16, 4, 6)
+    assert isinstance(second.qkv_proj, torch.Tensor) and isinstance(second.down_proj, QuantizedWeight)
+    assert (engine.model.lm_head.bits, engine.model.lm_head.block_k) == (6, 16)  # the tied Q6_K embedding
+    prompts = _prompts(engine.model.config.vocab_size, seed=5)
+    _assert_greedy_agrees(engine.generate(prompts, GREEDY_TOP2), reference.generate(prompts, GREEDY_TOP2))
+    # gguf-py's values in float32 (MILI's --weight-dtype float32 and transformers): the same tokens
+    hf = AutoModelForCausalLM.from_pretrained(dequantized_checkpoint(path, tmp_path / "dequantized"),
+                                              dtype=torch.float32, attn_implementation="eager").eval()
+    for prompt, tokens in zip(prompts, _greedy(exact, prompts)):
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=GREEDY.max_tokens, do_sample=False,
+                          min_new_tokens=GREEDY.max_tokens)
+        assert out[0, len(prompt):].tolist() == tokens

@@ -1,0 +1,362 @@
+"""llama.cpp's GGUF files of Qwen3 and Qwen3-MoE (general.architecture qwen3 / qwen3moe) as they are.
+
+A file gets a checkpoint directory of its own (gguf_model_dir), made once under MILI's cache: config.json and
+generation_config.json from its metadata, the tokenizer files transformers derives from its vocabulary and chat
+template, the index of its tensors, and `model.gguf`, a link to the file, whose tensors WeightLoader reads
+(GGUFTensors).
+
+Its quantized tensors become MILI's formats with the same values, block by block (gguf's own dequantize is the
+reference): Q8_0 int8 with a scale per 32 columns (QuantizedWeight); Q4_0, Q4_1, Q4_K 4-bit values and Q5_0, Q5_1,
+Q5_K, Q6_K 6-bit ones (their 5 or 6 bits) with a scale and a min per 32 (Q6_K: 16) columns (Int4Weight): w = q *
+scale + min, the K-quants' scale d * sc and min -dmin * m rounded to float16 as Int4Weight keeps them (2^-11 of a
+scale at most). F32, F16 and BF16 tensors are read as they are, and the other types (Q2_K, Q3_K, the IQ formats)
+dequantized by gguf into float32.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable, Dict, Iterator, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .config import GGUF_METHOD
+from .quantization import Int4Weight, LinearWeight, QuantizedWeight
+
+GGUF_FILE = "model.gguf"
+"""The link to the file in its checkpoint directory."""
+INDEX_FILE = "gguf_tensors.json"
+"""Its tensors' types, shapes and offsets (read_index), read once: gguf's reader parses the whole vocabulary (5 s)."""
+ARCHITECTURES = {"qwen3": "qwen3", "qwen3moe": "qwen3_moe"}
+"""general.architecture -> model_type."""
+END_TOKENS = ("<|im_end|>", "<|endoftext|>")
+LAYOUT_VERSION = 2
+"""Part of a directory's cache key: a new version makes new directories."""
+
+_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+           "output.weight": "lm_head.weight"}
+_LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
+          "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+          "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj",
+          "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj", "ffn_gate_inp": "mlp.gate"}
+_EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
+"""A sparse layer's experts, stacked in one tensor [experts, out, in]."""
+
+
+def gguf_model_dir(path: Path) -> Path:
+    """The checkpoint directory of the GGUF file at path, made on first use (keyed by the file's path, size and
+    modification time)."""
+    from .random_checkpoint import cache_dir
+
+    path = path.resolve()
+    stat = path.stat()
+    key = hashlib.sha256(f"{path}|{stat.st_size}|{stat.st_mtime_ns}|{LAYOUT_VERSION}".encode()).hexdigest()[:16]
+    directory = cache_dir() / "gguf" / f"{path.stem}-{key}"
+    if (directory / "config.json").is_file():
+        return directory
+    staging = directory.with_name(f"{directory.name}.{os.getpid()}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        _write_checkpoint_files(path, staging)
+        os.replace(staging, directory)
+    except OSError:
+        if not (directory / "config.json").is_file():  # not another process's directory that won the race
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return directory
+
+
+def _write_checkpoint_files(path: Path, directory: Path) -> None:
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+    index = _index(reader)
+    config, generation = config_from_metadata(_metadata(reader), {name: shape for name, (_, shape, _) in index.items()})
+    config["quantization_config"]["weight_dtype"] = _weight_dtype({t for name, (t, _, _) in index.items()
+                                                                   if name.startswith("blk.")})
+    (directory / INDEX_FILE).write_text(json.dumps(index))
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    tokenizer.save_pretrained(directory)
+    # llama.cpp ends a generation at these tokens too where the vocabulary has them
+    stops = [tokenizer.convert_tokens_to_ids(t) for t in END_TOKENS if t in tokenizer.get_vocab()]
+    generation["eos_token_id"] = list(dict.fromkeys(generation["eos_token_id"] + stops))
+    (directory / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    (directory / GGUF_FILE).symlink_to(path)
+
+
+def _weight_dtype(types: set[str]) -> str:
+    """What --weight-dtype auto gives a file whose layers hold tensors of these types: int4 where some are 4 to 6
+    bits, int8 where some are Q8_0, else dense."""
+    if types & {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"}:
+        return "int4"
+    return "int8" if "Q8_0" in types else "dense"
+
+
+def _metadata(reader) -> Dict[str, object]:
+    fields = {}
+    for name, field in reader.fields.items():
+        if name.startswith("tokenizer.ggml.") and name not in ("tokenizer.ggml.eos_token_id",
+                                                               "tokenizer.ggml.bos_token_id",
+                                                               "tokenizer.ggml.eot_token_id"):
+            continue  # the vocabulary: transformers reads it
+        fields[name] = field.contents()
+    return fields
+
+
+def _shape(tensor) -> tuple[int, ...]:
+    """A tensor's shape as PyTorch orders it (GGUF lists the fastest-moving dimension first)."""
+    return tuple(int(n) for n in reversed(tensor.shape))
+
+
+def config_from_metadata(meta: Mapping[str, object], shapes: Mapping[str, tuple[int, ...]]) -> tuple[dict, dict]:
+    """config.json and generation_config.json of a Qwen3 / Qwen3-MoE GGUF's metadata and tensor shapes."""
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"GGUF general.architecture is {arch!r}: MILI serves Qwen3 models (architecture "
+                         f"{' or '.join(map(repr, ARCHITECTURES))})")
+    key = lambda name, default=None: meta.get(f"{arch}.{name}", default)
+    heads = int(key("attention.head_count"))
+    layers = int(key("block_count"))
+    config = {
+        "model_type": ARCHITECTURES[arch],
+        "vocab_size": shapes["token_embd.weight"][0],
+        "hidden_size": int(key("embedding_length")),
+        "intermediate_size": int(key("feed_forward_length")),
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(key("attention.head_count_kv", heads)),
+        "head_dim": int(key("attention.key_length", int(key("embedding_length")) // heads)),
+        "max_position_embeddings": int(key("context_length")),
+        "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(key("rope.freq_base", 1_000_000.0)),
+        "tie_word_embeddings": "output.weight" not in shapes,
+        "attention_bias": "blk.0.attn_q.bias" in shapes,
+        "torch_dtype": "bfloat16",
+        "quantization_config": {"quant_method": GGUF_METHOD},
+    }
+    if key("rope.scaling.type") == "yarn":
+        config["rope_scaling"] = {"rope_type": "yarn", "factor": float(key("rope.scaling.factor")),
+                                  "original_max_position_embeddings": int(key("rope.scaling.original_context_length"))}
+    if arch == "qwen3moe":
+        config.update(num_experts=int(key("expert_count")), num_experts_per_tok=int(key("expert_used_count")),
+                      moe_intermediate_size=int(key("expert_feed_forward_length")),
+                      # llama.cpp's qwen3moe renormalises the top-k weights unless the file says otherwise
+                      norm_topk_prob=bool(key("expert_weights_norm", True)),
+                      mlp_only_layers=[i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in shapes])
+    eos = [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot")]
+    config["eos_token_id"] = eos[0]
+    config["bos_token_id"] = meta.get("tokenizer.ggml.bos_token_id")
+    generation = {"eos_token_id": [int(t) for t in dict.fromkeys(eos) if t is not None]}
+    for name, ours in (("temp", "temperature"), ("top_k", "top_k"), ("top_p", "top_p"), ("min_p", "min_p")):
+        if f"general.sampling.{name}" in meta:
+            generation[ours] = meta[f"general.sampling.{name}"]
+    return config, generation
+
+
+class GGUFTensors(Mapping[str, str]):
+    """A GGUF file's tensors by their Hugging Face names (an expert's `...mlp.experts.{e}.gate_proj.weight` is row e
+    of its layer's stack) -> their GGUF names; `linear(name)` reads one in MILI's format, `dense(name)` as float32.
+    index: each GGUF tensor's (type, shape as PyTorch orders it, offset of its data in the file), read_index's."""
+
+    def __init__(self, path: Path, index: Mapping[str, tuple[str, Sequence[int], int]], num_experts: int = 0) -> None:
+        self.path, self._index = path, {name: (t, tuple(shape), offset) for name, (t, shape, offset) in index.items()}
+        self._file = np.memmap(path, dtype=np.uint8, mode="r")
+        self._names: Dict[str, tuple[str, Optional[int]]] = {}
+        for name in self._index:
+            hf = _hf_name(name)
+            if hf is not None:
+                self._names[hf] = (name, None)
+            elif name.startswith("blk.") and name.split(".")[2] in _EXPERTS:
+                _, layer, kind, _ = name.split(".")
+                for e in range(num_experts):
+                    self._names[f"model.layers.{layer}.mlp.experts.{e}.{_EXPERTS[kind]}.weight"] = (name, e)
+            else:
+                raise ValueError(f"Unexpected tensor {name!r} in {path}: not part of a Qwen3 model")
+
+    @classmethod
+    def read(cls, path: Path, num_experts: int = 0) -> "GGUFTensors":
+        return cls(path, read_index(path), num_experts)
+
+    def __getitem__(self, name: str) -> str:
+        return self._names[name][0]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        gguf_name, expert = self._names[name]
+        shape = self._index[gguf_name][1]
+        return shape if expert is None else shape[1:]
+
+    def type_name(self, name: str) -> str:
+        return self._index[self[name]][0]
+
+    def _stored(self, name: str) -> np.ndarray:
+        """The tensor as stored: float32 / float16 values, else its rows of blocks [..., bytes of a row] (an expert's
+        rows only)."""
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        gguf_name, expert = self._names[name]
+        qtype, shape, offset = self._index[gguf_name]
+        dtype = {"F32": np.float32, "F16": np.float16}.get(qtype)
+        if dtype is None:
+            block, size = GGML_QUANT_SIZES[GGMLQuantizationType[qtype]]
+            dtype, shape = np.uint8, (*shape[:-1], shape[-1] // block * size)
+        data = self._file[offset:offset + int(np.prod(shape)) * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
+        return data[expert] if expert is not None else data
+
+    def dense(self, name: str) -> torch.Tensor:
+        """The tensor's values in float32 (quantized types dequantized by gguf)."""
+        from gguf import GGMLQuantizationType, dequantize
+
+        qtype, data = self.type_name(name), self._stored(name)
+        if qtype in ("F32", "F16"):
+            values = np.array(data, dtype=np.float32)  # a copy: the file is mapped read-only
+        else:
+            values = dequantize(data, GGMLQuantizationType[qtype])
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(self.shape(name))
+
+    def linear(self, name: str) -> LinearWeight:
+        """A projection's weight [N, K] in the MILI format of the same values (the module's docstring), else dense
+        float32."""
+        decode = _DECODERS.get(self.type_name(name))
+        if decode is None:
+            return self.dense(name)
+        n, k = self.shape(name)
+        return decode(torch.from_numpy(np.array(self._stored(name))).reshape(n, -1), k)  # a copy: read-only file
+
+
+def read_index(path: Path) -> Dict[str, tuple[str, tuple[int, ...], int]]:
+    """Each tensor of the GGUF file at path: (type, shape as PyTorch orders it, offset of its data)."""
+    from gguf import GGUFReader
+
+    return _index(GGUFReader(path))
+
+
+def _index(reader) -> Dict[str, tuple[str, tuple[int, ...], int]]:
+    return {t.name: (t.tensor_type.name, _shape(t), int(t.data_offset)) for t in reader.tensors}
+
+
+def _hf_name(name: str) -> Optional[str]:
+    if name in _GLOBAL:
+        return _GLOBAL[name]
+    parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER:
+        return f"model.layers.{parts[1]}.{_LAYER[parts[2]]}.{parts[3]}"
+    return None
+
+
+# Each decoder takes a tensor's rows of blocks (uint8 [N, blocks * block bytes]) and K, and returns the weight.
+
+def _f16(raw: torch.Tensor) -> torch.Tensor:
+    """float16 values of byte pairs [..., 2] (little-endian, as GGUF stores them) as float32 [...]."""
+    return raw.contiguous().view(torch.float16)[..., 0].float()
+
+
+def _nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """[..., 16 bytes] -> [..., 32] values: low nibbles first, then high ones (the order of Q4_0 .. Q5_1's blocks)."""
+    return torch.cat([qs & 15, qs >> 4], dim=-1)
+
+
+def _bits(raw: torch.Tensor, count: int) -> torch.Tensor:
+    """Bit j of a little-endian bit field [..., bytes] for j < count: [..., count] (0 / 1)."""
+    shifts = torch.arange(8, dtype=torch.uint8)
+    return ((raw[..., :, None] >> shifts) & 1).flatten(-2)[..., :count]
+
+
+def _int4(q: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, block: int, k: int, bits: int) -> Int4Weight:
+    """Int4Weight of values q [N, blocks, block] with scale and min [N, blocks]."""
+    n = q.shape[0]
+    return Int4Weight.of(q.reshape(n, -1)[:, :k], scale.t(), low.t(), block, bits)
+
+
+def _q8_0(rows: torch.Tensor, k: int) -> QuantizedWeight:
+    b = rows.view(rows.shape[0], -1, 34)
+    return QuantizedWeight(b[..., 2:].contiguous().view(torch.int8).reshape(rows.shape[0], -1)[:, :k].contiguous(),
+                           _f16(b[..., :2]), 32)
+
+
+def _q4_0(rows: torch.Tensor, k: int) -> Int4Weight:
+    b = rows.view(rows.shape[0], -1, 18)
+    d = _f16(b[..., :2])
+    return _int4(_nibbles(b[..., 2:]), d, -8 * d, 32, k, 4)
+
+
+def _q4_1(rows: torch.Tensor, k: int) -> Int4Weight:
+    b = rows.view(rows.shape[0], -1, 20)
+    return _int4(_nibbles(b[..., 4:]), _f16(b[..., :2]), _f16(b[..., 2:4]), 32, k, 4)
+
+
+def _five_bits(b: torch.Tensor, start: int) -> torch.Tensor:
+    """Q5_0 / Q5_1's values: 4 low bits as _nibbles at start + 4, the fifth of each value in the 4 bytes at start."""
+    return _nibbles(b[..., start + 4:]) | (_bits(b[..., start:start + 4], 32) << 4)
+
+
+def _q5_0(rows: torch.Tensor, k: int) -> Int4Weight:
+    b = rows.view(rows.shape[0], -1, 22)
+    d = _f16(b[..., :2])
+    return _int4(_five_bits(b, 2), d, -16 * d, 32, k, 6)
+
+
+def _q5_1(rows: torch.Tensor, k: int) -> Int4Weight:
+    b = rows.view(rows.shape[0], -1, 24)
+    return _int4(_five_bits(b, 4), _f16(b[..., :2]), _f16(b[..., 2:4]), 32, k, 6)
+
+
+def _k_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K / Q5_K's eight 6-bit scales and mins of a super-block's 12 bytes [..., 12] (ggml's get_scale_min_k4)."""
+    d, m, md = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    sc = torch.cat([d & 63, (md & 15) | ((d >> 2) & 48)], dim=-1)
+    mn = torch.cat([m & 63, (md >> 4) | ((m >> 2) & 48)], dim=-1)
+    return sc.float(), mn.float()
+
+
+def _k_quant(rows: torch.Tensor, k: int, block_bytes: int, bits: int) -> Int4Weight:
+    """Q4_K (block_bytes 144) and Q5_K (176): super-blocks of 256 as eight sub-blocks of 32, each w = d * sc * q -
+    dmin * m; q's low nibbles in 4 runs of 32 bytes (sub-blocks 2j, 2j + 1: the low and high nibbles of run j), Q5_K's
+    fifth bits in 32 bytes before them (bit j of byte i: sub-block j's value i)."""
+    n = rows.shape[0]
+    b = rows.view(n, -1, block_bytes)
+    d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
+    sc, mn = _k_scales(b[..., 4:16])
+    qs = b[..., block_bytes - 128:].reshape(n, -1, 4, 32)
+    q = torch.stack([qs & 15, qs >> 4], dim=3).reshape(n, -1, 8, 32)
+    if bits == 5:
+        high = b[..., 16:48]
+        q = q | (((high[..., None, :] >> torch.arange(8, dtype=torch.uint8)[:, None]) & 1) << 4)
+    scale, low = d[..., None] * sc, -(dmin[..., None] * mn)
+    return _int4(q, scale.reshape(n, -1), low.reshape(n, -1), 32, k, 4 if bits == 4 else 6)
+
+
+def _q6_k(rows: torch.Tensor, k: int) -> Int4Weight:
+    """Super-blocks of 256 as sixteen sub-blocks of 16, w = d * sc * (q - 32), sc int8: q's low nibbles in 128 bytes
+    (two halves of 64: values 0-31 low nibbles of bytes 0-31, 32-63 of bytes 32-63, 64-95 high of 0-31, 96-127 high
+    of 32-63), their high bit pairs in 64 bytes (two halves of 32: values 0-31 bits 0-1, 32-63 2-3, 64-95 4-5, 96-127
+    6-7)."""
+    n = rows.shape[0]
+    b = rows.view(n, -1, 210)
+    ql, qh = b[..., :128].reshape(n, -1, 2, 2, 32), b[..., 128:192].reshape(n, -1, 2, 1, 32)
+    low = torch.stack([ql & 15, ql >> 4], dim=3).reshape(n, -1, 2, 4, 32)
+    high = (qh >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]) & 3
+    q = (low | (high << 4)).reshape(n, -1, 16, 16)
+    scale = _f16(b[..., 208:210])[..., None] * b[..., 192:208].contiguous().view(torch.int8).float()
+    return _int4(q, scale.reshape(n, -1), -32 * scale.reshape(n, -1), 16, k, 6)
+
+
+_DECODERS: Dict[str, Callable[[torch.Tensor, int], LinearWeight]] = {
+    "Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q6_K": _q6_k,
+    "Q4_K": lambda rows, k: _k_quant(rows, k, 144, 4), "Q5_K": lambda rows, k: _k_quant(rows, k, 176, 5),
+}

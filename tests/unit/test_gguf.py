@@ -1,0 +1,113 @@
+"""llama.cpp's GGUF files (python_layer/model/gguf_checkpoints.py): each tensor type read into MILI's formats with
+gguf-py's values, the config and tokenizer from the metadata, and clear errors for files MILI cannot serve."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from python_layer.model.config import Qwen3Config
+from python_layer.model.gguf_checkpoints import GGUFTensors, config_from_metadata
+from python_layer.model.hub import resolve_model_dir
+from python_layer.model.quantization import Int4Weight, QuantizedWeight
+from python_layer.model.random_checkpoint import build_random_checkpoint
+from python_layer.tokenizer.qwen_tokenizer import CheckpointTokenizer
+from tests.gguf_files import K_QUANT_SCALES, tensor_data, write_gguf
+
+GGUF_SHAPES = dict(hidden_size=256, intermediate_size=288, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=48, tie_word_embeddings=True)
+"""K 256 for the K-quants' super-blocks; head_dim not hidden / heads; N not multiples of 64."""
+EXACT = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+"""Types whose scales and mins are float16 values as stored (the K-quants' products d * sc are rounded to float16)."""
+FORMATS = {"Q8_0": (QuantizedWeight, 8, 32), "Q4_0": (Int4Weight, 4, 32), "Q4_1": (Int4Weight, 4, 32),
+           "Q5_0": (Int4Weight, 6, 32), "Q5_1": (Int4Weight, 6, 32), "Q4_K": (Int4Weight, 4, 32),
+           "Q5_K": (Int4Weight, 6, 32), "Q6_K": (Int4Weight, 6, 16)}
+
+
+@pytest.fixture(scope="module")
+def gguf_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_random_checkpoint(tmp_path_factory.mktemp("gguf") / "src", seed=4, dtype=torch.bfloat16,
+                                   **GGUF_SHAPES)
+
+
+def _one_tensor_file(path: Path, qtype: str, n: int = 7, k: int = 512) -> GGUFTensors:
+    """A file holding one projection [n, k] of random values (or random blocks) in qtype."""
+    writer = gguf.GGUFWriter(str(path), "qwen3")
+    data = tensor_data(torch.randn(n, k) * 0.05, qtype, seed=n + k)
+    writer.add_tensor("blk.0.attn_q.weight", data, raw_dtype=gguf.GGMLQuantizationType[qtype])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return GGUFTensors.read(path)
+
+
+@pytest.mark.parametrize("qtype", sorted(FORMATS))
+def test_each_type_reads_into_mili_format_with_gguf_values(tmp_path: Path, qtype: str) -> None:
+    tensors = _one_tensor_file(tmp_path / "one.gguf", qtype)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    weight, (kind, bits, block) = tensors.linear(name), FORMATS[qtype]
+    assert isinstance(weight, kind) and weight.block_k == block
+    assert (weight.bits if kind is Int4Weight else 8) == bits
+    ours, theirs = weight.dequantize(), tensors.dense(name)
+    assert ours.shape == theirs.shape == (7, 512)
+    if qtype in EXACT:
+        assert torch.equal(ours, theirs)
+    else:  # float16 scales and mins: within 2^-11 of each block's largest term, twice
+        assert (ours - theirs).abs().max() <= theirs.abs().max() * 2.0**-10
+
+
+@pytest.mark.parametrize("qtype", ["F16", "BF16", "Q3_K", "Q2_K"])
+def test_other_types_read_as_float32(tmp_path: Path, qtype: str) -> None:
+    if qtype in K_QUANT_SCALES:
+        tensors = _one_tensor_file(tmp_path / "one.gguf", qtype)
+    else:
+        writer = gguf.GGUFWriter(str(tmp_path / "one.gguf"), "qwen3")
+        writer.add_tensor("blk.0.attn_q.weight", gguf.quants.quantize(np.random.randn(7, 64).astype(np.float32),
+                                                                        gguf.GGMLQuantizationType[qtype]),
+                          raw_dtype=gguf.GGMLQuantizationType[qtype])
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        tensors = GGUFTensors.read(tmp_path / "one.gguf")
+    weight = tensors.linear("model.layers.0.self_attn.q_proj.weight")
+    assert isinstance(weight, torch.Tensor) and weight.dtype == torch.float32 and torch.isfinite(weight).all()
+
+
+def test_config_and_tokenizer_come_from_the_metadata(gguf_source: Path, tmp_path: Path) -> None:
+    path = write_gguf(gguf_source, tmp_path / "model.gguf", {}, default="Q8_0")
+    directory = resolve_model_dir(path)
+    assert resolve_model_dir(path) == directory  # made once
+    ours, theirs = Qwen3Config.from_pretrained(directory), Qwen3Config.from_pretrained(gguf_source)
+    for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "head_dim", "max_position_embeddings", "rope_theta", "tie_word_embeddings"):
+        assert getattr(ours, field) == getattr(theirs, field), field
+    assert ours.rms_norm_eps == pytest.approx(theirs.rms_norm_eps)
+    assert ours.gguf_weight_dtype == "int8" and 151645 in ours.eos_token_ids and 151643 in ours.eos_token_ids
+    tokenizer, vendored = CheckpointTokenizer(directory), CheckpointTokenizer()
+    text = "<|im_start|>user\nHello, 世界! def f(x):\n    return x ** 2<|im_end|>"
+    assert tokenizer.encode(text) == vendored.encode(text)
+    assert tokenizer.chat_template == vendored.chat_template and tokenizer.eos_token == "<|im_end|>"
+
+
+def test_files_mili_cannot_serve_say_why(gguf_source: Path, tmp_path: Path) -> None:
+    meta = {"general.architecture": "llama", "llama.block_count": 2}
+    with pytest.raises(ValueError, match="general.architecture is 'llama'"):
+        config_from_metadata(meta, {"token_embd.weight": (10, 4)})
+    writer = gguf.GGUFWriter(str(tmp_path / "odd.gguf"), "qwen3")
+    writer.add_tensor("blk.0.attn_qkv.weight", np.zeros((4, 32), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="Unexpected tensor 'blk.0.attn_qkv.weight'"):
+        GGUFTensors.read(tmp_path / "odd.gguf")
+    text = tmp_path / "notes.txt"
+    text.write_text("hi")
+    with pytest.raises(FileNotFoundError, match="or a llama.cpp .gguf file"):
+        resolve_model_dir(text)
