@@ -114,8 +114,14 @@ def test_quantize_int4_error_and_round_trip(bits: int) -> None:
     assert convert(w, f"int{bits}", torch.float32).packed.shape == q.packed.shape
     other = 10 - bits
     assert convert(q, f"int{other}", torch.float32).bits == other
-    with pytest.raises(ValueError, match="cannot stack 4-bit weights with other formats, bits"):
-        cat_rows([q, quantize_int4(w[:5], bits=other)])
+    # other bits and blocks: stacked in the layout that holds both (6 bits, the smaller block), the same values
+    narrower = quantize_int4(w[:5], block_k=32, bits=other)
+    mixed = cat_rows([q, narrower])
+    assert (mixed.bits, mixed.block_k) == (6, 32)
+    assert torch.equal(mixed.dequantize(), torch.cat([q.dequantize(), narrower.dequantize()]))
+    assert torch.equal(cat_rows([q, w[:5]]), torch.cat([q.dequantize(), w[:5]]))  # with a dense one: dense
+    with pytest.raises(ValueError, match="cannot stack 4-bit weights of different input sizes"):
+        cat_rows([q, quantize_int4(w[:5, :64], bits=bits)])
 
 
 @pytest.mark.parametrize("bits", [4, 6])
