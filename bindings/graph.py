@@ -110,8 +110,8 @@ def linear_int4(x: TensorValue, packed: TensorValue, scales: TensorValue, mins: 
 def moe(x: TensorValue, logits: TensorValue, gate_up: TensorValue, gate_up_scales: TensorValue, down: TensorValue,
         down_scales: TensorValue, params: TensorValue) -> TensorValue:
     """reference.moe on experts in the linear kernels' formats, each expert's weights (and scales) a row of gate_up /
-    down [E, ...] (dense weights: scales a [1, 1] placeholder); params int32 [block_k, top_k, normalize, tiled, I]
-    (mojo_kernels/core/moe.mojo), on a CPU."""
+    down [E, ...] (dense weights: scales a [1, 1] placeholder); params int32 [block_k, top_k, normalize, tiled, I,
+    down's block_k] (mojo_kernels/core/moe.mojo), on a CPU."""
     return _custom("mili_moe", x, [x, logits, gate_up, gate_up_scales, down, down_scales, params], [x.shape])[0]
 
 

@@ -493,7 +493,7 @@ _MOE = {
         graph.moe,
         [T(SAME, "T", "H")],
         [T(SAME, "T", "H"), T(SAME, "T", "E"), T(torch_dtype_to_max(w), "E", "GU"), T(F32, "GS", "GSE"),
-         T(torch_dtype_to_max(w), "E", "DN"), T(F32, "DS", "DSE"), T(I32, 5)],
+         T(torch_dtype_to_max(w), "E", "DN"), T(F32, "DS", "DSE"), T(I32, 6)],
         variant="_" + str(w).split(".")[-1],
     )
     for w in (torch.float32, torch.bfloat16, torch.uint8, torch.int8)
@@ -502,15 +502,17 @@ _MOE_INT4 = CompiledOp(
     graph.moe_int4,
     [T(SAME, "T", "H")],
     [T(SAME, "T", "H"), T(SAME, "T", "E"), T(DType.uint8, "E", "GU"), T(F16, "E", "GS"), T(F16, "E", "GS"),
-     T(DType.uint8, "E", "DN"), T(F16, "E", "DS"), T(F16, "E", "DS"), T(I32, 5)],
+     T(DType.uint8, "E", "DN"), T(F16, "E", "DS"), T(F16, "E", "DS"), T(I32, 6)],
 )
 
 
 def moe(x: torch.Tensor, logits: torch.Tensor, top_k: int, normalize: bool, inter: int,
-        gate_up: Sequence[torch.Tensor], down: Sequence[torch.Tensor], block_k: int = 0) -> torch.Tensor:
+        gate_up: Sequence[torch.Tensor], down: Sequence[torch.Tensor], block_k: int = 0,
+        down_block_k: Optional[int] = None) -> torch.Tensor:
     """reference.moe with the experts' linears on MILI's kernels, on a CPU: x [T, H], the router's logits [T, E],
     each expert's intermediate size `inter`; gate_up / down the experts' stacked weights (quantization.stack_experts)
-    as their tensors: (weight,) dense [E, N, K] or tiled, (weight, scales) int8 / FP8, (packed, scales, mins) 4-bit."""
+    as their tensors: (weight,) dense [E, N, K] or tiled, (weight, scales) int8 / FP8, (packed, scales, mins) 4-bit,
+    scaled in blocks of block_k columns (down's: down_block_k, by default the same)."""
     if not x.is_cpu:
         raise ValueError(f"moe: the mixture-of-experts kernels run on a CPU, got x on {x.device}")
     if len(gate_up) != len(down) or not 1 <= len(gate_up) <= 3:
@@ -518,7 +520,8 @@ def moe(x: torch.Tensor, logits: torch.Tensor, top_k: int, normalize: bool, inte
     if gate_up[0].dim() != down[0].dim():
         raise ValueError("moe: gate_up and down must be both tiled or both [E, N, K] (one layout for both)")
     flat = lambda t: _c(t).view(t.shape[0], -1)
-    params = torch.tensor([block_k, top_k, int(normalize), int(gate_up[0].dim() > 3), inter], dtype=torch.int32)
+    params = torch.tensor([block_k, top_k, int(normalize), int(gate_up[0].dim() > 3), inter,
+                           block_k if down_block_k is None else down_block_k], dtype=torch.int32)
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     if len(gate_up) == 3:
         _check_half("moe", *gate_up[1:], *down[1:])

@@ -373,18 +373,21 @@ def run_linear_int4(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
 MOE_SHAPES = [(1, 64, 40, 7, 3), (5, 130, 72, 9, 8), (70, 200, 136, 6, 2)]
 """(tokens, hidden, experts' intermediate size, experts, top_k): decode and prefill blocks, experts no token chose."""
 MOE_TILED_SHAPES = [(3, 128, 64, 5, 2), (40, 128, 64, 4, 3)]
-MOE_FORMATS = ["float32", "bfloat16", "fp8", "int8", "int4", "bfloat16-tiled", "int8-tiled"]
+MOE_FORMATS = ["float32", "bfloat16", "fp8", "int8", "int4", "int4-gguf", "bfloat16-tiled", "int8-tiled"]
+MOE_INT4 = {"int4": ((4, 64), (4, 64)), "int4-gguf": ((4, 32), (6, 16))}
+"""4-bit experts' (bits, block_k) of gate_up and of down: MILI's, and a GGUF file's Q4_K gate_up with a Q6_K down."""
 
 
-def _expert_weight(n: int, k: int, fmt: str) -> tuple[tuple, callable, torch.Tensor]:
-    """One expert's [N, K] weight in fmt: (its tensors as the kernel takes them, its linear in the reference, its
-    values in float32)."""
-    if fmt == "int4":
-        packed = ref.pack_int4(torch.randint(0, 16, (n, k), dtype=torch.uint8))
-        scales, mins = (ref.tile_int4_scales(t.half()) for t in (torch.rand(-(-k // 64), n) * 0.02,
-                                                                 torch.randn(-(-k // 64), n) * 0.05))
-        return ((packed, scales, mins), lambda x: ref.linear_int4(x, packed, scales, mins, 64, n, library.AMX_TILES),
-                ref.dequantize_int4(packed, scales, mins, 64, n, k))
+def _expert_weight(n: int, k: int, fmt: str, down: bool) -> tuple[tuple, callable, torch.Tensor]:
+    """One expert's [N, K] weight (gate_up's, or down's) in fmt: (its tensors as the kernel takes them, its linear in
+    the reference, its values in float32)."""
+    if fmt in MOE_INT4:
+        bits, block = MOE_INT4[fmt][down]
+        packed = ref.pack_int4(torch.randint(0, 2**bits, (n, k), dtype=torch.uint8), bits)
+        scales, mins = (ref.tile_int4_scales(t.half()) for t in (torch.rand(-(-k // block), n) * 0.32 / 2**bits,
+                                                                 torch.randn(-(-k // block), n) * 0.05))
+        return ((packed, scales, mins), lambda x: ref.linear_int4(x, packed, scales, mins, block, n, library.AMX_TILES),
+                ref.dequantize_int4(packed, scales, mins, block, n, k))
     dtype = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}.get(fmt.split("-")[0]) or getattr(torch, fmt.split("-")[0])
     weight, scales, block_k = linear_weight(n, k, dtype, "cpu", 64 if fmt == "int8-tiled" else 32)
     if weight.is_floating_point() and weight.dtype != torch.float8_e4m3fn:
@@ -398,12 +401,12 @@ def _expert_weight(n: int, k: int, fmt: str) -> tuple[tuple, callable, torch.Ten
 def run_moe(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     """Random experts in one format, distinct router logits (exact in bfloat16: no ties between experts)."""
     (t, h, inter, e_count, top_k), fmt, normalize = case
-    experts = [(_expert_weight(2 * inter, h, fmt), _expert_weight(h, inter, fmt)) for _ in range(e_count)]
+    experts = [(_expert_weight(2 * inter, h, fmt, False), _expert_weight(h, inter, fmt, True)) for _ in range(e_count)]
     stack = lambda which: tuple(torch.stack(ts) for ts in zip(*(ex[which][0] for ex in experts)))
     x = torch.randn(t, h, device=device).to(dtype)
     logits = (torch.stack([torch.randperm(e_count) for _ in range(t)]).float() * 0.75).to(dtype)
-    ours = ops.moe(x, logits, top_k, normalize, inter, stack(0), stack(1), 64 if fmt in ("int4", "int8-tiled")
-                   else 32)
+    blocks = [b for _, b in MOE_INT4[fmt]] if fmt in MOE_INT4 else [64 if fmt == "int8-tiled" else 32] * 2
+    ours = ops.moe(x, logits, top_k, normalize, inter, stack(0), stack(1), *blocks)
     down_inputs = []
 
     def down(v: torch.Tensor, e: int) -> torch.Tensor:

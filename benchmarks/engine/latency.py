@@ -23,7 +23,7 @@ import statistics
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 from benchmarks.common import device_argument, model_path, print_table, settle, write_json
 
@@ -187,9 +187,10 @@ def mili_format(weight_dtype: str, kv_cache_dtype: str, dtype: str) -> str:
     return weight_dtype + ("" if dtype == "float32" else f" act {dtype}") + kv_label(kv_cache_dtype, "auto")
 
 
-def open_mili(path: str, weight_dtype: str, kv_cache_dtype: str, dtype: str, args: argparse.Namespace) -> Subject:
+def open_mili(path: str, weight_dtype: str, kv_cache_dtype: str, dtype: str, args: argparse.Namespace,
+              weights: Optional[str] = None) -> Subject:
     """MILI on the CPU: activations in dtype, weights in weight_dtype, the KV cache in kv_cache_dtype, a KV pool big
-    enough for the runs."""
+    enough for the runs; `weights` names the weights in the row's format (default: weight_dtype)."""
     started = time.perf_counter()
     per_sequence = -(-(args.prompt_len + args.new_tokens) // DEFAULT_PAGE_SIZE)
     pages = max(batch_sizes(args)) * per_sequence + -(-args.prefill_len // DEFAULT_PAGE_SIZE) + 8
@@ -207,7 +208,7 @@ def open_mili(path: str, weight_dtype: str, kv_cache_dtype: str, dtype: str, arg
         _, first, last = _run_requests(engine, prompts, args.new_tokens)
         return last - first
 
-    row = dict(system="mili", format=mili_format(weight_dtype, kv_cache_dtype, dtype),
+    row = dict(system="mili", format=mili_format(weights or weight_dtype, kv_cache_dtype, dtype),
                bits=bits_per_weight(engine.model.decode_weights()), load_s=load_s)
     return Subject(row, prefill, decode)
 

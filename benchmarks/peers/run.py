@@ -1,7 +1,8 @@
 """MILI beside its peers on the CPU, one run, one benchmark definition (benchmarks/engine/latency.py's: prefill of one
 512-token prompt; greedy decode of 128 tokens from 32-token prompts at batch 1 and 8; medians of 3 runs after a
 warm-up; 2 threads everywhere):
-- MILI in each weight format (float32 activations, or --mili-dtypes; latency.open_mili);
+- MILI in each weight format (float32 activations, or --mili-dtypes; latency.open_mili), and on llama.cpp's own GGUF
+  files as they are (--mili-ggufs: its ratios against llama.cpp on the same file);
 - llama.cpp's own C++ tools, built for this CPU by setup.sh (llama-bench for the prefill, llama-batched-bench for
   the decode: the figures llama.cpp's users quote), on GGUFs of the same checkpoint: f32, bf16 and q8_0 written by
   llama.cpp's convert_hf_to_gguf.py, Q4_0 and Q4_K_M by llama-quantize;
@@ -13,8 +14,8 @@ machine is idle (common.settle), so the ratios compare runs taken minutes, not h
   bash benchmarks/peers/setup.sh          # once: build llama.cpp's tools, write the GGUFs
   bash benchmarks/peers/setup.sh vllm     # once, for --systems vllm: vLLM's CPU build in its own venv
   mili bench peers [--systems mili,llama,transformers,vllm] [--mili-weight-dtypes float32,bfloat16,int8,fp8,int4]
-                   [--llama-types f32,bf16,q8_0,q4_0,q4_k_m] [--vllm-dtypes bfloat16,float32] [--vllm-model DIR]
-                   [--runs 3]
+                   [--llama-types f32,bf16,q8_0,q4_0,q4_k_m] [--mili-ggufs q4_k_m,q4_0,q8_0]
+                   [--vllm-dtypes bfloat16,float32] [--vllm-model DIR] [--runs 3]
   mili bench peers accuracy [...]         # the logits' drift of each format (benchmarks/peers/accuracy.py)
 
 Prints one table (and the speed ratios: MILI in each format over llama.cpp with the same bits, and the best of
@@ -218,7 +219,8 @@ def ratio_rows(rows: list[dict], args: argparse.Namespace) -> list[dict]:
     pairs = []
     for r in mili:
         weights, kv = _weights_and_kv(r["format"])
-        for t in (SAME_BITS.get(weights), ALSO_AGAINST.get(weights)):
+        same_file = weights.removeprefix("gguf ") if weights.startswith("gguf ") else None
+        for t in (same_file,) if same_file else (SAME_BITS.get(weights), ALSO_AGAINST.get(weights)):
             if t and t + KV_SAME_BITS.get(kv, "?") in llama:
                 pairs.append((r, t + KV_SAME_BITS[kv]))
     out = [speed_ratios(f"mili {r['format']} / llama.cpp {t}", r, llama[t], args) for r, t in pairs]
@@ -229,6 +231,13 @@ def ratio_rows(rows: list[dict], args: argparse.Namespace) -> list[dict]:
     if mili and hf:
         out.append(speed_ratios("mili best / transformers bf16", best(mili, args), hf[0], args))
     return out
+
+
+def _gguf(gguf_dir: Path, qtype: str, checkpoint: str) -> Path:
+    path = gguf_dir / f"{qtype}.gguf"
+    if not path.is_file():
+        raise SystemExit(f"{path} is missing: convert the checkpoint with\n  bash {HERE / 'setup.sh'} {checkpoint}")
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--systems", default="mili,llama,transformers")
     parser.add_argument("--mili-weight-dtypes", default="float32,bfloat16,int8,fp8,int4")
     parser.add_argument("--llama-types", default="f32,bf16,q8_0,q4_0,q4_k_m")
+    parser.add_argument("--mili-ggufs", default="",
+                        help="llama.cpp's GGUF files (their types: q4_k_m,q4_0,q8_0) that MILI loads too, as they are")
     parser.add_argument("--llama-kv-types", default="f16", help="llama.cpp's KV caches (-ctk / -ctv): f16, q8_0, ...")
     parser.add_argument("--vllm-dtypes", default="bfloat16,float32")
     parser.add_argument("--vllm-model", default=None,
@@ -259,14 +270,14 @@ def main(argv: list[str] | None = None) -> int:
     openers: list[tuple[str, Callable[[], latency.Subject]]] = []
     if "mili" in systems:
         openers += latency.mili_openers(path, args.mili_weight_dtypes, args)
+        openers += [(f"mili gguf {t}{latency.kv_label(kv, 'auto')}",
+                     lambda t=t, kv=kv: latency.open_mili(str(_gguf(gguf_dir, t, path)), "auto", kv, "float32", args,
+                                                          f"gguf {t}"))
+                    for t in filter(None, args.mili_ggufs.split(",")) for kv in args.kv_cache_dtypes.split(",")]
     if "llama" in systems:
-        for t in args.llama_types.split(","):
-            if not (gguf_dir / f"{t}.gguf").is_file():
-                raise SystemExit(f"{gguf_dir / f'{t}.gguf'} is missing: convert the checkpoint with\n"
-                                 f"  bash {HERE / 'setup.sh'} {path}")
         openers += [
             (f"llama.cpp {t}{latency.kv_label(kv, 'f16')}",
-             lambda t=t, kv=kv: open_llama(gguf_dir / f"{t}.gguf", kv, args))
+             lambda t=t, kv=kv: open_llama(_gguf(gguf_dir, t, path), kv, args))
             for t in args.llama_types.split(",") for kv in args.llama_kv_types.split(",")
         ]
     if "vllm" in systems:

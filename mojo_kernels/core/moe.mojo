@@ -3,7 +3,8 @@
 # its experts the top_k of softmax(logits[t]) (the router's), their weights those probabilities, rescaled to sum to 1
 # when `normalize`. The experts' gate_up [E, 2I, H] and down [E, H, I] weights are stacks, one expert after the
 # other, of the linear kernels' weights in one format: linear.mojo's (float32, bfloat16, int8, FP8 bits; [N, K] or
-# tiled) for mili_moe, linear_int4.mojo's packed 4-bit ones for mili_moe_int4.
+# tiled) for mili_moe, linear_int4.mojo's packed 4- or 6-bit ones for mili_moe_int4 (gate_up's and down's bits and
+# blocks their own).
 # CPU: route every token; group its (token, slot) pairs by expert; then, each expert some token chose on one thread,
 # gather its tokens' rows of x into one block and run that block through the expert's gate_up, silu_and_mul and
 # down on the linear kernels (so each chosen expert's weights are streamed once a step, for all its tokens, and the
@@ -24,14 +25,15 @@ from .activations import silu_and_mul_cpu
 from .linear import linear_cpu
 from .linear_int4 import linear_int4_cpu, GROUP, TILE_ROWS, tile_bits
 
-comptime MOE_PARAMS = 5
-"""The int32 params of both ops: block_k, top_k, normalize (0 / 1), tiled (0 / 1; mili_moe), I (each expert's
-intermediate size)."""
+comptime MOE_PARAMS = 6
+"""The int32 params of both ops: block_k (gate_up's), top_k, normalize (0 / 1), tiled (0 / 1; mili_moe), I (each
+expert's intermediate size), down's block_k (a GGUF file's Q4_K gate_up and Q6_K down block 32 and 16 columns)."""
 
 
 struct _Experts[w_type: DType, tiled: Bool, packed: Bool](ImplicitlyCopyable):
-    """The experts' weights (see the top), each expert's `*_size` elements (scales: `*_scale_size`) apart; packed:
-    linear_int4.mojo's format (w_type uint8, `bits` 4 or 6, float16 scales and mins), else linear.mojo's."""
+    """The experts' weights (see the top), each expert's `*_size` elements (scales: `*_scale_size`) apart, in blocks of
+    `*_block_k` columns; packed: linear_int4.mojo's format (w_type uint8, `*_bits` 4 or 6, float16 scales and mins),
+    else linear.mojo's."""
 
     comptime s_type = F16 if Self.packed else F32
 
@@ -47,33 +49,39 @@ struct _Experts[w_type: DType, tiled: Bool, packed: Bool](ImplicitlyCopyable):
     var down_scale_size: Int
     var hidden: Int
     var inter: Int
-    var block_k: Int
-    var bits: Int
+    var gate_up_block_k: Int
+    var down_block_k: Int
+    var gate_up_bits: Int
+    var down_bits: Int
 
     def __init__(out self, gate_up: Ptr[Self.w_type], gate_up_scales: Ptr[Self.s_type], gate_up_mins: Ptr[Self.s_type],
                  down: Ptr[Self.w_type], down_scales: Ptr[Self.s_type], down_mins: Ptr[Self.s_type], gate_up_size: Int,
-                 gate_up_scale_size: Int, down_size: Int, down_scale_size: Int, hidden: Int, inter: Int, block_k: Int,
-                 bits: Int):
+                 gate_up_scale_size: Int, down_size: Int, down_scale_size: Int, hidden: Int, inter: Int,
+                 gate_up_block_k: Int, down_block_k: Int, gate_up_bits: Int, down_bits: Int):
         self.gate_up, self.gate_up_scales, self.gate_up_mins = addr(gate_up), addr(gate_up_scales), addr(gate_up_mins)
         self.down, self.down_scales, self.down_mins = addr(down), addr(down_scales), addr(down_mins)
         self.gate_up_size, self.gate_up_scale_size = gate_up_size, gate_up_scale_size
         self.down_size, self.down_scale_size = down_size, down_scale_size
-        self.hidden, self.inter, self.block_k, self.bits = hidden, inter, block_k, bits
+        self.hidden, self.inter = hidden, inter
+        self.gate_up_block_k, self.down_block_k = gate_up_block_k, down_block_k
+        self.gate_up_bits, self.down_bits = gate_up_bits, down_bits
 
     def run[a_type: DType, R: Runner, first: Bool](self, runner: R, y: Ptr[a_type], x: Ptr[a_type], m: Int, e: Int):
         """y[m, 2I] = x @ gate_up[e]^T (first), else y[m, H] = x @ down[e]^T."""
         var w, scales, mins = ptr(self.down), ptr(self.down_scales), ptr(self.down_mins)
         var size, scale_size, n, k = self.down_size, self.down_scale_size, self.hidden, self.inter
+        var block_k, bits = self.down_block_k, self.down_bits
         comptime if first:
             w, scales, mins = ptr(self.gate_up), ptr(self.gate_up_scales), ptr(self.gate_up_mins)
             size, scale_size, n, k = self.gate_up_size, self.gate_up_scale_size, 2 * self.inter, self.hidden
+            block_k, bits = self.gate_up_block_k, self.gate_up_bits
         w, scales, mins = w.unsafe_offset(e * size), scales.unsafe_offset(e * scale_size), mins.unsafe_offset(e * scale_size)
         comptime if Self.packed:
             linear_int4_cpu[a_type](runner, y, x, rebind[Ptr[DType.uint8]](w), rebind[Ptr[F16]](scales),
-                                    rebind[Ptr[F16]](mins), m, n, k, self.block_k, self.bits)
+                                    rebind[Ptr[F16]](mins), m, n, k, block_k, bits)
         else:
             linear_cpu[a_type, Self.w_type, R, Self.tiled](runner, y, x, w, rebind[Ptr[F32]](scales), m, n, k,
-                                                           self.block_k)
+                                                           block_k)
 
 
 def _route[a_type: DType](logits: Ptr[a_type], t: Int, e_count: Int, top_k: Int, normalize: Bool,
@@ -229,7 +237,7 @@ def check_moe(t: Int, h: Int, y_t: Int, y_h: Int, logit_rows: Int, e_count: Int,
     check_same["moe"](logit_rows, t, "router logit rows", "x rows")
     check_same["moe"](gate_up_experts, e_count, "gate_up's experts", "router logit columns")
     check_same["moe"](down_experts, e_count, "down's experts", "router logit columns")
-    check_same["moe"](params, MOE_PARAMS, "params", "5 (block_k, top_k, normalize, tiled, I)")
+    check_same["moe"](params, MOE_PARAMS, "params", "6 (block_k, top_k, normalize, tiled, I, down's block_k)")
 
 
 def check_moe_params(e_count: Int, top_k: Int, inter: Int) raises:
@@ -239,25 +247,32 @@ def check_moe_params(e_count: Int, top_k: Int, inter: Int) raises:
         raise Error("moe: the experts' intermediate size must be positive, got ", inter)
 
 
-def check_moe_sizes[scaled: Bool](h: Int, inter: Int, block_k: Int, gate_up_size: Int, gate_up_scale_size: Int,
-                                  down_size: Int, down_scale_size: Int) raises:
+def check_moe_sizes[scaled: Bool](h: Int, inter: Int, gate_up_block_k: Int, down_block_k: Int, gate_up_size: Int,
+                                  gate_up_scale_size: Int, down_size: Int, down_scale_size: Int) raises:
     """An expert's elements in linear.mojo's formats ([N, K] or tiled: N * K), and its scales'."""
     check_same["moe"](gate_up_size, 2 * inter * h, "gate_up's elements per expert", "2 I x H")
     check_same["moe"](down_size, h * inter, "down's elements per expert", "H x I")
     comptime if scaled:
-        if block_k <= 0:
-            raise Error("moe: block_k must be positive, got ", block_k)
-        _check_scale_sizes(h, inter, block_k, gate_up_scale_size, down_scale_size)
+        _check_scale_sizes(h, inter, gate_up_block_k, down_block_k, gate_up_scale_size, down_scale_size)
 
 
-def _check_scale_sizes[rows: Int = 1](h: Int, inter: Int, block_k: Int, gate_up_scale_size: Int,
-                                      down_scale_size: Int) raises:
+def _check_scale_sizes[rows: Int = 1](h: Int, inter: Int, gate_up_block_k: Int, down_block_k: Int,
+                                      gate_up_scale_size: Int, down_scale_size: Int) raises:
     """An expert's scales (and mins): a row per output (4-bit: per output padded to whole tiles of `rows`) and block
-    of block_k inputs."""
-    check_same["moe"](gate_up_scale_size, ceildiv(2 * inter, rows) * rows * ceildiv(h, block_k),
+    of block_k inputs (4-bit: a multiple of GROUP)."""
+    _check_block[rows](gate_up_block_k)
+    _check_block[rows](down_block_k)
+    check_same["moe"](gate_up_scale_size, ceildiv(2 * inter, rows) * rows * ceildiv(h, gate_up_block_k),
                       "gate_up's scales per expert", "2 I x ceil(H / block_k)")
-    check_same["moe"](down_scale_size, ceildiv(h, rows) * rows * ceildiv(inter, block_k), "down's scales per expert",
-                      "H x ceil(I / block_k)")
+    check_same["moe"](down_scale_size, ceildiv(h, rows) * rows * ceildiv(inter, down_block_k),
+                      "down's scales per expert", "H x ceil(I / down's block_k)")
+
+
+def _check_block[rows: Int](block_k: Int) raises:
+    if block_k <= 0:
+        raise Error("moe: block_k must be positive, got ", block_k)
+    if rows > 1 and block_k % GROUP != 0:
+        raise Error("moe: a 4-bit expert's block_k must be a multiple of ", GROUP, ", got ", block_k)
 
 
 def packed_bits(n: Int, k: Int, bytes: Int) raises -> Int:
@@ -278,20 +293,22 @@ def moe_dense_cpu[a_type: DType, w_type: DType, R: Runner](
     """mili_moe on a CPU (params: MOE_PARAMS), after check_moe."""
     var block_k, top_k, inter = Int(params.unsafe_load(0)), Int(params.unsafe_load(1)), Int(params.unsafe_load(4))
     var normalize, tiled = params.unsafe_load(2) != 0, params.unsafe_load(3) != 0
+    var down_block_k = Int(params.unsafe_load(5))
     comptime scaled = w_type == DType.int8 or is_fp8[w_type]()
-    check_moe_sizes[scaled](h, inter, block_k, gate_up_size, gate_up_scale_size, down_size, down_scale_size)
+    check_moe_sizes[scaled](h, inter, block_k, down_block_k, gate_up_size, gate_up_scale_size, down_size,
+                            down_scale_size)
     # dense weights have no scales (the graph passes one placeholder): no expert moves past it
     var gate_up_scales_apart, down_scales_apart = (gate_up_scale_size, down_scale_size) if scaled else (0, 0)
     comptime if not is_fp8[w_type]():
         if tiled:
             var experts = _Experts[w_type, True, False](gate_up, gate_up_scales, gate_up_scales, down, down_scales,
                                                         down_scales, gate_up_size, gate_up_scales_apart, down_size,
-                                                        down_scales_apart, h, inter, block_k, 0)
+                                                        down_scales_apart, h, inter, block_k, down_block_k, 0, 0)
             moe_cpu(runner, y, x, logits, experts, t, e_count, top_k, normalize)
             return
     var experts = _Experts[w_type, False, False](gate_up, gate_up_scales, gate_up_scales, down, down_scales,
                                                  down_scales, gate_up_size, gate_up_scales_apart, down_size,
-                                                 down_scales_apart, h, inter, block_k, 0)
+                                                 down_scales_apart, h, inter, block_k, down_block_k, 0, 0)
     moe_cpu(runner, y, x, logits, experts, t, e_count, top_k, normalize)
 
 
@@ -303,15 +320,13 @@ def moe_int4_cpu[a_type: DType, R: Runner](
 ) raises:
     """mili_moe_int4 on a CPU (params: MOE_PARAMS, tiled unused), after check_moe."""
     var block_k, top_k, inter = Int(params.unsafe_load(0)), Int(params.unsafe_load(1)), Int(params.unsafe_load(4))
-    var normalize = params.unsafe_load(2) != 0
-    if block_k <= 0 or block_k % GROUP != 0:
-        raise Error("moe: block_k must be a positive multiple of ", GROUP, ", got ", block_k)
-    var bits = packed_bits(2 * inter, h, gate_up_size)
-    check_same["moe"](packed_bits(h, inter, down_size), bits, "down's bits", "gate_up's bits")
-    _check_scale_sizes[TILE_ROWS](h, inter, block_k, gate_up_scale_size, down_scale_size)
+    var normalize, down_block_k = params.unsafe_load(2) != 0, Int(params.unsafe_load(5))
+    _check_scale_sizes[TILE_ROWS](h, inter, block_k, down_block_k, gate_up_scale_size, down_scale_size)
     var experts = _Experts[DType.uint8, False, True](gate_up, gate_up_scales, gate_up_mins, down, down_scales,
                                                      down_mins, gate_up_size, gate_up_scale_size, down_size,
-                                                     down_scale_size, h, inter, block_k, bits)
+                                                     down_scale_size, h, inter, block_k, down_block_k,
+                                                     packed_bits(2 * inter, h, gate_up_size),
+                                                     packed_bits(h, inter, down_size))
     moe_cpu(runner, y, x, logits, experts, t, e_count, top_k, normalize)
 
 

@@ -151,8 +151,7 @@ def config_from_metadata(meta: Mapping[str, object], shapes: Mapping[str, tuple[
         config.update(num_experts=int(key("expert_count")), num_experts_per_tok=int(key("expert_used_count")),
                       moe_intermediate_size=int(key("expert_feed_forward_length")),
                       # llama.cpp's qwen3moe renormalises the top-k weights unless the file says otherwise
-                      norm_topk_prob=bool(key("expert_weights_norm", True)),
-                      mlp_only_layers=[i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in shapes])
+                      norm_topk_prob=bool(key("expert_weights_norm", True)))
     eos = [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot")]
     config["eos_token_id"] = eos[0]
     config["bos_token_id"] = meta.get("tokenizer.ggml.bos_token_id")

@@ -139,9 +139,8 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
             gate_up, down = p + "experts_gate_up", p + "experts_down"
             per_expert = lambda name: ops.reshape(w[name], [c.num_experts, -1])
             tiled = len(w[gate_up].shape) > 3
-            params = ops.constant(np.array([blocks.get(p + "experts_gate_up", 0), c.num_experts_per_tok,
-                                            c.norm_topk_prob, tiled,
-                                            c.moe_intermediate_size], np.int32), DType.int32, dev)
+            params = ops.constant(np.array([blocks.get(gate_up, 0), c.num_experts_per_tok, c.norm_topk_prob, tiled,
+                                            c.moe_intermediate_size, blocks.get(down, 0)], np.int32), DType.int32, dev)
             logits = linear(x, p + "router", c.num_experts)
             if gate_up + ".mins" in w:
                 return mili.moe_int4(x, logits, *(per_expert(n + s) for n in (gate_up, down)

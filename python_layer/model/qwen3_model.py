@@ -3,7 +3,6 @@ compiled MAX graph on the Mojo kernels (qwen3_graph.py) or op by op in PyTorch (
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional, Protocol, Sequence
 
@@ -19,8 +18,7 @@ from ..memory.kv_cache_manager import DEFAULT_PAGE_SIZE, PagedKVCache
 from .attention_metadata import AttentionMetadata
 from .config import Qwen3Config
 from .quantization import (
-    Int4Weight, LinearWeight, QuantizedWeight, convert, dense, lm_head_dtype, parse_weight_dtype, reblocked,
-    stack_experts,
+    Int4Weight, LinearWeight, QuantizedWeight, convert, dense, lm_head_dtype, parse_weight_dtype, stack_experts,
 )
 # imports MAX here, on the importing (main) thread: MAX enters its MLIR context there
 from .qwen3_graph import CompiledQwen3
@@ -177,9 +175,6 @@ class Qwen3CausalLM:
         for names in (gate_up, down):
             stacks.append([self._formatted(loader, *(n.format(e=e) for n in names))
                            for e in range(self.config.num_experts)])
-        if all(isinstance(s[0], Int4Weight) for s in stacks):  # mili_moe_int4 takes one block size for both
-            block_k = math.gcd(*(s[0].block_k for s in stacks))
-            stacks = [[w if w.block_k == block_k else reblocked(w, block_k, w.bits) for w in s] for s in stacks]
         tile = all(self._tileable(s[0], experts=True) for s in stacks)
         return tuple(self._placed(stack_experts([self._tiled(w) if tile else w for w in s])) for s in stacks)
 

@@ -155,3 +155,36 @@ def test_mili_serve_serves_a_moe_checkpoint(moe_dense_layer: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def test_moe_gguf_file_loads_with_no_flag(tmp_path: Path) -> None:
+    """A Q4_K_M-like qwen3moe GGUF: Q4_K gate / up experts with Q6_K down ones (each in its own bits and blocks in
+    mili_moe_int4), and a layer of Q8_0 experts (mili_moe's int8)."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.gguf_files import dequantized_checkpoint, write_gguf
+    from tests.integration.test_weight_formats import GREEDY, GREEDY_TOP2, _assert_greedy_agrees, _greedy
+
+    src = build_random_checkpoint(tmp_path / "src", seed=5, dtype=torch.bfloat16, hidden_size=256,
+                                  intermediate_size=288, moe_intermediate_size=256, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=6,
+                                  num_experts_per_tok=2, norm_topk_prob=True, tie_word_embeddings=False)
+    experts = "model.layers.0.mlp.experts."
+    types = {"model.embed_tokens": "Q4_K", "lm_head": "Q6_K", experts + "gate_proj": "Q4_K",
+             experts + "up_proj": "Q4_K", experts + "down_proj": "Q6_K",
+             **{f"model.layers.1.mlp.experts.{proj}": "Q8_0" for proj in ("gate_proj", "up_proj", "down_proj")}}
+    path = write_gguf(src, tmp_path / "moe.gguf", types, default="Q4_0")
+    kv = dict(kv_cache_dtype="float32")
+    engine = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", **kv)
+    reference = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", backend="reference", **kv)
+    exact = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", weight_dtype="float32", **kv)
+    first, second = engine.model.layers
+    assert (first.experts_gate_up.bits, first.experts_gate_up.block_k) == (4, 32)
+    assert (first.experts_down.bits, first.experts_down.block_k) == (6, 16)
+    assert isinstance(second.experts_gate_up, QuantizedWeight) and second.experts_down.block_k == 32
+    prompts = _prompts(engine.model.config.vocab_size, seed=5)
+    _assert_greedy_agrees(engine.generate(prompts, GREEDY_TOP2), reference.generate(prompts, GREEDY_TOP2))
+    hf = AutoModelForCausalLM.from_pretrained(dequantized_checkpoint(path, tmp_path / "dequantized"),
+                                              dtype=torch.float32, attn_implementation="eager").eval()
+    for prompt, tokens in zip(prompts, _greedy(exact, prompts)):
+        assert _hf_greedy(hf, prompt, GREEDY.max_tokens) == tokens

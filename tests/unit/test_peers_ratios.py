@@ -49,3 +49,12 @@ def test_kv_caches_and_vllm_pair_by_bits() -> None:
                      "mili int4 kv int8 / vllm awq", "mili int4 kv fp8 / vllm awq", "mili bfloat16 / vllm bfloat16",
                      "mili bfloat16 act bfloat16 / vllm bfloat16",
                      "mili int8 / vllm compressed-tensors", "mili best / llama.cpp best"]
+
+
+def test_mili_on_a_gguf_file_pairs_with_llama_cpp_on_the_same_file() -> None:
+    runs = [1.0, 1.0, 1.0], [2.0, 2.0, 2.0]
+    rows = [_row("mili", "gguf q4_k_m kv bfloat16", *runs), _row("mili", "gguf q8_0", *runs),
+            _row("llama.cpp", "q4_0", *runs), _row("llama.cpp", "q4_k_m", *runs), _row("llama.cpp", "q8_0", *runs)]
+    names = [r["comparison"] for r in ratio_rows(rows, argparse.Namespace(batches="1"))]
+    assert names == ["mili gguf q4_k_m kv bfloat16 / llama.cpp q4_k_m", "mili gguf q8_0 / llama.cpp q8_0",
+                     "mili best / llama.cpp best"]
