@@ -76,7 +76,10 @@ def gguf_model_dir(path: Path) -> Path:
 def _write_checkpoint_files(path: Path, directory: Path) -> None:
     from gguf import GGUFReader
 
-    reader = GGUFReader(path)
+    try:
+        reader = GGUFReader(path)
+    except ValueError as e:  # gguf's reader says what it found wrong, tersely
+        raise ValueError(f"{path} cannot be read as a GGUF file ({e}): pass a .gguf file llama.cpp wrote") from e
     index = _index(reader)
     config, generation = config_from_metadata(_metadata(reader), {name: shape for name, (_, shape, _) in index.items()})
     config["quantization_config"]["weight_dtype"] = _weight_dtype({t for name, (t, _, _) in index.items()
@@ -124,18 +127,24 @@ def config_from_metadata(meta: Mapping[str, object], shapes: Mapping[str, tuple[
     if arch not in ARCHITECTURES:
         raise ValueError(f"GGUF general.architecture is {arch!r}: MILI serves Qwen3 models (architecture "
                          f"{' or '.join(map(repr, ARCHITECTURES))})")
-    key = lambda name, default=None: meta.get(f"{arch}.{name}", default)
-    heads = int(key("attention.head_count"))
-    layers = int(key("block_count"))
+    def key(name: str, default: object = None) -> object:
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise ValueError(f"GGUF metadata lacks {arch}.{name}: not a complete {arch} model file")
+        return value
+
+    heads, hidden = int(key("attention.head_count")), int(key("embedding_length"))
+    if "token_embd.weight" not in shapes:
+        raise ValueError("GGUF file lacks token_embd.weight: not a complete model file")
     config = {
         "model_type": ARCHITECTURES[arch],
         "vocab_size": shapes["token_embd.weight"][0],
-        "hidden_size": int(key("embedding_length")),
+        "hidden_size": hidden,
         "intermediate_size": int(key("feed_forward_length")),
-        "num_hidden_layers": layers,
+        "num_hidden_layers": int(key("block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(key("attention.head_count_kv", heads)),
-        "head_dim": int(key("attention.key_length", int(key("embedding_length")) // heads)),
+        "head_dim": int(key("attention.key_length", hidden // heads)),
         "max_position_embeddings": int(key("context_length")),
         "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon")),
         "rope_theta": float(key("rope.freq_base", 1_000_000.0)),
@@ -144,7 +153,7 @@ def config_from_metadata(meta: Mapping[str, object], shapes: Mapping[str, tuple[
         "torch_dtype": "bfloat16",
         "quantization_config": {"quant_method": GGUF_METHOD},
     }
-    if key("rope.scaling.type") == "yarn":
+    if meta.get(f"{arch}.rope.scaling.type") == "yarn":
         config["rope_scaling"] = {"rope_type": "yarn", "factor": float(key("rope.scaling.factor")),
                                   "original_max_position_embeddings": int(key("rope.scaling.original_context_length"))}
     if arch == "qwen3moe":

@@ -99,6 +99,11 @@ def test_files_mili_cannot_serve_say_why(gguf_source: Path, tmp_path: Path) -> N
     meta = {"general.architecture": "llama", "llama.block_count": 2}
     with pytest.raises(ValueError, match="general.architecture is 'llama'"):
         config_from_metadata(meta, {"token_embd.weight": (10, 4)})
+    with pytest.raises(ValueError, match="GGUF metadata lacks qwen3.embedding_length"):
+        config_from_metadata({"general.architecture": "qwen3", "qwen3.attention.head_count": 2}, {})
+    (tmp_path / "text.gguf").write_text("not a GGUF file")
+    with pytest.raises(ValueError, match="cannot be read as a GGUF file"):
+        resolve_model_dir(tmp_path / "text.gguf")
     writer = gguf.GGUFWriter(str(tmp_path / "odd.gguf"), "qwen3")
     writer.add_tensor("blk.0.attn_qkv.weight", np.zeros((4, 32), np.float32))
     writer.write_header_to_file()
