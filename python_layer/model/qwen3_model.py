@@ -138,9 +138,9 @@ class Qwen3CausalLM:
         self.backend = check_backend(backend)
         self.model_path = weight_loader.model_path
         self.weight_dtype = resolve_weight_dtype(weight_dtype, config, self.dtype, self.device)
-        # the checkpoint's own formats: a 4-bit checkpoint's layers it leaves unquantized, or holds in a form int4
-        # cannot (8 bits, small groups, desc_act's order), keep dense weights, and a GGUF file's each its own
-        self._as_stored = parse_weight_dtype(weight_dtype) == "auto" and (
+        # the checkpoint's own formats on a CPU: a 4-bit checkpoint's layers it leaves unquantized, or holds in a form
+        # int4 cannot (8 bits, small groups, desc_act's order), keep dense weights, and a GGUF file's each its own
+        self._as_stored = parse_weight_dtype(weight_dtype) == "auto" and self.device.type == "cpu" and (
             self.weight_dtype == "int4" or config.gguf_weight_dtype is not None)
         self.kv_cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype, self.dtype, self.device)
         if config.num_experts and self.device.type != "cpu" and self.backend == "mojo":

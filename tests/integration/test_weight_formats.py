@@ -283,6 +283,8 @@ def test_gguf_file_loads_with_no_flag_in_its_own_formats(checkpoints_dir: Path, 
     assert (first.qkv_proj.bits, first.qkv_proj.block_k, first.gate_up_proj.bits, first.down_proj.bits) == (6, 16, 4, 6)
     assert isinstance(second.qkv_proj, torch.Tensor) and isinstance(second.down_proj, QuantizedWeight)
     assert (engine.model.lm_head.bits, engine.model.lm_head.block_k) == (6, 16)  # the tied Q6_K embedding
+    # a format asked for converts every weight (as a GPU, which dequantizes them to its dtype)
+    assert all(isinstance(w, torch.Tensor) and w.dtype == torch.float32 for w in exact.model.decode_weights())
     prompts = _prompts(engine.model.config.vocab_size, seed=5)
     _assert_greedy_agrees(engine.generate(prompts, GREEDY_TOP2), reference.generate(prompts, GREEDY_TOP2))
     # gguf-py's values in float32 (MILI's --weight-dtype float32 and transformers): the same tokens
