@@ -237,14 +237,18 @@ class GGUFTensors(Mapping[str, str]):
             values = dequantize(data, GGMLQuantizationType[qtype])
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(self.shape(name))
 
-    def linear(self, name: str) -> LinearWeight:
-        """A projection's weight [N, K] in the MILI format of the same values (the module's docstring), else dense
-        float32."""
-        decode = _DECODERS.get(self.type_name(name))
+    def linear(self, *names: str) -> LinearWeight:
+        """Projections' weights [N, K] stacked along N (q, k, v; gate, up: one type, one K), in the MILI format of the
+        same values (the module's docstring), else dense float32. Read as one: each part decoded and packed, then their
+        stack unpacked and packed again, took twice the time."""
+        qtype, k = self.type_name(names[0]), self.shape(names[0])[1]
+        if any((self.type_name(n), self.shape(n)[1]) != (qtype, k) for n in names):
+            raise ValueError(f"{', '.join(names)}: not one GGUF type and input size, read them one by one")
+        decode = _DECODERS.get(qtype)
         if decode is None:
-            return self.dense(name)
-        n, k = self.shape(name)
-        return decode(torch.from_numpy(np.array(self._stored(name))).reshape(n, -1), k)  # a copy: read-only file
+            return torch.cat([self.dense(n) for n in names])
+        rows = np.concatenate([self._stored(n).reshape(self.shape(n)[0], -1) for n in names])  # a copy: read-only file
+        return decode(torch.from_numpy(rows), k)
 
 
 def read_index(path: Path) -> Dict[str, tuple[str, tuple[int, ...], int]]:

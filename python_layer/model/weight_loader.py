@@ -264,8 +264,7 @@ class WeightLoader:
         its type (gguf_checkpoints.py)."""
         if isinstance(self.weights, GGUFTensors):
             tied = name == "lm_head.weight" and self.config.tie_word_embeddings
-            weight = self.weights.linear("model.embed_tokens.weight" if tied else name)
-            return weight if packed or not isinstance(weight, Int4Weight) else weight.dequantize()
+            return self._gguf_linear(["model.embed_tokens.weight" if tied else name], packed)
         if name + SCALE_SUFFIX in self.weights:
             return from_block_scales(self.weights[name], self.weights[name + SCALE_SUFFIX], self.config.fp8_block_size)
         if name + W8A8_SCALE_SUFFIX in self.weights:
@@ -279,7 +278,10 @@ class WeightLoader:
     def get_linears(self, names: Sequence[str], packed: bool = True) -> LinearWeight:
         """Linear layers' weights stacked along N (q, k, v; gate, up), as get_linear reads each. A 4-bit checkpoint's
         layers with one order of groups are read as one (their tensors all split N along dim 1): repacking each and
-        then their stack took half of a 4-bit Qwen3-30B-A3B's load."""
+        then their stack took half of a 4-bit Qwen3-30B-A3B's load; so are a GGUF file's of one type."""
+        if isinstance(self.weights, GGUFTensors) and all(n in self.weights for n in names) and len(
+                {self.weights.type_name(n) for n in names}) == 1:
+            return self._gguf_linear(names, packed)
         int4 = self.config.int4_checkpoint
         bases = [n[: -len(".weight")] for n in names]
         if int4 and len(names) > 1 and all(b + ".qweight" in self.weights for b in bases) and (
@@ -291,6 +293,10 @@ class WeightLoader:
             n, k = sum(self._shapes[name][0] for name in names), self._shapes[names[0]][1]
             return int4.read(tensors, n, k, packed)
         return cat_rows([self.get_linear(n, packed) for n in names])
+
+    def _gguf_linear(self, names: Sequence[str], packed: bool) -> LinearWeight:
+        weight = self.weights.linear(*names)
+        return weight if packed or not isinstance(weight, Int4Weight) else weight.dequantize()
 
     def get_weight(self, name: str) -> torch.Tensor:
         """A tensor of the checkpoint in `dtype` (FP8 and 4-bit weights dequantized)."""

@@ -116,3 +116,21 @@ def test_files_mili_cannot_serve_say_why(gguf_source: Path, tmp_path: Path) -> N
     text.write_text("hi")
     with pytest.raises(FileNotFoundError, match="or a llama.cpp .gguf file"):
         resolve_model_dir(text)
+
+
+def test_projections_of_one_type_read_as_one(tmp_path: Path) -> None:
+    writer = gguf.GGUFWriter(str(tmp_path / "two.gguf"), "qwen3")
+    for seed, (name, qtype) in enumerate([("attn_q", "Q4_K"), ("attn_k", "Q4_K"), ("attn_v", "Q6_K")]):
+        writer.add_tensor(f"blk.0.{name}.weight", tensor_data(torch.randn(5 + seed, 256), qtype, seed),
+                          raw_dtype=gguf.GGMLQuantizationType[qtype])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tensors = GGUFTensors.read(tmp_path / "two.gguf")
+    q, k, v = (f"model.layers.0.self_attn.{p}_proj.weight" for p in "qkv")
+    both = tensors.linear(q, k)
+    assert isinstance(both, Int4Weight) and both.out_features == 11
+    assert torch.equal(both.dequantize(), torch.cat([tensors.linear(q).dequantize(), tensors.linear(k).dequantize()]))
+    with pytest.raises(ValueError, match="not one GGUF type"):
+        tensors.linear(q, v)
