@@ -159,7 +159,7 @@ def test_mili_serve_serves_a_moe_checkpoint(moe_dense_layer: Path) -> None:
 
 def test_moe_gguf_file_loads_with_no_flag(tmp_path: Path) -> None:
     """A Q4_K_M-like qwen3moe GGUF: Q4_K gate / up experts with Q6_K down ones (each in its own bits and blocks in
-    mili_moe_int4), and a layer of Q8_0 experts (mili_moe's int8)."""
+    mili_moe_int4), and a layer of Q8_0 experts (mili_moe's int8); then `mili serve --model <the file>`."""
     from transformers import AutoModelForCausalLM
 
     from tests.gguf_files import dequantized_checkpoint, write_gguf
@@ -188,3 +188,13 @@ def test_moe_gguf_file_loads_with_no_flag(tmp_path: Path) -> None:
                                               dtype=torch.float32, attn_implementation="eager").eval()
     for prompt, tokens in zip(prompts, _greedy(exact, prompts)):
         assert _hf_greedy(hf, prompt, GREEDY.max_tokens) == tokens
+    proc, url = start_mili_serve(path)  # the file itself, as a user passes it
+    try:
+        assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == "moe.gguf"
+        chat = httpx.post(url + "/v1/chat/completions", timeout=60, json={
+            "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 6, "temperature": 0})
+        assert chat.status_code == 200, chat.text
+        assert chat.json()["usage"]["completion_tokens"] == 6
+    finally:
+        proc.terminate()
+        proc.wait(60)
