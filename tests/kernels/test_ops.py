@@ -245,6 +245,10 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
         ops.moe(x, logits, 2, True, 40, (gate_up[0][:4],), down)
     with pytest.raises(ValueError, match="both tiled or both"):
         ops.moe(x, logits, 2, True, 40, (torch.ones(5, 20, 2, 4, 32, dtype=torch.bfloat16),), down)
+    packed = lambda n, k, block: (torch.stack([ref.pack_int4(torch.zeros(n, k, dtype=torch.uint8))] * 5),
+                                  *[torch.stack([ref.tile_int4_scales(torch.ones(-(-k // block), n).half())] * 5)] * 2)
+    with pytest.raises(ValueError, match="a 4-bit expert's block_k must be a multiple of 8, got 12"):
+        ops.moe(x, logits, 2, True, 40, packed(80, 64, 32), packed(64, 40, 12), 32, 12)
 
 
 def test_gpu_compile_check_passes() -> None:
