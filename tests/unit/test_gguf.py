@@ -34,16 +34,21 @@ def gguf_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                    **GGUF_SHAPES)
 
 
-def _one_tensor_file(path: Path, qtype: str, n: int = 7, k: int = 512) -> GGUFTensors:
-    """A file holding one projection [n, k] of random values (or random blocks) in qtype."""
+def _gguf_file(path: Path, tensors: dict[str, tuple[np.ndarray, str]]) -> GGUFTensors:
+    """A file of the tensors {GGUF name: (data as gguf-py writes it, type)}, read back."""
     writer = gguf.GGUFWriter(str(path), "qwen3")
-    data = tensor_data(torch.randn(n, k) * 0.05, qtype, seed=n + k)
-    writer.add_tensor("blk.0.attn_q.weight", data, raw_dtype=gguf.GGMLQuantizationType[qtype])
+    for name, (data, qtype) in tensors.items():
+        writer.add_tensor(name, data, raw_dtype=None if qtype == "F32" else gguf.GGMLQuantizationType[qtype])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return GGUFTensors.read(path)
+
+
+def _one_tensor_file(path: Path, qtype: str, n: int = 7, k: int = 512) -> GGUFTensors:
+    """A file holding one projection [n, k] of random values (or random blocks) in qtype."""
+    return _gguf_file(path, {"blk.0.attn_q.weight": (tensor_data(torch.randn(n, k) * 0.05, qtype, seed=n + k), qtype)})
 
 
 @pytest.mark.parametrize("qtype", sorted(FORMATS))
@@ -63,18 +68,7 @@ def test_each_type_reads_into_mili_format_with_gguf_values(tmp_path: Path, qtype
 
 @pytest.mark.parametrize("qtype", ["F16", "BF16", "Q3_K", "Q2_K"])
 def test_other_types_read_as_float32(tmp_path: Path, qtype: str) -> None:
-    if qtype in K_QUANT_SCALES:
-        tensors = _one_tensor_file(tmp_path / "one.gguf", qtype)
-    else:
-        writer = gguf.GGUFWriter(str(tmp_path / "one.gguf"), "qwen3")
-        writer.add_tensor("blk.0.attn_q.weight", gguf.quants.quantize(np.random.randn(7, 64).astype(np.float32),
-                                                                        gguf.GGMLQuantizationType[qtype]),
-                          raw_dtype=gguf.GGMLQuantizationType[qtype])
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        tensors = GGUFTensors.read(tmp_path / "one.gguf")
+    tensors = _one_tensor_file(tmp_path / "one.gguf", qtype, k=256 if qtype in K_QUANT_SCALES else 64)
     weight = tensors.linear("model.layers.0.self_attn.q_proj.weight")
     assert isinstance(weight, torch.Tensor) and weight.dtype == torch.float32 and torch.isfinite(weight).all()
 
@@ -104,14 +98,8 @@ def test_files_mili_cannot_serve_say_why(gguf_source: Path, tmp_path: Path) -> N
     (tmp_path / "text.gguf").write_text("not a GGUF file")
     with pytest.raises(ValueError, match="cannot be read as a GGUF file"):
         resolve_model_dir(tmp_path / "text.gguf")
-    writer = gguf.GGUFWriter(str(tmp_path / "odd.gguf"), "qwen3")
-    writer.add_tensor("blk.0.attn_qkv.weight", np.zeros((4, 32), np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
     with pytest.raises(ValueError, match="Unexpected tensor 'blk.0.attn_qkv.weight'"):
-        GGUFTensors.read(tmp_path / "odd.gguf")
+        _gguf_file(tmp_path / "odd.gguf", {"blk.0.attn_qkv.weight": (np.zeros((4, 32), np.float32), "F32")})
     text = tmp_path / "notes.txt"
     text.write_text("hi")
     with pytest.raises(FileNotFoundError, match="or a llama.cpp .gguf file"):
@@ -119,15 +107,9 @@ def test_files_mili_cannot_serve_say_why(gguf_source: Path, tmp_path: Path) -> N
 
 
 def test_projections_of_one_type_read_as_one(tmp_path: Path) -> None:
-    writer = gguf.GGUFWriter(str(tmp_path / "two.gguf"), "qwen3")
-    for seed, (name, qtype) in enumerate([("attn_q", "Q4_K"), ("attn_k", "Q4_K"), ("attn_v", "Q6_K")]):
-        writer.add_tensor(f"blk.0.{name}.weight", tensor_data(torch.randn(5 + seed, 256), qtype, seed),
-                          raw_dtype=gguf.GGMLQuantizationType[qtype])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    tensors = GGUFTensors.read(tmp_path / "two.gguf")
+    tensors = _gguf_file(tmp_path / "two.gguf", {
+        f"blk.0.{name}.weight": (tensor_data(torch.randn(5 + seed, 256), qtype, seed), qtype)
+        for seed, (name, qtype) in enumerate([("attn_q", "Q4_K"), ("attn_k", "Q4_K"), ("attn_v", "Q6_K")])})
     q, k, v = (f"model.layers.0.self_attn.{p}_proj.weight" for p in "qkv")
     both = tensors.linear(q, k)
     assert isinstance(both, Int4Weight) and both.out_features == 11
