@@ -26,7 +26,7 @@ from max.graph import BufferType, Graph, TensorType, TensorValue, Weight, ops
 
 from .attention_metadata import SequenceChunk, build_step_inputs, int32_tensor
 from .config import Qwen3Config
-from .quantization import Int4Weight, QuantizedWeight
+from .quantization import Int4Weight, LinearWeight, QuantizedWeight
 
 if TYPE_CHECKING:
     from max.engine import Model
@@ -38,14 +38,19 @@ if TYPE_CHECKING:
 _METADATA = ("input_ids", "positions", "query_start", "context_lens", "page_table", "slot_mapping", "logits_indices")
 
 
-def graph_weights(model: "Qwen3CausalLM") -> Dict[str, torch.Tensor]:
-    """The model's weights by the names the graph gives them (the same tensors: nothing is copied here); a
-    quantized weight `X` is `X` and `X.scales` (4-bit ones: their packed values, `X.scales` and `X.mins`)."""
+def _named_weights(model: "Qwen3CausalLM") -> Dict[str, LinearWeight]:
+    """The model's weights (dense or quantized) by the names the graph gives them."""
     named = {"embed_tokens": model.embed_tokens, "lm_head": model.lm_head, "final_norm": model.final_norm}
     for i, layer in enumerate(model.layers):
         named.update({f"layers.{i}.{name}": tensor for name, tensor in vars(layer).items() if tensor is not None})
+    return named
+
+
+def graph_weights(model: "Qwen3CausalLM") -> Dict[str, torch.Tensor]:
+    """The model's weights by the names the graph gives them (the same tensors: nothing is copied here); a
+    quantized weight `X` is `X` and `X.scales` (4-bit ones: their packed values, `X.scales` and `X.mins`)."""
     weights = {}
-    for name, tensor in named.items():
+    for name, tensor in _named_weights(model).items():
         if isinstance(tensor, QuantizedWeight):  # FP8 as its uint8 bits: MAX graphs refuse float8 tensors on CPU
             weights[name] = (
                 tensor.weight.view(torch.uint8) if tensor.weight.dtype == torch.float8_e4m3fn else tensor.weight
@@ -61,10 +66,8 @@ def graph_weights(model: "Qwen3CausalLM") -> Dict[str, torch.Tensor]:
 
 def block_sizes(model: "Qwen3CausalLM") -> Dict[str, int]:
     """The column block of each quantized weight by its graph name (graph_weights'), the graph's constant for it."""
-    named = {"lm_head": model.lm_head}
-    for i, layer in enumerate(model.layers):
-        named.update({f"layers.{i}.{name}": w for name, w in vars(layer).items()})
-    return {name: w.block_k for name, w in named.items() if isinstance(w, (QuantizedWeight, Int4Weight))}
+    return {name: w.block_k for name, w in _named_weights(model).items()
+            if isinstance(w, (QuantizedWeight, Int4Weight))}
 
 
 def _one_block(scales: torch.Tensor | TensorValue, tiled: bool) -> bool:
@@ -107,7 +110,7 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
         inv_freq, rope_scale = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling)
         inv_freq = ops.constant(inv_freq.numpy(), DType.float32, dev)
         no_scales = ops.constant(np.ones((1, 1), np.float32), DType.float32, dev)
-        block_k = lambda name: ops.constant(np.array([blocks[name]], np.int32), DType.int32, dev)
+        int_constant = lambda value: ops.constant(np.array([value], np.int32), DType.int32, dev)
 
         def linear(x: TensorValue, name: str, n: int, bias: Optional[TensorValue] = None) -> TensorValue:
             """x @ w[name]^T, n its output features (which a 4-bit weight's tensors do not tell)."""
@@ -120,15 +123,12 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
                 rows, k = w[name].shape
                 y = ops.reshape(ops.matmul(w[name], ops.reshape(x, [k, 1])), [1, rows])
             elif name + ".mins" in w:
-                y = mili.linear_int4(x, w[name], w[name + ".scales"], w[name + ".mins"], block_k(name), n)
+                block = int_constant(blocks[name])
+                y = mili.linear_int4(x, w[name], w[name + ".scales"], w[name + ".mins"], block, n)
             elif device_key == "cpu":  # MILI's kernel for every weight format
                 scales = w.get(name + ".scales", no_scales)
-                if name + ".scales" not in w:
-                    block = ops.constant(np.array([0], np.int32), DType.int32, dev)
-                elif _one_block(scales, len(w[name].shape) == 4):
-                    block = ops.constant(np.array([int(x.shape[-1])], np.int32), DType.int32, dev)
-                else:
-                    block = block_k(name)
+                one_block = name + ".scales" in w and _one_block(scales, len(w[name].shape) == 4)
+                block = int_constant(int(x.shape[-1]) if one_block else blocks.get(name, 0))
                 y = mili.linear(x, w[name], scales, block)
             else:  # weights and activations are both `dtype` on a GPU: MAX's matmul takes the transposed operand
                 y = ops.matmul(x, ops.transpose(w[name], 0, 1))
