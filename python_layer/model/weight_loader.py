@@ -129,7 +129,7 @@ class WeightLoader:
         converted to `dtype` on `device` when first asked for (CheckpointTensors; an FP8 checkpoint's float8_e4m3fn
         weights and a W8A8 one's int8 weights stay as they are)."""
         expected = expected_weight_shapes(self.config)
-        if (self.model_path / GGUF_FILE).exists():
+        if (self.model_path / GGUF_FILE).is_symlink():  # also when the file is gone: _load_gguf says so
             return self._load_gguf(expected)
         files = self._safetensors_files()
         block = self.config.fp8_block_size

@@ -15,6 +15,7 @@ from python_layer.model.gguf_checkpoints import GGUFTensors, config_from_metadat
 from python_layer.model.hub import resolve_model_dir
 from python_layer.model.quantization import Int4Weight, QuantizedWeight
 from python_layer.model.random_checkpoint import build_random_checkpoint
+from python_layer.model.weight_loader import WeightLoader
 from python_layer.tokenizer.qwen_tokenizer import CheckpointTokenizer
 from tests.gguf_files import K_QUANT_SCALES, tensor_data, write_gguf
 
@@ -87,6 +88,9 @@ def test_config_and_tokenizer_come_from_the_metadata(gguf_source: Path, tmp_path
     text = "<|im_start|>user\nHello, 世界! def f(x):\n    return x ** 2<|im_end|>"
     assert tokenizer.encode(text) == vendored.encode(text)
     assert tokenizer.chat_template == vendored.chat_template and tokenizer.eos_token == "<|im_end|>"
+    path.unlink()
+    with pytest.raises(FileNotFoundError, match="links to a GGUF file that is gone"):
+        WeightLoader(directory, ours).load_from_safetensors()
 
 
 def test_files_mili_cannot_serve_say_why(gguf_source: Path, tmp_path: Path) -> None:
