@@ -100,7 +100,7 @@ def _write_checkpoint_files(path: Path, directory: Path) -> None:
 def _weight_dtype(types: set[str]) -> str:
     """What --weight-dtype auto gives a file whose layers hold tensors of these types: int4 where some are 4 to 6
     bits, int8 where some are Q8_0, else dense."""
-    if types & {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"}:
+    if types & (_DECODERS.keys() - {"Q8_0"}):
         return "int4"
     return "int8" if "Q8_0" in types else "dense"
 
