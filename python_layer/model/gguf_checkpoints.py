@@ -10,7 +10,7 @@ reference): Q8_0 int8 with a scale per 32 columns (QuantizedWeight); Q4_0, Q4_1,
 Q5_K, Q6_K 6-bit ones (their 5 or 6 bits) with a scale and a min per 32 (Q6_K: 16) columns (Int4Weight): w = q *
 scale + min, the K-quants' scale d * sc and min -dmin * m rounded to float16 as Int4Weight keeps them (2^-11 of a
 scale at most). F32, F16 and BF16 tensors are read as they are, and the other types (Q2_K, Q3_K, the IQ formats)
-dequantized by gguf into float32.
+dequantized by gguf into float32. The token embedding stays in its blocks, exactly (embedding_table.py).
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Callable, Dict, Iterator, Mapping, Optional, Sequence
+from typing import Callable, Dict, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
 
 from .config import GGUF_METHOD
+from .embedding_table import EmbeddingTable, QuantizedEmbedding
 from .quantization import Int4Weight, LinearWeight, QuantizedWeight
 
 GGUF_FILE = "model.gguf"
@@ -237,6 +238,17 @@ class GGUFTensors(Mapping[str, str]):
             values = dequantize(data, GGMLQuantizationType[qtype])
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(self.shape(name))
 
+    def embedding(self, name: str) -> EmbeddingTable:
+        """The table as the file holds it: float32, float16 or bfloat16 values, the blocks of a type MILI decodes
+        (QuantizedEmbedding), else dequantized by gguf into float32."""
+        qtype, data = self.type_name(name), self._stored(name)
+        if qtype in _DECODERS:
+            return _DECODERS[qtype](torch.from_numpy(np.array(data)), self.shape(name)[1]).embedding()
+        if qtype in ("F16", "BF16"):
+            values = torch.from_numpy(np.array(data))  # a copy: the file is mapped read-only
+            return values if qtype == "F16" else values.view(torch.bfloat16).reshape(self.shape(name))
+        return self.dense(name)
+
     def linear(self, *names: str) -> LinearWeight:
         """Projections' weights [N, K] stacked along N (q, k, v; gate, up: one type, one K), in the MILI format of the
         same values (the module's docstring), else dense float32. Read as one: each part decoded and packed, then their
@@ -248,7 +260,7 @@ class GGUFTensors(Mapping[str, str]):
         if decode is None:
             return torch.cat([self.dense(n) for n in names])
         rows = np.concatenate([self._stored(n).reshape(self.shape(n)[0], -1) for n in names])  # a copy: read-only file
-        return decode(torch.from_numpy(rows), k)
+        return decode(torch.from_numpy(rows), k).linear(k)
 
 
 def read_index(path: Path) -> Dict[str, tuple[str, tuple[int, ...], int]]:
@@ -289,27 +301,47 @@ def _bits(raw: torch.Tensor, count: int) -> torch.Tensor:
     return ((raw[..., :, None] >> shifts) & 1).flatten(-2)[..., :count]
 
 
-def _int4(q: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, block: int, k: int, bits: int) -> Int4Weight:
-    """Int4Weight of values q [N, blocks, block] with scale and min [N, blocks]."""
-    n = q.shape[0]
-    return Int4Weight.of(q.reshape(n, -1)[:, :k], scale.t(), low.t(), block, bits)
+class _Blocks(NamedTuple):
+    """A tensor's values as its type decodes them: q [N, blocks, block] (uint8; Q8_0's int8) and scale [N, blocks],
+    w = scale * (q - zero) + low (low None: 0); bits: those of MILI's format for q (4, 6: Int4Weight; 8:
+    QuantizedWeight)."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    low: Optional[torch.Tensor]
+    zero: int
+    bits: int
+
+    def linear(self, k: int) -> LinearWeight:
+        """The weight [N, K] in MILI's format of the same values (Int4Weight's min: low, or -zero * scale)."""
+        n, _, block = self.q.shape
+        q = self.q.reshape(n, -1)[:, :k]
+        if self.bits == 8:
+            return QuantizedWeight(q.contiguous(), self.scale, block)
+        low = -self.zero * self.scale if self.low is None else self.low
+        return Int4Weight.of(q, self.scale.t(), low.t(), block, self.bits)
+
+    def embedding(self) -> QuantizedEmbedding:
+        """The table kept as these blocks: gguf's values exactly (its dequantize's float32 products)."""
+        n, _, block = self.q.shape
+        values = (self.q.to(torch.int16) - self.zero).to(torch.int8).reshape(n, -1)
+        return QuantizedEmbedding(values, self.scale.contiguous(), None if self.low is None else self.low.contiguous(),
+                                  block)
 
 
-def _q8_0(rows: torch.Tensor, k: int) -> QuantizedWeight:
+def _q8_0(rows: torch.Tensor, k: int) -> _Blocks:
     b = rows.view(rows.shape[0], -1, 34)
-    return QuantizedWeight(b[..., 2:].contiguous().view(torch.int8).reshape(rows.shape[0], -1)[:, :k].contiguous(),
-                           _f16(b[..., :2]), 32)
+    return _Blocks(b[..., 2:].contiguous().view(torch.int8), _f16(b[..., :2]), None, 0, 8)
 
 
-def _q4_0(rows: torch.Tensor, k: int) -> Int4Weight:
+def _q4_0(rows: torch.Tensor, k: int) -> _Blocks:
     b = rows.view(rows.shape[0], -1, 18)
-    d = _f16(b[..., :2])
-    return _int4(_nibbles(b[..., 2:]), d, -8 * d, 32, k, 4)
+    return _Blocks(_nibbles(b[..., 2:]), _f16(b[..., :2]), None, 8, 4)
 
 
-def _q4_1(rows: torch.Tensor, k: int) -> Int4Weight:
+def _q4_1(rows: torch.Tensor, k: int) -> _Blocks:
     b = rows.view(rows.shape[0], -1, 20)
-    return _int4(_nibbles(b[..., 4:]), _f16(b[..., :2]), _f16(b[..., 2:4]), 32, k, 4)
+    return _Blocks(_nibbles(b[..., 4:]), _f16(b[..., :2]), _f16(b[..., 2:4]), 0, 4)
 
 
 def _five_bits(b: torch.Tensor, start: int) -> torch.Tensor:
@@ -317,15 +349,14 @@ def _five_bits(b: torch.Tensor, start: int) -> torch.Tensor:
     return _nibbles(b[..., start + 4:]) | (_bits(b[..., start:start + 4], 32) << 4)
 
 
-def _q5_0(rows: torch.Tensor, k: int) -> Int4Weight:
+def _q5_0(rows: torch.Tensor, k: int) -> _Blocks:
     b = rows.view(rows.shape[0], -1, 22)
-    d = _f16(b[..., :2])
-    return _int4(_five_bits(b, 2), d, -16 * d, 32, k, 6)
+    return _Blocks(_five_bits(b, 2), _f16(b[..., :2]), None, 16, 6)
 
 
-def _q5_1(rows: torch.Tensor, k: int) -> Int4Weight:
+def _q5_1(rows: torch.Tensor, k: int) -> _Blocks:
     b = rows.view(rows.shape[0], -1, 24)
-    return _int4(_five_bits(b, 4), _f16(b[..., :2]), _f16(b[..., 2:4]), 32, k, 6)
+    return _Blocks(_five_bits(b, 4), _f16(b[..., :2]), _f16(b[..., 2:4]), 0, 6)
 
 
 def _k_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -336,7 +367,7 @@ def _k_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return sc.float(), mn.float()
 
 
-def _k_quant(rows: torch.Tensor, k: int, block_bytes: int, bits: int) -> Int4Weight:
+def _k_quant(rows: torch.Tensor, k: int, block_bytes: int, bits: int) -> _Blocks:
     """Q4_K (block_bytes 144) and Q5_K (176): super-blocks of 256 as eight sub-blocks of 32, each w = d * sc * q -
     dmin * m; q's low nibbles in 4 runs of 32 bytes (sub-blocks 2j, 2j + 1: the low and high nibbles of run j), Q5_K's
     fifth bits in 32 bytes before them (bit j of byte i: sub-block j's value i)."""
@@ -345,15 +376,15 @@ def _k_quant(rows: torch.Tensor, k: int, block_bytes: int, bits: int) -> Int4Wei
     d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
     sc, mn = _k_scales(b[..., 4:16])
     qs = b[..., block_bytes - 128:].reshape(n, -1, 4, 32)
-    q = torch.stack([qs & 15, qs >> 4], dim=3).reshape(n, -1, 8, 32)
+    q = torch.stack([qs & 15, qs >> 4], dim=3).reshape(n, -1, 32)
     if bits == 5:
         high = b[..., 16:48]
-        q = q | (((high[..., None, :] >> torch.arange(8, dtype=torch.uint8)[:, None]) & 1) << 4)
+        q = q | (((high[..., None, :] >> torch.arange(8, dtype=torch.uint8)[:, None]) & 1) << 4).reshape(n, -1, 32)
     scale, low = d[..., None] * sc, -(dmin[..., None] * mn)
-    return _int4(q, scale.reshape(n, -1), low.reshape(n, -1), 32, k, 4 if bits == 4 else 6)
+    return _Blocks(q, scale.reshape(n, -1), low.reshape(n, -1), 0, 4 if bits == 4 else 6)
 
 
-def _q6_k(rows: torch.Tensor, k: int) -> Int4Weight:
+def _q6_k(rows: torch.Tensor, k: int) -> _Blocks:
     """Super-blocks of 256 as sixteen sub-blocks of 16, w = d * sc * (q - 32), sc int8: q's low nibbles in 128 bytes
     (two halves of 64: values 0-31 low nibbles of bytes 0-31, 32-63 of bytes 32-63, 64-95 high of 0-31, 96-127 high
     of 32-63), their high bit pairs in 64 bytes (two halves of 32: values 0-31 bits 0-1, 32-63 2-3, 64-95 4-5, 96-127
@@ -363,12 +394,12 @@ def _q6_k(rows: torch.Tensor, k: int) -> Int4Weight:
     ql, qh = b[..., :128].reshape(n, -1, 2, 2, 32), b[..., 128:192].reshape(n, -1, 2, 1, 32)
     low = torch.stack([ql & 15, ql >> 4], dim=3).reshape(n, -1, 2, 4, 32)
     high = (qh >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]) & 3
-    q = (low | (high << 4)).reshape(n, -1, 16, 16)
+    q = (low | (high << 4)).reshape(n, -1, 16)
     scale = _f16(b[..., 208:210])[..., None] * b[..., 192:208].contiguous().view(torch.int8).float()
-    return _int4(q, scale.reshape(n, -1), -32 * scale.reshape(n, -1), 16, k, 6)
+    return _Blocks(q, scale.reshape(n, -1), None, 32, 6)
 
 
-_DECODERS: Dict[str, Callable[[torch.Tensor, int], LinearWeight]] = {
+_DECODERS: Dict[str, Callable[[torch.Tensor, int], _Blocks]] = {
     "Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q6_K": _q6_k,
     "Q4_K": lambda rows, k: _k_quant(rows, k, 144, 4), "Q5_K": lambda rows, k: _k_quant(rows, k, 176, 5),
 }

@@ -26,6 +26,7 @@ from max.graph import BufferType, Graph, TensorType, TensorValue, Weight, ops
 
 from .attention_metadata import SequenceChunk, build_step_inputs, int32_tensor
 from .config import Qwen3Config
+from .embedding_table import EmbeddingTable, QuantizedEmbedding
 from .quantization import Int4Weight, LinearWeight, QuantizedWeight
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 _METADATA = ("input_ids", "positions", "query_start", "context_lens", "page_table", "slot_mapping", "logits_indices")
 
 
-def _named_weights(model: "Qwen3CausalLM") -> Dict[str, LinearWeight]:
+def _named_weights(model: "Qwen3CausalLM") -> Dict[str, LinearWeight | EmbeddingTable]:
     """The model's weights (dense or quantized) by the names the graph gives them."""
     named = {"embed_tokens": model.embed_tokens, "lm_head": model.lm_head, "final_norm": model.final_norm}
     for i, layer in enumerate(model.layers):
@@ -48,7 +49,8 @@ def _named_weights(model: "Qwen3CausalLM") -> Dict[str, LinearWeight]:
 
 def graph_weights(model: "Qwen3CausalLM") -> Dict[str, torch.Tensor]:
     """The model's weights by the names the graph gives them (the same tensors: nothing is copied here); a
-    quantized weight `X` is `X` and `X.scales` (4-bit ones: their packed values, `X.scales` and `X.mins`)."""
+    quantized weight `X` is `X` and `X.scales` (4-bit ones: their packed values, `X.scales` and `X.mins`; a quantized
+    embedding its values, `X.scales` and, where it has them, `X.mins`)."""
     weights = {}
     for name, tensor in _named_weights(model).items():
         if isinstance(tensor, QuantizedWeight):  # FP8 as its uint8 bits: MAX graphs refuse float8 tensors on CPU
@@ -59,6 +61,10 @@ def graph_weights(model: "Qwen3CausalLM") -> Dict[str, torch.Tensor]:
         elif isinstance(tensor, Int4Weight):
             weights[name] = tensor.packed
             weights[name + ".scales"], weights[name + ".mins"] = tensor.scales, tensor.mins
+        elif isinstance(tensor, QuantizedEmbedding):
+            weights[name], weights[name + ".scales"] = tensor.values, tensor.scales
+            if tensor.mins is not None:
+                weights[name + ".mins"] = tensor.mins
         else:
             weights[name] = tensor
     return weights
@@ -148,7 +154,22 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
             scales = lambda name: per_expert(name + ".scales") if name + ".scales" in w else no_scales
             return mili.moe(x, logits, per_expert(gate_up), scales(gate_up), per_expert(down), scales(down), params)
 
-        hidden, residual = ops.gather(w["embed_tokens"], ids, axis=0), None
+        def embed(ids: TensorValue) -> TensorValue:
+            """The embedding table's rows of ids in dtype (embedding_table.gather_rows)."""
+            if "embed_tokens.scales" not in w:
+                rows = ops.gather(w["embed_tokens"], ids, axis=0)
+            else:  # gathered as [T, blocks, block]: a gathered [T, K] reshaped so multiplied wrong (MAX 26.7)
+                blocks = int(w["embed_tokens.scales"].shape[1])
+                table = lambda name, block: ops.gather(ops.reshape(w[name], [c.vocab_size, blocks, block]), ids, 0)
+                rows = ops.cast(table("embed_tokens", c.hidden_size // blocks), DType.float32)
+                rows = rows * table("embed_tokens.scales", 1)
+                if "embed_tokens.mins" in w:
+                    rows = rows + table("embed_tokens.mins", 1)
+                rows = ops.reshape(rows, [-1, c.hidden_size])
+            target = torch_dtype_to_max(dtype)
+            return rows if rows.dtype == target else ops.cast(rows, target)
+
+        hidden, residual = embed(ids), None
         for i in range(c.num_hidden_layers):
             p = f"layers.{i}."
             if residual is None:

@@ -17,6 +17,7 @@ from ..memory.huge_pages import on_huge_pages
 from ..memory.kv_cache_manager import DEFAULT_PAGE_SIZE, PagedKVCache
 from .attention_metadata import AttentionMetadata
 from .config import Qwen3Config
+from .embedding_table import EmbeddingTable
 from .quantization import (
     Int4Weight, LinearWeight, QuantizedWeight, convert, dense, lm_head_dtype, parse_weight_dtype, stack_experts,
 )
@@ -148,7 +149,9 @@ class Qwen3CausalLM:
                              "path yet (pass device='cpu', or backend='reference' to run it in PyTorch)")
         if not weight_loader.weights:
             weight_loader.load_from_safetensors()
-        self.embed_tokens = weight_loader.get_weight("model.embed_tokens.weight")
+        # only gathered from: on a CPU in the least memory that gives its rows exactly
+        self.embed_tokens: EmbeddingTable = weight_loader.get_embedding() if self.device.type == "cpu" else (
+            weight_loader.get_weight("model.embed_tokens.weight"))
         self.lm_head = self._linear(weight_loader, "lm_head.weight", weight_dtype=self._lm_head_dtype())
         self.final_norm = weight_loader.get_weight("model.norm.weight")
         self.layers = []

@@ -10,6 +10,7 @@ import torch
 from bindings import reference as ops
 
 from .attention_metadata import AttentionMetadata
+from .embedding_table import gather_rows
 from .quantization import expert, linear
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ class ReferenceQwen3:
         m, c = self.model, self.model.config
         num_tokens = input_ids.shape[0]
         q_size, kv_size = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-        hidden = m.embed_tokens[input_ids.long()]
+        hidden = gather_rows(m.embed_tokens, input_ids, m.dtype)
         residual = None
         for i, layer in enumerate(m.layers):
             if residual is None:

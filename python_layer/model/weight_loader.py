@@ -14,6 +14,7 @@ import torch
 from safetensors import safe_open
 
 from .config import Qwen3Config
+from .embedding_table import EmbeddingTable, exact_table
 from .hub import resolve_model_dir
 from .quantization import Int4Weight, LinearWeight, QuantizedWeight, cat_rows, dense, from_block_scales, quantize
 from .gguf_checkpoints import GGUF_FILE, INDEX_FILE as GGUF_INDEX_FILE, GGUFTensors
@@ -86,6 +87,10 @@ class CheckpointTensors(Mapping[str, torch.Tensor]):
             tensor = self._files[name].get_tensor(name)
             self._read[name] = tensor.to(device=self._device, dtype=self._dtypes[name] or tensor.dtype)
         return self._read[name]
+
+    def as_stored(self, name: str) -> torch.Tensor:
+        """The tensor in the dtype its file holds it in (read again each time: not kept)."""
+        return self._files[name].get_tensor(name).to(self._device, copy=True)  # not a view of the mapped file
 
     def __contains__(self, name: object) -> bool:
         return name in self._dtypes
@@ -313,6 +318,14 @@ class WeightLoader:
                 "lm_head.weight)"
             )
         return self.weights[name]
+
+    def get_embedding(self) -> EmbeddingTable:
+        """The token embedding table in the least memory that gives its rows in `dtype` exactly
+        (embedding_table.exact_table): a 16-bit checkpoint's as stored under float32, a GGUF file's in its blocks."""
+        name = "model.embed_tokens.weight"
+        if isinstance(self.weights, GGUFTensors):
+            return exact_table(self.weights.embedding(name), self.dtype)
+        return exact_table(self.weights.as_stored(name), self.dtype)
 
     def get_weight_as_numpy(self, name: str) -> np.ndarray:
         tensor = self.get_weight(name)

@@ -13,6 +13,7 @@ from transformers import Qwen3MoeForCausalLM
 
 from bindings import library
 from python_layer import InferenceEngine, SamplingParams
+from python_layer.model.embedding_table import QuantizedEmbedding
 from python_layer.model.loader import load_model
 from python_layer.model.quantization import Int4Weight, QuantizedWeight, write_fp8_checkpoint
 from python_layer.model.random_checkpoint import build_random_checkpoint, build_random_gptq_checkpoint
@@ -182,6 +183,8 @@ def test_moe_gguf_file_loads_with_no_flag(tmp_path: Path) -> None:
     assert (first.experts_gate_up.bits, first.experts_gate_up.block_k) == (4, 32)
     assert (first.experts_down.bits, first.experts_down.block_k) == (6, 16)
     assert isinstance(second.experts_gate_up, QuantizedWeight) and second.experts_down.block_k == 32
+    table = exact.model.embed_tokens  # in its Q4_K blocks, mins and all
+    assert isinstance(table, QuantizedEmbedding) and table.block == 32 and table.mins is not None
     prompts = _prompts(engine.model.config.vocab_size, seed=5)
     _assert_greedy_agrees(engine.generate(prompts, GREEDY_TOP2), reference.generate(prompts, GREEDY_TOP2))
     hf = AutoModelForCausalLM.from_pretrained(dequantized_checkpoint(path, tmp_path / "dequantized"),

@@ -14,6 +14,7 @@ from bindings import library
 from bindings.reference import untile_weight
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.model.config import Qwen3Config
+from python_layer.model.embedding_table import QuantizedEmbedding
 from python_layer.model.int4_checkpoints import write_int4_checkpoint
 from python_layer.model.quantization import Int4Weight, QuantizedWeight, convert, write_fp8_checkpoint
 from python_layer.model.weight_loader import WeightLoader, expected_weight_shapes
@@ -64,6 +65,7 @@ def test_fp8_checkpoint_runs_fp8_and_matches_float32_on_its_dequantized_weights(
     assert fp8.model.weight_dtype == "fp8" and isinstance(layer.gate_up_proj, QuantizedWeight)
     assert layer.gate_up_proj.weight.dtype == torch.float8_e4m3fn
     assert fp8.model.lm_head.dtype == torch.bfloat16  # unquantized in the checkpoint: kept so
+    assert fp8.model.embed_tokens.dtype == torch.bfloat16  # as stored: its rows widen to float32 exactly
     assert torch.equal(layer.gate_up_proj.dequantize(), dense.model.layers[0].gate_up_proj)
     prompts = _prompts(fp8.model.config.vocab_size)  # 57 prompt tokens (prefill kernel), then 3 rows (decode kernel)
     assert _greedy(fp8, prompts) == _greedy(dense, prompts)
@@ -235,6 +237,7 @@ def test_awq_and_gptq_checkpoints_load_with_no_flag(int4_dense: Path, tmp_path: 
     repacked = not options.get("desc_act")  # desc_act's groups follow g_idx: dequantized, dense
     assert engine.model.weight_dtype == "int4"
     assert isinstance(engine.model.layers[0].qkv_proj, Int4Weight) == repacked
+    assert engine.model.embed_tokens.dtype == exact.model.embed_tokens.dtype == torch.float16  # as these store it
     # the int4 weights are the exact ones but for their mins -z * s rounded to float16
     ours, theirs = _dequantized(engine.model.layers[1].down_proj), _dequantized(exact.model.layers[1].down_proj)
     assert (ours - theirs).abs().max() <= theirs.abs().max() * 2.0**-10
@@ -283,6 +286,8 @@ def test_gguf_file_loads_with_no_flag_in_its_own_formats(checkpoints_dir: Path, 
     assert (first.qkv_proj.bits, first.qkv_proj.block_k, first.gate_up_proj.bits, first.down_proj.bits) == (6, 16, 4, 6)
     assert isinstance(second.qkv_proj, torch.Tensor) and isinstance(second.down_proj, QuantizedWeight)
     assert (engine.model.lm_head.bits, engine.model.lm_head.block_k) == (6, 16)  # the tied Q6_K embedding
+    for table in (engine.model.embed_tokens, exact.model.embed_tokens):  # in its Q6_K blocks: 1.5 bytes a value
+        assert isinstance(table, QuantizedEmbedding) and table.block == 16 and table.mins is None
     # a format asked for converts every weight (as a GPU, which dequantizes them to its dtype)
     assert all(isinstance(w, torch.Tensor) and w.dtype == torch.float32 for w in exact.model.decode_weights())
     prompts = _prompts(engine.model.config.vocab_size, seed=5)

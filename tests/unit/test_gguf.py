@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from python_layer.model.config import Qwen3Config
+from python_layer.model.embedding_table import QuantizedEmbedding, gather_rows
 from python_layer.model.gguf_checkpoints import GGUFTensors, config_from_metadata
 from python_layer.model.hub import resolve_model_dir
 from python_layer.model.quantization import Int4Weight, QuantizedWeight
@@ -65,6 +66,30 @@ def test_each_type_reads_into_mili_format_with_gguf_values(tmp_path: Path, qtype
         assert torch.equal(ours, theirs)
     else:  # float16 scales and mins: within 2^-11 of each block's largest term, twice
         assert (ours - theirs).abs().max() <= theirs.abs().max() * 2.0**-10
+
+
+SYMMETRIC = ("Q8_0", "Q4_0", "Q5_0", "Q6_K")
+"""Types without mins (w = d * (q - zero)): their embedding tables keep none."""
+
+
+@pytest.mark.parametrize("qtype", [*sorted(FORMATS), "F32", "F16", "BF16", "Q3_K"])
+def test_embedding_table_keeps_the_file_form_and_gives_gguf_rows_exactly(tmp_path: Path, qtype: str) -> None:
+    vocab, k = 37, 256 if qtype in K_QUANT_SCALES else 96
+    tensors = _gguf_file(tmp_path / "embed.gguf", {
+        "token_embd.weight": (tensor_data(torch.randn(vocab, k) * 0.05, qtype, seed=vocab), qtype)})
+    name = "model.embed_tokens.weight"
+    table, theirs = tensors.embedding(name), tensors.dense(name)
+    ids = torch.tensor([36, 0, 5, 5, 17], dtype=torch.int32)
+    assert torch.equal(gather_rows(table, ids, torch.float32), theirs[ids.long()])
+    assert torch.equal(gather_rows(table, ids, torch.bfloat16), theirs[ids.long()].bfloat16())
+    if qtype in FORMATS:
+        assert isinstance(table, QuantizedEmbedding) and table.block == FORMATS[qtype][2]
+        assert (table.mins is None) == (qtype in SYMMETRIC)
+        held = sum(t.numel() * t.element_size() for t in table if isinstance(t, torch.Tensor))
+        assert held <= theirs.numel() * 1.5  # of float32's 4 bytes a value
+    else:
+        assert table.dtype == {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                               "Q3_K": torch.float32}[qtype]
 
 
 @pytest.mark.parametrize("qtype", ["F16", "BF16", "Q3_K", "Q2_K"])

@@ -38,6 +38,18 @@ def test_loads_every_tensor_with_dtype_and_tied_lm_head(tiny_checkpoint: Path) -
         loader.get_weight("model.layers.9.mlp.up_proj.weight")
 
 
+def test_the_embedding_is_kept_as_stored_where_its_rows_widen_exactly(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    bf16 = build_random_checkpoint(tmp_path / "bf16", seed=2, dtype=torch.bfloat16, **TINY)
+    for path, dtype, held in ((bf16, torch.float32, torch.bfloat16), (bf16, torch.float16, torch.float16),
+                              (tiny_checkpoint, torch.float32, torch.float32),
+                              (tiny_checkpoint, torch.bfloat16, torch.bfloat16)):
+        loader = _loader(path, dtype=dtype)
+        loader.load_from_safetensors()
+        table = loader.get_embedding()
+        assert table.dtype == held
+        assert torch.equal(table.to(dtype), loader.get_weight("model.embed_tokens.weight"))
+
+
 def test_sharded_checkpoint_with_index(checkpoints_dir: Path, tiny_checkpoint: Path) -> None:
     sharded = build_random_checkpoint(checkpoints_dir / "tiny_sharded", seed=0, max_shard_size="20MB", **TINY)
     assert (sharded / "model.safetensors.index.json").is_file()
