@@ -462,13 +462,14 @@ _LINEAR_TILED = {
 _LINEAR_INT4 = CompiledOp(
     graph.linear_int4,
     [T(SAME, "M", "N")],
-    [T(SAME, "M", "K"), T(DType.uint8, "NT", "TB"), T(F16, "ST", "KB", 32), T(F16, "MT", "MB", 32), T(I32, 1)],
+    [T(SAME, "M", "K"), T(DType.uint8, "NT", "TB"), T(F16, "ST", "KB", 32), T(F16, "MT", "MB", "MR"), T(I32, 1)],
 )
 
 
 def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, block_k: int,
                 n: int) -> torch.Tensor:
-    """x [M, K] @ dequantize_int4(packed, scales, mins, block_k, n, K)^T (reference.linear_int4), on a CPU."""
+    """x [M, K] @ dequantize_int4(packed, scales, mins, block_k, n, K)^T (reference.linear_int4; mins tiled as the
+    scales, or one min per scale, reference.SHARED_MIN_SHAPE), on a CPU."""
     if not x.is_cpu:
         raise ValueError(f"linear_int4: 4-bit weights are a CPU format, got x on {x.device}")
     if packed.dtype != torch.uint8:
@@ -501,8 +502,8 @@ _MOE = {
 _MOE_INT4 = CompiledOp(
     graph.moe_int4,
     [T(SAME, "T", "H")],
-    [T(SAME, "T", "H"), T(SAME, "T", "E"), T(DType.uint8, "E", "GU"), T(F16, "E", "GS"), T(F16, "E", "GS"),
-     T(DType.uint8, "E", "DN"), T(F16, "E", "DS"), T(F16, "E", "DS"), T(I32, 6)],
+    [T(SAME, "T", "H"), T(SAME, "T", "E"), T(DType.uint8, "E", "GU"), T(F16, "E", "GS"), T(F16, "E", "GM"),
+     T(DType.uint8, "E", "DN"), T(F16, "E", "DS"), T(F16, "E", "DM"), T(I32, 6)],
 )
 
 

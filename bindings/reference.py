@@ -486,12 +486,23 @@ def untile_int4_scales(t: torch.Tensor, n: int) -> torch.Tensor:
     return t.permute(1, 0, 2).reshape(t.shape[1], -1)[:, :n]
 
 
+SHARED_MIN_SHAPE = (1, 1, 1)
+"""A 4-bit weight's mins as one value z, each block's min z times its scale (a zero point's -zero): the kernels read
+no mins."""
+
+
+def block_mins(scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+    """A 4-bit weight's mins tiled as its scales: mins, or, SHARED_MIN_SHAPE, its one value times each scale (in
+    float32: exact where it is a power of two)."""
+    return scales.float() * mins.float() if tuple(mins.shape) == SHARED_MIN_SHAPE else mins
+
+
 def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, block_k: int, n: int,
                     k: int) -> torch.Tensor:
     """A 4-bit weight [N, K] in float32: q * scales + mins, scales and mins per block of block_k columns and row,
-    tiled by tile_int4_scales."""
+    tiled by tile_int4_scales (mins: or one min per scale, block_mins)."""
     expand = lambda t: untile_int4_scales(t, n).float().t().repeat_interleave(block_k, dim=1)[:, :k]
-    return unpack_int4(packed, n, k).float() * expand(scales) + expand(mins)
+    return unpack_int4(packed, n, k).float() * expand(scales) + expand(block_mins(scales, mins))
 
 
 def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, block_k: int,

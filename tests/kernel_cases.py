@@ -352,12 +352,15 @@ PAIR_PANEL_SHAPES = [(1, 64, 32), (7, 70, 96), (16, 128, 64), (33, 96, 32), (64,
 302: the dot products), in one chunk of K on the tiles (up to 64 rows) or several with a partial last (70 and 81
 rows); a work item's panels all there or not (160)."""
 INT4_BLOCKS = [64, 128, 256, 40, 32, 16]
+INT4_SHARED_MIN_BLOCKS = [(4, 32), (4, 64), (6, 32), (6, 16)]
+"""(bits, block_k) with one min per scale: Q4_0's, GPTQ's symmetric ones as MILI repacks them, Q5_0's, Q6_K's."""
 
 
 def run_linear_int4(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     """Random 4- or 6-bit values (pack_int4's and tile_int4_scales' round trips checked), scales and mins of either
-    sign, 0 in the last tile's rows past N (as tile_int4_scales pads them)."""
-    (m, k, n), block_k, bits = case
+    sign, 0 in the last tile's rows past N (as tile_int4_scales pads them); shared: one min per scale, a zero point's
+    (reference.SHARED_MIN_SHAPE)."""
+    (m, k, n), block_k, bits, shared = case
     q = torch.randint(0, 2**bits, (n, k), dtype=torch.uint8)
     packed = ref.pack_int4(q, bits)
     assert torch.equal(ref.unpack_int4(packed, n, k), q)
@@ -365,6 +368,8 @@ def run_linear_int4(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     scales, mins = (torch.randn(blocks, n) * 0.01).half(), (torch.randn(blocks, n) * 0.05).half()
     tiled_scales, tiled_mins = ref.tile_int4_scales(scales), ref.tile_int4_scales(mins)
     assert torch.equal(ref.untile_int4_scales(tiled_scales, n), scales)
+    if shared:
+        tiled_mins = torch.full(ref.SHARED_MIN_SHAPE, -(2.0 ** (bits - 1)), dtype=torch.float16)
     x = torch.randn(m, k, device=device).to(dtype)
     _assert_linear_matches(ops.linear_int4(x, packed, tiled_scales, tiled_mins, block_k, n),
                            ref.linear_int4(x, packed, tiled_scales, tiled_mins, block_k, n, library.AMX_TILES), dtype)
@@ -373,9 +378,11 @@ def run_linear_int4(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
 MOE_SHAPES = [(1, 64, 40, 7, 3), (5, 130, 72, 9, 8), (70, 200, 136, 6, 2)]
 """(tokens, hidden, experts' intermediate size, experts, top_k): decode and prefill blocks, experts no token chose."""
 MOE_TILED_SHAPES = [(3, 128, 64, 5, 2), (40, 128, 64, 4, 3)]
-MOE_FORMATS = ["float32", "bfloat16", "fp8", "int8", "int4", "int4-gguf", "bfloat16-tiled", "int8-tiled"]
-MOE_INT4 = {"int4": ((4, 64), (4, 64)), "int4-gguf": ((4, 32), (6, 16))}
-"""4-bit experts' (bits, block_k) of gate_up and of down: MILI's, and a GGUF file's Q4_K gate_up with a Q6_K down."""
+MOE_FORMATS = ["float32", "bfloat16", "fp8", "int8", "int4", "int4-gguf", "int4-shared-min", "bfloat16-tiled",
+               "int8-tiled"]
+MOE_INT4 = {"int4": ((4, 64), (4, 64)), "int4-gguf": ((4, 32), (6, 16)), "int4-shared-min": ((4, 32), (6, 16))}
+"""4-bit experts' (bits, block_k) of gate_up and of down: MILI's, a GGUF file's Q4_K gate_up with a Q6_K down, and
+with one min per scale (Q4_0's gate_up, Q6_K's down)."""
 
 
 def _expert_weight(n: int, k: int, fmt: str, down: bool) -> tuple[tuple, callable, torch.Tensor]:
@@ -386,6 +393,8 @@ def _expert_weight(n: int, k: int, fmt: str, down: bool) -> tuple[tuple, callabl
         packed = ref.pack_int4(torch.randint(0, 2**bits, (n, k), dtype=torch.uint8), bits)
         scales, mins = (ref.tile_int4_scales(t.half()) for t in (torch.rand(-(-k // block), n) * 0.32 / 2**bits,
                                                                  torch.randn(-(-k // block), n) * 0.05))
+        if fmt.endswith("shared-min"):
+            mins = torch.full(ref.SHARED_MIN_SHAPE, -(2.0 ** (bits - 1)), dtype=torch.float16)
         return ((packed, scales, mins), lambda x: ref.linear_int4(x, packed, scales, mins, block, n, library.AMX_TILES),
                 ref.dequantize_int4(packed, scales, mins, block, n, k))
     dtype = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}.get(fmt.split("-")[0]) or getattr(torch, fmt.split("-")[0])
@@ -473,9 +482,13 @@ def kernel_cases() -> list:
                                id=f"linear_tiled-{d}-int8-{s}-blocks_of_{b}") for s, b in I8_TILED_BLOCKS]
         cases += [pytest.param(run_linear_pair_panels, dtype, s, id=f"linear_pair_panels-{d}-{s}")
                   for s in PAIR_PANEL_SHAPES]
-        cases += [pytest.param(run_linear_int4, dtype, (s, b, bits), id=f"linear_int4-{d}-{bits}bits-blocks_of_{b}-{s}")
+        cases += [pytest.param(run_linear_int4, dtype, (s, b, bits, False),
+                               id=f"linear_int4-{d}-{bits}bits-blocks_of_{b}-{s}")
                   for bits in ref.PACKED_BITS for b in INT4_BLOCKS for s in LINEAR_SHAPES + QUAD_ROW_SHAPES
                   if b != 256 or s[1] > 128]
+        cases += [pytest.param(run_linear_int4, dtype, (s, b, bits, True),
+                               id=f"linear_int4-{d}-{bits}bits-blocks_of_{b}-shared_min-{s}")
+                  for bits, b in INT4_SHARED_MIN_BLOCKS for s in LINEAR_SHAPES + QUAD_ROW_SHAPES]
         cases += [pytest.param(run_moe, dtype, (s, f, i % 2 == 0), id=f"moe-{d}-{f}-{s}")
                   for f in MOE_FORMATS for i, s in enumerate(MOE_TILED_SHAPES if f.endswith("tiled") else MOE_SHAPES)]
     group = lambda runner, dtype: pytest.mark.xdist_group(f"{runner.__name__}-{dtype}")

@@ -281,7 +281,7 @@ def linear_int4[a_type: DType](mut args: Args) raises:
     var bits = check_linear_int4(x.dims[0], x.dims[1], y.dims[1], w.dims[0], w.dims[1], y.dims[0], scales.dims,
                                  mins.dims, block_k)
     linear_int4_cpu[a_type](runner, y.ptr(), x.ptr(), w.ptr(), scales.ptr(), mins.ptr(), x.dims[0], y.dims[1],
-                            x.dims[1], block_k, bits)
+                            x.dims[1], block_k, bits, mins.dims[0] * mins.dims[1] * mins.dims[2] == 1)
 
 
 def moe[a_type: DType, w_type: DType](mut args: Args) raises:
@@ -313,7 +313,8 @@ def moe_int4[a_type: DType](mut args: Args) raises:
     check_moe_params(logits.dims[1], Int(p.unsafe_load(1)), Int(p.unsafe_load(4)))
     moe_int4_cpu[a_type](runner, y.ptr(), x.ptr(), logits.ptr(), gate_up.ptr(), gate_up_scales.ptr(), gate_up_mins.ptr(),
                          down.ptr(), down_scales.ptr(), down_mins.ptr(), x.dims[0], x.dims[1], logits.dims[1],
-                         gate_up.dims[1], gate_up_scales.dims[1], down.dims[1], down_scales.dims[1], p)
+                         gate_up.dims[1], gate_up_scales.dims[1], down.dims[1], down_scales.dims[1],
+                         gate_up_mins.dims[1], down_mins.dims[1], p)
 
 
 def top_k(mut args: Args) raises:

@@ -8,7 +8,9 @@
 # 16 rows at a time, with nothing to reduce across lanes (the quad panels of linear.mojo, stored at half the bytes).
 # 6-bit values add each 16 rows' 32 bytes of high bit pairs per group. Scales and mins are float16 [ceil(N / 32),
 # ceil(K / block_k), 32] (reference.tile_int4_scales): a tile's run one after the other as its groups do, and a block's
-# scales of 16 rows are one vector. The bits are told by the bytes per tile.
+# scales of 16 rows are one vector. The bits are told by the bytes per tile. Mins of shape [1, 1, 1] are one value z
+# for every block, its min z * its scale (a zero point's -zero: Q4_0's, Q6_K's, GPTQ's symmetric): half the bytes of
+# scales and mins.
 # x is quantized to int8 per row and block of block_k columns as for int8 weights (reference.quantized_x, as
 # llama.cpp's q4 formats do with q8): per block, sum_k w x = sx * (s * sum_k q xq + m * sum_k xq), exact int32 sums
 # then the scales.
@@ -66,7 +68,7 @@ int8 tiles, x quantized and each block's sums scaled (as before) 1.07 / 1.81 / 2
 
 struct _Int4Tiles[bits: Int](ImplicitlyCopyable):
     """w packed in tiles of TILE_ROWS rows, with its scales and mins [ceil(N / TILE_ROWS), ceil(K / block_k),
-    TILE_ROWS] (see the top)."""
+    TILE_ROWS], or one min per scale (shared_min; see the top)."""
 
     comptime group_bytes = TILE_ROWS * Self.bits
     """Bytes of a tile's group: its nibbles, then (6 bits) its high pairs."""
@@ -79,13 +81,25 @@ struct _Int4Tiles[bits: Int](ImplicitlyCopyable):
     var groups: Int
     var block_k: Int
     var k_blocks: Int
+    var shared_min: Bool
+    var min_per_scale: Float32
 
-    def __init__(out self, w: Ptr[DType.uint8], scales: Ptr[F16], mins: Ptr[F16], n: Int, k: Int, block_k: Int):
+    def __init__(out self, w: Ptr[DType.uint8], scales: Ptr[F16], mins: Ptr[F16], n: Int, k: Int, block_k: Int,
+                 shared_min: Bool):
         comptime assert Self.bits == 4 or Self.bits == 6, "packed weights have 4 or 6 bits"
         self.w, self.scales, self.mins, self.n, self.k = addr(w), addr(scales), addr(mins), n, k
         self.groups = ceildiv(k, GROUP)
         self.block_k = block_k
         self.k_blocks = ceildiv(k, block_k)
+        self.shared_min = shared_min
+        self.min_per_scale = mins.unsafe_load(0).cast[F32]() if shared_min else 0
+
+    @always_inline
+    def block_mins[width: Int](self, s: SIMD[F32, width], at: Int) -> SIMD[F32, width]:
+        """The mins of `width` rows at `at` of the tiled blocks, whose scales are s."""
+        if self.shared_min:
+            return s * self.min_per_scale
+        return ptr(self.mins).unsafe_load[width=width](at).cast[F32]()
 
     @always_inline
     def padded_k(self) -> Int:
@@ -194,7 +208,8 @@ def _tile[a_type: DType, bits: Int, rows: Int, panel: Int, panels: Int, fetch: B
         comptime if fetch:
             comptime ahead = PrefetchOptions().for_read().medium_locality()
             prefetch[ahead](scales.unsafe_offset(block + blocks_ahead * TILE_ROWS))
-            prefetch[ahead](mins.unsafe_offset(block + blocks_ahead * TILE_ROWS))
+            if not wt.shared_min:
+                prefetch[ahead](mins.unsafe_offset(block + blocks_ahead * TILE_ROWS))
         var dots = Array[SIMD[DType.int32, DOT_LANES], vectors * chains * rows](fill=0)
         for g in range(kb * block_groups, min(wt.groups, (kb + 1) * block_groups)):
             var at = wt.group_at(tile, g)
@@ -220,7 +235,7 @@ def _tile[a_type: DType, bits: Int, rows: Int, panel: Int, panels: Int, fetch: B
         comptime for v in range(vectors):
             var si = block + panel * PANEL + v * DOT_LANES
             var s = scales.unsafe_load[width=DOT_LANES](si).cast[F32]()
-            var mn = mins.unsafe_load[width=DOT_LANES](si).cast[F32]()
+            var mn = wt.block_mins[DOT_LANES](s, si)
             comptime for i in range(rows):
                 comptime d = (i * vectors + v) * chains
                 var dot = dots[d]
@@ -291,12 +306,12 @@ struct _AmxInt4Tiles[a_type: DType, bits: Int](ChunkTask):
         comptime assert TILE_ROWS == PANEL and S == 4 * AMX_ROWS, "a tile is one pair panel, 16 rows a vector"
         var buffer = List[UInt32](length=self.kp // 2 * TILE_ROWS, fill=0)  # pairs past the groups stay 0
         var panel = list_ptr(buffer)
-        var scales, mins = ptr(self.wt.scales), ptr(self.wt.mins)
+        var scales = ptr(self.wt.scales)
         for g in range(self.wt.groups):
             var at, block = self.wt.group_at(item, g), self.wt.block_at(item, g * GROUP // self.wt.block_k)
             comptime for v in range(2):
                 var s = scales.unsafe_load[width=AMX_ROWS](block + v * AMX_ROWS).cast[F32]()
-                var mn = mins.unsafe_load[width=AMX_ROWS](block + v * AMX_ROWS).cast[F32]()
+                var mn = self.wt.block_mins[AMX_ROWS](s, block + v * AMX_ROWS)
                 var s2, m2 = s.interleave(s), mn.interleave(mn)  # lane 2r + j: row r's
                 var lo, hi = self.wt.values[v](at)
                 comptime for h in range(2):
@@ -314,13 +329,13 @@ struct _AmxInt4Tiles[a_type: DType, bits: Int](ChunkTask):
 
 def linear_int4_cpu[a_type: DType, R: Runner](
     runner: R, y: Ptr[a_type], x: Ptr[a_type], w: Ptr[DType.uint8], scales: Ptr[F16], mins: Ptr[F16], m: Int, n: Int,
-    k: Int, block_k: Int, bits: Int,
+    k: Int, block_k: Int, bits: Int, shared_min: Bool,
 ):
-    """bits: 4 or 6 (check_linear_int4's)."""
+    """bits: 4 or 6 (check_linear_int4's); shared_min: mins is one value, each block's min that times its scale."""
     if bits == 6:
-        _linear_tiles[a_type, 6](runner, y, x, _Int4Tiles[6](w, scales, mins, n, k, block_k), m)
+        _linear_tiles[a_type, 6](runner, y, x, _Int4Tiles[6](w, scales, mins, n, k, block_k, shared_min), m)
     else:
-        _linear_tiles[a_type, 4](runner, y, x, _Int4Tiles[4](w, scales, mins, n, k, block_k), m)
+        _linear_tiles[a_type, 4](runner, y, x, _Int4Tiles[4](w, scales, mins, n, k, block_k, shared_min), m)
 
 
 def _linear_tiles[a_type: DType, bits: Int, R: Runner](runner: R, y: Ptr[a_type], x: Ptr[a_type], wt: _Int4Tiles[bits],
@@ -360,7 +375,7 @@ def tile_bits(k: Int, tile_bytes: Int) -> Int:
 
 def check_linear_int4(m: Int, k: Int, n: Int, tiles: Int, tile_bytes: Int, y_m: Int, scale_shape: IndexList[3],
                       min_shape: IndexList[3], block_k: Int) raises -> Int:
-    """n: the output's columns. Returns the weight's bits."""
+    """n: the output's columns. Returns the weight's bits (the mins: the scales' shape, or [1, 1, 1])."""
     check_same["linear_int4"](tiles, ceildiv(n, TILE_ROWS), "the weight's tiles", "ceil(output columns / 32)")
     var bits = tile_bits(k, tile_bytes)
     if bits == 0:
@@ -373,8 +388,9 @@ def check_linear_int4(m: Int, k: Int, n: Int, tiles: Int, tile_bytes: Int, y_m: 
     check_same["linear_int4"](scale_shape[0], tiles, "scale tiles", "the weight's tiles")
     check_same["linear_int4"](scale_shape[1], ceildiv(k, block_k), "scale blocks", "ceil(in_features / block_k)")
     check_same["linear_int4"](scale_shape[2], TILE_ROWS, "scales per tile and block", "32")
-    for i in range(3):
-        check_same["linear_int4"](min_shape[i], scale_shape[i], "the mins' shape", "the scales' shape")
+    if min_shape[0] * min_shape[1] * min_shape[2] != 1:
+        for i in range(3):
+            check_same["linear_int4"](min_shape[i], scale_shape[i], "the mins' shape", "the scales' shape or [1, 1, 1]")
     return bits
 
 
@@ -396,6 +412,7 @@ struct LinearInt4:
             var bits = check_linear_int4(m, k, n, w.dim_size[0](), w.dim_size[1](), y.dim_size[0](),
                                          scales.shape(), mins.shape(), bk)
             linear_int4_cpu[a_type](MojoThreads(ctx), y.unsafe_ptr(), x.unsafe_ptr(), w.unsafe_ptr(),
-                                    scales.unsafe_ptr(), mins.unsafe_ptr(), m, n, k, bk, bits)
+                                    scales.unsafe_ptr(), mins.unsafe_ptr(), m, n, k, bk, bits,
+                                    mins.size() == 1)
         else:
             raise Error("linear_int4: 4-bit weights are a CPU format: on a GPU the model dequantizes them when it loads")

@@ -32,8 +32,9 @@ expert's intermediate size), down's block_k (a GGUF file's Q4_K gate_up and Q6_K
 
 struct _Experts[w_type: DType, tiled: Bool, packed: Bool](ImplicitlyCopyable):
     """The experts' weights (see the top), each expert's `*_size` elements (scales: `*_scale_size`) apart, in blocks of
-    `*_block_k` columns; packed: linear_int4.mojo's format (w_type uint8, `*_bits` 4 or 6, float16 scales and mins),
-    else linear.mojo's."""
+    `*_block_k` columns; packed: linear_int4.mojo's format (w_type uint8, `*_bits` 4 or 6, float16 scales and mins,
+    `*_mins_apart` elements apart: the scales', or 1 where an expert's mins are one min per scale), else
+    linear.mojo's."""
 
     comptime s_type = F16 if Self.packed else F32
 
@@ -53,11 +54,14 @@ struct _Experts[w_type: DType, tiled: Bool, packed: Bool](ImplicitlyCopyable):
     var down_block_k: Int
     var gate_up_bits: Int
     var down_bits: Int
+    var gate_up_mins_apart: Int
+    var down_mins_apart: Int
 
     def __init__(out self, gate_up: Ptr[Self.w_type], gate_up_scales: Ptr[Self.s_type], gate_up_mins: Ptr[Self.s_type],
                  down: Ptr[Self.w_type], down_scales: Ptr[Self.s_type], down_mins: Ptr[Self.s_type], gate_up_size: Int,
                  gate_up_scale_size: Int, down_size: Int, down_scale_size: Int, hidden: Int, inter: Int,
-                 gate_up_block_k: Int, down_block_k: Int, gate_up_bits: Int, down_bits: Int):
+                 gate_up_block_k: Int, down_block_k: Int, gate_up_bits: Int, down_bits: Int, gate_up_mins_apart: Int,
+                 down_mins_apart: Int):
         self.gate_up, self.gate_up_scales, self.gate_up_mins = addr(gate_up), addr(gate_up_scales), addr(gate_up_mins)
         self.down, self.down_scales, self.down_mins = addr(down), addr(down_scales), addr(down_mins)
         self.gate_up_size, self.gate_up_scale_size = gate_up_size, gate_up_scale_size
@@ -65,20 +69,22 @@ struct _Experts[w_type: DType, tiled: Bool, packed: Bool](ImplicitlyCopyable):
         self.hidden, self.inter = hidden, inter
         self.gate_up_block_k, self.down_block_k = gate_up_block_k, down_block_k
         self.gate_up_bits, self.down_bits = gate_up_bits, down_bits
+        self.gate_up_mins_apart, self.down_mins_apart = gate_up_mins_apart, down_mins_apart
 
     def run[a_type: DType, R: Runner, first: Bool](self, runner: R, y: Ptr[a_type], x: Ptr[a_type], m: Int, e: Int):
         """y[m, 2I] = x @ gate_up[e]^T (first), else y[m, H] = x @ down[e]^T."""
         var w, scales, mins = ptr(self.down), ptr(self.down_scales), ptr(self.down_mins)
         var size, scale_size, n, k = self.down_size, self.down_scale_size, self.hidden, self.inter
-        var block_k, bits = self.down_block_k, self.down_bits
+        var block_k, bits, mins_apart = self.down_block_k, self.down_bits, self.down_mins_apart
         comptime if first:
             w, scales, mins = ptr(self.gate_up), ptr(self.gate_up_scales), ptr(self.gate_up_mins)
             size, scale_size, n, k = self.gate_up_size, self.gate_up_scale_size, 2 * self.inter, self.hidden
-            block_k, bits = self.gate_up_block_k, self.gate_up_bits
-        w, scales, mins = w.unsafe_offset(e * size), scales.unsafe_offset(e * scale_size), mins.unsafe_offset(e * scale_size)
+            block_k, bits, mins_apart = self.gate_up_block_k, self.gate_up_bits, self.gate_up_mins_apart
+        w, scales = w.unsafe_offset(e * size), scales.unsafe_offset(e * scale_size)
+        mins = mins.unsafe_offset(e * mins_apart)
         comptime if Self.packed:
             linear_int4_cpu[a_type](runner, y, x, rebind[Ptr[DType.uint8]](w), rebind[Ptr[F16]](scales),
-                                    rebind[Ptr[F16]](mins), m, n, k, block_k, bits)
+                                    rebind[Ptr[F16]](mins), m, n, k, block_k, bits, mins_apart == 1)
         else:
             linear_cpu[a_type, Self.w_type, R, Self.tiled](runner, y, x, w, rebind[Ptr[F32]](scales), m, n, k,
                                                            block_k)
@@ -303,12 +309,12 @@ def moe_dense_cpu[a_type: DType, w_type: DType, R: Runner](
         if tiled:
             var experts = _Experts[w_type, True, False](gate_up, gate_up_scales, gate_up_scales, down, down_scales,
                                                         down_scales, gate_up_size, gate_up_scales_apart, down_size,
-                                                        down_scales_apart, h, inter, block_k, down_block_k, 0, 0)
+                                                        down_scales_apart, h, inter, block_k, down_block_k, 0, 0, 0, 0)
             moe_cpu(runner, y, x, logits, experts, t, e_count, top_k, normalize)
             return
     var experts = _Experts[w_type, False, False](gate_up, gate_up_scales, gate_up_scales, down, down_scales,
                                                  down_scales, gate_up_size, gate_up_scales_apart, down_size,
-                                                 down_scales_apart, h, inter, block_k, down_block_k, 0, 0)
+                                                 down_scales_apart, h, inter, block_k, down_block_k, 0, 0, 0, 0)
     moe_cpu(runner, y, x, logits, experts, t, e_count, top_k, normalize)
 
 
@@ -316,17 +322,23 @@ def moe_int4_cpu[a_type: DType, R: Runner](
     runner: R, y: Ptr[a_type], x: Ptr[a_type], logits: Ptr[a_type], gate_up: Ptr[DType.uint8], gate_up_scales: Ptr[F16],
     gate_up_mins: Ptr[F16], down: Ptr[DType.uint8], down_scales: Ptr[F16], down_mins: Ptr[F16], t: Int, h: Int,
     e_count: Int, gate_up_size: Int, gate_up_scale_size: Int, down_size: Int, down_scale_size: Int,
-    params: Ptr[DType.int32],
+    gate_up_min_size: Int, down_min_size: Int, params: Ptr[DType.int32],
 ) raises:
-    """mili_moe_int4 on a CPU (params: MOE_PARAMS, tiled unused), after check_moe."""
+    """mili_moe_int4 on a CPU (params: MOE_PARAMS, tiled unused), after check_moe; an expert's mins the size of its
+    scales, or 1 (one min per scale)."""
     var block_k, top_k, inter = Int(params.unsafe_load(0)), Int(params.unsafe_load(1)), Int(params.unsafe_load(4))
     var normalize, down_block_k = params.unsafe_load(2) != 0, Int(params.unsafe_load(5))
     _check_scale_sizes[TILE_ROWS](h, inter, block_k, down_block_k, gate_up_scale_size, down_scale_size)
+    if gate_up_min_size != 1:
+        check_same["moe"](gate_up_min_size, gate_up_scale_size, "gate_up's mins per expert", "its scales' or 1")
+    if down_min_size != 1:
+        check_same["moe"](down_min_size, down_scale_size, "down's mins per expert", "its scales' or 1")
     var experts = _Experts[DType.uint8, False, True](gate_up, gate_up_scales, gate_up_mins, down, down_scales,
                                                      down_mins, gate_up_size, gate_up_scale_size, down_size,
                                                      down_scale_size, h, inter, block_k, down_block_k,
                                                      packed_bits(2 * inter, h, gate_up_size),
-                                                     packed_bits(h, inter, down_size))
+                                                     packed_bits(h, inter, down_size), gate_up_min_size,
+                                                     down_min_size)
     moe_cpu(runner, y, x, logits, experts, t, e_count, top_k, normalize)
 
 
@@ -385,7 +397,8 @@ struct MoeInt4:
                 MojoThreads(ctx), y.unsafe_ptr(), x.unsafe_ptr(), logits.unsafe_ptr(), gate_up.unsafe_ptr(),
                 gate_up_scales.unsafe_ptr(), gate_up_mins.unsafe_ptr(), down.unsafe_ptr(), down_scales.unsafe_ptr(),
                 down_mins.unsafe_ptr(), t, h, e_count, gate_up.dim_size[1](), gate_up_scales.dim_size[1](),
-                down.dim_size[1](), down_scales.dim_size[1](), p,
+                down.dim_size[1](), down_scales.dim_size[1](), gate_up_mins.dim_size[1](), down_mins.dim_size[1](),
+                p,
             )
         else:
             raise Error("moe: the mixture-of-experts kernels are CPU only so far")

@@ -313,13 +313,12 @@ class _Blocks(NamedTuple):
     bits: int
 
     def linear(self, k: int) -> LinearWeight:
-        """The weight [N, K] in MILI's format of the same values (Int4Weight's min: low, or -zero * scale)."""
+        """The weight [N, K] in MILI's format of the same values (Int4Weight's mins: low, or one, -zero, per scale)."""
         n, _, block = self.q.shape
         q = self.q.reshape(n, -1)[:, :k]
         if self.bits == 8:
             return QuantizedWeight(q.contiguous(), self.scale, block)
-        low = -self.zero * self.scale if self.low is None else self.low
-        return Int4Weight.of(q, self.scale.t(), low.t(), block, self.bits)
+        return Int4Weight.of(q, self.scale.t(), None if self.low is None else self.low.t(), block, self.bits, self.zero)
 
     def embedding(self) -> QuantizedEmbedding:
         """The table kept as these blocks: gguf's values exactly (its dequantize's float32 products)."""

@@ -99,6 +99,8 @@ class Int4Checkpoint:
             # each group's scale and min repeated over its blocks of INT4_BLOCK_K columns
             blocks = torch.arange(-(-k // INT4_BLOCK_K), device=scales.device) * INT4_BLOCK_K // block
             s, z = scales[blocks], zeros[blocks].float()
+            if bool((z == z.flatten()[0]).all()):  # one zero point (GPTQ's sym): held as one min per scale
+                return Int4Weight.of(q.t(), s, None, INT4_BLOCK_K, zero=float(z.flatten()[0]))
             return Int4Weight.of(q.t(), s, -z * s, INT4_BLOCK_K)
         return ((q.float() - zeros[group_of].float()) * scales[group_of]).t().contiguous()
 

@@ -45,7 +45,8 @@ class QuantizedWeight(NamedTuple):
 class Int4Weight(NamedTuple):
     """A linear layer's weight [N, K] as 4-bit values q (0..15; 6-bit, 0..63, for the LM head under 4-bit layers)
     packed by reference.pack_int4: w = q * scales + mins, scales and mins float16 per row and block of block_k
-    columns (a multiple of 8), tiled by reference.tile_int4_scales."""
+    columns (a multiple of 8), tiled by reference.tile_int4_scales; mins [1, 1, 1]: one min per scale for every block
+    (a zero point's, reference.block_mins)."""
 
     packed: torch.Tensor
     scales: torch.Tensor
@@ -55,24 +56,32 @@ class Int4Weight(NamedTuple):
     out_features: int
 
     @classmethod
-    def of(cls, q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, block_k: int, bits: int = 4) -> "Int4Weight":
+    def of(cls, q: torch.Tensor, scales: torch.Tensor, mins: Optional[torch.Tensor], block_k: int, bits: int = 4,
+           zero: float = 0) -> "Int4Weight":
         """The weight of values q [N, K] and scales and mins [ceil(K / block_k), N] (refused where float16
-        overflows)."""
+        overflows); mins None: each block's min -zero times its scale, held as one value (reference.block_mins)."""
         n, k = q.shape
         tile = lambda t: reference.tile_int4_scales(_half_scales(t))
-        return cls(reference.pack_int4(q, bits), tile(scales), tile(mins), block_k, k, n)
+        held = torch.full(reference.SHARED_MIN_SHAPE, -zero, dtype=torch.float16) if mins is None else tile(mins)
+        return cls(reference.pack_int4(q, bits), tile(scales), held, block_k, k, n)
 
     @property
     def bits(self) -> int:
         return reference.packed_bits(self.packed, self.in_features)
+
+    @property
+    def zero(self) -> Optional[float]:
+        """Where every block's min is -zero times its scale (mins held as one value), zero; else None."""
+        return -float(self.mins) if tuple(self.mins.shape) == reference.SHARED_MIN_SHAPE else None
 
     def values(self) -> torch.Tensor:
         """q [N, K]."""
         return reference.unpack_int4(self.packed, self.out_features, self.in_features)
 
     def block_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """scales and mins [ceil(K / block_k), N]."""
-        return tuple(reference.untile_int4_scales(t, self.out_features) for t in (self.scales, self.mins))
+        """scales and mins [ceil(K / block_k), N] (float16)."""
+        mins = reference.block_mins(self.scales, self.mins).to(torch.float16)
+        return tuple(reference.untile_int4_scales(t, self.out_features) for t in (self.scales, mins))
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return reference.dequantize_int4(self.packed, self.scales, self.mins, self.block_k, self.out_features,
@@ -261,7 +270,8 @@ def reblocked(weight: Int4Weight, block_k: int, bits: int) -> Int4Weight:
                          f"in blocks of {block_k}")
     blocks = -(-weight.in_features // block_k)
     scales, mins = (t.repeat_interleave(weight.block_k // block_k, dim=0)[:blocks] for t in weight.block_scales())
-    return Int4Weight.of(weight.values(), scales, mins, block_k, bits)
+    return Int4Weight.of(weight.values(), scales, None if weight.zero is not None else mins, block_k, bits,
+                         weight.zero or 0)
 
 
 def common_int4(parts: Sequence[Int4Weight]) -> list[Int4Weight]:
@@ -283,8 +293,11 @@ def cat_rows(parts: Sequence[LinearWeight]) -> LinearWeight:
             raise ValueError("cannot stack 4-bit weights of different input sizes")
         parts = common_int4(parts)
         scales, mins = zip(*(p.block_scales() for p in parts))
-        return Int4Weight.of(torch.cat([p.values() for p in parts]), torch.cat(scales, dim=1), torch.cat(mins, dim=1),
-                             parts[0].block_k, parts[0].bits)
+        zeros = {p.zero for p in parts}  # one zero point for all: kept so
+        zero = zeros.pop() if len(zeros) == 1 else None
+        return Int4Weight.of(torch.cat([p.values() for p in parts]), torch.cat(scales, dim=1),
+                             None if zero is not None else torch.cat(mins, dim=1), parts[0].block_k, parts[0].bits,
+                             zero or 0)
     if isinstance(parts[0], QuantizedWeight):
         if any(p.block_k != parts[0].block_k or p.weight.dtype != parts[0].weight.dtype for p in parts):
             raise ValueError("cannot stack quantized weights of different formats or block sizes")

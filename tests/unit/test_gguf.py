@@ -60,6 +60,8 @@ def test_each_type_reads_into_mili_format_with_gguf_values(tmp_path: Path, qtype
     weight, (kind, bits, block) = tensors.linear(name), FORMATS[qtype]
     assert isinstance(weight, kind) and weight.block_k == block
     assert (weight.bits if kind is Int4Weight else 8) == bits
+    if kind is Int4Weight:  # a zero point's mins are one min per scale: no float16 per block
+        assert weight.zero == {"Q4_0": 8, "Q5_0": 16, "Q6_K": 32}.get(qtype)
     ours, theirs = weight.dequantize(), tensors.dense(name)
     assert ours.shape == theirs.shape == (7, 512)
     if qtype in EXACT:

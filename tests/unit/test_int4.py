@@ -203,6 +203,7 @@ def test_gptq_checkpoint_reads_exactly(dense: Path, tmp_path: Path, bits: int, g
     theirs = _gptq_dequantize(_layer(path), bits)
     if repacked:
         _assert_repacked(weight, theirs)
+        assert weight.zero == (8 if sym else None)  # sym's one zero point: one min per scale, no mins stored
     assert torch.equal(_read(path, packed=False), theirs)
     dense_weight = load_file(dense / "model.safetensors")[LAYER + ".weight"].float()
     assert (theirs - dense_weight).norm() < (0.15 if bits == 4 else 0.01) * dense_weight.norm()
