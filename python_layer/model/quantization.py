@@ -310,6 +310,8 @@ def cat_rows(parts: Sequence[LinearWeight]) -> LinearWeight:
 def stack_experts(experts: Sequence[LinearWeight]) -> LinearWeight:
     """The experts' weights (one format and shape) stacked along a new first dimension: a dense weight [E, ...], a
     quantized one with each of its tensors so (expert() takes one back)."""
+    if isinstance(experts[0], Int4Weight) and len({e.zero for e in experts}) > 1:  # a zero point's and others'
+        experts = [e._replace(mins=reference.block_mins(e.scales, e.mins).to(torch.float16)) for e in experts]
     first = experts[0]
     if any(type(e) is not type(first) or _layout(e) != _layout(first) for e in experts):
         raise ValueError("cannot stack experts' weights of different formats or shapes")

@@ -12,7 +12,8 @@ from bindings import reference
 from python_layer.model.config import Qwen3Config
 from python_layer.model.int4_checkpoints import Int4Checkpoint, write_int4_checkpoint
 from python_layer.model.qwen3_model import resolve_weight_dtype
-from python_layer.model.quantization import INT4_BLOCK_K, INT4_STEPS, Int4Weight, cat_rows, convert, quantize_int4
+from python_layer.model.quantization import (INT4_BLOCK_K, INT4_STEPS, Int4Weight, cat_rows, convert, expert,
+                                             quantize_int4, stack_experts)
 from python_layer.model.random_checkpoint import GPTQ_INT4, build_random_checkpoint, build_random_gptq_checkpoint
 from python_layer.model.weight_loader import WeightLoader
 
@@ -149,6 +150,22 @@ def test_quantize_int4_keeps_each_blocks_least_squares_best(bits: int) -> None:
                              .clamp(0, levels)).double()) for step in INT4_STEPS]
     # float32 sums may pick a near tie: within 1% of the best
     assert (best_fit_error(chosen) <= torch.stack(tried).amin(0) * 1.01 + 1e-12).all()
+
+
+def test_a_zero_points_mins_are_held_once_and_mixes_hold_them_all() -> None:
+    q = torch.randint(0, 64, (37, 96), dtype=torch.uint8)
+    scales = torch.rand(96 // 16, 37) * 0.01
+    shared = Int4Weight.of(q, scales, None, 16, bits=6, zero=32)  # Q6_K's
+    own = Int4Weight.of(q, scales, -32 * scales, 16, bits=6)
+    assert shared.zero == 32 and own.zero is None and shared.mins.numel() == 1
+    assert torch.equal(shared.dequantize(), own.dequantize())
+    assert cat_rows([shared, shared]).zero == 32  # one zero point: still held once
+    asym = quantize_int4(torch.randn(5, 96), block_k=32)
+    for mixed in (cat_rows([shared, asym]), stack_experts([shared, own])):
+        assert mixed.zero is None and mixed.mins.shape == mixed.scales.shape
+    assert torch.equal(cat_rows([shared, asym]).dequantize()[:37], own.dequantize())
+    experts = stack_experts([shared, own])
+    assert all(torch.equal(expert(experts, e).dequantize(), own.dequantize()) for e in range(2))
 
 
 def test_int4_refuses_weights_beyond_float16() -> None:
