@@ -488,7 +488,7 @@ def kernel_cases() -> list:
                   if b != 256 or s[1] > 128]
         cases += [pytest.param(run_linear_int4, dtype, (s, b, bits, True),
                                id=f"linear_int4-{d}-{bits}bits-blocks_of_{b}-shared_min-{s}")
-                  for bits, b in INT4_SHARED_MIN_BLOCKS for s in LINEAR_SHAPES + QUAD_ROW_SHAPES]
+                  for bits, b in INT4_SHARED_MIN_BLOCKS for s in LINEAR_SHAPES]
         cases += [pytest.param(run_moe, dtype, (s, f, i % 2 == 0), id=f"moe-{d}-{f}-{s}")
                   for f in MOE_FORMATS for i, s in enumerate(MOE_TILED_SHAPES if f.endswith("tiled") else MOE_SHAPES)]
     group = lambda runner, dtype: pytest.mark.xdist_group(f"{runner.__name__}-{dtype}")

@@ -229,7 +229,8 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
         ops.linear_int4(x, packed, h(1, 2, 32), h(1, 2, 32), 128, 40)
     with pytest.raises(ValueError, match="scale blocks \\(3\\) must equal ceil\\(in_features / block_k\\) \\(2\\)"):
         ops.linear_int4(x, packed, h(1, 3, 32), h(1, 3, 32), 128, 8)
-    with pytest.raises(ValueError, match="the mins' shape \\(1\\) must equal the scales' shape \\(2\\)"):
+    with pytest.raises(ValueError,
+                       match="the mins' shape \\(1\\) must equal the scales' shape or \\[1, 1, 1\\] \\(2\\)"):
         ops.linear_int4(x, packed, h(1, 2, 32), h(1, 1, 32), 128, 8)
     with pytest.raises(ValueError, match="packed weights are uint8"):
         ops.linear_int4(x, packed.to(torch.int8), h(1, 2, 32), h(1, 2, 32), 128, 8)
@@ -249,6 +250,9 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
                                   *[torch.stack([ref.tile_int4_scales(torch.ones(-(-k // block), n).half())] * 5)] * 2)
     with pytest.raises(ValueError, match="a 4-bit expert's block_k must be a multiple of 8, got 12"):
         ops.moe(x, logits, 2, True, 40, packed(80, 64, 32), packed(64, 40, 12), 32, 12)
+    gate_up_mins_of_another_size = (*packed(80, 64, 32)[:2], torch.ones(5, 1, 1, 32, dtype=torch.float16))
+    with pytest.raises(ValueError, match="gate_up's mins per expert \\(32\\) must equal its scales' or 1 \\(192\\)"):
+        ops.moe(x, logits, 2, True, 40, gate_up_mins_of_another_size, packed(64, 40, 40), 32, 40)
 
 
 def test_gpu_compile_check_passes() -> None:
