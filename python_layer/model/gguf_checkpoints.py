@@ -303,13 +303,13 @@ def _bits(raw: torch.Tensor, count: int) -> torch.Tensor:
 
 class _Blocks(NamedTuple):
     """A tensor's values as its type decodes them: q [N, blocks, block] (uint8; Q8_0's int8) and scale [N, blocks],
-    w = scale * (q - zero) + low (low None: 0); bits: those of MILI's format for q (4, 6: Int4Weight; 8:
-    QuantizedWeight)."""
+    w = scale * (q - zero), or where the type has mins (zero None) scale * q + low; bits: those of MILI's format for q
+    (4, 6: Int4Weight; 8: QuantizedWeight)."""
 
     q: torch.Tensor
     scale: torch.Tensor
     low: Optional[torch.Tensor]
-    zero: int
+    zero: Optional[int]
     bits: int
 
     def linear(self, k: int) -> LinearWeight:
@@ -318,12 +318,13 @@ class _Blocks(NamedTuple):
         q = self.q.reshape(n, -1)[:, :k]
         if self.bits == 8:
             return QuantizedWeight(q.contiguous(), self.scale, block)
-        return Int4Weight.of(q, self.scale.t(), None if self.low is None else self.low.t(), block, self.bits, self.zero)
+        return Int4Weight.of(q, self.scale.t(), None if self.low is None else self.low.t(), block, self.bits,
+                             self.zero)
 
     def embedding(self) -> QuantizedEmbedding:
         """The table kept as these blocks: gguf's values exactly (its dequantize's float32 products)."""
         n, _, block = self.q.shape
-        values = (self.q.to(torch.int16) - self.zero).to(torch.int8).reshape(n, -1)
+        values = (self.q.to(torch.int16) - (self.zero or 0)).to(torch.int8).reshape(n, -1)
         return QuantizedEmbedding(values, self.scale.contiguous(), None if self.low is None else self.low.contiguous(),
                                   block)
 
@@ -340,7 +341,7 @@ def _q4_0(rows: torch.Tensor, k: int) -> _Blocks:
 
 def _q4_1(rows: torch.Tensor, k: int) -> _Blocks:
     b = rows.view(rows.shape[0], -1, 20)
-    return _Blocks(_nibbles(b[..., 4:]), _f16(b[..., :2]), _f16(b[..., 2:4]), 0, 4)
+    return _Blocks(_nibbles(b[..., 4:]), _f16(b[..., :2]), _f16(b[..., 2:4]), None, 4)
 
 
 def _five_bits(b: torch.Tensor, start: int) -> torch.Tensor:
@@ -355,7 +356,7 @@ def _q5_0(rows: torch.Tensor, k: int) -> _Blocks:
 
 def _q5_1(rows: torch.Tensor, k: int) -> _Blocks:
     b = rows.view(rows.shape[0], -1, 24)
-    return _Blocks(_five_bits(b, 4), _f16(b[..., :2]), _f16(b[..., 2:4]), 0, 6)
+    return _Blocks(_five_bits(b, 4), _f16(b[..., :2]), _f16(b[..., 2:4]), None, 6)
 
 
 def _k_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -380,7 +381,7 @@ def _k_quant(rows: torch.Tensor, k: int, block_bytes: int, bits: int) -> _Blocks
         high = b[..., 16:48]
         q = q | (((high[..., None, :] >> torch.arange(8, dtype=torch.uint8)[:, None]) & 1) << 4).reshape(n, -1, 32)
     scale, low = d[..., None] * sc, -(dmin[..., None] * mn)
-    return _Blocks(q, scale.reshape(n, -1), low.reshape(n, -1), 0, 4 if bits == 4 else 6)
+    return _Blocks(q, scale.reshape(n, -1), low.reshape(n, -1), None, 4 if bits == 4 else 6)
 
 
 def _q6_k(rows: torch.Tensor, k: int) -> _Blocks:

@@ -57,12 +57,13 @@ class Int4Weight(NamedTuple):
 
     @classmethod
     def of(cls, q: torch.Tensor, scales: torch.Tensor, mins: Optional[torch.Tensor], block_k: int, bits: int = 4,
-           zero: float = 0) -> "Int4Weight":
+           zero: Optional[float] = None) -> "Int4Weight":
         """The weight of values q [N, K] and scales and mins [ceil(K / block_k), N] (refused where float16
-        overflows); mins None: each block's min -zero times its scale, held as one value (reference.block_mins)."""
+        overflows); zero: each block's min is -zero times its scale, held as one value (reference.block_mins), and
+        mins is not read (None)."""
         n, k = q.shape
         tile = lambda t: reference.tile_int4_scales(_half_scales(t))
-        held = torch.full(reference.SHARED_MIN_SHAPE, -zero, dtype=torch.float16) if mins is None else tile(mins)
+        held = tile(mins) if zero is None else torch.full(reference.SHARED_MIN_SHAPE, -zero, dtype=torch.float16)
         return cls(reference.pack_int4(q, bits), tile(scales), held, block_k, k, n)
 
     @property
@@ -78,10 +79,13 @@ class Int4Weight(NamedTuple):
         """q [N, K]."""
         return reference.unpack_int4(self.packed, self.out_features, self.in_features)
 
+    def tiled_mins(self) -> torch.Tensor:
+        """The mins tiled as the scales, one per block (float16): a zero point's multiplied out."""
+        return reference.block_mins(self.scales, self.mins).to(torch.float16)
+
     def block_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
         """scales and mins [ceil(K / block_k), N] (float16)."""
-        mins = reference.block_mins(self.scales, self.mins).to(torch.float16)
-        return tuple(reference.untile_int4_scales(t, self.out_features) for t in (self.scales, mins))
+        return tuple(reference.untile_int4_scales(t, self.out_features) for t in (self.scales, self.tiled_mins()))
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return reference.dequantize_int4(self.packed, self.scales, self.mins, self.block_k, self.out_features,
@@ -270,8 +274,7 @@ def reblocked(weight: Int4Weight, block_k: int, bits: int) -> Int4Weight:
                          f"in blocks of {block_k}")
     blocks = -(-weight.in_features // block_k)
     scales, mins = (t.repeat_interleave(weight.block_k // block_k, dim=0)[:blocks] for t in weight.block_scales())
-    return Int4Weight.of(weight.values(), scales, None if weight.zero is not None else mins, block_k, bits,
-                         weight.zero or 0)
+    return Int4Weight.of(weight.values(), scales, mins, block_k, bits, weight.zero)
 
 
 def common_int4(parts: Sequence[Int4Weight]) -> list[Int4Weight]:
@@ -295,9 +298,8 @@ def cat_rows(parts: Sequence[LinearWeight]) -> LinearWeight:
         scales, mins = zip(*(p.block_scales() for p in parts))
         zeros = {p.zero for p in parts}  # one zero point for all: kept so
         zero = zeros.pop() if len(zeros) == 1 else None
-        return Int4Weight.of(torch.cat([p.values() for p in parts]), torch.cat(scales, dim=1),
-                             None if zero is not None else torch.cat(mins, dim=1), parts[0].block_k, parts[0].bits,
-                             zero or 0)
+        return Int4Weight.of(torch.cat([p.values() for p in parts]), torch.cat(scales, dim=1), torch.cat(mins, dim=1),
+                             parts[0].block_k, parts[0].bits, zero)
     if isinstance(parts[0], QuantizedWeight):
         if any(p.block_k != parts[0].block_k or p.weight.dtype != parts[0].weight.dtype for p in parts):
             raise ValueError("cannot stack quantized weights of different formats or block sizes")
@@ -311,7 +313,7 @@ def stack_experts(experts: Sequence[LinearWeight]) -> LinearWeight:
     """The experts' weights (one format and shape) stacked along a new first dimension: a dense weight [E, ...], a
     quantized one with each of its tensors so (expert() takes one back)."""
     if isinstance(experts[0], Int4Weight) and len({e.zero for e in experts}) > 1:  # a zero point's and others'
-        experts = [e._replace(mins=reference.block_mins(e.scales, e.mins).to(torch.float16)) for e in experts]
+        experts = [e._replace(mins=e.tiled_mins()) for e in experts]
     first = experts[0]
     if any(type(e) is not type(first) or _layout(e) != _layout(first) for e in experts):
         raise ValueError("cannot stack experts' weights of different formats or shapes")
