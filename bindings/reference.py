@@ -434,6 +434,10 @@ PACKED_BITS = (4, 6)
 """Bits of pack_int4's values: 4 (the int4 layers), 6 (the LM head under them)."""
 
 
+_NIBBLES, _PAIRS = 0x0F0F0F0F, 0x03030303
+"""Masks of a word's 4 low nibbles and 4 low bit pairs."""
+
+
 def pack_int4(q: torch.Tensor, bits: int = 4) -> torch.Tensor:
     """Values q [N, K] (0..2^bits - 1) as the 4-bit linear kernel reads them: uint8 [ceil(N / 32), ceil(K / 8) *
     32 * bits], tiles of 32 rows (0 past N), each as groups of 8 columns (0 past K). A group: the 32 rows' 4-byte
@@ -445,13 +449,19 @@ def pack_int4(q: torch.Tensor, bits: int = 4) -> torch.Tensor:
         raise ValueError(f"pack_int4: bits must be one of {PACKED_BITS}, got {bits}")
     n, k = q.shape
     tiles, groups = -(-n // INT4_TILE_ROWS), -(-k // INT4_GROUP)
-    q = torch.nn.functional.pad(q.to(torch.uint8), (0, groups * INT4_GROUP - k, 0, tiles * INT4_TILE_ROWS - n))
-    q = q.view(tiles, INT4_TILE_ROWS, groups, 2, 4).permute(0, 2, 1, 3, 4)  # [tiles, groups, rows, half, 4]
-    parts = [((q[:, :, :, 0] & 15) | ((q[:, :, :, 1] & 15) << 4)).reshape(tiles, groups, -1)]
-    if bits == 6:
-        high = ((q[:, :, :, 0] >> 4) | ((q[:, :, :, 1] >> 4) << 2)).reshape(tiles, groups, 2, 2, 32)  # lane bytes
-        parts.append((high[:, :, :, 0] | (high[:, :, :, 1] << 4)).reshape(tiles, groups, -1))
-    return torch.cat(parts, dim=2).reshape(tiles, -1)
+    q = q.to(torch.uint8)
+    if (tiles * INT4_TILE_ROWS, groups * INT4_GROUP) != (n, k):
+        q = torch.nn.functional.pad(q, (0, groups * INT4_GROUP - k, 0, tiles * INT4_TILE_ROWS - n))
+    # as int32 words, a lane's 4 bytes at once: columns 0-3 and 4-7 of each group of each row
+    quads = q.contiguous().view(torch.int32).view(tiles, INT4_TILE_ROWS, groups, 2)
+    lo, hi = quads[..., 0], quads[..., 1]
+    lanes = ((lo & _NIBBLES) | ((hi & _NIBBLES) << 4)).transpose(1, 2)  # [tiles, groups, rows]
+    if bits == 4:
+        return lanes.contiguous().view(torch.uint8).view(tiles, -1)
+    high = ((lo >> 4) & _PAIRS) | (((hi >> 4) & _PAIRS) << 2)  # a lane byte's 4 high bits
+    halves = high.transpose(1, 2).reshape(tiles, groups, 2, 2, INT4_TILE_ROWS // 4)  # lane bytes 0-31, 32-63
+    pairs = (halves[:, :, :, 0] | (halves[:, :, :, 1] << 4)).reshape(tiles, groups, -1)
+    return torch.cat([lanes, pairs], dim=2).view(torch.uint8).reshape(tiles, -1)
 
 
 def packed_bits(packed: torch.Tensor, k: int) -> int:

@@ -290,9 +290,19 @@ def _f16(raw: torch.Tensor) -> torch.Tensor:
     return raw.contiguous().view(torch.float16)[..., 0].float()
 
 
+_LOW4, _LOW2 = 0x0F0F0F0F, 0x03030303
+"""Masks of each byte's low 4 and low 2 bits in a word of 4 bytes."""
+
+
+def _byte_fields(raw: torch.Tensor, shifts: Sequence[int], mask: int) -> list[torch.Tensor]:
+    """(raw >> shift) & mask of each byte of raw [..., bytes] (a multiple of 4) for each shift, 4 bytes a word."""
+    words = raw.contiguous().view(torch.int32)
+    return [((words >> shift) & mask).view(torch.uint8) for shift in shifts]
+
+
 def _nibbles(qs: torch.Tensor) -> torch.Tensor:
     """[..., 16 bytes] -> [..., 32] values: low nibbles first, then high ones (the order of Q4_0 .. Q5_1's blocks)."""
-    return torch.cat([qs & 15, qs >> 4], dim=-1)
+    return torch.cat(_byte_fields(qs, (0, 4), _LOW4), dim=-1)
 
 
 def _bits(raw: torch.Tensor, count: int) -> torch.Tensor:
@@ -376,7 +386,7 @@ def _k_quant(rows: torch.Tensor, k: int, block_bytes: int, bits: int) -> _Blocks
     d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
     sc, mn = _k_scales(b[..., 4:16])
     qs = b[..., block_bytes - 128:].reshape(n, -1, 4, 32)
-    q = torch.stack([qs & 15, qs >> 4], dim=3).reshape(n, -1, 32)
+    q = torch.stack(_byte_fields(qs, (0, 4), _LOW4), dim=3).reshape(n, -1, 32)
     if bits == 5:
         high = b[..., 16:48]
         q = q | (((high[..., None, :] >> torch.arange(8, dtype=torch.uint8)[:, None]) & 1) << 4).reshape(n, -1, 32)
@@ -391,9 +401,9 @@ def _q6_k(rows: torch.Tensor, k: int) -> _Blocks:
     6-7)."""
     n = rows.shape[0]
     b = rows.view(n, -1, 210)
-    ql, qh = b[..., :128].reshape(n, -1, 2, 2, 32), b[..., 128:192].reshape(n, -1, 2, 1, 32)
-    low = torch.stack([ql & 15, ql >> 4], dim=3).reshape(n, -1, 2, 4, 32)
-    high = (qh >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]) & 3
+    ql, qh = b[..., :128].reshape(n, -1, 2, 2, 32), b[..., 128:192].reshape(n, -1, 2, 32)
+    low = torch.stack(_byte_fields(ql, (0, 4), _LOW4), dim=3).reshape(n, -1, 2, 4, 32)
+    high = torch.stack(_byte_fields(qh, (0, 2, 4, 6), _LOW2), dim=3)
     q = (low | (high << 4)).reshape(n, -1, 16)
     scale = _f16(b[..., 208:210])[..., None] * b[..., 192:208].contiguous().view(torch.int8).float()
     return _Blocks(q, scale.reshape(n, -1), None, 32, 6)

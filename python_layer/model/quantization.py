@@ -309,17 +309,25 @@ def cat_rows(parts: Sequence[LinearWeight]) -> LinearWeight:
     return torch.cat(list(parts))
 
 
-def stack_experts(experts: Sequence[LinearWeight]) -> LinearWeight:
+def stack_experts(experts: Sequence[LinearWeight],
+                  empty: Optional[Callable[[tuple[int, ...], torch.dtype], torch.Tensor]] = None) -> LinearWeight:
     """The experts' weights (one format and shape) stacked along a new first dimension: a dense weight [E, ...], a
-    quantized one with each of its tensors so (expert() takes one back)."""
+    quantized one with each of its tensors so (expert() takes one back). empty(shape, dtype): the memory of each stack
+    (None: torch.empty on the experts' device)."""
     if isinstance(experts[0], Int4Weight) and len({e.zero for e in experts}) > 1:  # a zero point's and others'
         experts = [e._replace(mins=e.tiled_mins()) for e in experts]
     first = experts[0]
     if any(type(e) is not type(first) or _layout(e) != _layout(first) for e in experts):
         raise ValueError("cannot stack experts' weights of different formats or shapes")
+
+    def stack(ts: list[torch.Tensor]) -> torch.Tensor:
+        shape = (len(ts), *ts[0].shape)
+        out = torch.empty(shape, dtype=ts[0].dtype, device=ts[0].device) if empty is None else empty(shape, ts[0].dtype)
+        return torch.stack(ts, out=out)
+
     if isinstance(first, torch.Tensor):
-        return torch.stack(list(experts))
-    return type(first)(*(torch.stack([e[i] for e in experts]) if isinstance(f, torch.Tensor) else f
+        return stack(list(experts))
+    return type(first)(*(stack([e[i] for e in experts]) if isinstance(f, torch.Tensor) else f
                          for i, f in enumerate(first)))
 
 

@@ -13,7 +13,7 @@ from bindings.gpu_options import GpuOptions
 from bindings.ops import KV_CACHE_RULE, kv_cache_supported
 from bindings.reference import AMX_COLUMNS, can_tile, tile_columns, tile_scales, tile_weight
 
-from ..memory.huge_pages import on_huge_pages
+from ..memory.huge_pages import on_huge_pages, zeros_on_huge_pages
 from ..memory.kv_cache_manager import DEFAULT_PAGE_SIZE, PagedKVCache
 from .attention_metadata import AttentionMetadata
 from .config import Qwen3Config
@@ -179,7 +179,14 @@ class Qwen3CausalLM:
             stacks.append([self._formatted(loader, *(n.format(e=e) for n in names))
                            for e in range(self.config.num_experts)])
         tile = all(self._tileable(s[0], experts=True) for s in stacks)
-        return tuple(self._placed(stack_experts([self._tiled(w) if tile else w for w in s])) for s in stacks)
+        # stacked straight into the memory _placed would copy them to
+        empty = zeros_on_huge_pages if self._cpu_kernels else None
+        return tuple(stack_experts([self._tiled(w) if tile else w for w in s], empty) for s in stacks)
+
+    @property
+    def _cpu_kernels(self) -> bool:
+        """Whether the Mojo CPU kernels read the weights (in their layouts, from huge pages)."""
+        return self.backend == "mojo" and self.device.type == "cpu"
 
     def _formatted(self, loader: WeightLoader, *names: str, weight_dtype: Optional[str] = None) -> LinearWeight:
         weight_dtype = weight_dtype or self.weight_dtype
@@ -193,7 +200,7 @@ class Qwen3CausalLM:
         (bindings/reference.tile_weight): bfloat16 (batch-1 decode 1.1-1.3x faster), int8 where the CPU multiplies
         its quads (linear.mojo's I8_TILED, I8_TILED_EXPERTS), float32 dense linears as panels with AVX-512
         (F32_TILED: prefill linears 1.07x faster)."""
-        if self.backend != "mojo" or self.device.type != "cpu":
+        if not self._cpu_kernels:
             return False
         if isinstance(weight, QuantizedWeight):
             return _tiles_int8(weight, experts)
@@ -214,7 +221,7 @@ class Qwen3CausalLM:
         return tile_weight(weight, pairs=panels and _pair_panels(weight))
 
     def _placed(self, weight: LinearWeight) -> LinearWeight:
-        if self.backend != "mojo" or self.device.type != "cpu":
+        if not self._cpu_kernels:
             return weight
         # the decode kernels stream the weights fastest from huge pages (memory/huge_pages.py)
         if isinstance(weight, QuantizedWeight):
