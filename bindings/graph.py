@@ -100,11 +100,12 @@ def linear(x: TensorValue, weight: TensorValue, scales: TensorValue, block_k: Un
     return _custom("mili_linear", x, [x, weight, scales, block_k], [[x.shape[0], weight.shape[0]]])[0]
 
 
-def linear_int4(x: TensorValue, packed: TensorValue, scales: TensorValue, mins: TensorValue, block_k: TensorValue,
-                n: DimLike) -> TensorValue:
-    """x [M, K] @ dequantize_int4(packed, scales, mins, block_k, n, K)^T (reference.linear_int4; scales and mins
-    tiled by reference.tile_int4_scales), on a CPU."""
-    return _custom("mili_linear_int4", x, [x, packed, scales, mins, block_k], [[x.shape[0], n]])[0]
+def linear_int4(x: TensorValue, packed: TensorValue, scales: TensorValue, mins: TensorValue, supers: TensorValue,
+                block_k: TensorValue, n: DimLike) -> TensorValue:
+    """x [M, K] @ dequantize_int4(packed, scales, mins, block_k, n, K, supers)^T (reference.linear_int4; scales and
+    mins tiled by reference.tile_int4_scales, as their bytes; supers a [1, 1, 1, 1] placeholder unless the scales are
+    codes), on a CPU."""
+    return _custom("mili_linear_int4", x, [x, packed, scales, mins, supers, block_k], [[x.shape[0], n]])[0]
 
 
 def moe(x: TensorValue, logits: TensorValue, gate_up: TensorValue, gate_up_scales: TensorValue, down: TensorValue,
@@ -116,10 +117,12 @@ def moe(x: TensorValue, logits: TensorValue, gate_up: TensorValue, gate_up_scale
 
 
 def moe_int4(x: TensorValue, logits: TensorValue, gate_up: TensorValue, gate_up_scales: TensorValue,
-             gate_up_mins: TensorValue, down: TensorValue, down_scales: TensorValue, down_mins: TensorValue,
-             params: TensorValue) -> TensorValue:
-    """moe on experts in the 4-bit format (reference.pack_int4's bytes, scales and mins a row per expert)."""
-    args = [x, logits, gate_up, gate_up_scales, gate_up_mins, down, down_scales, down_mins, params]
+             gate_up_mins: TensorValue, gate_up_supers: TensorValue, down: TensorValue, down_scales: TensorValue,
+             down_mins: TensorValue, down_supers: TensorValue, params: TensorValue) -> TensorValue:
+    """moe on experts in the 4-bit format (reference.pack_int4's bytes, scales and mins as bytes, multipliers, a row
+    per expert; multipliers a [1, 1] placeholder unless the scales are codes)."""
+    args = [x, logits, gate_up, gate_up_scales, gate_up_mins, gate_up_supers, down, down_scales, down_mins,
+            down_supers, params]
     return _custom("mili_moe_int4", x, args, [x.shape])[0]
 
 

@@ -462,31 +462,44 @@ _LINEAR_TILED = {
 _LINEAR_INT4 = CompiledOp(
     graph.linear_int4,
     [T(SAME, "M", "N")],
-    [T(SAME, "M", "K"), T(DType.uint8, "NT", "TB"), T(F16, "ST", "KB", 32), T(F16, "MT", "MB", "MR"), T(I32, 1)],
+    [T(SAME, "M", "K"), T(DType.uint8, "NT", "TB"), T(DType.uint8, "ST", "KB", "SB"), T(DType.uint8, "MT", "MB", "MR"),
+     T(F16, "UT", "US", "UW", "UR"), T(I32, 1)],
 )
 
 
 def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, block_k: int,
-                n: int) -> torch.Tensor:
-    """x [M, K] @ dequantize_int4(packed, scales, mins, block_k, n, K)^T (reference.linear_int4; mins tiled as the
-    scales, or one min per scale, reference.SHARED_MIN_SHAPE), on a CPU."""
+                n: int, supers: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x [M, K] @ dequantize_int4(packed, scales, mins, block_k, n, K, supers)^T (reference.linear_int4; mins tiled
+    as the scales, or one min per scale, reference.SHARED_MIN_SHAPE; int8 codes with supers), on a CPU."""
     if not x.is_cpu:
         raise ValueError(f"linear_int4: 4-bit weights are a CPU format, got x on {x.device}")
     if packed.dtype != torch.uint8:
         raise ValueError(f"linear_int4: packed weights are uint8 (reference.pack_int4), got {packed.dtype}")
-    _check_half("linear_int4", scales, mins)
+    _check_scale_dtypes("linear_int4", scales, mins)
     if scales.dim() != 3 or mins.dim() != 3:
         raise ValueError(f"linear_int4: scales and mins are tiled [ceil(N / 32), blocks, 32] "
                          f"(reference.tile_int4_scales), got {tuple(scales.shape)} and {tuple(mins.shape)}")
     y = x.new_empty((x.shape[0], n))
-    _LINEAR_INT4(y, _c(x), _c(packed), _c(scales), _c(mins), _block_k_on(int(block_k), x.device))
+    supers = _no_supers(4) if supers is None else supers
+    _LINEAR_INT4(y, _c(x), _c(packed), _bytes(scales), _bytes(mins), _c(supers), _block_k_on(int(block_k), x.device))
     return y
 
 
-def _check_half(op: str, *scales: torch.Tensor) -> None:
-    if any(s.dtype != torch.float16 for s in scales):
-        raise ValueError(f"{op}: 4-bit weights' scales and mins are float16 (quantization.Int4Weight), got "
-                         f"{', '.join(sorted({str(s.dtype) for s in scales}))}")
+def _check_scale_dtypes(op: str, *scales: torch.Tensor) -> None:
+    if any(s.dtype not in (torch.float16, torch.int8) for s in scales):
+        raise ValueError(f"{op}: 4-bit weights' scales and mins are float16, or int8 codes (quantization.Int4Weight), "
+                         f"got {', '.join(sorted({str(s.dtype) for s in scales}))}")
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """A 4-bit weight's scales or mins as the kernels take them: their bytes (2 a float16 value, 1 a code)."""
+    return _c(t).view(torch.uint8)
+
+
+@lru_cache(maxsize=2)
+def _no_supers(rank: int) -> torch.Tensor:
+    """The multipliers' placeholder of float16 scales: [1, ...] of rank `rank`."""
+    return torch.ones((1,) * rank, dtype=torch.float16)
 
 
 _MOE = {
@@ -502,8 +515,9 @@ _MOE = {
 _MOE_INT4 = CompiledOp(
     graph.moe_int4,
     [T(SAME, "T", "H")],
-    [T(SAME, "T", "H"), T(SAME, "T", "E"), T(DType.uint8, "E", "GU"), T(F16, "E", "GS"), T(F16, "E", "GM"),
-     T(DType.uint8, "E", "DN"), T(F16, "E", "DS"), T(F16, "E", "DM"), T(I32, 6)],
+    [T(SAME, "T", "H"), T(SAME, "T", "E"), T(DType.uint8, "E", "GU"), T(DType.uint8, "E", "GS"),
+     T(DType.uint8, "E", "GM"), T(F16, "GE", "GP"), T(DType.uint8, "E", "DN"), T(DType.uint8, "E", "DS"),
+     T(DType.uint8, "E", "DM"), T(F16, "DE", "DP"), T(I32, 6)],
 )
 
 
@@ -512,21 +526,26 @@ def moe(x: torch.Tensor, logits: torch.Tensor, top_k: int, normalize: bool, inte
         down_block_k: Optional[int] = None) -> torch.Tensor:
     """reference.moe with the experts' linears on MILI's kernels, on a CPU: x [T, H], the router's logits [T, E],
     each expert's intermediate size `inter`; gate_up / down the experts' stacked weights (quantization.stack_experts)
-    as their tensors: (weight,) dense [E, N, K] or tiled, (weight, scales) int8 / FP8, (packed, scales, mins) 4-bit,
-    scaled in blocks of block_k columns (down's: down_block_k, by default the same)."""
+    as their tensors: (weight,) dense [E, N, K] or tiled, (weight, scales) int8 / FP8, (packed, scales, mins) or
+    (packed, scales, mins, supers) 4-bit (quantization.Int4Weight's; supers None: float16 scales), scaled in blocks
+    of block_k columns (down's: down_block_k, by default the same)."""
     if not x.is_cpu:
         raise ValueError(f"moe: the mixture-of-experts kernels run on a CPU, got x on {x.device}")
-    if len(gate_up) != len(down) or not 1 <= len(gate_up) <= 3:
-        raise ValueError("moe: gate_up and down are each (weight,), (weight, scales) or (packed, scales, mins)")
+    if not 1 <= len(gate_up) <= 4 or not 1 <= len(down) <= 4 or (len(gate_up) >= 3) != (len(down) >= 3) or (
+            len(gate_up) < 3 and len(gate_up) != len(down)):
+        raise ValueError("moe: gate_up and down are each (weight,), (weight, scales), or 4-bit (packed, scales, mins) "
+                         "or (packed, scales, mins, supers)")
     if gate_up[0].dim() != down[0].dim():
         raise ValueError("moe: gate_up and down must be both tiled or both [E, N, K] (one layout for both)")
     flat = lambda t: _c(t).view(t.shape[0], -1)
     params = torch.tensor([block_k, top_k, int(normalize), int(gate_up[0].dim() > 3), inter,
                            block_k if down_block_k is None else down_block_k], dtype=torch.int32)
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
-    if len(gate_up) == 3:
-        _check_half("moe", *gate_up[1:], *down[1:])
-        _MOE_INT4(y, _c(x), _c(logits), *map(flat, gate_up), *map(flat, down), params)
+    if len(gate_up) >= 3:
+        _check_scale_dtypes("moe", *gate_up[1:3], *down[1:3])
+        held = lambda w: (flat(w[0]), flat(_bytes(w[1])), flat(_bytes(w[2])),
+                          _no_supers(2) if len(w) == 3 or w[3] is None else flat(w[3]))
+        _MOE_INT4(y, _c(x), _c(logits), *held(gate_up), *held(down), params)
         return y
     if gate_up[0].dtype not in WEIGHT_DTYPES:
         raise ValueError(f"moe: expert weights must be one of {', '.join(map(str, WEIGHT_DTYPES))}, "

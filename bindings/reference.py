@@ -491,6 +491,15 @@ def tile_int4_scales(t: torch.Tensor) -> torch.Tensor:
     return t.view(blocks, tiles, INT4_TILE_ROWS).permute(1, 0, 2).contiguous()
 
 
+def tile_supers(multipliers: torch.Tensor) -> torch.Tensor:
+    """A 4-bit weight's multipliers of its codes, [N, S, 2] (a row's scale and min multiplier of each of S
+    super-blocks), as the kernel reads them: [ceil(N / 32), S, 2, 32], each tile's together (0 past row N)."""
+    n, held, _ = multipliers.shape
+    tiles = -(-n // INT4_TILE_ROWS)
+    t = torch.nn.functional.pad(multipliers, (0, 0, 0, 0, 0, tiles * INT4_TILE_ROWS - n))
+    return t.view(tiles, INT4_TILE_ROWS, held, 2).permute(0, 2, 3, 1).contiguous()
+
+
 def untile_int4_scales(t: torch.Tensor, n: int) -> torch.Tensor:
     """tile_int4_scales' t [ceil(K / block_k), N] back."""
     return t.permute(1, 0, 2).reshape(t.shape[1], -1)[:, :n]
@@ -499,30 +508,46 @@ def untile_int4_scales(t: torch.Tensor, n: int) -> torch.Tensor:
 SHARED_MIN_SHAPE = (1, 1, 1)
 """A 4-bit weight's mins as one value z, each block's min z times its scale (a zero point's -zero): the kernels read
 no mins."""
+NO_SUPERS = (1, 1, 1, 1)
+"""The shape of the multipliers' placeholder of a 4-bit weight whose scales are float16 (coded_scales)."""
 
 
-def block_mins(scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
-    """A 4-bit weight's mins tiled as its scales: mins, or, SHARED_MIN_SHAPE, its one value times each scale (in
-    float32: exact where it is a power of two)."""
-    return scales.float() * mins.float() if tuple(mins.shape) == SHARED_MIN_SHAPE else mins
+def coded_scales(codes: torch.Tensor, supers: torch.Tensor, which: int) -> torch.Tensor:
+    """A 4-bit weight's int8 scale (which 0) or min (1) codes, tiled [ceil(N / 32), blocks, 32], times their rows'
+    float16 multipliers supers [ceil(N / 32), S, 2, 32], each over a super-block of ceil(blocks / S) blocks: float32
+    [ceil(N / 32), blocks, 32] (llama.cpp's K-quants: a sub-block's scale d * sc, its min dmin * m)."""
+    blocks, held = codes.shape[1], supers.shape[1]
+    multipliers = supers[:, :, which].float().repeat_interleave(-(-blocks // held), dim=1)[:, :blocks]
+    return codes.float() * multipliers
+
+
+def int4_block_values(scales: torch.Tensor, mins: torch.Tensor,
+                      supers: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A 4-bit weight's scales and mins tiled as tile_int4_scales' in float32: float16 values, or int8 codes
+    (coded_scales); mins also SHARED_MIN_SHAPE, one value times each scale (exact where it is a power of two)."""
+    values = scales.float() if scales.dtype != torch.int8 else coded_scales(scales, supers, 0)
+    if tuple(mins.shape) == SHARED_MIN_SHAPE:
+        return values, values * mins.float()
+    return values, mins.float() if mins.dtype != torch.int8 else coded_scales(mins, supers, 1)
 
 
 def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, block_k: int, n: int,
-                    k: int) -> torch.Tensor:
+                    k: int, supers: Optional[torch.Tensor] = None) -> torch.Tensor:
     """A 4-bit weight [N, K] in float32: q * scales + mins, scales and mins per block of block_k columns and row,
-    tiled by tile_int4_scales (mins: or one min per scale, block_mins)."""
-    expand = lambda t: untile_int4_scales(t, n).float().t().repeat_interleave(block_k, dim=1)[:, :k]
-    return unpack_int4(packed, n, k).float() * expand(scales) + expand(block_mins(scales, mins))
+    tiled by tile_int4_scales (int4_block_values)."""
+    expand = lambda t: untile_int4_scales(t, n).t().repeat_interleave(block_k, dim=1)[:, :k]
+    values, lows = int4_block_values(scales, mins, supers)
+    return unpack_int4(packed, n, k).float() * expand(values) + expand(lows)
 
 
 def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, block_k: int,
-                n: int, amx: bool = False) -> torch.Tensor:
+                n: int, amx: bool = False, supers: Optional[torch.Tensor] = None) -> torch.Tensor:
     """quantized_x(x) [M, K] @ dequantize_int4(...)[N, K]^T in float32, in x's dtype (x quantized to int8 per row and
     block of block_k columns, as for int8 weights); block_k a multiple of 8. amx: as the kernels compiled with AMX
     tiles (bindings.library.AMX_TILES) compute it: from AMX_INT4_ROWS rows of x on, x and the dequantized weight
     rounded to bfloat16 (llama.cpp's GPU backends also dequantize for large batches, past the int8 sums' per-block
     cost)."""
-    w = dequantize_int4(packed, scales, mins, block_k, n, x.shape[1])
+    w = dequantize_int4(packed, scales, mins, block_k, n, x.shape[1], supers)
     if amx and x.shape[0] >= AMX_INT4_ROWS:
         return torch.matmul(x.to(torch.bfloat16).float(), w.to(torch.bfloat16).float().t()).to(x.dtype)
     return torch.matmul(quantized_x(x, block_k), w.t()).to(x.dtype)

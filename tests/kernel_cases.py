@@ -354,49 +354,69 @@ rows); a work item's panels all there or not (160)."""
 INT4_BLOCKS = [64, 128, 256, 40, 32, 16]
 INT4_SHARED_MIN_BLOCKS = [(4, 32), (4, 64), (6, 32), (6, 16)]
 """(bits, block_k) with one min per scale: Q4_0's, GPTQ's symmetric ones as MILI repacks them, Q5_0's, Q6_K's."""
+INT4_CODED = [((4, 32), "codes"), ((6, 16), "codes-shared_min"), ((6, 32), "codes"), ((4, 64), "codes-shared_min")]
+"""(bits, block_k) with int8 codes times multipliers: Q4_K's (codes of mins too), Q6_K's (one min per scale), Q5_K's
+and another block."""
+
+
+def int4_scales(n: int, k: int, block_k: int, bits: int, form: str) -> tuple:
+    """Random tiled scales, mins and multipliers (None unless codes) of a 4-bit [N, K] weight: float16 scales and mins
+    of either sign (form "own"), or one min per scale, a zero point's ("shared_min"), or int8 codes of both
+    ("codes"; "codes-shared_min": of scales, one min per scale) times multipliers of super-blocks of up to 256
+    columns; 0 in the last tile's rows past N (as tile_int4_scales pads them)."""
+    blocks = -(-k // block_k)
+    scales, mins = (torch.randn(blocks, n) * 0.01).half(), (torch.randn(blocks, n) * 0.05).half()
+    supers = None
+    if form.startswith("codes"):
+        held = -(-blocks // max(1, 256 // block_k))
+        scales, mins = torch.randint(-128, 128, (blocks, n), dtype=torch.int8), torch.randint(0, 64, (blocks, n),
+                                                                                               dtype=torch.int8)
+        supers = ref.tile_supers(torch.stack([torch.rand(n, held) * 1e-4, -torch.rand(n, held) * 1e-3], -1).half())
+    tiled_scales, tiled_mins = ref.tile_int4_scales(scales), ref.tile_int4_scales(mins)
+    assert torch.equal(ref.untile_int4_scales(tiled_scales, n), scales)
+    if form.endswith("shared_min"):
+        tiled_mins = torch.full(ref.SHARED_MIN_SHAPE, -(2.0 ** (bits - 1)), dtype=torch.float16)
+    return tiled_scales, tiled_mins, supers
 
 
 def run_linear_int4(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
-    """Random 4- or 6-bit values (pack_int4's and tile_int4_scales' round trips checked), scales and mins of either
-    sign, 0 in the last tile's rows past N (as tile_int4_scales pads them); shared: one min per scale, a zero point's
-    (reference.SHARED_MIN_SHAPE)."""
-    (m, k, n), block_k, bits, shared = case
+    """Random 4- or 6-bit values (pack_int4's and tile_int4_scales' round trips checked), scales and mins in `form`
+    (int4_scales)."""
+    (m, k, n), block_k, bits, form = case
     q = torch.randint(0, 2**bits, (n, k), dtype=torch.uint8)
     packed = ref.pack_int4(q, bits)
     assert torch.equal(ref.unpack_int4(packed, n, k), q)
-    blocks = -(-k // block_k)
-    scales, mins = (torch.randn(blocks, n) * 0.01).half(), (torch.randn(blocks, n) * 0.05).half()
-    tiled_scales, tiled_mins = ref.tile_int4_scales(scales), ref.tile_int4_scales(mins)
-    assert torch.equal(ref.untile_int4_scales(tiled_scales, n), scales)
-    if shared:
-        tiled_mins = torch.full(ref.SHARED_MIN_SHAPE, -(2.0 ** (bits - 1)), dtype=torch.float16)
+    scales, mins, supers = int4_scales(n, k, block_k, bits, form)
     x = torch.randn(m, k, device=device).to(dtype)
-    _assert_linear_matches(ops.linear_int4(x, packed, tiled_scales, tiled_mins, block_k, n),
-                           ref.linear_int4(x, packed, tiled_scales, tiled_mins, block_k, n, library.AMX_TILES), dtype)
+    _assert_linear_matches(ops.linear_int4(x, packed, scales, mins, block_k, n, supers),
+                           ref.linear_int4(x, packed, scales, mins, block_k, n, library.AMX_TILES, supers), dtype)
 
 
 MOE_SHAPES = [(1, 64, 40, 7, 3), (5, 130, 72, 9, 8), (70, 200, 136, 6, 2)]
 """(tokens, hidden, experts' intermediate size, experts, top_k): decode and prefill blocks, experts no token chose."""
 MOE_TILED_SHAPES = [(3, 128, 64, 5, 2), (40, 128, 64, 4, 3)]
-MOE_FORMATS = ["float32", "bfloat16", "fp8", "int8", "int4", "int4-gguf", "int4-shared-min", "bfloat16-tiled",
-               "int8-tiled"]
-MOE_INT4 = {"int4": ((4, 64), (4, 64)), "int4-gguf": ((4, 32), (6, 16)), "int4-shared-min": ((4, 32), (6, 16))}
-"""4-bit experts' (bits, block_k) of gate_up and of down: MILI's, a GGUF file's Q4_K gate_up with a Q6_K down, and
-with one min per scale (Q4_0's gate_up, Q6_K's down)."""
+MOE_FORMATS = ["float32", "bfloat16", "fp8", "int8", "int4", "int4-gguf", "int4-shared-min", "int4-codes",
+               "bfloat16-tiled", "int8-tiled"]
+MOE_INT4 = {"int4": ((4, 64, "own"), (4, 64, "own")), "int4-gguf": ((4, 32, "own"), (6, 16, "own")),
+            "int4-shared-min": ((4, 32, "shared_min"), (6, 16, "shared_min")),
+            "int4-codes": ((4, 32, "codes"), (6, 16, "codes-shared_min"))}
+"""4-bit experts' (bits, block_k, form of their scales: int4_scales) of gate_up and of down: MILI's, a Q4_K gate_up
+with a Q6_K down in float16 scales and mins, one min per scale (Q4_0's gate_up, Q6_K's down), and as the K-quants
+hold them (codes)."""
 
 
 def _expert_weight(n: int, k: int, fmt: str, down: bool) -> tuple[tuple, callable, torch.Tensor]:
     """One expert's [N, K] weight (gate_up's, or down's) in fmt: (its tensors as the kernel takes them, its linear in
     the reference, its values in float32)."""
     if fmt in MOE_INT4:
-        bits, block = MOE_INT4[fmt][down]
+        bits, block, form = MOE_INT4[fmt][down]
         packed = ref.pack_int4(torch.randint(0, 2**bits, (n, k), dtype=torch.uint8), bits)
-        scales, mins = (ref.tile_int4_scales(t.half()) for t in (torch.rand(-(-k // block), n) * 0.32 / 2**bits,
-                                                                 torch.randn(-(-k // block), n) * 0.05))
-        if fmt.endswith("shared-min"):
-            mins = torch.full(ref.SHARED_MIN_SHAPE, -(2.0 ** (bits - 1)), dtype=torch.float16)
-        return ((packed, scales, mins), lambda x: ref.linear_int4(x, packed, scales, mins, block, n, library.AMX_TILES),
-                ref.dequantize_int4(packed, scales, mins, block, n, k))
+        scales, mins, supers = int4_scales(n, k, block, bits, form)
+        if supers is None:  # float16 scales, positive
+            scales = ref.tile_int4_scales((torch.rand(-(-k // block), n) * 0.32 / 2**bits).half())
+        return ((packed, scales, mins, supers),
+                lambda x: ref.linear_int4(x, packed, scales, mins, block, n, library.AMX_TILES, supers),
+                ref.dequantize_int4(packed, scales, mins, block, n, k, supers))
     dtype = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}.get(fmt.split("-")[0]) or getattr(torch, fmt.split("-")[0])
     weight, scales, block_k = linear_weight(n, k, dtype, "cpu", 64 if fmt == "int8-tiled" else 32)
     if weight.is_floating_point() and weight.dtype != torch.float8_e4m3fn:
@@ -411,10 +431,11 @@ def run_moe(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     """Random experts in one format, distinct router logits (exact in bfloat16: no ties between experts)."""
     (t, h, inter, e_count, top_k), fmt, normalize = case
     experts = [(_expert_weight(2 * inter, h, fmt, False), _expert_weight(h, inter, fmt, True)) for _ in range(e_count)]
-    stack = lambda which: tuple(torch.stack(ts) for ts in zip(*(ex[which][0] for ex in experts)))
+    stack = lambda which: tuple(None if ts[0] is None else torch.stack(ts) for ts in zip(*(ex[which][0]
+                                                                                           for ex in experts)))
     x = torch.randn(t, h, device=device).to(dtype)
     logits = (torch.stack([torch.randperm(e_count) for _ in range(t)]).float() * 0.75).to(dtype)
-    blocks = [b for _, b in MOE_INT4[fmt]] if fmt in MOE_INT4 else [64 if fmt == "int8-tiled" else 32] * 2
+    blocks = [b for _, b, _ in MOE_INT4[fmt]] if fmt in MOE_INT4 else [64 if fmt == "int8-tiled" else 32] * 2
     ours = ops.moe(x, logits, top_k, normalize, inter, stack(0), stack(1), *blocks)
     down_inputs = []
 
@@ -482,13 +503,16 @@ def kernel_cases() -> list:
                                id=f"linear_tiled-{d}-int8-{s}-blocks_of_{b}") for s, b in I8_TILED_BLOCKS]
         cases += [pytest.param(run_linear_pair_panels, dtype, s, id=f"linear_pair_panels-{d}-{s}")
                   for s in PAIR_PANEL_SHAPES]
-        cases += [pytest.param(run_linear_int4, dtype, (s, b, bits, False),
+        cases += [pytest.param(run_linear_int4, dtype, (s, b, bits, "own"),
                                id=f"linear_int4-{d}-{bits}bits-blocks_of_{b}-{s}")
                   for bits in ref.PACKED_BITS for b in INT4_BLOCKS for s in LINEAR_SHAPES + QUAD_ROW_SHAPES
                   if b != 256 or s[1] > 128]
-        cases += [pytest.param(run_linear_int4, dtype, (s, b, bits, True),
+        cases += [pytest.param(run_linear_int4, dtype, (s, b, bits, "shared_min"),
                                id=f"linear_int4-{d}-{bits}bits-blocks_of_{b}-shared_min-{s}")
                   for bits, b in INT4_SHARED_MIN_BLOCKS for s in LINEAR_SHAPES]
+        cases += [pytest.param(run_linear_int4, dtype, (s, b, bits, form),
+                               id=f"linear_int4-{d}-{bits}bits-blocks_of_{b}-{form}-{s}")
+                  for (bits, b), form in INT4_CODED for s in LINEAR_SHAPES]
         cases += [pytest.param(run_moe, dtype, (s, f, i % 2 == 0), id=f"moe-{d}-{f}-{s}")
                   for f in MOE_FORMATS for i, s in enumerate(MOE_TILED_SHAPES if f.endswith("tiled") else MOE_SHAPES)]
     group = lambda runner, dtype: pytest.mark.xdist_group(f"{runner.__name__}-{dtype}")

@@ -39,7 +39,7 @@ def bits_per_weight(weights: Iterable[LinearWeight]) -> float:
     stored = count = 0
     for w in weights:
         if isinstance(w, Int4Weight):
-            stored += w.packed.nbytes + w.scales.nbytes + w.mins.nbytes
+            stored += sum(t.nbytes for t in (w.packed, w.scales, w.mins, w.supers) if t is not None)
             count += w.packed.numel() * 8 // w.bits
         elif isinstance(w, QuantizedWeight):
             stored += w.weight.nbytes + w.scales.nbytes

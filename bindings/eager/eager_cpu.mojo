@@ -23,7 +23,7 @@ from mojo_kernels.core.linear import (
     check_linear, check_linear_tiled, linear_cpu, linear_tiled_cpu, F32_TILED, I8_TILED, I8_TILED_EXPERTS,
 )
 from mojo_kernels.core.linear_amx import AMX
-from mojo_kernels.core.linear_int4 import check_linear_int4, linear_int4_cpu
+from mojo_kernels.core.linear_int4 import check_linear_int4, int4_scales, linear_int4_cpu
 from mojo_kernels.core.moe import check_moe, check_moe_params, moe_dense_cpu, moe_int4_cpu
 from mojo_kernels.core.normalization import check_norm, norm_rows_cpu
 from mojo_kernels.core.qk_norm_rope import check_qk_norm_rope_store, qk_norm_rope_store_cpu
@@ -275,13 +275,16 @@ def linear_tiled[a_type: DType, w_type: DType](mut args: Args) raises:
 def linear_int4[a_type: DType](mut args: Args) raises:
     var runner = OpenMP(args.int())
     var y, x, w = args.tensor[a_type, 2](), args.tensor[a_type, 2](), args.tensor[DType.uint8, 2]()
-    var scales, mins = args.tensor[F16, 3](), args.tensor[F16, 3]()
+    var scales, mins = args.tensor[DType.uint8, 3](), args.tensor[DType.uint8, 3]()
+    var supers = args.tensor[F16, 4]()
     var block_k = Int(args.tensor[I32, 1]().ptr().unsafe_load(0))
     args.done("linear_int4")
     var bits = check_linear_int4(x.dims[0], x.dims[1], y.dims[1], w.dims[0], w.dims[1], y.dims[0], scales.dims,
                                  mins.dims, block_k)
-    linear_int4_cpu[a_type](runner, y.ptr(), x.ptr(), w.ptr(), scales.ptr(), mins.ptr(), x.dims[0], y.dims[1],
-                            x.dims[1], block_k, bits, mins.dims[0] * mins.dims[1] * mins.dims[2] == 1)
+    var form = int4_scales["linear_int4"](scales.dims[2], mins.dims[2], mins.size(), supers.size(), w.dims[0],
+                                          scales.dims[1])
+    linear_int4_cpu[a_type](runner, y.ptr(), x.ptr(), w.ptr(), scales.ptr(), mins.ptr(), supers.ptr(), x.dims[0],
+                            y.dims[1], x.dims[1], block_k, bits, form)
 
 
 def moe[a_type: DType, w_type: DType](mut args: Args) raises:
@@ -303,8 +306,10 @@ def moe[a_type: DType, w_type: DType](mut args: Args) raises:
 def moe_int4[a_type: DType](mut args: Args) raises:
     var runner = OpenMP(args.int())
     var y, x, logits = args.tensor[a_type, 2](), args.tensor[a_type, 2](), args.tensor[a_type, 2]()
-    var gate_up, gate_up_scales, gate_up_mins = args.tensor[DType.uint8, 2](), args.tensor[F16, 2](), args.tensor[F16, 2]()
-    var down, down_scales, down_mins = args.tensor[DType.uint8, 2](), args.tensor[F16, 2](), args.tensor[F16, 2]()
+    var gate_up, gate_up_scales = args.tensor[DType.uint8, 2](), args.tensor[DType.uint8, 2]()
+    var gate_up_mins, gate_up_supers = args.tensor[DType.uint8, 2](), args.tensor[F16, 2]()
+    var down, down_scales = args.tensor[DType.uint8, 2](), args.tensor[DType.uint8, 2]()
+    var down_mins, down_supers = args.tensor[DType.uint8, 2](), args.tensor[F16, 2]()
     var params = args.tensor[I32, 1]()
     var p = params.ptr()
     args.done("moe_int4")
@@ -312,9 +317,10 @@ def moe_int4[a_type: DType](mut args: Args) raises:
               down.dims[0], params.dims[0])
     check_moe_params(logits.dims[1], Int(p.unsafe_load(1)), Int(p.unsafe_load(4)))
     moe_int4_cpu[a_type](runner, y.ptr(), x.ptr(), logits.ptr(), gate_up.ptr(), gate_up_scales.ptr(), gate_up_mins.ptr(),
-                         down.ptr(), down_scales.ptr(), down_mins.ptr(), x.dims[0], x.dims[1], logits.dims[1],
-                         gate_up.dims[1], gate_up_scales.dims[1], down.dims[1], down_scales.dims[1],
-                         gate_up_mins.dims[1], down_mins.dims[1], p)
+                         gate_up_supers.ptr(), down.ptr(), down_scales.ptr(), down_mins.ptr(), down_supers.ptr(),
+                         x.dims[0], x.dims[1], logits.dims[1], gate_up.dims[1], gate_up_scales.dims[1], down.dims[1],
+                         down_scales.dims[1], gate_up_mins.dims[1], down_mins.dims[1], gate_up_supers.dims[1],
+                         down_supers.dims[1], p)
 
 
 def top_k(mut args: Args) raises:

@@ -6,11 +6,15 @@
 # holds the 32 rows' 4-byte lanes, byte c of a row's lane its column c in the low nibble and column 4 + c in the high
 # one: a mask or a shift of one vector load gives the unsigned quads vpdpbusd multiplies by a broadcast quad of x,
 # 16 rows at a time, with nothing to reduce across lanes (the quad panels of linear.mojo, stored at half the bytes).
-# 6-bit values add each 16 rows' 32 bytes of high bit pairs per group. Scales and mins are float16 [ceil(N / 32),
+# 6-bit values add each 16 rows' 32 bytes of high bit pairs per group. Scales and mins are [ceil(N / 32),
 # ceil(K / block_k), 32] (reference.tile_int4_scales): a tile's run one after the other as its groups do, and a block's
-# scales of 16 rows are one vector. The bits are told by the bytes per tile. Mins of shape [1, 1, 1] are one value z
-# for every block, its min z * its scale (a zero point's -zero: Q4_0's, Q6_K's, GPTQ's symmetric): half the bytes of
-# scales and mins.
+# scales of 16 rows are one vector. The bits are told by the bytes per tile. One min [1, 1, 1] is one value z for
+# every block, its min z * its scale (a zero point's -zero: Q4_0's, Q6_K's, GPTQ's symmetric): half the bytes of
+# scales and mins. Scales and mins are float16, or int8 codes (llama.cpp's K-quants: Q4_K's 6-bit scales and mins,
+# Q6_K's int8 scales), each block's value its code times its row's float16 multiplier of the super-block of
+# ceil(blocks / supers) blocks that holds it: supers [ceil(N / 32), supers, 2, 32], the scales' then the mins'
+# (reference.coded_scales). Codes take mins as codes or as one min per scale. The ops take scales and mins as their
+# bytes: 32 a tile and block are codes, 64 float16 values, 2 in all one min per scale.
 # x is quantized to int8 per row and block of block_k columns as for int8 weights (reference.quantized_x, as
 # llama.cpp's q4 formats do with q8): per block, sum_k w x = sx * (s * sum_k q xq + m * sum_k xq), exact int32 sums
 # then the scales.
@@ -66,40 +70,87 @@ call dequantizing every tile once. Qwen3-0.6B's four linears of a layer on an In
 int8 tiles, x quantized and each block's sums scaled (as before) 1.07 / 1.81 / 2.80 / 5.28 / 18.5."""
 
 
+@fieldwise_init
+struct Int4Scales(ImplicitlyCopyable):
+    """How a 4-bit weight holds its scales and mins (see the top): shared_min, one min per scale; coded, int8 codes
+    times the multipliers of `supers` super-blocks a row."""
+
+    var shared_min: Bool
+    var coded: Bool
+    var supers: Int
+
+
 struct _Int4Tiles[bits: Int](ImplicitlyCopyable):
     """w packed in tiles of TILE_ROWS rows, with its scales and mins [ceil(N / TILE_ROWS), ceil(K / block_k),
-    TILE_ROWS], or one min per scale (shared_min; see the top)."""
+    TILE_ROWS] as bytes: float16 values, or int8 codes times supers, and mins as one min per scale (see the top)."""
 
     comptime group_bytes = TILE_ROWS * Self.bits
     """Bytes of a tile's group: its nibbles, then (6 bits) its high pairs."""
 
     var w: Addr[DType.uint8]
-    var scales: Addr[F16]
-    var mins: Addr[F16]
+    var scales: Addr[DType.uint8]
+    var mins: Addr[DType.uint8]
+    var supers: Addr[F16]
     var n: Int
     var k: Int
     var groups: Int
     var block_k: Int
     var k_blocks: Int
-    var shared_min: Bool
+    var form: Int4Scales
     var min_per_scale: Float32
+    var super_blocks: Int
 
-    def __init__(out self, w: Ptr[DType.uint8], scales: Ptr[F16], mins: Ptr[F16], n: Int, k: Int, block_k: Int,
-                 shared_min: Bool):
+    def __init__(out self, w: Ptr[DType.uint8], scales: Ptr[DType.uint8], mins: Ptr[DType.uint8], supers: Ptr[F16],
+                 n: Int, k: Int, block_k: Int, form: Int4Scales):
         comptime assert Self.bits == 4 or Self.bits == 6, "packed weights have 4 or 6 bits"
-        self.w, self.scales, self.mins, self.n, self.k = addr(w), addr(scales), addr(mins), n, k
+        self.w, self.scales, self.mins, self.supers = addr(w), addr(scales), addr(mins), addr(supers)
+        self.n, self.k = n, k
         self.groups = ceildiv(k, GROUP)
         self.block_k = block_k
         self.k_blocks = ceildiv(k, block_k)
-        self.shared_min = shared_min
-        self.min_per_scale = mins.unsafe_load(0).cast[F32]() if shared_min else 0
+        self.form = form
+        self.min_per_scale = mins.unsafe_bitcast[Float16]().unsafe_load(0).cast[F32]() if form.shared_min else 0
+        self.super_blocks = ceildiv(self.k_blocks, form.supers) if form.coded else 1
 
     @always_inline
-    def block_mins[width: Int](self, s: SIMD[F32, width], at: Int) -> SIMD[F32, width]:
-        """The mins of `width` rows at `at` of the tiled blocks, whose scales are s."""
-        if self.shared_min:
+    def block_scales[width: Int](self, tile: Int, kb: Int, r: Int) -> SIMD[F32, width]:
+        """The scales of `width` rows from row r of a tile's block kb."""
+        var at = self.block_at(tile, kb) + r
+        if self.form.coded:
+            return self._decoded[width](self.scales, at, self.super_at(tile, kb, 0) + r)
+        return ptr(self.scales).unsafe_bitcast[Float16]().unsafe_load[width=width](at).cast[F32]()
+
+    @always_inline
+    def block_mins[width: Int](self, s: SIMD[F32, width], tile: Int, kb: Int, r: Int) -> SIMD[F32, width]:
+        """The mins of `width` rows from row r of a tile's block kb, whose scales are s."""
+        if self.form.shared_min:
             return s * self.min_per_scale
-        return ptr(self.mins).unsafe_load[width=width](at).cast[F32]()
+        var at = self.block_at(tile, kb) + r
+        if self.form.coded:
+            return self._decoded[width](self.mins, at, self.super_at(tile, kb, 1) + r)
+        return ptr(self.mins).unsafe_bitcast[Float16]().unsafe_load[width=width](at).cast[F32]()
+
+    @always_inline
+    def _decoded[width: Int](self, codes: Addr[DType.uint8], at: Int, super_at: Int) -> SIMD[F32, width]:
+        var c = ptr(codes).unsafe_bitcast[Int8]().unsafe_load[width=width](at).cast[F32]()
+        return c * ptr(self.supers).unsafe_load[width=width](super_at).cast[F32]()
+
+    @always_inline
+    def super_at(self, tile: Int, kb: Int, which: Int) -> Int:
+        """Where the multipliers of a tile's block kb start: `which` 0 its scales', 1 its mins'."""
+        return ((tile * self.form.supers + kb // self.super_blocks) * 2 + which) * TILE_ROWS
+
+    @always_inline
+    def prefetch_block(self, tile: Int, kb: Int):
+        """Asks for the scales, mins and multipliers of a tile's block kb: a line each."""
+        comptime ahead = PrefetchOptions().for_read().medium_locality()
+        var at = self.block_at(tile, kb) * (1 if self.form.coded else 2)
+        prefetch[ahead](ptr(self.scales).unsafe_offset(at))
+        if not self.form.shared_min:
+            prefetch[ahead](ptr(self.mins).unsafe_offset(at))
+        if self.form.coded:
+            prefetch[ahead](ptr(self.supers).unsafe_offset(self.super_at(tile, kb, 0)))
+            prefetch[ahead](ptr(self.supers).unsafe_offset(self.super_at(tile, kb, 1)))
 
     @always_inline
     def padded_k(self) -> Int:
@@ -196,7 +247,6 @@ def _tile[a_type: DType, bits: Int, rows: Int, panel: Int, panels: Int, fetch: B
     comptime chains = 2 if rows == 1 and I8_DOT else 1  # vpdpbusd's latency, else one chain a vector
     comptime vectors = 2 * panels
     var w, q = ptr(wt.w), ptr(xq.q).unsafe_bitcast[UInt8]()
-    var scales, mins = ptr(wt.scales), ptr(wt.mins)
     var stride = wt.padded_k()
     # the scales and mins as far ahead as the weights' prefetches: a block's are a line each
     var blocks_ahead = ceildiv(PREFETCH_BYTES, wt.block_k // GROUP * _Int4Tiles[bits].group_bytes)
@@ -204,12 +254,8 @@ def _tile[a_type: DType, bits: Int, rows: Int, panel: Int, panels: Int, fetch: B
     var next, tile_start = share, w.unsafe_offset(wt.group_at(tile, 0))
     var block_groups = wt.block_k // GROUP
     for kb in range(wt.k_blocks):
-        var block = wt.block_at(tile, kb)
         comptime if fetch:
-            comptime ahead = PrefetchOptions().for_read().medium_locality()
-            prefetch[ahead](scales.unsafe_offset(block + blocks_ahead * TILE_ROWS))
-            if not wt.shared_min:
-                prefetch[ahead](mins.unsafe_offset(block + blocks_ahead * TILE_ROWS))
+            wt.prefetch_block(tile, kb + blocks_ahead)
         var dots = Array[SIMD[DType.int32, DOT_LANES], vectors * chains * rows](fill=0)
         for g in range(kb * block_groups, min(wt.groups, (kb + 1) * block_groups)):
             var at = wt.group_at(tile, g)
@@ -233,9 +279,9 @@ def _tile[a_type: DType, bits: Int, rows: Int, panel: Int, panels: Int, fetch: B
                     else:
                         dots[d] = _dot_u4_pair(dots[d], lo[v], a0, hi[v], a1)
         comptime for v in range(vectors):
-            var si = block + panel * PANEL + v * DOT_LANES
-            var s = scales.unsafe_load[width=DOT_LANES](si).cast[F32]()
-            var mn = wt.block_mins[DOT_LANES](s, si)
+            comptime r = panel * PANEL + v * DOT_LANES
+            var s = wt.block_scales[DOT_LANES](tile, kb, r)
+            var mn = wt.block_mins[DOT_LANES](s, tile, kb, r)
             comptime for i in range(rows):
                 comptime d = (i * vectors + v) * chains
                 var dot = dots[d]
@@ -306,12 +352,11 @@ struct _AmxInt4Tiles[a_type: DType, bits: Int](ChunkTask):
         comptime assert TILE_ROWS == PANEL and S == 4 * AMX_ROWS, "a tile is one pair panel, 16 rows a vector"
         var buffer = List[UInt32](length=self.kp // 2 * TILE_ROWS, fill=0)  # pairs past the groups stay 0
         var panel = list_ptr(buffer)
-        var scales = ptr(self.wt.scales)
         for g in range(self.wt.groups):
-            var at, block = self.wt.group_at(item, g), self.wt.block_at(item, g * GROUP // self.wt.block_k)
+            var at, kb = self.wt.group_at(item, g), g * GROUP // self.wt.block_k
             comptime for v in range(2):
-                var s = scales.unsafe_load[width=AMX_ROWS](block + v * AMX_ROWS).cast[F32]()
-                var mn = self.wt.block_mins[AMX_ROWS](s, block + v * AMX_ROWS)
+                var s = self.wt.block_scales[AMX_ROWS](item, kb, v * AMX_ROWS)
+                var mn = self.wt.block_mins[AMX_ROWS](s, item, kb, v * AMX_ROWS)
                 var s2, m2 = s.interleave(s), mn.interleave(mn)  # lane 2r + j: row r's
                 var lo, hi = self.wt.values[v](at)
                 comptime for h in range(2):
@@ -328,14 +373,14 @@ struct _AmxInt4Tiles[a_type: DType, bits: Int](ChunkTask):
 
 
 def linear_int4_cpu[a_type: DType, R: Runner](
-    runner: R, y: Ptr[a_type], x: Ptr[a_type], w: Ptr[DType.uint8], scales: Ptr[F16], mins: Ptr[F16], m: Int, n: Int,
-    k: Int, block_k: Int, bits: Int, shared_min: Bool,
+    runner: R, y: Ptr[a_type], x: Ptr[a_type], w: Ptr[DType.uint8], scales: Ptr[DType.uint8], mins: Ptr[DType.uint8],
+    supers: Ptr[F16], m: Int, n: Int, k: Int, block_k: Int, bits: Int, form: Int4Scales,
 ):
-    """bits: 4 or 6 (check_linear_int4's); shared_min: mins is one value, each block's min that times its scale."""
+    """bits: 4 or 6 (check_linear_int4's); scales and mins as bytes, held as form says (int4_scales')."""
     if bits == 6:
-        _linear_tiles[a_type, 6](runner, y, x, _Int4Tiles[6](w, scales, mins, n, k, block_k, shared_min), m)
+        _linear_tiles[a_type, 6](runner, y, x, _Int4Tiles[6](w, scales, mins, supers, n, k, block_k, form), m)
     else:
-        _linear_tiles[a_type, 4](runner, y, x, _Int4Tiles[4](w, scales, mins, n, k, block_k, shared_min), m)
+        _linear_tiles[a_type, 4](runner, y, x, _Int4Tiles[4](w, scales, mins, supers, n, k, block_k, form), m)
 
 
 def _linear_tiles[a_type: DType, bits: Int, R: Runner](runner: R, y: Ptr[a_type], x: Ptr[a_type], wt: _Int4Tiles[bits],
@@ -375,7 +420,7 @@ def tile_bits(k: Int, tile_bytes: Int) -> Int:
 
 def check_linear_int4(m: Int, k: Int, n: Int, tiles: Int, tile_bytes: Int, y_m: Int, scale_shape: IndexList[3],
                       min_shape: IndexList[3], block_k: Int) raises -> Int:
-    """n: the output's columns. Returns the weight's bits (the mins: the scales' shape, or [1, 1, 1])."""
+    """n: the output's columns; scales and mins as bytes (see the top). Returns the weight's bits."""
     check_same["linear_int4"](tiles, ceildiv(n, TILE_ROWS), "the weight's tiles", "ceil(output columns / 32)")
     var bits = tile_bits(k, tile_bytes)
     if bits == 0:
@@ -387,11 +432,36 @@ def check_linear_int4(m: Int, k: Int, n: Int, tiles: Int, tile_bytes: Int, y_m: 
         raise Error("linear_int4: block_k must be a positive multiple of ", GROUP, ", got ", block_k)
     check_same["linear_int4"](scale_shape[0], tiles, "scale tiles", "the weight's tiles")
     check_same["linear_int4"](scale_shape[1], ceildiv(k, block_k), "scale blocks", "ceil(in_features / block_k)")
-    check_same["linear_int4"](scale_shape[2], TILE_ROWS, "scales per tile and block", "32")
-    if min_shape[0] * min_shape[1] * min_shape[2] != 1:
-        for i in range(3):
-            check_same["linear_int4"](min_shape[i], scale_shape[i], "the mins' shape", "the scales' shape or [1, 1, 1]")
+    if scale_shape[2] != TILE_ROWS and scale_shape[2] != 2 * TILE_ROWS:
+        raise Error("linear_int4: a tile's scales of a block are 32 int8 codes or 32 float16 values (32 or 64 bytes), "
+                    "got ", scale_shape[2], " bytes")
+    if min_shape[0] * min_shape[1] * min_shape[2] != 2:  # else one float16 min per scale
+        check_same["linear_int4"](min_shape[0], tiles, "min tiles", "the weight's tiles")
+        check_same["linear_int4"](min_shape[1], scale_shape[1], "min blocks", "scale blocks")
+        if min_shape[2] != TILE_ROWS and min_shape[2] != 2 * TILE_ROWS:
+            raise Error("linear_int4: a tile's mins of a block are 32 int8 codes or 32 float16 values (32 or 64 "
+                        "bytes), or all the mins one float16 min per scale (2 bytes), got ", min_shape[2], " bytes")
     return bits
+
+
+def int4_scales[op: StaticString](scale_bytes: Int, min_bytes: Int, mins_size: Int, supers_size: Int, tiles: Int,
+                                  k_blocks: Int) raises -> Int4Scales:
+    """The form of a weight of `tiles` tiles and k_blocks blocks from the bytes of its scales and mins per tile and
+    block (32: int8 codes, 64: float16 values), the bytes of all its mins (2: one float16 min per scale) and the
+    elements of its multipliers (a placeholder, unread, unless its scales are codes)."""
+    var coded, shared_min = scale_bytes == TILE_ROWS, mins_size == 2
+    if coded and not shared_min and min_bytes != TILE_ROWS:
+        raise Error(op, ": int8 scale codes take int8 min codes or one float16 min per scale, not float16 mins")
+    if not coded and not shared_min and min_bytes != 2 * TILE_ROWS:
+        raise Error(op, ": float16 scales take float16 mins, not int8 codes")
+    if not coded:
+        return Int4Scales(shared_min, False, 0)
+    var supers = supers_size // (tiles * 2 * TILE_ROWS)
+    if supers < 1 or supers > k_blocks or supers * tiles * 2 * TILE_ROWS != supers_size:
+        raise Error(op, ": the multipliers of int8 scale codes are [ceil(N / 32), super-blocks (1 to ", k_blocks,
+                    "), 2, 32] float16 (bindings.reference.coded_scales), got ", supers_size, " values for ", tiles,
+                    " tiles")
+    return Int4Scales(shared_min, True, supers)
 
 
 @register("mili_linear_int4")
@@ -401,8 +471,9 @@ struct LinearInt4:
         y: OutputTensor[dtype=a_type, rank=2, ...],
         x: InputTensor[dtype=a_type, rank=2, ...],
         w: InputTensor[dtype=DType.uint8, rank=2, ...],
-        scales: InputTensor[dtype=DType.float16, rank=3, ...],
-        mins: InputTensor[dtype=DType.float16, rank=3, ...],
+        scales: InputTensor[dtype=DType.uint8, rank=3, ...],
+        mins: InputTensor[dtype=DType.uint8, rank=3, ...],
+        supers: InputTensor[dtype=DType.float16, rank=4, ...],
         block_k: InputTensor[dtype=DType.int32, rank=1, ...],
         ctx: DeviceContext,
     ) raises:
@@ -411,8 +482,10 @@ struct LinearInt4:
             var n = y.dim_size[1]()
             var bits = check_linear_int4(m, k, n, w.dim_size[0](), w.dim_size[1](), y.dim_size[0](),
                                          scales.shape(), mins.shape(), bk)
+            var form = int4_scales["linear_int4"](scales.dim_size[2](), mins.dim_size[2](), mins.size(),
+                                                  supers.size(), w.dim_size[0](), ceildiv(k, bk))
             linear_int4_cpu[a_type](MojoThreads(ctx), y.unsafe_ptr(), x.unsafe_ptr(), w.unsafe_ptr(),
-                                    scales.unsafe_ptr(), mins.unsafe_ptr(), m, n, k, bk, bits,
-                                    mins.size() == 1)
+                                    scales.unsafe_ptr(), mins.unsafe_ptr(), supers.unsafe_ptr(), m, n, k, bk, bits,
+                                    form)
         else:
             raise Error("linear_int4: 4-bit weights are a CPU format: on a GPU the model dequantizes them when it loads")

@@ -23,7 +23,7 @@ from ..utils.types import (
 )
 from .activations import silu_and_mul_cpu
 from .linear import linear_cpu
-from .linear_int4 import linear_int4_cpu, GROUP, TILE_ROWS, tile_bits
+from .linear_int4 import int4_scales, linear_int4_cpu, GROUP, Int4Scales, TILE_ROWS, tile_bits
 
 comptime MOE_PARAMS = 6
 """The int32 params of both ops: block_k (gate_up's), top_k, normalize (0 / 1), tiled (0 / 1; mili_moe), I (each
@@ -32,18 +32,19 @@ expert's intermediate size), down's block_k (a GGUF file's Q4_K gate_up and Q6_K
 
 struct _Experts[w_type: DType, tiled: Bool, packed: Bool](ImplicitlyCopyable):
     """The experts' weights (see the top), each expert's `*_size` elements (scales: `*_scale_size`) apart, in blocks of
-    `*_block_k` columns; packed: linear_int4.mojo's format (w_type uint8, `*_bits` 4 or 6, float16 scales and mins,
-    `*_mins_apart` elements apart: the scales', or 1 where an expert's mins are one min per scale), else
-    linear.mojo's."""
+    `*_block_k` columns; packed: linear_int4.mojo's format (w_type uint8, `*_bits` 4 or 6, scales, mins and
+    multipliers as bytes, `*_apart` bytes apart, held as `*_form` says), else linear.mojo's (mins and supers unread)."""
 
-    comptime s_type = F16 if Self.packed else F32
+    comptime s_type = DType.uint8 if Self.packed else F32
 
     var gate_up: Addr[Self.w_type]
     var gate_up_scales: Addr[Self.s_type]
     var gate_up_mins: Addr[Self.s_type]
+    var gate_up_supers: Addr[Self.s_type]
     var down: Addr[Self.w_type]
     var down_scales: Addr[Self.s_type]
     var down_mins: Addr[Self.s_type]
+    var down_supers: Addr[Self.s_type]
     var gate_up_size: Int
     var gate_up_scale_size: Int
     var down_size: Int
@@ -52,42 +53,57 @@ struct _Experts[w_type: DType, tiled: Bool, packed: Bool](ImplicitlyCopyable):
     var inter: Int
     var gate_up_block_k: Int
     var down_block_k: Int
-    var gate_up_bits: Int
-    var down_bits: Int
-    var gate_up_mins_apart: Int
-    var down_mins_apart: Int
+    var gate_up_int4: _Int4Stack
+    var down_int4: _Int4Stack
 
     def __init__(out self, gate_up: Ptr[Self.w_type], gate_up_scales: Ptr[Self.s_type], gate_up_mins: Ptr[Self.s_type],
-                 down: Ptr[Self.w_type], down_scales: Ptr[Self.s_type], down_mins: Ptr[Self.s_type], gate_up_size: Int,
-                 gate_up_scale_size: Int, down_size: Int, down_scale_size: Int, hidden: Int, inter: Int,
-                 gate_up_block_k: Int, down_block_k: Int, gate_up_bits: Int, down_bits: Int, gate_up_mins_apart: Int,
-                 down_mins_apart: Int):
+                 gate_up_supers: Ptr[Self.s_type], down: Ptr[Self.w_type], down_scales: Ptr[Self.s_type],
+                 down_mins: Ptr[Self.s_type], down_supers: Ptr[Self.s_type], gate_up_size: Int, gate_up_scale_size: Int,
+                 down_size: Int, down_scale_size: Int, hidden: Int, inter: Int, gate_up_block_k: Int,
+                 down_block_k: Int, gate_up_int4: _Int4Stack, down_int4: _Int4Stack):
         self.gate_up, self.gate_up_scales, self.gate_up_mins = addr(gate_up), addr(gate_up_scales), addr(gate_up_mins)
         self.down, self.down_scales, self.down_mins = addr(down), addr(down_scales), addr(down_mins)
+        self.gate_up_supers, self.down_supers = addr(gate_up_supers), addr(down_supers)
         self.gate_up_size, self.gate_up_scale_size = gate_up_size, gate_up_scale_size
         self.down_size, self.down_scale_size = down_size, down_scale_size
         self.hidden, self.inter = hidden, inter
         self.gate_up_block_k, self.down_block_k = gate_up_block_k, down_block_k
-        self.gate_up_bits, self.down_bits = gate_up_bits, down_bits
-        self.gate_up_mins_apart, self.down_mins_apart = gate_up_mins_apart, down_mins_apart
+        self.gate_up_int4, self.down_int4 = gate_up_int4, down_int4
 
     def run[a_type: DType, R: Runner, first: Bool](self, runner: R, y: Ptr[a_type], x: Ptr[a_type], m: Int, e: Int):
         """y[m, 2I] = x @ gate_up[e]^T (first), else y[m, H] = x @ down[e]^T."""
-        var w, scales, mins = ptr(self.down), ptr(self.down_scales), ptr(self.down_mins)
+        var w, scales, mins, supers = ptr(self.down), ptr(self.down_scales), ptr(self.down_mins), ptr(self.down_supers)
         var size, scale_size, n, k = self.down_size, self.down_scale_size, self.hidden, self.inter
-        var block_k, bits, mins_apart = self.down_block_k, self.down_bits, self.down_mins_apart
+        var block_k, int4 = self.down_block_k, self.down_int4
         comptime if first:
             w, scales, mins = ptr(self.gate_up), ptr(self.gate_up_scales), ptr(self.gate_up_mins)
+            supers = ptr(self.gate_up_supers)
             size, scale_size, n, k = self.gate_up_size, self.gate_up_scale_size, 2 * self.inter, self.hidden
-            block_k, bits, mins_apart = self.gate_up_block_k, self.gate_up_bits, self.gate_up_mins_apart
+            block_k, int4 = self.gate_up_block_k, self.gate_up_int4
         w, scales = w.unsafe_offset(e * size), scales.unsafe_offset(e * scale_size)
-        mins = mins.unsafe_offset(e * mins_apart)
         comptime if Self.packed:
-            linear_int4_cpu[a_type](runner, y, x, rebind[Ptr[DType.uint8]](w), rebind[Ptr[F16]](scales),
-                                    rebind[Ptr[F16]](mins), m, n, k, block_k, bits, mins_apart == 1)
+            mins, supers = mins.unsafe_offset(e * int4.mins_apart), supers.unsafe_offset(e * int4.supers_apart)
+            linear_int4_cpu[a_type](runner, y, x, rebind[Ptr[DType.uint8]](w), rebind[Ptr[DType.uint8]](scales),
+                                    rebind[Ptr[DType.uint8]](mins), rebind[Ptr[DType.uint8]](supers).unsafe_bitcast[Float16](),
+                                    m, n, k, block_k, int4.bits, int4.form)
         else:
             linear_cpu[a_type, Self.w_type, R, Self.tiled](runner, y, x, w, rebind[Ptr[F32]](scales), m, n, k,
                                                            block_k)
+
+
+@fieldwise_init
+struct _Int4Stack(ImplicitlyCopyable):
+    """A stack of 4-bit experts' bits, the form of their scales and mins (linear_int4.Int4Scales), and the bytes
+    between two experts' mins and multipliers."""
+
+    var bits: Int
+    var form: Int4Scales
+    var mins_apart: Int
+    var supers_apart: Int
+
+
+comptime _DENSE = _Int4Stack(0, Int4Scales(False, False, 0), 0, 0)
+"""What dense experts give _Experts for their 4-bit stacks (unread)."""
 
 
 def _route[a_type: DType](logits: Ptr[a_type], t: Int, e_count: Int, top_k: Int, normalize: Bool,
@@ -262,16 +278,15 @@ def check_moe_sizes[scaled: Bool](h: Int, inter: Int, gate_up_block_k: Int, down
         _check_scale_sizes(h, inter, gate_up_block_k, down_block_k, gate_up_scale_size, down_scale_size)
 
 
-def _check_scale_sizes[rows: Int = 1](h: Int, inter: Int, gate_up_block_k: Int, down_block_k: Int,
-                                      gate_up_scale_size: Int, down_scale_size: Int) raises:
-    """An expert's scales (and mins): a row per output (4-bit: per output padded to whole tiles of `rows`) and block
-    of block_k inputs (4-bit: a multiple of GROUP)."""
-    _check_block[rows](gate_up_block_k)
-    _check_block[rows](down_block_k)
-    check_same["moe"](gate_up_scale_size, ceildiv(2 * inter, rows) * rows * ceildiv(h, gate_up_block_k),
-                      "gate_up's scales per expert", "2 I x ceil(H / block_k)")
-    check_same["moe"](down_scale_size, ceildiv(h, rows) * rows * ceildiv(inter, down_block_k),
-                      "down's scales per expert", "H x ceil(I / down's block_k)")
+def _check_scale_sizes(h: Int, inter: Int, gate_up_block_k: Int, down_block_k: Int, gate_up_scale_size: Int,
+                       down_scale_size: Int) raises:
+    """An expert's scales: a row per output and block of block_k inputs."""
+    _check_block[1](gate_up_block_k)
+    _check_block[1](down_block_k)
+    check_same["moe"](gate_up_scale_size, 2 * inter * ceildiv(h, gate_up_block_k), "gate_up's scales per expert",
+                      "2 I x ceil(H / block_k)")
+    check_same["moe"](down_scale_size, h * ceildiv(inter, down_block_k), "down's scales per expert",
+                      "H x ceil(I / down's block_k)")
 
 
 def _check_block[rows: Int](block_k: Int) raises:
@@ -307,39 +322,62 @@ def moe_dense_cpu[a_type: DType, w_type: DType, R: Runner](
     var gate_up_scales_apart, down_scales_apart = (gate_up_scale_size, down_scale_size) if scaled else (0, 0)
     comptime if not is_fp8[w_type]():
         if tiled:
-            var experts = _Experts[w_type, True, False](gate_up, gate_up_scales, gate_up_scales, down, down_scales,
-                                                        down_scales, gate_up_size, gate_up_scales_apart, down_size,
-                                                        down_scales_apart, h, inter, block_k, down_block_k, 0, 0, 0, 0)
+            var experts = _Experts[w_type, True, False](
+                gate_up, gate_up_scales, gate_up_scales, gate_up_scales, down, down_scales, down_scales, down_scales,
+                gate_up_size, gate_up_scales_apart, down_size, down_scales_apart, h, inter, block_k, down_block_k,
+                _DENSE, _DENSE,
+            )
             moe_cpu(runner, y, x, logits, experts, t, e_count, top_k, normalize)
             return
-    var experts = _Experts[w_type, False, False](gate_up, gate_up_scales, gate_up_scales, down, down_scales,
-                                                 down_scales, gate_up_size, gate_up_scales_apart, down_size,
-                                                 down_scales_apart, h, inter, block_k, down_block_k, 0, 0, 0, 0)
+    var experts = _Experts[w_type, False, False](
+        gate_up, gate_up_scales, gate_up_scales, gate_up_scales, down, down_scales, down_scales, down_scales,
+        gate_up_size, gate_up_scales_apart, down_size, down_scales_apart, h, inter, block_k, down_block_k, _DENSE,
+        _DENSE,
+    )
     moe_cpu(runner, y, x, logits, experts, t, e_count, top_k, normalize)
 
 
 def moe_int4_cpu[a_type: DType, R: Runner](
-    runner: R, y: Ptr[a_type], x: Ptr[a_type], logits: Ptr[a_type], gate_up: Ptr[DType.uint8], gate_up_scales: Ptr[F16],
-    gate_up_mins: Ptr[F16], down: Ptr[DType.uint8], down_scales: Ptr[F16], down_mins: Ptr[F16], t: Int, h: Int,
-    e_count: Int, gate_up_size: Int, gate_up_scale_size: Int, down_size: Int, down_scale_size: Int,
-    gate_up_min_size: Int, down_min_size: Int, params: Ptr[DType.int32],
+    runner: R, y: Ptr[a_type], x: Ptr[a_type], logits: Ptr[a_type], gate_up: Ptr[DType.uint8],
+    gate_up_scales: Ptr[DType.uint8], gate_up_mins: Ptr[DType.uint8], gate_up_supers: Ptr[F16], down: Ptr[DType.uint8],
+    down_scales: Ptr[DType.uint8], down_mins: Ptr[DType.uint8], down_supers: Ptr[F16], t: Int, h: Int, e_count: Int,
+    gate_up_size: Int, gate_up_scale_bytes: Int, down_size: Int, down_scale_bytes: Int, gate_up_min_bytes: Int,
+    down_min_bytes: Int, gate_up_supers_size: Int, down_supers_size: Int, params: Ptr[DType.int32],
 ) raises:
-    """mili_moe_int4 on a CPU (params: MOE_PARAMS, tiled unused), after check_moe; an expert's mins the size of its
-    scales, or 1 (one min per scale)."""
+    """mili_moe_int4 on a CPU (params: MOE_PARAMS, tiled unused), after check_moe; each expert's scales, mins (2
+    bytes: one float16 min per scale) and multipliers (a [1, 1] placeholder unless its scales are codes)
+    `*_bytes` / `*_size` apart."""
     var block_k, top_k, inter = Int(params.unsafe_load(0)), Int(params.unsafe_load(1)), Int(params.unsafe_load(4))
     var normalize, down_block_k = params.unsafe_load(2) != 0, Int(params.unsafe_load(5))
-    _check_scale_sizes[TILE_ROWS](h, inter, block_k, down_block_k, gate_up_scale_size, down_scale_size)
-    if gate_up_min_size != 1:
-        check_same["moe"](gate_up_min_size, gate_up_scale_size, "gate_up's mins per expert", "its scales' or 1")
-    if down_min_size != 1:
-        check_same["moe"](down_min_size, down_scale_size, "down's mins per expert", "its scales' or 1")
-    var experts = _Experts[DType.uint8, False, True](gate_up, gate_up_scales, gate_up_mins, down, down_scales,
-                                                     down_mins, gate_up_size, gate_up_scale_size, down_size,
-                                                     down_scale_size, h, inter, block_k, down_block_k,
-                                                     packed_bits(2 * inter, h, gate_up_size),
-                                                     packed_bits(h, inter, down_size), gate_up_min_size,
-                                                     down_min_size)
+    _check_block[TILE_ROWS](block_k)
+    _check_block[TILE_ROWS](down_block_k)
+    var gate_up_int4 = _int4_stack["gate_up"](2 * inter, h, block_k, gate_up_size, gate_up_scale_bytes,
+                                              gate_up_min_bytes, gate_up_supers_size)
+    var down_int4 = _int4_stack["down"](h, inter, down_block_k, down_size, down_scale_bytes, down_min_bytes,
+                                        down_supers_size)
+    var experts = _Experts[DType.uint8, False, True](
+        gate_up, gate_up_scales, gate_up_mins, gate_up_supers.unsafe_bitcast[UInt8](), down, down_scales, down_mins,
+        down_supers.unsafe_bitcast[UInt8](), gate_up_size, gate_up_scale_bytes, down_size, down_scale_bytes, h, inter,
+        block_k, down_block_k, gate_up_int4, down_int4,
+    )
     moe_cpu(runner, y, x, logits, experts, t, e_count, top_k, normalize)
+
+
+def _int4_stack[what: StaticString](n: Int, k: Int, block_k: Int, size: Int, scale_bytes: Int, min_bytes: Int,
+                                    supers_size: Int) raises -> _Int4Stack:
+    """An expert's 4-bit [n, k] weight of `size` bytes, its scales' and mins' bytes and its multipliers' elements
+    checked, and the stack they make."""
+    var tiles, k_blocks = ceildiv(n, TILE_ROWS), ceildiv(k, block_k)
+    var codes = tiles * TILE_ROWS * k_blocks  # bytes of a code per row and block
+    if scale_bytes != codes and scale_bytes != 2 * codes:
+        raise Error("moe: ", what, "'s scales per expert are ", codes, " int8 codes or float16 values ([ceil(N / 32),",
+                    " ceil(K / block_k), 32]), got ", scale_bytes, " bytes")
+    if min_bytes != 2 and min_bytes != codes and min_bytes != 2 * codes:
+        raise Error("moe: ", what, "'s mins per expert are ", codes, " int8 codes or float16 values, or one float16 ",
+                    "min per scale, got ", min_bytes, " bytes")
+    var form = int4_scales["moe"](scale_bytes // k_blocks // tiles, min_bytes // k_blocks // tiles, min_bytes,
+                                  supers_size, tiles, k_blocks)
+    return _Int4Stack(packed_bits(n, k, size), form, min_bytes, supers_size * 2 if form.coded else 0)
 
 
 @register("mili_moe")
@@ -379,11 +417,13 @@ struct MoeInt4:
         x: InputTensor[dtype=a_type, rank=2, ...],
         logits: InputTensor[dtype=a_type, rank=2, ...],
         gate_up: InputTensor[dtype=DType.uint8, rank=2, ...],
-        gate_up_scales: InputTensor[dtype=DType.float16, rank=2, ...],
-        gate_up_mins: InputTensor[dtype=DType.float16, rank=2, ...],
+        gate_up_scales: InputTensor[dtype=DType.uint8, rank=2, ...],
+        gate_up_mins: InputTensor[dtype=DType.uint8, rank=2, ...],
+        gate_up_supers: InputTensor[dtype=DType.float16, rank=2, ...],
         down: InputTensor[dtype=DType.uint8, rank=2, ...],
-        down_scales: InputTensor[dtype=DType.float16, rank=2, ...],
-        down_mins: InputTensor[dtype=DType.float16, rank=2, ...],
+        down_scales: InputTensor[dtype=DType.uint8, rank=2, ...],
+        down_mins: InputTensor[dtype=DType.uint8, rank=2, ...],
+        down_supers: InputTensor[dtype=DType.float16, rank=2, ...],
         params: InputTensor[dtype=DType.int32, rank=1, ...],
         ctx: DeviceContext,
     ) raises:
@@ -395,10 +435,11 @@ struct MoeInt4:
             check_moe_params(e_count, Int(p.unsafe_load(1)), Int(p.unsafe_load(4)))
             moe_int4_cpu[a_type](
                 MojoThreads(ctx), y.unsafe_ptr(), x.unsafe_ptr(), logits.unsafe_ptr(), gate_up.unsafe_ptr(),
-                gate_up_scales.unsafe_ptr(), gate_up_mins.unsafe_ptr(), down.unsafe_ptr(), down_scales.unsafe_ptr(),
-                down_mins.unsafe_ptr(), t, h, e_count, gate_up.dim_size[1](), gate_up_scales.dim_size[1](),
-                down.dim_size[1](), down_scales.dim_size[1](), gate_up_mins.dim_size[1](), down_mins.dim_size[1](),
-                p,
+                gate_up_scales.unsafe_ptr(), gate_up_mins.unsafe_ptr(), gate_up_supers.unsafe_ptr(), down.unsafe_ptr(),
+                down_scales.unsafe_ptr(), down_mins.unsafe_ptr(), down_supers.unsafe_ptr(), t, h, e_count,
+                gate_up.dim_size[1](), gate_up_scales.dim_size[1](), down.dim_size[1](), down_scales.dim_size[1](),
+                gate_up_mins.dim_size[1](), down_mins.dim_size[1](), gate_up_supers.dim_size[1](),
+                down_supers.dim_size[1](), p,
             )
         else:
             raise Error("moe: the mixture-of-experts kernels are CPU only so far")

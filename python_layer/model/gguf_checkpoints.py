@@ -314,13 +314,15 @@ def _bits(raw: torch.Tensor, count: int) -> torch.Tensor:
 class _Blocks(NamedTuple):
     """A tensor's values as its type decodes them: q [N, blocks, block] (uint8; Q8_0's int8) and scale [N, blocks],
     w = scale * (q - zero), or where the type has mins (zero None) scale * q + low; bits: those of MILI's format for q
-    (4, 6: Int4Weight; 8: QuantizedWeight)."""
+    (4, 6: Int4Weight; 8: QuantizedWeight); codes: a K-quant's scale and min codes [N, blocks] (int8; mins None with
+    a zero) and their multipliers [N, super-blocks, 2] (float16), of which scale and low are the products."""
 
     q: torch.Tensor
     scale: torch.Tensor
     low: Optional[torch.Tensor]
     zero: Optional[int]
     bits: int
+    codes: Optional[tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]] = None
 
     def linear(self, k: int) -> LinearWeight:
         """The weight [N, K] in MILI's format of the same values (Int4Weight's mins: low, or one, -zero, per scale)."""
@@ -328,6 +330,10 @@ class _Blocks(NamedTuple):
         q = self.q.reshape(n, -1)[:, :k]
         if self.bits == 8:
             return QuantizedWeight(q.contiguous(), self.scale, block)
+        if self.codes is not None:
+            scale_codes, min_codes, multipliers = self.codes
+            return Int4Weight.coded(q, scale_codes.t(), None if min_codes is None else min_codes.t(), multipliers,
+                                    block, self.bits, self.zero)
         return Int4Weight.of(q, self.scale.t(), None if self.low is None else self.low.t(), block, self.bits,
                              self.zero)
 
@@ -391,7 +397,8 @@ def _k_quant(rows: torch.Tensor, k: int, block_bytes: int, bits: int) -> _Blocks
         high = b[..., 16:48]
         q = q | (((high[..., None, :] >> torch.arange(8, dtype=torch.uint8)[:, None]) & 1) << 4).reshape(n, -1, 32)
     scale, low = d[..., None] * sc, -(dmin[..., None] * mn)
-    return _Blocks(q, scale.reshape(n, -1), low.reshape(n, -1), None, 4 if bits == 4 else 6)
+    codes = (sc.to(torch.int8).reshape(n, -1), mn.to(torch.int8).reshape(n, -1), torch.stack([d, -dmin], dim=-1))
+    return _Blocks(q, scale.reshape(n, -1), low.reshape(n, -1), None, 4 if bits == 4 else 6, codes)
 
 
 def _q6_k(rows: torch.Tensor, k: int) -> _Blocks:
@@ -405,8 +412,9 @@ def _q6_k(rows: torch.Tensor, k: int) -> _Blocks:
     low = torch.stack(_byte_fields(ql, (0, 4), _LOW4), dim=3).reshape(n, -1, 2, 4, 32)
     high = torch.stack(_byte_fields(qh, (0, 2, 4, 6), _LOW2), dim=3)
     q = (low | (high << 4)).reshape(n, -1, 16)
-    scale = _f16(b[..., 208:210])[..., None] * b[..., 192:208].contiguous().view(torch.int8).float()
-    return _Blocks(q, scale.reshape(n, -1), None, 32, 6)
+    d, sc = _f16(b[..., 208:210]), b[..., 192:208].contiguous().view(torch.int8)
+    codes = (sc.reshape(n, -1), None, torch.stack([d, torch.zeros_like(d)], dim=-1))
+    return _Blocks(q, (d[..., None] * sc.float()).reshape(n, -1), None, 32, 6, codes)
 
 
 _DECODERS: Dict[str, Callable[[torch.Tensor, int], _Blocks]] = {

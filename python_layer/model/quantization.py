@@ -46,7 +46,8 @@ class Int4Weight(NamedTuple):
     """A linear layer's weight [N, K] as 4-bit values q (0..15; 6-bit, 0..63, for the LM head under 4-bit layers)
     packed by reference.pack_int4: w = q * scales + mins, scales and mins float16 per row and block of block_k
     columns (a multiple of 8), tiled by reference.tile_int4_scales; mins [1, 1, 1]: one min per scale for every block
-    (a zero point's, reference.block_mins)."""
+    (a zero point's, reference.SHARED_MIN_SHAPE). With supers (a GGUF file's K-quants), scales and mins (unless
+    one per scale) are int8 codes times their rows' multipliers of a super-block (reference.coded_scales)."""
 
     packed: torch.Tensor
     scales: torch.Tensor
@@ -54,6 +55,7 @@ class Int4Weight(NamedTuple):
     block_k: int
     in_features: int
     out_features: int
+    supers: Optional[torch.Tensor] = None
 
     @classmethod
     def of(cls, q: torch.Tensor, scales: torch.Tensor, mins: Optional[torch.Tensor], block_k: int, bits: int = 4,
@@ -65,6 +67,18 @@ class Int4Weight(NamedTuple):
         tile = lambda t: reference.tile_int4_scales(_half_scales(t))
         held = tile(mins) if zero is None else torch.full(reference.SHARED_MIN_SHAPE, -zero, dtype=torch.float16)
         return cls(reference.pack_int4(q, bits), tile(scales), held, block_k, k, n)
+
+    @classmethod
+    def coded(cls, q: torch.Tensor, scale_codes: torch.Tensor, min_codes: Optional[torch.Tensor],
+              multipliers: torch.Tensor, block_k: int, bits: int, zero: Optional[float] = None) -> "Int4Weight":
+        """The weight of values q [N, K], int8 scale and min codes [ceil(K / block_k), N] and each row's float16
+        multipliers of them, [N, S, 2] for S super-blocks (reference.coded_scales); zero: each block's min is -zero
+        times its scale, held as one value, and min_codes is not read (None)."""
+        n, k = q.shape
+        tile = lambda t: reference.tile_int4_scales(t.to(torch.int8))
+        held = tile(min_codes) if zero is None else torch.full(reference.SHARED_MIN_SHAPE, -zero, dtype=torch.float16)
+        return cls(reference.pack_int4(q, bits), tile(scale_codes), held, block_k, k, n,
+                   reference.tile_supers(multipliers.to(torch.float16)))
 
     @property
     def bits(self) -> int:
@@ -79,17 +93,20 @@ class Int4Weight(NamedTuple):
         """q [N, K]."""
         return reference.unpack_int4(self.packed, self.out_features, self.in_features)
 
-    def tiled_mins(self) -> torch.Tensor:
-        """The mins tiled as the scales, one per block (float16): a zero point's multiplied out."""
-        return reference.block_mins(self.scales, self.mins).to(torch.float16)
+    def plain(self) -> "Int4Weight":
+        """The weight with a float16 scale and min per block: codes and a zero point's min multiplied out (refused
+        where float16 overflows)."""
+        scales, mins = (_half_scales(t) for t in reference.int4_block_values(self.scales, self.mins, self.supers))
+        return self._replace(scales=scales, mins=mins, supers=None)
 
     def block_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """scales and mins [ceil(K / block_k), N] (float16)."""
-        return tuple(reference.untile_int4_scales(t, self.out_features) for t in (self.scales, self.tiled_mins()))
+        """scales and mins [ceil(K / block_k), N] (float16, plain())."""
+        plain = self.plain()
+        return tuple(reference.untile_int4_scales(t, self.out_features) for t in (plain.scales, plain.mins))
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return reference.dequantize_int4(self.packed, self.scales, self.mins, self.block_k, self.out_features,
-                                         self.in_features).to(dtype)
+                                         self.in_features, self.supers).to(dtype)
 
 
 LinearWeight = Union[torch.Tensor, QuantizedWeight, Int4Weight]
@@ -314,8 +331,8 @@ def stack_experts(experts: Sequence[LinearWeight],
     """The experts' weights (one format and shape) stacked along a new first dimension: a dense weight [E, ...], a
     quantized one with each of its tensors so (expert() takes one back). empty(shape, dtype): the memory of each stack
     (None: torch.empty on the experts' device)."""
-    if isinstance(experts[0], Int4Weight) and len({e.zero for e in experts}) > 1:  # a zero point's and others'
-        experts = [e._replace(mins=e.tiled_mins()) for e in experts]
+    if isinstance(experts[0], Int4Weight) and len({(e.zero, _layout(e)) for e in experts}) > 1:
+        experts = [e.plain() for e in experts]  # a zero point's and others', codes and others
     first = experts[0]
     if any(type(e) is not type(first) or _layout(e) != _layout(first) for e in experts):
         raise ValueError("cannot stack experts' weights of different formats or shapes")
@@ -349,7 +366,7 @@ def linear(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
         return reference.linear(x, weight.weight, weight.scales, weight.block_k)
     if isinstance(weight, Int4Weight):
         return reference.linear_int4(x, weight.packed, weight.scales, weight.mins, weight.block_k,
-                                     weight.out_features, library.AMX_TILES)
+                                     weight.out_features, library.AMX_TILES, weight.supers)
     if weight.dtype == x.dtype:
         return x @ weight.T
     return reference.linear(x, weight)

@@ -49,8 +49,8 @@ def _named_weights(model: "Qwen3CausalLM") -> Dict[str, LinearWeight | Embedding
 
 def graph_weights(model: "Qwen3CausalLM") -> Dict[str, torch.Tensor]:
     """The model's weights by the names the graph gives them (the same tensors: nothing is copied here); a
-    quantized weight `X` is `X` and `X.scales` (4-bit ones: their packed values, `X.scales` and `X.mins`; a quantized
-    embedding its values, `X.scales` and, where it has them, `X.mins`)."""
+    quantized weight `X` is `X` and `X.scales` (4-bit ones: their packed values, `X.scales`, `X.mins` and, where
+    they are codes, `X.supers`; a quantized embedding its values, `X.scales` and, where it has them, `X.mins`)."""
     weights = {}
     for name, tensor in _named_weights(model).items():
         if isinstance(tensor, QuantizedWeight):  # FP8 as its uint8 bits: MAX graphs refuse float8 tensors on CPU
@@ -58,9 +58,11 @@ def graph_weights(model: "Qwen3CausalLM") -> Dict[str, torch.Tensor]:
                 tensor.weight.view(torch.uint8) if tensor.weight.dtype == torch.float8_e4m3fn else tensor.weight
             )
             weights[name + ".scales"] = tensor.scales
-        elif isinstance(tensor, Int4Weight):
+        elif isinstance(tensor, Int4Weight):  # scales and mins as the bytes the kernels take
             weights[name] = tensor.packed
-            weights[name + ".scales"], weights[name + ".mins"] = tensor.scales, tensor.mins
+            weights[name + ".scales"], weights[name + ".mins"] = (t.view(torch.uint8) for t in tensor[1:3])
+            if tensor.supers is not None:
+                weights[name + ".supers"] = tensor.supers
         elif isinstance(tensor, QuantizedEmbedding):
             weights[name], weights[name + ".scales"] = tensor.values, tensor.scales
             if tensor.mins is not None:
@@ -116,6 +118,7 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
         inv_freq, rope_scale = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling)
         inv_freq = ops.constant(inv_freq.numpy(), DType.float32, dev)
         no_scales = ops.constant(np.ones((1, 1), np.float32), DType.float32, dev)
+        no_supers = lambda rank: ops.constant(np.ones((1,) * rank, np.float16), DType.float16, dev)
         int_constant = lambda value: ops.constant(np.array([value], np.int32), DType.int32, dev)
 
         def linear(x: TensorValue, name: str, n: int, bias: Optional[TensorValue] = None) -> TensorValue:
@@ -130,7 +133,8 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
                 y = ops.reshape(ops.matmul(w[name], ops.reshape(x, [k, 1])), [1, rows])
             elif name + ".mins" in w:
                 block = int_constant(blocks[name])
-                y = mili.linear_int4(x, w[name], w[name + ".scales"], w[name + ".mins"], block, n)
+                supers = w.get(name + ".supers", no_supers(4))
+                y = mili.linear_int4(x, w[name], w[name + ".scales"], w[name + ".mins"], supers, block, n)
             elif device_key == "cpu":  # MILI's kernel for every weight format
                 scales = w.get(name + ".scales", no_scales)
                 one_block = name + ".scales" in w and _one_block(scales, len(w[name].shape) == 4)
@@ -149,8 +153,9 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
                                             c.moe_intermediate_size, blocks.get(down, 0)], np.int32), DType.int32, dev)
             logits = linear(x, p + "router", c.num_experts)
             if gate_up + ".mins" in w:
-                return mili.moe_int4(x, logits, *(per_expert(n + s) for n in (gate_up, down)
-                                                   for s in ("", ".scales", ".mins")), params)
+                supers = lambda name: per_expert(name + ".supers") if name + ".supers" in w else no_supers(2)
+                return mili.moe_int4(x, logits, *(t for n in (gate_up, down) for t in (
+                    *(per_expert(n + s) for s in ("", ".scales", ".mins")), supers(n))), params)
             scales = lambda name: per_expert(name + ".scales") if name + ".scales" in w else no_scales
             return mili.moe(x, logits, per_expert(gate_up), scales(gate_up), per_expert(down), scales(down), params)
 

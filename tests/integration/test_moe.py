@@ -182,6 +182,8 @@ def test_moe_gguf_file_loads_with_no_flag(tmp_path: Path) -> None:
     first, second = engine.model.layers
     assert (first.experts_gate_up.bits, first.experts_gate_up.block_k) == (4, 32)
     assert (first.experts_down.bits, first.experts_down.block_k) == (6, 16)
+    assert first.experts_gate_up.scales.dtype == first.experts_gate_up.mins.dtype == torch.int8  # Q4_K's codes
+    assert first.experts_down.scales.dtype == torch.int8 and first.experts_down.mins.shape == (6, 1, 1, 1)  # Q6_K
     assert isinstance(second.experts_gate_up, QuantizedWeight) and second.experts_down.block_k == 32
     table = exact.model.embed_tokens  # in its Q4_K blocks, mins and all
     assert isinstance(table, QuantizedEmbedding) and table.block == 32 and table.mins is not None

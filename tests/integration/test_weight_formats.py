@@ -286,6 +286,9 @@ def test_gguf_file_loads_with_no_flag_in_its_own_formats(checkpoints_dir: Path, 
     assert (first.qkv_proj.bits, first.qkv_proj.block_k, first.gate_up_proj.bits, first.down_proj.bits) == (6, 16, 4, 6)
     assert isinstance(second.qkv_proj, torch.Tensor) and isinstance(second.down_proj, QuantizedWeight)
     assert (engine.model.lm_head.bits, engine.model.lm_head.block_k) == (6, 16)  # the tied Q6_K embedding
+    # K-quants keep their codes (Q5_K gate / up, Q6_K LM head); a mix of them with others, float16 scales and mins
+    assert second.gate_up_proj.supers is not None and engine.model.lm_head.supers is not None
+    assert first.qkv_proj.supers is None and first.gate_up_proj.supers is None
     for table in (engine.model.embed_tokens, exact.model.embed_tokens):  # in its Q6_K blocks: 1.5 bytes a value
         assert isinstance(table, QuantizedEmbedding) and table.block == 16 and table.mins is None
     # a format asked for converts every weight (as a GPU, which dequantizes them to its dtype)

@@ -216,7 +216,7 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
     packed = torch.zeros(1, 3200, dtype=torch.uint8)  # 4 bits: up to 32 rows, K 193..200
     h = lambda *shape: torch.ones(*shape, dtype=torch.float16)
     x = torch.randn(2, 200, dtype=bf16)
-    with pytest.raises(ValueError, match="scales and mins are float16 .*, got torch.float32"):
+    with pytest.raises(ValueError, match="scales and mins are float16, or int8 codes .*, got torch.float32"):
         ops.linear_int4(x, packed, torch.ones(1, 2, 32), torch.ones(1, 2, 32), 128, 8)
     with pytest.raises(ValueError, match="scales and mins are tiled \\[ceil\\(N / 32\\), blocks, 32\\]"):
         ops.linear_int4(x, packed, h(2, 8), h(2, 8), 128, 8)
@@ -229,9 +229,16 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
         ops.linear_int4(x, packed, h(1, 2, 32), h(1, 2, 32), 128, 40)
     with pytest.raises(ValueError, match="scale blocks \\(3\\) must equal ceil\\(in_features / block_k\\) \\(2\\)"):
         ops.linear_int4(x, packed, h(1, 3, 32), h(1, 3, 32), 128, 8)
-    with pytest.raises(ValueError,
-                       match="the mins' shape \\(1\\) must equal the scales' shape or \\[1, 1, 1\\] \\(2\\)"):
+    with pytest.raises(ValueError, match="min blocks \\(1\\) must equal scale blocks \\(2\\)"):
         ops.linear_int4(x, packed, h(1, 2, 32), h(1, 1, 32), 128, 8)
+    codes = torch.ones(1, 2, 32, dtype=torch.int8)
+    with pytest.raises(ValueError, match="multipliers of int8 scale codes are \\[ceil\\(N / 32\\), super-blocks "
+                                         "\\(1 to 2\\), 2, 32\\] float16 .*, got 1 values for 1 tiles"):
+        ops.linear_int4(x, packed, codes, codes, 128, 8)
+    with pytest.raises(ValueError, match="int8 scale codes take int8 min codes or one float16 min per scale, not"):
+        ops.linear_int4(x, packed, codes, h(1, 2, 32), 128, 8, h(1, 1, 2, 32))
+    with pytest.raises(ValueError, match="float16 scales take float16 mins, not int8 codes"):
+        ops.linear_int4(x, packed, h(1, 2, 32), codes, 128, 8)
     with pytest.raises(ValueError, match="packed weights are uint8"):
         ops.linear_int4(x, packed.to(torch.int8), h(1, 2, 32), h(1, 2, 32), 128, 8)
     if cpu_path == "graph":  # mili_moe's graphs compile in the model tests (test_moe.py); its checks are shared
@@ -251,7 +258,8 @@ def test_bad_inputs_are_rejected(cpu_path: str) -> None:
     with pytest.raises(ValueError, match="a 4-bit expert's block_k must be a multiple of 8, got 12"):
         ops.moe(x, logits, 2, True, 40, packed(80, 64, 32), packed(64, 40, 12), 32, 12)
     gate_up_mins_of_another_size = (*packed(80, 64, 32)[:2], torch.ones(5, 1, 1, 32, dtype=torch.float16))
-    with pytest.raises(ValueError, match="gate_up's mins per expert \\(32\\) must equal its scales' or 1 \\(192\\)"):
+    with pytest.raises(ValueError, match="gate_up's mins per expert are 192 int8 codes or float16 values, or one "
+                                         "float16 min per scale, got 64 bytes"):
         ops.moe(x, logits, 2, True, 40, gate_up_mins_of_another_size, packed(64, 40, 40), 32, 40)
 
 

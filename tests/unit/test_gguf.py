@@ -23,8 +23,8 @@ from tests.gguf_files import K_QUANT_SCALES, tensor_data, write_gguf
 GGUF_SHAPES = dict(hidden_size=256, intermediate_size=288, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=48, tie_word_embeddings=True)
 """K 256 for the K-quants' super-blocks; head_dim not hidden / heads; N not multiples of 64."""
-EXACT = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
-"""Types whose scales and mins are float16 values as stored (the K-quants' products d * sc are rounded to float16)."""
+CODED = ("Q4_K", "Q5_K", "Q6_K")
+"""The K-quants: int8 codes of scales (and mins) times a float16 per super-block, as stored."""
 FORMATS = {"Q8_0": (QuantizedWeight, 8, 32), "Q4_0": (Int4Weight, 4, 32), "Q4_1": (Int4Weight, 4, 32),
            "Q5_0": (Int4Weight, 6, 32), "Q5_1": (Int4Weight, 6, 32), "Q4_K": (Int4Weight, 4, 32),
            "Q5_K": (Int4Weight, 6, 32), "Q6_K": (Int4Weight, 6, 16)}
@@ -62,12 +62,11 @@ def test_each_type_reads_into_mili_format_with_gguf_values(tmp_path: Path, qtype
     assert (weight.bits if kind is Int4Weight else 8) == bits
     if kind is Int4Weight:  # a zero point's mins are one min per scale: no float16 per block
         assert weight.zero == {"Q4_0": 8, "Q5_0": 16, "Q6_K": 32}.get(qtype)
+        assert (weight.supers is not None) == (qtype in CODED)
+        assert weight.scales.dtype == (torch.int8 if qtype in CODED else torch.float16)
     ours, theirs = weight.dequantize(), tensors.dense(name)
     assert ours.shape == theirs.shape == (7, 512)
-    if qtype in EXACT:
-        assert torch.equal(ours, theirs)
-    else:  # float16 scales and mins: within 2^-11 of each block's largest term, twice
-        assert (ours - theirs).abs().max() <= theirs.abs().max() * 2.0**-10
+    assert torch.equal(ours, theirs)
 
 
 SYMMETRIC = ("Q8_0", "Q4_0", "Q5_0", "Q6_K")
