@@ -113,22 +113,21 @@ struct _Int4Tiles[bits: Int](ImplicitlyCopyable):
         self.super_blocks = ceildiv(self.k_blocks, form.supers) if form.coded else 1
 
     @always_inline
-    def block_scales[width: Int](self, tile: Int, kb: Int, r: Int) -> SIMD[F32, width]:
-        """The scales of `width` rows from row r of a tile's block kb."""
-        var at = self.block_at(tile, kb) + r
+    def block_scales[width: Int](self, block: Int, sup: Int, r: Int) -> SIMD[F32, width]:
+        """The scales of `width` rows from row r of the block at `block` (block_at), whose multipliers are at `sup`
+        (super_at)."""
         if self.form.coded:
-            return self._decoded[width](self.scales, at, self.super_at(tile, kb, 0) + r)
-        return ptr(self.scales).unsafe_bitcast[Float16]().unsafe_load[width=width](at).cast[F32]()
+            return self._decoded[width](self.scales, block + r, sup + r)
+        return ptr(self.scales).unsafe_bitcast[Float16]().unsafe_load[width=width](block + r).cast[F32]()
 
     @always_inline
-    def block_mins[width: Int](self, s: SIMD[F32, width], tile: Int, kb: Int, r: Int) -> SIMD[F32, width]:
-        """The mins of `width` rows from row r of a tile's block kb, whose scales are s."""
+    def block_mins[width: Int](self, s: SIMD[F32, width], block: Int, sup: Int, r: Int) -> SIMD[F32, width]:
+        """The mins of the same rows (block_scales'), whose scales are s."""
         if self.form.shared_min:
             return s * self.min_per_scale
-        var at = self.block_at(tile, kb) + r
         if self.form.coded:
-            return self._decoded[width](self.mins, at, self.super_at(tile, kb, 1) + r)
-        return ptr(self.mins).unsafe_bitcast[Float16]().unsafe_load[width=width](at).cast[F32]()
+            return self._decoded[width](self.mins, block + r, sup + TILE_ROWS + r)
+        return ptr(self.mins).unsafe_bitcast[Float16]().unsafe_load[width=width](block + r).cast[F32]()
 
     @always_inline
     def _decoded[width: Int](self, codes: Addr[DType.uint8], at: Int, super_at: Int) -> SIMD[F32, width]:
@@ -136,21 +135,19 @@ struct _Int4Tiles[bits: Int](ImplicitlyCopyable):
         return c * ptr(self.supers).unsafe_load[width=width](super_at).cast[F32]()
 
     @always_inline
-    def super_at(self, tile: Int, kb: Int, which: Int) -> Int:
-        """Where the multipliers of a tile's block kb start: `which` 0 its scales', 1 its mins'."""
-        return ((tile * self.form.supers + kb // self.super_blocks) * 2 + which) * TILE_ROWS
+    def super_at(self, tile: Int, kb: Int) -> Int:
+        """Where the multipliers of a tile's block kb start (its scales', then TILE_ROWS on its mins')."""
+        return (tile * self.form.supers + kb // self.super_blocks) * 2 * TILE_ROWS
 
     @always_inline
     def prefetch_block(self, tile: Int, kb: Int):
-        """Asks for the scales, mins and multipliers of a tile's block kb: a line each."""
+        """Asks for the scales and mins of a tile's block kb: a line each (a tile's multipliers, 128 bytes a
+        super-block of 8 or 16 blocks, stream in with it)."""
         comptime ahead = PrefetchOptions().for_read().medium_locality()
         var at = self.block_at(tile, kb) * (1 if self.form.coded else 2)
         prefetch[ahead](ptr(self.scales).unsafe_offset(at))
         if not self.form.shared_min:
             prefetch[ahead](ptr(self.mins).unsafe_offset(at))
-        if self.form.coded:
-            prefetch[ahead](ptr(self.supers).unsafe_offset(self.super_at(tile, kb, 0)))
-            prefetch[ahead](ptr(self.supers).unsafe_offset(self.super_at(tile, kb, 1)))
 
     @always_inline
     def padded_k(self) -> Int:
@@ -253,7 +250,9 @@ def _tile[a_type: DType, bits: Int, rows: Int, panel: Int, panels: Int, fetch: B
     var acc = Array[SIMD[F32, DOT_LANES], vectors * rows](fill=0)
     var next, tile_start = share, w.unsafe_offset(wt.group_at(tile, 0))
     var block_groups = wt.block_k // GROUP
+    var sup, left = wt.super_at(tile, 0), wt.super_blocks  # the block's multipliers, blocks left under them
     for kb in range(wt.k_blocks):
+        var block = wt.block_at(tile, kb)
         comptime if fetch:
             wt.prefetch_block(tile, kb + blocks_ahead)
         var dots = Array[SIMD[DType.int32, DOT_LANES], vectors * chains * rows](fill=0)
@@ -280,8 +279,8 @@ def _tile[a_type: DType, bits: Int, rows: Int, panel: Int, panels: Int, fetch: B
                         dots[d] = _dot_u4_pair(dots[d], lo[v], a0, hi[v], a1)
         comptime for v in range(vectors):
             comptime r = panel * PANEL + v * DOT_LANES
-            var s = wt.block_scales[DOT_LANES](tile, kb, r)
-            var mn = wt.block_mins[DOT_LANES](s, tile, kb, r)
+            var s = wt.block_scales[DOT_LANES](block, sup, r)
+            var mn = wt.block_mins[DOT_LANES](s, block, sup, r)
             comptime for i in range(rows):
                 comptime d = (i * vectors + v) * chains
                 var dot = dots[d]
@@ -290,6 +289,9 @@ def _tile[a_type: DType, bits: Int, rows: Int, panel: Int, panels: Int, fetch: B
                 var sx = xq.scale(m0 + i, kb)
                 acc[i * vectors + v] = dot.cast[F32]().fma(s * sx, acc[i * vectors + v])
                 acc[i * vectors + v] = mn.fma(sx * Float32(xq.sum(m0 + i, kb)), acc[i * vectors + v])
+        left -= 1
+        if left == 0:
+            sup, left = sup + 2 * TILE_ROWS, wt.super_blocks
     comptime for p in range(panels):
         var part = Array[SIMD[F32, DOT_LANES], 2 * rows](fill=0)
         comptime for i in range(rows):
@@ -352,21 +354,27 @@ struct _AmxInt4Tiles[a_type: DType, bits: Int](ChunkTask):
         comptime assert TILE_ROWS == PANEL and S == 4 * AMX_ROWS, "a tile is one pair panel, 16 rows a vector"
         var buffer = List[UInt32](length=self.kp // 2 * TILE_ROWS, fill=0)  # pairs past the groups stay 0
         var panel = list_ptr(buffer)
-        for g in range(self.wt.groups):
-            var at, kb = self.wt.group_at(item, g), g * GROUP // self.wt.block_k
+        var block_groups = self.wt.block_k // GROUP
+        for kb in range(self.wt.k_blocks):
+            var block, sup = self.wt.block_at(item, kb), self.wt.super_at(item, kb)
+            var s2 = Array[SIMD[F32, 2 * AMX_ROWS], 2](fill=0)  # each 16 rows' scales and mins, lane 2r + j row r's
+            var m2 = Array[SIMD[F32, 2 * AMX_ROWS], 2](fill=0)
             comptime for v in range(2):
-                var s = self.wt.block_scales[AMX_ROWS](item, kb, v * AMX_ROWS)
-                var mn = self.wt.block_mins[AMX_ROWS](s, item, kb, v * AMX_ROWS)
-                var s2, m2 = s.interleave(s), mn.interleave(mn)  # lane 2r + j: row r's
-                var lo, hi = self.wt.values[v](at)
-                comptime for h in range(2):
-                    # byte 4r + c of a quad vector: column 4h + c of row r; as words, columns 4h + 2p + j of row r
-                    var pairs = bitcast[DType.uint16, 2 * AMX_ROWS](lo if h == 0 else hi).deinterleave()
-                    comptime for p in range(2):
-                        var q = bitcast[DType.uint8, 2 * AMX_ROWS](pairs[p]).cast[F32]()
-                        var w = q.fma(s2, m2).cast[DType.bfloat16]()
-                        panel.unsafe_store((4 * g + 2 * h + p) * TILE_ROWS + v * AMX_ROWS,
-                                           bitcast[DType.uint32, AMX_ROWS](w))
+                var s = self.wt.block_scales[AMX_ROWS](block, sup, v * AMX_ROWS)
+                var mn = self.wt.block_mins[AMX_ROWS](s, block, sup, v * AMX_ROWS)
+                s2[v], m2[v] = s.interleave(s), mn.interleave(mn)
+            for g in range(kb * block_groups, min(self.wt.groups, (kb + 1) * block_groups)):
+                var at = self.wt.group_at(item, g)
+                comptime for v in range(2):
+                    var lo, hi = self.wt.values[v](at)
+                    comptime for h in range(2):
+                        # byte 4r + c of a quad vector: column 4h + c of row r; as words, columns 4h + 2p + j of row r
+                        var pairs = bitcast[DType.uint16, 2 * AMX_ROWS](lo if h == 0 else hi).deinterleave()
+                        comptime for p in range(2):
+                            var q = bitcast[DType.uint8, 2 * AMX_ROWS](pairs[p]).cast[F32]()
+                            var w = q.fma(s2[v], m2[v]).cast[DType.bfloat16]()
+                            panel.unsafe_store((4 * g + 2 * h + p) * TILE_ROWS + v * AMX_ROWS,
+                                               bitcast[DType.uint32, AMX_ROWS](w))
         amx_pair_panels[Self.a_type, False](ptr(self.y), ptr(self.xb), panel, 1, self.m, self.kp, item * TILE_ROWS,
                                             self.wt.n)
         _ = buffer^
