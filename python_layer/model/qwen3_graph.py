@@ -133,7 +133,7 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
                 y = ops.reshape(ops.matmul(w[name], ops.reshape(x, [k, 1])), [1, rows])
             elif name + ".mins" in w:
                 block = int_constant(blocks[name])
-                supers = w.get(name + ".supers", no_supers(4))
+                supers = w[name + ".supers"] if name + ".supers" in w else no_supers(4)
                 y = mili.linear_int4(x, w[name], w[name + ".scales"], w[name + ".mins"], supers, block, n)
             elif device_key == "cpu":  # MILI's kernel for every weight format
                 scales = w.get(name + ".scales", no_scales)
