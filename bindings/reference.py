@@ -508,8 +508,6 @@ def untile_int4_scales(t: torch.Tensor, n: int) -> torch.Tensor:
 SHARED_MIN_SHAPE = (1, 1, 1)
 """A 4-bit weight's mins as one value z, each block's min z times its scale (a zero point's -zero): the kernels read
 no mins."""
-NO_SUPERS = (1, 1, 1, 1)
-"""The shape of the multipliers' placeholder of a 4-bit weight whose scales are float16 (coded_scales)."""
 
 
 def coded_scales(codes: torch.Tensor, supers: torch.Tensor, which: int) -> torch.Tensor:

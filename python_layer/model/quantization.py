@@ -61,11 +61,11 @@ class Int4Weight(NamedTuple):
     def of(cls, q: torch.Tensor, scales: torch.Tensor, mins: Optional[torch.Tensor], block_k: int, bits: int = 4,
            zero: Optional[float] = None) -> "Int4Weight":
         """The weight of values q [N, K] and scales and mins [ceil(K / block_k), N] (refused where float16
-        overflows); zero: each block's min is -zero times its scale, held as one value (reference.block_mins), and
-        mins is not read (None)."""
+        overflows); zero: each block's min is -zero times its scale, held as one value (_zero_point_min), and mins
+        is not read (None)."""
         n, k = q.shape
         tile = lambda t: reference.tile_int4_scales(_half_scales(t))
-        held = tile(mins) if zero is None else torch.full(reference.SHARED_MIN_SHAPE, -zero, dtype=torch.float16)
+        held = tile(mins) if zero is None else _zero_point_min(zero)
         return cls(reference.pack_int4(q, bits), tile(scales), held, block_k, k, n)
 
     @classmethod
@@ -76,7 +76,7 @@ class Int4Weight(NamedTuple):
         times its scale, held as one value, and min_codes is not read (None)."""
         n, k = q.shape
         tile = lambda t: reference.tile_int4_scales(t.to(torch.int8))
-        held = tile(min_codes) if zero is None else torch.full(reference.SHARED_MIN_SHAPE, -zero, dtype=torch.float16)
+        held = tile(min_codes) if zero is None else _zero_point_min(zero)
         return cls(reference.pack_int4(q, bits), tile(scale_codes), held, block_k, k, n,
                    reference.tile_supers(multipliers.to(torch.float16)))
 
@@ -107,6 +107,11 @@ class Int4Weight(NamedTuple):
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return reference.dequantize_int4(self.packed, self.scales, self.mins, self.block_k, self.out_features,
                                          self.in_features, self.supers).to(dtype)
+
+
+def _zero_point_min(zero: float) -> torch.Tensor:
+    """A zero point's mins, each block's -zero times its scale, held as one value (reference.SHARED_MIN_SHAPE)."""
+    return torch.full(reference.SHARED_MIN_SHAPE, -zero, dtype=torch.float16)
 
 
 LinearWeight = Union[torch.Tensor, QuantizedWeight, Int4Weight]
