@@ -74,7 +74,8 @@ if [ "$missing" = 1 ]; then
     cmake --build "$WORK/build" --config Release -j "${CMAKE_BUILD_PARALLEL_LEVEL:-2}" --target $TOOLS >/dev/null
 fi
 "$BIN/llama-bench" --help >/dev/null
-PYTHONPATH="$SITE" "$PY" -c 'import gguf' 2>/dev/null || \
+# the project's venv has its own gguf (MILI reads GGUF files): the converter gets the vendored one, put first
+[ -d "$SITE/gguf" ] && PYTHONPATH="$SITE" "$PY" -c 'import sentencepiece' 2>/dev/null || \
     "$PY" -m pip install --no-deps --target "$SITE" --upgrade "sentencepiece>=0.1.98,<0.3.0" "$LLAMA_CPP/gguf-py" >/dev/null
 
 # 3. the GGUFs, written by llama.cpp's converter (it reads config.json, the safetensors and the tokenizer files)
