@@ -25,7 +25,7 @@ from ...utils.types import list_ptr, dot_bf16, narrow, widen, zero_f32, BF16_DOT
 from ...utils.parallel import fork_join
 from ..linear_amx import AMX_BLOCK, AMX_ROWS, configure_tiles, release_tiles, use_amx
 from .cpu_amx import amx_head_block, amx_stage_keys, amx_stage_q, amx_state_back, transpose_block, AmxScratch
-from .cpu_softmax import block_weights, softmax_block, KEY_BLOCK, MASKED
+from .cpu_softmax import block_weights, register_weights, softmax_block, KEY_BLOCK, MASKED
 
 comptime QUERY_TILE = 32
 """Queries of one sequence that share each loaded key and value row."""
@@ -393,10 +393,10 @@ def _rows_block[R: Int](buf: Ptr[F32], rows: IndexList[R], j0: Int, n_keys: Int,
             scores[r] += k * buf.unsafe_load(rows[r] * head_dim + x)
     var keep = Array[Float32, R](fill=1)
     comptime for r in range(R):
-        var p = s_off + rows[r] * KEY_BLOCK
-        buf.unsafe_store(p, scores[r])
-        keep[r] = block_weights(buf, p, j0, n_keys, Int(buf.unsafe_load(last_off + rows[r])), m_off + rows[r],
-                                l_off + rows[r])
+        var p, kept = register_weights(scores[r], j0, n_keys, Int(buf.unsafe_load(last_off + rows[r])), buf,
+                                       m_off + rows[r], l_off + rows[r])
+        buf.unsafe_store(s_off + rows[r] * KEY_BLOCK, p)
+        keep[r] = kept
     for x in range(0, head_dim, VALUE_WIDTH):
         var acc = Array[SIMD[F32, VALUE_WIDTH], R](fill=0)
         comptime for r in range(R):
@@ -485,12 +485,14 @@ def _pair_rows[R: Int](buf: Ptr[F32], rows: IndexList[R], j0: Int, n_keys: Int, 
                 scores[r * KV + v] = dot_bf16(scores[r * KV + v], q, k[v])
     var keep = Array[Float32, R](fill=1)
     comptime for r in range(R):
-        var p = s_off + rows[r] * KEY_BLOCK
+        var row = SIMD[F32, KEY_BLOCK](0)
         comptime for v in range(KV):
-            buf.unsafe_store(p + v * F32_WIDTH, scores[r * KV + v])
-        keep[r] = block_weights(buf, p, j0, n_keys, Int(buf.unsafe_load(last_off + rows[r])), m_off + rows[r],
-                                 l_off + rows[r])
-        _to_pairs(buf, p, KEY_BLOCK)
+            row = row.insert[offset=v * F32_WIDTH](scores[r * KV + v])
+        var p, kept = register_weights(row, j0, n_keys, Int(buf.unsafe_load(last_off + rows[r])), buf,
+                                       m_off + rows[r], l_off + rows[r])
+        var pairs = narrow[DType.bfloat16, KEY_BLOCK](p)  # the value step's weights, as _to_pairs leaves them
+        words.unsafe_store(s_off + rows[r] * KEY_BLOCK, bitcast[DType.uint32, KEY_BLOCK // 2](pairs))
+        keep[r] = kept
     for x in range(0, head_dim, VALUE_WIDTH):
         var acc = Array[SIMD[F32, F32_WIDTH], 2 * R](fill=0)
         comptime for r in range(R):

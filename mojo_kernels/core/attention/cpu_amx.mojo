@@ -143,28 +143,42 @@ def amx_state_back(buf: Ptr[F32], sc: AmxScratch, kv_rows: Ptr[DType.int64], per
 def _softmax_lanes(buf: Ptr[F32], sc: AmxScratch, state: Int, col: Int, j0: Int, n_keys: Int) -> Bool:
     """The online softmax of the block's scores for F32_WIDTH rows (column col of the [keys, rows] scores, their
     state at `state`): scores of keys a row does not see (past its last, past n_keys) weigh 0. Leaves the weights
-    in place of the scores and the rows' rescale factors at keep[col]; returns whether one is not 1."""
-    var m_old = buf.unsafe_load[width=F32_WIDTH](sc.m + state)
-    var last = buf.unsafe_load[width=F32_WIDTH](sc.last + state)
-    var block_max = SIMD[F32, F32_WIDTH](MASKED)
-    for jj in range(n_keys):
-        var at = sc.s + jj * AMX_BLOCK + col
-        var s = last.ge(Float32(j0 + jj)).select(buf.unsafe_load[width=F32_WIDTH](at), SIMD[F32, F32_WIDTH](MASKED))
-        buf.unsafe_store(at, s)
-        block_max = max(block_max, s)
+    in place of the scores and the rows' rescale factors at keep[col]; returns whether one is not 1. A block that
+    every row sees whole (all but the causal diagonal's) skips the masks; the scores are read, never rewritten
+    before the weights (a masked store read back stalls the load: Qwen3-0.6B's heads, one prompt of 512 (2,048)
+    tokens, Intel Xeon VM, alternated runs, 2.42 -> 2.27 ms a layer (25.8 -> 24.8))."""
+    comptime W = F32_WIDTH
+    var m_old = buf.unsafe_load[width=W](sc.m + state)
+    var last = buf.unsafe_load[width=W](sc.last + state)
+    var maxima = Array[SIMD[F32, W], 4](fill=SIMD[F32, W](MASKED))
+    var whole = n_keys == KEY_BLOCK and last.reduce_min() >= Float32(j0 + KEY_BLOCK - 1)
+    if whole:
+        comptime for jj in range(KEY_BLOCK):
+            maxima[jj % 4] = max(maxima[jj % 4], buf.unsafe_load[width=W](sc.s + jj * AMX_BLOCK + col))
+    else:
+        for jj in range(n_keys):
+            var s = buf.unsafe_load[width=W](sc.s + jj * AMX_BLOCK + col)
+            maxima[jj % 4] = max(maxima[jj % 4], last.ge(Float32(j0 + jj)).select(s, SIMD[F32, W](MASKED)))
+    var block_max = max(max(maxima[0], maxima[1]), max(maxima[2], maxima[3]))
     var m_new = block_max.gt(m_old + MAX_SLACK).select(block_max, m_old)
-    var total = SIMD[F32, F32_WIDTH](0)
-    for jj in range(KEY_BLOCK):
-        var at = sc.s + jj * AMX_BLOCK + col
-        var p = SIMD[F32, F32_WIDTH](0)
-        if jj < n_keys:
-            var s = buf.unsafe_load[width=F32_WIDTH](at)
-            p = s.gt(MASKED).select(exp(s - m_new), SIMD[F32, F32_WIDTH](0))
-        buf.unsafe_store(at, p)
-        total += p
+    var totals = Array[SIMD[F32, W], 2](fill=0)
+    if whole:
+        comptime for jj in range(KEY_BLOCK):
+            var at = sc.s + jj * AMX_BLOCK + col
+            var p = exp(buf.unsafe_load[width=W](at) - m_new)
+            buf.unsafe_store(at, p)
+            totals[jj % 2] += p
+    else:
+        for jj in range(KEY_BLOCK):
+            var at = sc.s + jj * AMX_BLOCK + col
+            var p = SIMD[F32, W](0)
+            if jj < n_keys:
+                p = last.ge(Float32(j0 + jj)).select(exp(buf.unsafe_load[width=W](at) - m_new), SIMD[F32, W](0))
+            buf.unsafe_store(at, p)
+            totals[jj % 2] += p
     var keep = exp(m_old - m_new)
     buf.unsafe_store(sc.m + state, m_new)
-    buf.unsafe_store(sc.l + state, buf.unsafe_load[width=F32_WIDTH](sc.l + state) * keep + total)
+    buf.unsafe_store(sc.l + state, buf.unsafe_load[width=W](sc.l + state) * keep + totals[0] + totals[1])
     buf.unsafe_store(sc.keep + col, keep)
     return m_new.ne(m_old).reduce_or()
 

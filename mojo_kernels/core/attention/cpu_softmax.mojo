@@ -1,5 +1,5 @@
 # The online softmax of the CPU attention (cpu.mojo, cpu_amx.mojo) over one key block's scores of a row.
-from std.math import exp
+from std.math import exp, iota
 
 from ...utils.types import F32, F32_WIDTH, Ptr
 
@@ -53,3 +53,25 @@ def block_weights(buf: Ptr[F32], s_off: Int, j0: Int, n_keys: Int, last: Int, m_
     for jj in range(min(n_keys, last - j0 + 1), KEY_BLOCK):
         buf.unsafe_store(s_off + jj, MASKED)
     return softmax_block(buf, s_off, KEY_BLOCK, m_at, l_at)
+
+
+@always_inline
+def register_weights(s: SIMD[F32, KEY_BLOCK], j0: Int, n_keys: Int, last: Int, buf: Ptr[F32], m_at: Int,
+                     l_at: Int) -> Tuple[SIMD[F32, KEY_BLOCK], Float32]:
+    """block_weights on a row's scores held in registers: its weights (0 for keys it does not see) and its
+    accumulator's rescale factor, nothing stored but the running max and sum. Storing the scores, masking them by
+    scalar stores and reading them back twice took, over one prompt of 512 tokens at Qwen3-0.6B's heads on an Intel
+    Xeon VM (alternated runs), 1.05x the time of the staged float32 tiles and 1.04x that of the bfloat16 pairs."""
+    var visible = min(n_keys, last - j0 + 1)
+    if visible <= 0:
+        return (SIMD[F32, KEY_BLOCK](0), Float32(1))
+    var masked = s
+    if visible < KEY_BLOCK:
+        masked = iota[F32, KEY_BLOCK]().lt(Float32(visible)).select(s, SIMD[F32, KEY_BLOCK](MASKED))
+    var m_old = buf.unsafe_load(m_at)
+    var m_new = max(m_old, masked.reduce_max())
+    var p = exp(masked - m_new)
+    var keep = exp(m_old - m_new)
+    buf.unsafe_store(m_at, m_new)
+    buf.unsafe_store(l_at, buf.unsafe_load(l_at) * keep + p.reduce_add())
+    return (p, keep)
