@@ -59,9 +59,9 @@ def block_weights(buf: Ptr[F32], s_off: Int, j0: Int, n_keys: Int, last: Int, m_
 def register_weights(s: SIMD[F32, KEY_BLOCK], j0: Int, n_keys: Int, last: Int, buf: Ptr[F32], m_at: Int,
                      l_at: Int) -> Tuple[SIMD[F32, KEY_BLOCK], Float32]:
     """block_weights on a row's scores held in registers: its weights (0 for keys it does not see) and its
-    accumulator's rescale factor, nothing stored but the running max and sum. Storing the scores, masking them by
-    scalar stores and reading them back twice took, over one prompt of 512 tokens at Qwen3-0.6B's heads on an Intel
-    Xeon VM (alternated runs), 1.05x the time of the staged float32 tiles and 1.04x that of the bfloat16 pairs."""
+    accumulator's rescale factor, nothing stored but the running max and sum: no scores stored, masked by scalar
+    stores and read back twice. On an Intel Xeon VM, whose products bound these tiles, both took the same time (one
+    prompt of 512 tokens at Qwen3-0.6B's heads: float32 tiles, and the bfloat16 pairs built for Zen 4)."""
     var visible = min(n_keys, last - j0 + 1)
     if visible <= 0:
         return (SIMD[F32, KEY_BLOCK](0), Float32(1))
