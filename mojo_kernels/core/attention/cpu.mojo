@@ -25,7 +25,7 @@ from ...utils.types import list_ptr, dot_bf16, narrow, widen, zero_f32, BF16_DOT
 from ...utils.parallel import fork_join
 from ..linear_amx import AMX_BLOCK, AMX_ROWS, configure_tiles, release_tiles, use_amx
 from .cpu_amx import amx_head_block, amx_stage_keys, amx_stage_q, amx_state_back, transpose_block, AmxScratch
-from .cpu_softmax import block_weights, register_weights, softmax_block, KEY_BLOCK, MASKED
+from .cpu_softmax import register_weights, softmax_block, KEY_BLOCK, MASKED
 
 comptime QUERY_TILE = 32
 """Queries of one sequence that share each loaded key and value row."""
@@ -355,12 +355,12 @@ def _stage_head[dtype: DType](
 
 
 @always_inline
-def _block_scores(buf: Ptr[F32], q_off: Int, kt_off: Int, s_off: Int, head_dim: Int):
-    """s[0:KEY_BLOCK] = q . K[j] for the staged, transposed keys: no horizontal sums."""
+def _block_scores(buf: Ptr[F32], q_off: Int, kt_off: Int, head_dim: Int) -> SIMD[F32, KEY_BLOCK]:
+    """q . K[j] for the block's staged, transposed keys: no horizontal sums."""
     var acc = SIMD[F32, KEY_BLOCK](0)  # a wide vector: the compiler splits it into native registers
     for x in range(head_dim):
         acc += buf.unsafe_load[width=KEY_BLOCK](kt_off + x * KEY_BLOCK) * buf.unsafe_load(q_off + x)
-    buf.unsafe_store(s_off, acc)
+    return acc
 
 
 @always_inline
@@ -689,8 +689,9 @@ def attention_cpu[dtype: DType, cache_type: DType](
                             var last = Int(buf.unsafe_load(last_off + r))
                             if j0 > last:  # no visible key in this block
                                 continue
-                            _block_scores(buf, r * head_dim, kt_off, s_off + r * KEY_BLOCK, head_dim)
-                            var keep = block_weights(buf, s_off + r * KEY_BLOCK, j0, n_keys, last, m_off + r, l_off + r)
+                            var p, keep = register_weights(_block_scores(buf, r * head_dim, kt_off, head_dim), j0,
+                                                           n_keys, last, buf, m_off + r, l_off + r)
+                            buf.unsafe_store(s_off + r * KEY_BLOCK, p)
                             _block_values(buf, acc_off + r * head_dim, keep, s_off + r * KEY_BLOCK, vb_off, head_dim)
             else:
                 var group_rows = n_queries * group

@@ -42,26 +42,13 @@ def softmax_block(s: Ptr[F32], s_off: Int, n: Int, m_at: Int, l_at: Int) -> Floa
 
 
 @always_inline
-def block_weights(buf: Ptr[F32], s_off: Int, j0: Int, n_keys: Int, last: Int, m_at: Int, l_at: Int) -> Float32:
-    """Masks the block's scores past the row's last visible key (and past the block's n_keys), turns them into
-    softmax weights and returns the accumulator's rescale factor. A row that sees no key of the block gets
-    weights 0 and keeps its accumulator."""
-    if j0 > last:
-        for jj in range(KEY_BLOCK):
-            buf.unsafe_store(s_off + jj, 0)
-        return 1
-    for jj in range(min(n_keys, last - j0 + 1), KEY_BLOCK):
-        buf.unsafe_store(s_off + jj, MASKED)
-    return softmax_block(buf, s_off, KEY_BLOCK, m_at, l_at)
-
-
-@always_inline
 def register_weights(s: SIMD[F32, KEY_BLOCK], j0: Int, n_keys: Int, last: Int, buf: Ptr[F32], m_at: Int,
                      l_at: Int) -> Tuple[SIMD[F32, KEY_BLOCK], Float32]:
-    """block_weights on a row's scores held in registers: its weights (0 for keys it does not see) and its
-    accumulator's rescale factor, nothing stored but the running max and sum: no scores stored, masked by scalar
-    stores and read back twice. On an Intel Xeon VM, whose products bound these tiles, both took the same time (one
-    prompt of 512 tokens at Qwen3-0.6B's heads: float32 tiles, and the bfloat16 pairs built for Zen 4)."""
+    """A staged block's softmax for one row, on its scores held in registers: its weights (0 for keys past its last
+    visible one and past n_keys; all 0 if it sees none) and its accumulator's rescale factor (1 then). Nothing is
+    stored but the running max and sum: no scores masked by scalar stores and read back twice. On an Intel Xeon VM,
+    whose products bound these tiles, both took the same time (one prompt of 512 tokens at Qwen3-0.6B's heads:
+    float32 tiles, and the bfloat16 pairs built for Zen 4)."""
     var visible = min(n_keys, last - j0 + 1)
     if visible <= 0:
         return (SIMD[F32, KEY_BLOCK](0), Float32(1))
