@@ -90,14 +90,17 @@ def relu(x: TensorValue) -> TensorValue:
     return _elementwise("mili_relu", x)
 
 
-def linear(x: TensorValue, weight: TensorValue, scales: TensorValue, block_k: Union[int, TensorValue]) -> TensorValue:
+def linear(x: TensorValue, weight: TensorValue, scales: TensorValue, block_k: Union[int, TensorValue],
+           swiglu: bool = False) -> TensorValue:
     """x [M, K] @ dequantize(weight)[N, K]^T (reference.linear); scales are read for float8_e4m3fn / int8 weights only.
-    A 4-d weight is tiled (reference.tile_weight, CPU only)."""
+    A 4-d weight is tiled (reference.tile_weight, CPU only). swiglu: silu_and_mul of the product (gate's rows, then
+    up's), in the same op where the weight is tiled."""
     if not isinstance(block_k, TensorValue):
         block_k = ops.constant(np.array([block_k], dtype=np.int32), DType.int32, x.device)
     if weight.rank == 4:
-        return linear_tiled(x, weight, scales, block_k)
-    return _custom("mili_linear", x, [x, weight, scales, block_k], [[x.shape[0], weight.shape[0]]])[0]
+        return linear_tiled(x, weight, scales, block_k, swiglu)
+    y = _custom("mili_linear", x, [x, weight, scales, block_k], [[x.shape[0], weight.shape[0]]])[0]
+    return silu_and_mul(y) if swiglu else y
 
 
 def linear_int4(x: TensorValue, packed: TensorValue, scales: TensorValue, mins: TensorValue, supers: TensorValue,
@@ -126,12 +129,18 @@ def moe_int4(x: TensorValue, logits: TensorValue, gate_up: TensorValue, gate_up_
     return _custom("mili_moe_int4", x, args, [x.shape])[0]
 
 
-def linear_tiled(x: TensorValue, tiles: TensorValue, scales: TensorValue, block_k: TensorValue) -> TensorValue:
+def linear_tiled(x: TensorValue, tiles: TensorValue, scales: TensorValue, block_k: TensorValue,
+                 swiglu: bool = False) -> TensorValue:
     """x [M, K] @ dequantize(reference.untile_weight(tiles))^T: tiles [N / R, K / C, R, C], float32, bfloat16 or
-    int8 (with scales [K / block_k, N]: reference.tile_scales), on a CPU."""
-    return _custom(
-        "mili_linear_tiled", x, [x, tiles, scales, block_k], [[x.shape[0], tiles.shape[0] * tiles.shape[2]]]
-    )[0]
+    int8 (with scales [K / block_k, N]: reference.tile_scales), on a CPU. swiglu: silu_and_mul of it [M, N / 2], which
+    the op tells by its output's half width."""
+    n = tiles.shape[0] * tiles.shape[2]
+    return _custom("mili_linear_tiled", x, [x, tiles, scales, block_k], [[x.shape[0], n // 2 if swiglu else n]])[0]
+
+
+def linear_tiled_swiglu(x: TensorValue, tiles: TensorValue, scales: TensorValue, block_k: TensorValue) -> TensorValue:
+    """linear_tiled(..., swiglu=True): bindings.ops' op of its own."""
+    return linear_tiled(x, tiles, scales, block_k, swiglu=True)
 
 
 def store_kv(

@@ -448,15 +448,15 @@ def _block_k_on(block_k: int, device: torch.device) -> torch.Tensor:
     return torch.tensor([block_k], dtype=torch.int32, device=device)
 
 
-_LINEAR_TILED = {
+_LINEAR_TILED, _LINEAR_TILED_SWIGLU = ({
     w: CompiledOp(
-        graph.linear_tiled,
+        fn,
         [T(SAME, "M", "N")],
         [T(SAME, "M", "K"), T(torch_dtype_to_max(w), "NT", "KT", "R", "C"), T(F32, "SN", "KB"), T(I32, 1)],
         variant="_" + str(w).split(".")[-1],
     )
     for w in TILED_DTYPES
-}
+} for fn in (graph.linear_tiled, graph.linear_tiled_swiglu))
 
 
 _LINEAR_INT4 = CompiledOp(
@@ -558,12 +558,13 @@ def moe(x: torch.Tensor, logits: torch.Tensor, top_k: int, normalize: bool, inte
 
 
 def linear(
-    x: torch.Tensor, weight: torch.Tensor, scales: Optional[torch.Tensor] = None, block_k: int = 0
+    x: torch.Tensor, weight: torch.Tensor, scales: Optional[torch.Tensor] = None, block_k: int = 0,
+    swiglu: bool = False,
 ) -> torch.Tensor:
     """x [M, K] @ dequantize(weight)[N, K]^T (reference.linear): float32 / bfloat16 weights as they are,
     float8_e4m3fn / int8 weights with scales [N, ceil(K / block_k)]; a 4-d float32 / bfloat16 / int8 weight is
     tiled (reference.tile_weight; an int8 one's scales [ceil(K / block_k), N], reference.tile_scales), on a CPU
-    only."""
+    only. swiglu: silu_and_mul of the product [M, N / 2], in the same op where the weight is tiled."""
     tiled = weight.dim() == 4
     if tiled and (weight.dtype not in TILED_DTYPES or not x.is_cpu):
         raise ValueError(
@@ -582,11 +583,14 @@ def linear(
                              + (" (reference.tile_scales makes them)" if tiled else ""))
     else:
         scales = _scalar_on(1.0, x.device).view(1, 1)
-    y = x.new_empty((x.shape[0], n))
+    if swiglu and n % 2:
+        raise ValueError(f"linear: swiglu needs an even number of weight rows [gate | up], got {n}")
+    fused = swiglu and tiled
+    y = x.new_empty((x.shape[0], n // 2 if fused else n))
     bits = _BITS.get(weight.dtype, weight.dtype)
-    (_LINEAR_TILED if tiled else _LINEAR)[bits](y, _c(x), _c(weight).view(bits), _c(scales.float()),
-                                                _block_k_on(int(block_k), x.device))
-    return y
+    op = (_LINEAR_TILED_SWIGLU if fused else _LINEAR_TILED) if tiled else _LINEAR
+    op[bits](y, _c(x), _c(weight).view(bits), _c(scales.float()), _block_k_on(int(block_k), x.device))
+    return silu_and_mul(y) if swiglu and not fused else y
 
 
 def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -417,15 +417,18 @@ def untile_weight(tiles: torch.Tensor) -> torch.Tensor:
 
 
 def linear(
-    x: torch.Tensor, weight: torch.Tensor, scales: Optional[torch.Tensor] = None, block_k: int = 0
+    x: torch.Tensor, weight: torch.Tensor, scales: Optional[torch.Tensor] = None, block_k: int = 0,
+    swiglu: bool = False,
 ) -> torch.Tensor:
     """effective_x(x) [M, K] @ dequantize(weight)[N, K]^T in float32, in x's dtype; a 4-d weight is tiled
-    (tile_weight; an int8 one's scales by tile_scales)."""
+    (tile_weight; an int8 one's scales by tile_scales). swiglu: silu_and_mul of that [M, N / 2] (gate's rows of the
+    weight first, then up's)."""
     if weight.dim() == 4:
         if weight.dtype == torch.int8:
             scales = scales.t()
         weight = untile_weight(weight)
-    return torch.matmul(effective_x(x, weight, block_k), dequantize(weight, scales, block_k).t()).to(x.dtype)
+    y = torch.matmul(effective_x(x, weight, block_k), dequantize(weight, scales, block_k).t()).to(x.dtype)
+    return silu_and_mul(y) if swiglu else y
 
 
 INT4_TILE_ROWS, INT4_GROUP = 32, 8

@@ -346,6 +346,34 @@ def run_linear_pair_panels(ops, device: str, dtype: torch.dtype, case: tuple) ->
     _assert_linear_matches(ops.linear(x, panels), ref.linear(x, weight), dtype)
 
 
+SWIGLU_SHAPES = [(1, 64, 64), (7, 96, 128), (16, 128, 64), (64, 320, 192), (33, 1024, 64), (130, 608, 320),
+                 (5, 64, 96), (70, 128, 40)]
+"""(M, K, N) of a [gate | up] weight of N rows: N / 2 a multiple of 32 (pair panels combine gate's and up's sums as
+they store them; on AMX tiles from 64 rows in chunks of the columns) and not (the product computed first), serial and
+parallel, a partial block of rows."""
+SWIGLU_LAYOUTS = [(torch.bfloat16, "pairs"), (torch.bfloat16, "tiles"), (torch.float32, "tiles"), (torch.int8, "tiles"),
+                  (torch.bfloat16, "dense"), (torch.float8_e4m3fn, "dense")]
+
+
+def run_linear_swiglu(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
+    """linear(..., swiglu=True), silu_and_mul of the product in the op itself where the weight is tiled: exactly the
+    two ops in turn, and the reference's; pair panels (AVX-512 only) where N / 2 is a multiple of 32 fuse them."""
+    (m, k, n), weight_dtype, layout = case
+    x = torch.randn(m, k, device=device).to(dtype)
+    weight, scales, block_k = linear_weight(n, k, weight_dtype, device, 64)
+    if layout != "dense":
+        weight = ref.tile_weight(weight, pairs=layout == "pairs")
+        scales = ref.tile_scales(scales) if weight_dtype == torch.int8 else scales
+    if layout == "pairs" and library.eager_cpu_module().float32_lanes() < 16:
+        with pytest.raises(ValueError, match="bfloat16 pair panels need AVX-512"):
+            ops.linear(x, weight, swiglu=True)
+        return
+    ours = ops.linear(x, weight, scales, block_k, swiglu=True)
+    assert ours.shape == (m, n // 2)
+    assert torch.equal(ours, ops.silu_and_mul(ops.linear(x, weight, scales, block_k)))
+    _assert_linear_matches(ours, ref.linear(x, weight, scales, block_k, swiglu=True), dtype)
+
+
 PAIR_PANEL_SHAPES = [(1, 64, 32), (7, 70, 96), (16, 128, 64), (33, 96, 32), (64, 302, 64), (5, 1024, 32),
                      (40, 800, 160), (70, 800, 160), (81, 608, 96)]
 """(M, K, N): one row to three blocks of 32, a last block of up to 16 rows or more; K whole AMX tile rows or not (70,
@@ -503,6 +531,10 @@ def kernel_cases() -> list:
                                id=f"linear_tiled-{d}-int8-{s}-blocks_of_{b}") for s, b in I8_TILED_BLOCKS]
         cases += [pytest.param(run_linear_pair_panels, dtype, s, id=f"linear_pair_panels-{d}-{s}")
                   for s in PAIR_PANEL_SHAPES]
+        cases += [pytest.param(run_linear_swiglu, dtype, (s, w, layout),
+                               id=f"linear_swiglu-{d}-{str(w).split('.')[-1]}-{layout}-{s}")
+                  for w, layout in SWIGLU_LAYOUTS for s in SWIGLU_SHAPES
+                  if layout == "dense" or ref.can_tile(torch.empty(s[2], s[1], dtype=w), pairs=layout == "pairs")]
         cases += [pytest.param(run_linear_int4, dtype, (s, b, bits, "own"),
                                id=f"linear_int4-{d}-{bits}bits-blocks_of_{b}-{s}")
                   for bits in ref.PACKED_BITS for b in INT4_BLOCKS for s in LINEAR_SHAPES + QUAD_ROW_SHAPES

@@ -20,7 +20,7 @@ from mojo_kernels.core.attention.common import check_attention
 from mojo_kernels.core.attention.cpu import attention_cpu
 from mojo_kernels.core.attention.qkv_attention import check_qkv_attention, qkv_attention_cpu
 from mojo_kernels.core.linear import (
-    check_linear, check_linear_tiled, linear_cpu, linear_tiled_cpu, F32_TILED, I8_TILED, I8_TILED_EXPERTS,
+    check_linear, check_linear_tiled, linear_cpu, linear_tiled_op, F32_TILED, I8_TILED, I8_TILED_EXPERTS,
 )
 from mojo_kernels.core.linear_amx import AMX
 from mojo_kernels.core.linear_int4 import check_linear_int4, int4_scales, linear_int4_cpu
@@ -268,8 +268,8 @@ def linear_tiled[a_type: DType, w_type: DType](mut args: Args) raises:
     args.done("linear_tiled")
     check_linear_tiled[w_type](x.dims[0], x.dims[1], w.dims[0], w.dims[1], w.dims[2], w.dims[3], y.dims[0], y.dims[1],
                                scales.dims[0], scales.dims[1], block_k)
-    linear_tiled_cpu[a_type, w_type](runner, y.ptr(), x.ptr(), w.ptr(), scales.ptr(), x.dims[0], y.dims[1], x.dims[1],
-                                     block_k, w.dims[2])
+    linear_tiled_op[a_type, w_type](runner, y.ptr(), x.ptr(), w.ptr(), scales.ptr(), x.dims[0], w.dims[0] * w.dims[2],
+                                    x.dims[1], y.dims[1], block_k, w.dims[2])
 
 
 def linear_int4[a_type: DType](mut args: Args) raises:
@@ -436,6 +436,14 @@ def _add_ops(mut m: PythonModuleBuilder) raises:
     m.def_py_c_function(_fastcall[linear_tiled[DType.bfloat16, DType.bfloat16]], "linear_tiled_bfloat16_bfloat16")
     m.def_py_c_function(_fastcall[linear_tiled[DType.float32, DType.int8]], "linear_tiled_float32_int8")
     m.def_py_c_function(_fastcall[linear_tiled[DType.bfloat16, DType.int8]], "linear_tiled_bfloat16_int8")
+    # the same kernels: they tell silu_and_mul by the output's half width
+    m.def_py_c_function(_fastcall[linear_tiled[DType.float32, DType.float32]], "linear_tiled_swiglu_float32_float32")
+    m.def_py_c_function(_fastcall[linear_tiled[DType.float32, DType.bfloat16]], "linear_tiled_swiglu_float32_bfloat16")
+    m.def_py_c_function(_fastcall[linear_tiled[DType.bfloat16, DType.float32]], "linear_tiled_swiglu_bfloat16_float32")
+    m.def_py_c_function(_fastcall[linear_tiled[DType.bfloat16, DType.bfloat16]],
+                        "linear_tiled_swiglu_bfloat16_bfloat16")
+    m.def_py_c_function(_fastcall[linear_tiled[DType.float32, DType.int8]], "linear_tiled_swiglu_float32_int8")
+    m.def_py_c_function(_fastcall[linear_tiled[DType.bfloat16, DType.int8]], "linear_tiled_swiglu_bfloat16_int8")
     m.def_py_c_function(_fastcall[linear_int4[DType.float32]], "linear_int4_float32")
     m.def_py_c_function(_fastcall[linear_int4[DType.bfloat16]], "linear_int4_bfloat16")
     m.def_py_c_function(_fastcall[moe[DType.float32, DType.float32]], "moe_float32_float32")

@@ -38,9 +38,23 @@ def _erf[width: Int](v: SIMD[F32, width]) -> SIMD[F32, width]:
 
 
 @always_inline
+def silu[width: Int](v: SIMD[F32, width]) -> SIMD[F32, width]:
+    return v / (1 + exp(-v))
+
+
+@always_inline
+def silu_mul[dtype: DType, width: Int](gate: SIMD[F32, width], up: SIMD[F32, width]) -> SIMD[dtype, width]:
+    """silu(gate) * up in dtype, from gate and up rounded to dtype first: silu_and_mul's element from the sums of a
+    linear that would have stored them in dtype."""
+    var g = narrow[dtype, width](gate).cast[F32]()
+    var u = narrow[dtype, width](up).cast[F32]()
+    return narrow[dtype, width](silu(g) * u)
+
+
+@always_inline
 def _activation[kind: Int, width: Int](v: SIMD[F32, width]) -> SIMD[F32, width]:
     comptime if kind == SILU:
-        return v / (1 + exp(-v))
+        return silu(v)
     elif kind == GELU:
         return 0.5 * v * (1 + _erf(v * Float32(0.7071067811865476)))
     else:  # as torch: NaN and -0.0 pass through

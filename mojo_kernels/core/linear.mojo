@@ -54,6 +54,7 @@ from std.memory import bitcast, unsafe_memset_zero
 from std.sys import CompilationTarget, llvm_intrinsic, size_of
 from std.sys.intrinsics import prefetch, PrefetchOptions
 
+from .activations import silu_and_mul_cpu, silu_mul
 from .linear_amx import (
     AMX, AMX_BLOCK, AMX_ROWS, amx_block, amx_granted, amx_k, amx_padded, amx_rows, configure_tiles, release_tiles,
     use_amx, x_tile_at,
@@ -652,7 +653,27 @@ def _pack_pair_panel[w_type: DType, tiled: Bool](panel: Ptr[DType.uint32], wt: _
 def _pair_panel_tile[a_type: DType, rows: Int](
     y: Ptr[a_type], xb: Ptr[DType.bfloat16], panel: Ptr[DType.uint32], m0: Int, n0: Int, N: Int, K: Int,
 ):
-    """y[m0 : m0 + rows, n0 : n0 + PANEL] from a pair panel: each step a pair of x broadcast against 2 x 16 pairs."""
+    """y[m0 : m0 + rows, n0 : n0 + PANEL] from a pair panel."""
+    _store_panel_rows[a_type, rows, DOT_LANES](y, _pair_panel_sums[rows](xb, panel, m0, K), m0, n0, N)
+
+
+def _pair_panel_swiglu_tile[a_type: DType, rows: Int](
+    y: Ptr[a_type], xb: Ptr[DType.bfloat16], gate: Ptr[DType.uint32], up: Ptr[DType.uint32], m0: Int, n0: Int, N: Int,
+    K: Int,
+):
+    """y[m0 : m0 + rows, n0 : n0 + PANEL] = silu_mul of the sums of a gate and an up pair panel."""
+    var g = _pair_panel_sums[rows](xb, gate, m0, K)
+    var u = _pair_panel_sums[rows](xb, up, m0, K)
+    comptime for j in range(2 * rows):
+        g[j] = silu_mul[a_type, DOT_LANES](g[j], u[j]).cast[F32]()  # exact: _store_panel_rows rounds it to itself
+    _store_panel_rows[a_type, rows, DOT_LANES](y, g, m0, n0, N)
+
+
+@always_inline
+def _pair_panel_sums[rows: Int](
+    xb: Ptr[DType.bfloat16], panel: Ptr[DType.uint32], m0: Int, K: Int,
+) -> Array[SIMD[F32, DOT_LANES], 2 * rows]:
+    """Rows m0 .. m0 + rows - 1 of x times a pair panel: each step a pair of x broadcast against 2 x 16 pairs."""
     comptime assert PANEL == 2 * DOT_LANES, "pair panels are two dot-product accumulators wide"
     var acc = Array[SIMD[F32, DOT_LANES], 2 * rows](fill=0)
     for kp in range(ceildiv(K, 2)):
@@ -667,7 +688,7 @@ def _pair_panel_tile[a_type: DType, rows: Int](
             var a = bitcast[DType.bfloat16, 2 * DOT_LANES](SIMD[DType.uint32, DOT_LANES](pair))
             acc[2 * i] = dot_bf16(acc[2 * i], a, b0)
             acc[2 * i + 1] = dot_bf16(acc[2 * i + 1], a, b1)
-    _store_panel_rows[a_type, rows, DOT_LANES](y, acc, m0, n0, N)
+    return acc^
 
 
 def _pack_quad_panel[w_type: DType, tiled: Bool](panel: Ptr[DType.uint32], panel_scales: Ptr[F32], wt: _Weights[w_type, tiled],
@@ -925,9 +946,12 @@ struct _PanelTiles[a_type: DType, x_type: DType, w_type: DType, tiled: Bool, sto
                                 ptr(self.y), ptr(self.x), panel.unsafe_offset(half), m0, n0 + half, self.wt.n, K, share)
 
 
-struct _PairPanelTiles[a_type: DType, w_type: DType, tiled: Bool, stored: Bool = False](ChunkTask):
+struct _PairPanelTiles[a_type: DType, w_type: DType, tiled: Bool, stored: Bool = False, swiglu: Bool = False](
+    ChunkTask
+):
     """Item: a PANEL of bfloat16 weight rows packed in pairs (stored: the weight is pair panels, read in place),
-    against every row of x rounded to bfloat16."""
+    against every row of x rounded to bfloat16. swiglu (stored only): a PANEL of y = silu_and_mul of the product, from
+    a panel of the first half of the weight's rows (gate) and the same one of the second (up)."""
 
     var y: Addr[Self.a_type]
     var xb: Addr[DType.bfloat16]
@@ -939,6 +963,20 @@ struct _PairPanelTiles[a_type: DType, w_type: DType, tiled: Bool, stored: Bool =
 
     def run(self, item: Int):
         var n0 = item * PANEL
+        comptime if Self.swiglu:
+            comptime assert Self.stored, "swiglu reads the weight's panels in place"
+            var n = self.wt.n // 2  # y's columns
+            var gate, up = _stored_panel(self.wt, n0), _stored_panel(self.wt, n + n0)
+            for m0 in range(0, self.m, PAIR_PANEL_ROWS):
+                var tiles = ceildiv(self.m, PAIR_PANEL_ROWS)
+                self.wt.prefetch_rows(n0 + PANEL, m0 // PAIR_PANEL_ROWS, tiles)
+                self.wt.prefetch_rows(n + n0 + PANEL, m0 // PAIR_PANEL_ROWS, tiles)
+                var rows = min(PAIR_PANEL_ROWS, self.m - m0)
+                comptime for r in range(1, PAIR_PANEL_ROWS + 1):
+                    if rows == r:
+                        _pair_panel_swiglu_tile[Self.a_type, r](ptr(self.y), ptr(self.xb), gate, up, m0, n0, n,
+                                                                self.wt.k)
+            return
         var buffer = List[UInt32]()
         var panel = _stored_panel(self.wt, n0)
         comptime if not Self.stored:
@@ -953,10 +991,14 @@ struct _PairPanelTiles[a_type: DType, w_type: DType, tiled: Bool, stored: Bool =
                     _pair_panel_tile[Self.a_type, r](ptr(self.y), ptr(self.xb), panel, m0, n0, self.wt.n, self.wt.k)
 
 
-struct _AmxPanelTiles[a_type: DType, w_type: DType, tiled: Bool, stored: Bool = False](ChunkTask):
+struct _AmxPanelTiles[a_type: DType, w_type: DType, tiled: Bool, stored: Bool = False, swiglu: Bool = False](
+    ChunkTask
+):
     """Item: a PANEL of bfloat16 weight rows packed in pairs (stored: AMX_STORED_PANELS pair panels of the weight,
     read in place, K = kp), against every row of x rounded to bfloat16, on AMX tiles (amx_pair_panels). xb: x as
-    tiles (x_tile_at), its rows padded to a multiple of AMX_BLOCK, its columns with zeros to kp, a multiple of amx_k."""
+    tiles (x_tile_at), its rows padded to a multiple of AMX_BLOCK, its columns with zeros to kp, a multiple of amx_k.
+    swiglu (stored only): y is silu_and_mul of the product, an item half as many panels of the first half of the
+    weight's rows (gate) and the same ones of the second (up): as many sums in flight as a plain item."""
 
     var y: Addr[Self.a_type]
     var xb: Addr[DType.bfloat16]
@@ -969,34 +1011,40 @@ struct _AmxPanelTiles[a_type: DType, w_type: DType, tiled: Bool, stored: Bool = 
         self.y, self.xb, self.wt, self.m, self.kp = addr(y), addr(xb), wt, m, kp
 
     def run(self, item: Int):
-        comptime per_item = AMX_STORED_PANELS if Self.stored else 1
+        comptime assert Self.stored or not Self.swiglu, "swiglu reads the weight's panels in place"
+        comptime per_item = (AMX_STORED_PANELS // (2 if Self.swiglu else 1)) if Self.stored else 1
+        var n = self.wt.n // 2 if Self.swiglu else self.wt.n  # y's columns
         var n_first = item * per_item * PANEL
-        var panels = min(per_item, ceildiv(self.wt.n - n_first, PANEL))
+        var panels = min(per_item, ceildiv(n - n_first, PANEL))
         comptime if Self.stored:
-            amx_pair_panels[Self.a_type, True](ptr(self.y), ptr(self.xb), _stored_panel(self.wt, n_first), panels,
-                                               self.m, self.kp, n_first, self.wt.n)
+            var first = _stored_panel(self.wt, n_first)
+            var up = _stored_panel(self.wt, n + n_first) if Self.swiglu else first
+            amx_pair_panels[Self.a_type, True, Self.swiglu](ptr(self.y), ptr(self.xb), first, up, panels, self.m,
+                                                            self.kp, n_first, n)
         else:
             var buffer = List[UInt32](length=self.kp // 2 * PANEL, fill=0)  # pairs past K stay 0
             _pack_pair_panel(list_ptr(buffer), self.wt, n_first)
-            amx_pair_panels[Self.a_type, False](ptr(self.y), ptr(self.xb), list_ptr(buffer), 1, self.m, self.kp,
-                                                n_first, self.wt.n)
+            amx_pair_panels[Self.a_type, False](ptr(self.y), ptr(self.xb), list_ptr(buffer), list_ptr(buffer), 1,
+                                                self.m, self.kp, n_first, n)
             _ = buffer^
 
 
-def amx_pair_panels[a_type: DType, stored: Bool](
-    y: Ptr[a_type], xb: Ptr[DType.bfloat16], panels: Ptr[DType.uint32], count: Int, m: Int, kp: Int, n_first: Int,
-    N: Int,
+def amx_pair_panels[a_type: DType, stored: Bool, swiglu: Bool = False](
+    y: Ptr[a_type], xb: Ptr[DType.bfloat16], panels: Ptr[DType.uint32], up_panels: Ptr[DType.uint32], count: Int,
+    m: Int, kp: Int, n_first: Int, N: Int,
 ):
     """y[:m, n_first : n_first + count * PANEL] (up to column N) from `count` pair panels one after the other (kp / 2 *
     PANEL words each) against x as AMX tiles (x_tile_at, rows padded to a multiple of AMX_BLOCK, zeros past K to kp);
     stored: the panels stream from memory (asked for ahead on their first pass). The columns go in chunks of
     AMX_CHUNK_STEPS tile rows, each chunk over every panel and block of rows, the sums kept in float32 between
     chunks: a panel's chunk stays in L1 for all the blocks of rows and x's in L2 for all the panels (x whole, 1-3 MiB
-    at 512 rows, was read from L3 for every panel)."""
+    at 512 rows, was read from L3 for every panel). swiglu: y is silu(gate) * up, gate the products of `panels` and
+    up those of as many `up_panels`, combined block by block as the last chunk ends (silu_mul)."""
     comptime assert PANEL == AMX_BLOCK, "a panel is two tiles of weights"
     comptime tile = AMX_ROWS * amx_k[DType.bfloat16]()
+    comptime halves = 2 if swiglu else 1
     var rows = amx_rows(m)
-    var sums_buffer = List[Float32](unsafe_uninit_length=count * rows * PANEL)
+    var sums_buffer = List[Float32](unsafe_uninit_length=halves * count * rows * PANEL)
     var steps = kp // amx_k[DType.bfloat16]()
     configure_tiles()
     var chunk = AMX_CHUNK_STEPS if m > AMX_CHUNK_ROWS else steps
@@ -1004,14 +1052,19 @@ def amx_pair_panels[a_type: DType, stored: Bool](
         var count_steps, first, last = min(chunk, steps - s0), s0 == 0, s0 + chunk >= steps
         for p in range(count):
             var n0 = n_first + p * PANEL
-            var panel = panels.unsafe_offset((p * kp // 2 + s0 * AMX_ROWS) * PANEL)
-            var sums = list_ptr(sums_buffer).unsafe_offset(p * rows * PANEL)
-            for m0 in range(0, m, AMX_BLOCK):
-                var block = sums.unsafe_offset(m0 * PANEL)
-                amx_block(m - m0, block, first, xb.unsafe_offset(m0 * kp + s0 * tile), kp, panel, count_steps,
-                          stored and m0 == 0, panel, False)
-                if last:
-                    _store_block(y, block, m0, min(AMX_BLOCK, m - m0), n0, N)
+            comptime for h in range(halves):
+                var panel = (panels if h == 0 else up_panels).unsafe_offset((p * kp // 2 + s0 * AMX_ROWS) * PANEL)
+                var sums = list_ptr(sums_buffer).unsafe_offset((h * count + p) * rows * PANEL)
+                for m0 in range(0, m, AMX_BLOCK):
+                    var block = sums.unsafe_offset(m0 * PANEL)
+                    amx_block(m - m0, block, first, xb.unsafe_offset(m0 * kp + s0 * tile), kp, panel, count_steps,
+                              stored and m0 == 0, panel, False)
+                    if last and h == halves - 1:
+                        comptime if swiglu:
+                            var gate = list_ptr(sums_buffer).unsafe_offset((p * rows + m0) * PANEL)
+                            _store_swiglu_block(y, gate, block, m0, min(AMX_BLOCK, m - m0), n0, N)
+                        else:
+                            _store_block(y, block, m0, min(AMX_BLOCK, m - m0), n0, N)
     release_tiles()
 
 
@@ -1019,6 +1072,25 @@ def amx_pair_panels[a_type: DType, stored: Bool](
 def _stored_panel[w_type: DType, tiled: Bool](wt: _Weights[w_type, tiled], n0: Int) -> Ptr[DType.uint32]:
     """The words of the pair panel of rows n0 .. n0 + PANEL - 1 of a weight stored as pair panels."""
     return ptr(wt.w).unsafe_bitcast[UInt32]().unsafe_offset(n0 * (wt.k // 2))
+
+
+@always_inline
+def _store_swiglu_block[a_type: DType](y: Ptr[a_type], gate: Ptr[F32], up: Ptr[F32], m0: Int, rows: Int, n0: Int,
+                                       N: Int):
+    """y[m0 : m0 + rows, n0 : n0 + PANEL] = silu_mul of the blocks [rows, PANEL] of gate and up sums, up to column
+    N."""
+    for i in range(rows):
+        var out = (m0 + i) * N + n0
+        if n0 + PANEL <= N:
+            comptime for h in range(0, PANEL, W):
+                var at = i * PANEL + h
+                var v = silu_mul[a_type, W](gate.unsafe_load[width=W](at), up.unsafe_load[width=W](at))
+                y.unsafe_store(out + h, v)
+        else:
+            for c in range(N - n0):
+                var at = i * PANEL + c
+                var v = silu_mul[a_type, 1](gate.unsafe_load[width=1](at), up.unsafe_load[width=1](at))
+                y.unsafe_store(out + c, v)
 
 
 @always_inline
@@ -1288,27 +1360,30 @@ def _x_tiles[a_type: DType, R: Runner](runner: R, x: Ptr[a_type], m: Int, k: Int
     return tiles^
 
 
-def linear_pair_panels[a_type: DType, R: Runner](
+def linear_pair_panels[a_type: DType, R: Runner, swiglu: Bool = False](
     runner: R, y: Ptr[a_type], x: Ptr[a_type], w: Ptr[DType.bfloat16], scales: Ptr[F32], m: Int, n: Int, k: Int,
 ):
     """y [m, n] = x [m, k] @ w^T for a bfloat16 weight stored as pair panels (PAIR_TILE_ROWS; n a multiple of it,
     k even), read in place: on AMX tiles at every m where the CPU has them and k is a multiple of their 32 columns
     (one row of x streams the weights as the decode tiles do; 8 or 16 rows cost little more), else by dot products
-    of pairs (vdpbf16ps where the CPU has it)."""
+    of pairs (vdpbf16ps where the CPU has it). swiglu: y [m, n / 2] = silu_and_mul of the product (n / 2 a multiple
+    of PANEL), each panel of y from a gate panel and its up panel, stored once combined."""
     comptime assert PANEL == PAIR_TILE_ROWS, "pair panels are an AVX-512 layout (check_linear_tiled refuses them)"
     if m == 0 or n == 0:
         return
     var wt = _Weights[DType.bfloat16, False](w, scales, n, k, k)
     var serial = m * n * k <= SERIAL_MACS
+    var panels = n // PANEL // (2 if swiglu else 1)  # y's
     var rounded: List[BFloat16]
     if k % amx_k[DType.bfloat16]() == 0 and amx_granted():
         rounded = _x_tiles(runner, x, m, k, k)
-        runner.run(_AmxPanelTiles[a_type, DType.bfloat16, False, True](y, list_ptr(rounded), wt, m, k),
-                   ceildiv(n // PANEL, AMX_STORED_PANELS), serial)
+        runner.run(_AmxPanelTiles[a_type, DType.bfloat16, False, True, swiglu](y, list_ptr(rounded), wt, m, k),
+                   ceildiv(panels, AMX_STORED_PANELS // (2 if swiglu else 1)), serial)
     else:
         rounded = List[BFloat16](unsafe_uninit_length=m * k)
         _round_x(x, list_ptr(rounded), m * k)
-        runner.run(_PairPanelTiles[a_type, DType.bfloat16, False, True](y, list_ptr(rounded), wt, m), n // PANEL, serial)
+        runner.run(_PairPanelTiles[a_type, DType.bfloat16, False, True, swiglu](y, list_ptr(rounded), wt, m), panels,
+                   serial)
     _ = rounded^
 
 
@@ -1322,6 +1397,37 @@ def linear_tiled_cpu[a_type: DType, w_type: DType, R: Runner](
             linear_pair_panels(runner, y, x, rebind[Ptr[DType.bfloat16]](w), scales, m, n, k)
             return
     linear_cpu[a_type, w_type, R, tiled=True](runner, y, x, w, scales, m, n, k, block_k)
+
+
+def linear_tiled_swiglu_cpu[a_type: DType, w_type: DType, R: Runner](
+    runner: R, y: Ptr[a_type], x: Ptr[a_type], w: Ptr[w_type], scales: Ptr[F32], m: Int, n: Int, k: Int, block_k: Int,
+    tile_rows_given: Int,
+):
+    """y [m, n / 2] = silu_and_mul(x @ w^T) for a tiled weight of n rows, gate's then up's: linear_tiled_cpu then
+    silu_and_mul_cpu. bfloat16 pair panels apply silu_and_mul as they store the sums (linear_pair_panels swiglu), so
+    the [m, n] product never goes to memory; the other layouts compute it into a buffer first."""
+    if m == 0 or n == 0:
+        return
+    comptime if w_type == DType.bfloat16 and PANEL == PAIR_TILE_ROWS:
+        if tile_rows_given == PAIR_TILE_ROWS and (n // 2) % PANEL == 0:
+            linear_pair_panels[swiglu=True](runner, y, x, rebind[Ptr[DType.bfloat16]](w), scales, m, n, k)
+            return
+    var product = List[Scalar[a_type]](unsafe_uninit_length=m * n)
+    linear_tiled_cpu[a_type, w_type](runner, list_ptr(product), x, w, scales, m, n, k, block_k, tile_rows_given)
+    silu_and_mul_cpu[a_type](runner, y, list_ptr(product), m, n // 2)
+    _ = product^
+
+
+def linear_tiled_op[a_type: DType, w_type: DType, R: Runner](
+    runner: R, y: Ptr[a_type], x: Ptr[a_type], w: Ptr[w_type], scales: Ptr[F32], m: Int, n: Int, k: Int, y_n: Int,
+    block_k: Int, tile_rows_given: Int,
+):
+    """mili_linear_tiled (check_linear_tiled passed): y [m, n] = x @ w^T, or, where y has half of the weight's n rows
+    as its columns, y = silu_and_mul(x @ w^T)."""
+    if y_n == n:
+        linear_tiled_cpu[a_type, w_type](runner, y, x, w, scales, m, n, k, block_k, tile_rows_given)
+    else:
+        linear_tiled_swiglu_cpu[a_type, w_type](runner, y, x, w, scales, m, n, k, block_k, tile_rows_given)
 
 
 def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
@@ -1473,6 +1579,9 @@ def check_linear_tiled[w_type: DType](m: Int, k: Int, tiles_n: Int, tiles_k: Int
     comptime if is_fp8[w_type]():
         raise Error("linear_tiled: tiled weights are float32, bfloat16 or int8, not FP8: pass the [N, K] weight")
     comptime tr, tk = tile_rows[w_type](), tile_k[w_type]()
+    if y_n > 0 and 2 * y_n == tiles_n * rows:  # silu_and_mul of the product: y has half its columns
+        return check_linear_tiled[w_type](m, k, tiles_n, tiles_k, rows, cols, y_m, 2 * y_n, scale_rows, scale_cols,
+                                          block_k)
     var pairs = w_type == DType.bfloat16 and rows == PAIR_TILE_ROWS and cols == 2
     if pairs and PANEL != PAIR_TILE_ROWS:
         raise Error("linear_tiled: bfloat16 pair panels need AVX-512: pass the [N, K] weight or tiles of [", tr, ", ",
@@ -1511,7 +1620,8 @@ struct LinearTiled:
             var m, k, bk = x.dim_size[0](), x.dim_size[1](), Int(block_k.unsafe_ptr().unsafe_load(0))
             check_linear_tiled[w_type](m, k, w.dim_size[0](), w.dim_size[1](), w.dim_size[2](), w.dim_size[3](),
                                        y.dim_size[0](), y.dim_size[1](), scales.dim_size[0](), scales.dim_size[1](), bk)
-            linear_tiled_cpu[a_type, w_type](MojoThreads(ctx), y.unsafe_ptr(), x.unsafe_ptr(), w.unsafe_ptr(),
-                                             scales.unsafe_ptr(), m, y.dim_size[1](), k, bk, w.dim_size[2]())
+            linear_tiled_op[a_type, w_type](MojoThreads(ctx), y.unsafe_ptr(), x.unsafe_ptr(), w.unsafe_ptr(),
+                                            scales.unsafe_ptr(), m, w.dim_size[0]() * w.dim_size[2](), k,
+                                            y.dim_size[1](), bk, w.dim_size[2]())
         else:
             raise Error("linear_tiled: tiled weights are a CPU layout: on a GPU, mili_linear takes the [N, K] weight")

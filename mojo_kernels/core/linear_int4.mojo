@@ -375,8 +375,8 @@ struct _AmxInt4Tiles[a_type: DType, bits: Int](ChunkTask):
                             var w = q.fma(s2[v], m2[v]).cast[DType.bfloat16]()
                             panel.unsafe_store((4 * g + 2 * h + p) * TILE_ROWS + v * AMX_ROWS,
                                                bitcast[DType.uint32, AMX_ROWS](w))
-        amx_pair_panels[Self.a_type, False](ptr(self.y), ptr(self.xb), panel, 1, self.m, self.kp, item * TILE_ROWS,
-                                            self.wt.n)
+        amx_pair_panels[Self.a_type, False](ptr(self.y), ptr(self.xb), panel, panel, 1, self.m, self.kp,
+                                            item * TILE_ROWS, self.wt.n)
         _ = buffer^
 
 

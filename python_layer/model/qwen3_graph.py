@@ -121,8 +121,10 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
         no_supers = lambda rank: ops.constant(np.ones((1,) * rank, np.float16), DType.float16, dev)
         int_constant = lambda value: ops.constant(np.array([value], np.int32), DType.int32, dev)
 
-        def linear(x: TensorValue, name: str, n: int, bias: Optional[TensorValue] = None) -> TensorValue:
-            """x @ w[name]^T, n its output features (which a 4-bit weight's tensors do not tell)."""
+        def linear(x: TensorValue, name: str, n: int, bias: Optional[TensorValue] = None,
+                   swiglu: bool = False) -> TensorValue:
+            """x @ w[name]^T, n its output features (which a 4-bit weight's tensors do not tell); swiglu: silu_and_mul
+            of it, which MILI's CPU kernel for tiled weights applies as it stores the product (never in memory)."""
             if batch_one:  # x is [1, K] by its type, so both reshapes move nothing, and no transpose kernel runs
                 if name in blocks or len(w[name].shape) != 2:
                     raise ValueError(
@@ -139,10 +141,13 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
                 scales = w.get(name + ".scales", no_scales)
                 one_block = name + ".scales" in w and _one_block(scales, len(w[name].shape) == 4)
                 block = int_constant(int(x.shape[-1]) if one_block else blocks.get(name, 0))
+                if swiglu and bias is None:
+                    return mili.linear(x, w[name], scales, block, swiglu=True)
                 y = mili.linear(x, w[name], scales, block)
             else:  # weights and activations are both `dtype` on a GPU: MAX's matmul takes the transposed operand
                 y = ops.matmul(x, ops.transpose(w[name], 0, 1))
-            return y if bias is None else y + bias
+            y = y if bias is None else y + bias
+            return mili.silu_and_mul(y) if swiglu else y
 
         def sparse_mlp(x: TensorValue, p: str) -> TensorValue:
             """qwen3_moe's MLP: the router's logits, then mili.moe on the experts' stacks, a row per expert."""
@@ -201,8 +206,8 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
             if p + "router" in w:
                 hidden = sparse_mlp(x, p)
             else:
-                gate_up = linear(x, p + "gate_up_proj", 2 * c.intermediate_size)
-                hidden = linear(mili.silu_and_mul(gate_up), p + "down_proj", c.hidden_size)
+                activated = linear(x, p + "gate_up_proj", 2 * c.intermediate_size, swiglu=True)
+                hidden = linear(activated, p + "down_proj", c.hidden_size)
         hidden, residual = ops.gather(hidden, logits_indices, axis=0), ops.gather(residual, logits_indices, axis=0)
         x, _ = mili.fused_add_rms_norm(hidden, residual, w["final_norm"], c.rms_norm_eps, options)
         g.output(ops.cast(linear(x, "lm_head", c.vocab_size), DType.float32))
