@@ -1200,11 +1200,13 @@ def _add_block_dots(
             acc.unsafe_store(at, dot * scale if kb == 0 else dot.fma(scale, acc.unsafe_load[width=W](at)))
 
 
-struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
+struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool, swiglu: Bool = False](ChunkTask):
     """Item: AMX_STORED_PANELS tiles of I8_TILE_ROWS rows of a tiled int8 weight (a tile configuration and the buffers
     serve them all), their quad panels read in place, against every row of x quantized to int8, on AMX tiles
     (linear_amx.mojo): exact int32 sums per block of block_k columns (a multiple of 64), then both scales. xq: as AMX
-    tiles (x_tile_at, kp columns: a multiple of 64, zeros past K), its rows padded to a multiple of AMX_BLOCK."""
+    tiles (x_tile_at, kp columns: a multiple of 64, zeros past K), its rows padded to a multiple of AMX_BLOCK.
+    swiglu: y is silu_and_mul of the product, an item half as many tiles of the first half of the weight's rows
+    (gate), each with the same tile of the second (up)."""
 
     var y: Addr[Self.a_type]
     var xq: _QuantizedX
@@ -1217,20 +1219,33 @@ struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
 
     def run(self, item: Int):
         comptime assert I8_TILE_ROWS == AMX_BLOCK, "a tile of int8 weights is two tiles of quads"
-        var first = item * AMX_STORED_PANELS
+        comptime per_item = AMX_STORED_PANELS // (2 if Self.swiglu else 1)
+        var n = self.wt.n // 2 if Self.swiglu else self.wt.n  # y's columns
+        var first = item * per_item
         var rows = amx_rows(self.m)
         var dot_buffer = List[Int32](unsafe_uninit_length=rows * PANEL)
-        var acc_buffer = List[Float32](unsafe_uninit_length=rows * PANEL)
+        var acc_buffer = List[Float32](unsafe_uninit_length=(2 if Self.swiglu else 1) * rows * PANEL)
+        var acc, up = list_ptr(acc_buffer), list_ptr(acc_buffer).unsafe_offset(rows * PANEL if Self.swiglu else 0)
         # the quads of the last columns, past the last whole step, with zeros after them: a step's tile is 16 rows
         var tail_buffer = List[UInt32](length=AMX_ROWS * I8_TILE_ROWS if self.wt.k % amx_k[DType.int8]() else 0,
                                        fill=0)
         configure_tiles()
-        for t in range(first, min(first + AMX_STORED_PANELS, self.wt.n // I8_TILE_ROWS)):
-            self._tile(t * I8_TILE_ROWS, list_ptr(dot_buffer), list_ptr(acc_buffer), list_ptr(tail_buffer))
+        for t in range(first, min(first + per_item, n // I8_TILE_ROWS)):
+            var n0 = t * I8_TILE_ROWS
+            self._tile(n0, list_ptr(dot_buffer), acc, list_ptr(tail_buffer))
+            comptime if Self.swiglu:
+                self._tile(n + n0, list_ptr(dot_buffer), up, list_ptr(tail_buffer))
+            for m0 in range(0, self.m, AMX_BLOCK):
+                var block_rows = min(AMX_BLOCK, self.m - m0)
+                comptime if Self.swiglu:
+                    var gate_sums, up_sums = acc.unsafe_offset(m0 * PANEL), up.unsafe_offset(m0 * PANEL)
+                    _store_swiglu_block(ptr(self.y), gate_sums, up_sums, m0, block_rows, n0, n)
+                else:
+                    _store_block(ptr(self.y), acc.unsafe_offset(m0 * PANEL), m0, block_rows, n0, n)
         release_tiles()
 
     def _tile(self, n0: Int, dots_all: Ptr[DType.int32], acc_all: Ptr[F32], tail: Ptr[DType.uint32]):
-        """y[:, n0 : n0 + I8_TILE_ROWS]."""
+        """acc_all [rows, PANEL] = the float32 sums of y[:, n0 : n0 + I8_TILE_ROWS]."""
         comptime step = amx_k[DType.int8]()
         comptime tile = AMX_ROWS * step
         var K, kp, N = self.wt.k, self.kp, self.wt.n
@@ -1258,8 +1273,6 @@ struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
                         _add_block_dots(acc, dots, self.xq, m0, min(AMX_BLOCK, self.m - m0), kb,
                                         scales.unsafe_offset(kb * N))
                     s = e
-        for m0 in range(0, self.m, AMX_BLOCK):
-            _store_block(ptr(self.y), acc_all.unsafe_offset(m0 * PANEL), m0, min(AMX_BLOCK, self.m - m0), n0, N)
 
 
 struct _StoredQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
@@ -1300,6 +1313,23 @@ struct _StoredQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
             row_passes[QUAD_TILE_SUMS // 2](tile, self.m, True, next_tile if half == 0 else 0)
 
 
+def _amx_int8[a_type: DType, w_type: DType, R: Runner, tiled: Bool, //, swiglu: Bool = False](
+    runner: R, y: Ptr[a_type], x: Ptr[a_type], wt: _Weights[w_type, tiled], m: Int, serial: Bool,
+):
+    """A tiled int8 weight's linear on AMX tiles (_AmxQuadPanels; swiglu: silu_and_mul of it, y [m, n / 2])."""
+    var q = List[Int8]()
+    var q_scales = List[Float32]()
+    var q_sums = List[Int32]()
+    var kp = amx_padded[DType.int8](wt.k)
+    var xq = _quantized_x(runner, x, m, amx_rows(m), wt.k, wt.block_k, kp, q, q_scales, q_sums, as_tiles=True)
+    comptime halves = 2 if swiglu else 1
+    runner.run(_AmxQuadPanels[a_type, w_type, tiled, swiglu](y, xq, wt, m, kp),
+               ceildiv(wt.n // I8_TILE_ROWS // halves, AMX_STORED_PANELS // halves), serial)
+    _ = q^
+    _ = q_scales^
+    _ = q_sums^
+
+
 def linear_cpu[a_type: DType, w_type: DType, R: Runner, tiled: Bool = False](
     runner: R, y: Ptr[a_type], x: Ptr[a_type], w: Ptr[w_type], scales: Ptr[F32], m: Int, n: Int, k: Int, block_k: Int,
 ):
@@ -1311,21 +1341,17 @@ def linear_cpu[a_type: DType, w_type: DType, R: Runner, tiled: Bool = False](
     comptime if tiled and w_type == DType.float32:
         runner.run(_PanelTiles[a_type, a_type, w_type, tiled, stored=True](y, x, wt, m), n // F32_TILE_ROWS, serial)
     elif tiled and w_type == DType.int8:
-        var amx = m >= AMX_INT8_ROWS and use_amx[DType.int8](m, wt.block_k)
-        var q = List[Int8]()
-        var q_scales = List[Float32]()
-        var q_sums = List[Int32]()
-        if amx:
-            var kp = amx_padded[DType.int8](wt.k)
-            var xq = _quantized_x(runner, x, m, amx_rows(m), wt.k, wt.block_k, kp, q, q_scales, q_sums, as_tiles=True)
-            runner.run(_AmxQuadPanels[a_type, w_type, tiled](y, xq, wt, m, kp),
-                       ceildiv(n // I8_TILE_ROWS, AMX_STORED_PANELS), serial)
+        if m >= AMX_INT8_ROWS and use_amx[DType.int8](m, wt.block_k):
+            _amx_int8(runner, y, x, wt, m, serial)
         else:
+            var q = List[Int8]()
+            var q_scales = List[Float32]()
+            var q_sums = List[Int32]()
             var xq = _quantized_x(runner, x, m, m, wt.k, wt.block_k, wt.k, q, q_scales, q_sums)
             runner.run(_StoredQuadPanels[a_type, w_type, tiled](y, xq, wt, m), n // I8_TILE_ROWS, serial)
-        _ = q^
-        _ = q_scales^
-        _ = q_sums^
+            _ = q^
+            _ = q_scales^
+            _ = q_sums^
     else:
         _linear_cpu_rows[a_type, w_type, R, tiled](runner, y, x, wt, m, serial)
 
@@ -1404,13 +1430,18 @@ def linear_tiled_swiglu_cpu[a_type: DType, w_type: DType, R: Runner](
     tile_rows_given: Int,
 ):
     """y [m, n / 2] = silu_and_mul(x @ w^T) for a tiled weight of n rows, gate's then up's: linear_tiled_cpu then
-    silu_and_mul_cpu. bfloat16 pair panels apply silu_and_mul as they store the sums (linear_pair_panels swiglu), so
-    the [m, n] product never goes to memory; the other layouts compute it into a buffer first."""
+    silu_and_mul_cpu. bfloat16 pair panels (linear_pair_panels) and int8 tiles on AMX (_amx_int8) apply silu_and_mul
+    as they store the sums, so the [m, n] product never goes to memory; the other layouts compute it first."""
     if m == 0 or n == 0:
         return
     comptime if w_type == DType.bfloat16 and PANEL == PAIR_TILE_ROWS:
         if tile_rows_given == PAIR_TILE_ROWS and (n // 2) % PANEL == 0:
             linear_pair_panels[swiglu=True](runner, y, x, rebind[Ptr[DType.bfloat16]](w), scales, m, n, k)
+            return
+    elif w_type == DType.int8:
+        if m >= AMX_INT8_ROWS and use_amx[DType.int8](m, block_k) and (n // 2) % I8_TILE_ROWS == 0:
+            var wt = _Weights[w_type, True](w, scales, n, k, block_k)
+            _amx_int8[swiglu=True](runner, y, x, wt, m, m * n * k <= SERIAL_MACS)
             return
     var product = List[Scalar[a_type]](unsafe_uninit_length=m * n)
     linear_tiled_cpu[a_type, w_type](runner, list_ptr(product), x, w, scales, m, n, k, block_k, tile_rows_given)
