@@ -124,7 +124,7 @@ def build_graph(config: Qwen3Config, weights: Dict[str, torch.Tensor], dtype: to
         def linear(x: TensorValue, name: str, n: int, bias: Optional[TensorValue] = None,
                    swiglu: bool = False) -> TensorValue:
             """x @ w[name]^T, n its output features (which a 4-bit weight's tensors do not tell); swiglu: silu_and_mul
-            of it, which MILI's CPU kernel for tiled weights applies as it stores the product (never in memory)."""
+            of it, in the linear's own op for a tiled weight on a CPU (bindings/graph.py linear_tiled)."""
             if batch_one:  # x is [1, K] by its type, so both reshapes move nothing, and no transpose kernel runs
                 if name in blocks or len(w[name].shape) != 2:
                     raise ValueError(
