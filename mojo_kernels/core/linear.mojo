@@ -1313,6 +1313,11 @@ struct _StoredQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
             row_passes[QUAD_TILE_SUMS // 2](tile, self.m, True, next_tile if half == 0 else 0)
 
 
+def _int8_on_amx(m: Int, block_k: Int) -> Bool:
+    """Whether a tiled int8 weight's linear over m rows of x runs on AMX tiles (_amx_int8)."""
+    return m >= AMX_INT8_ROWS and use_amx[DType.int8](m, block_k)
+
+
 def _amx_int8[a_type: DType, w_type: DType, R: Runner, tiled: Bool, //, swiglu: Bool = False](
     runner: R, y: Ptr[a_type], x: Ptr[a_type], wt: _Weights[w_type, tiled], m: Int, serial: Bool,
 ):
@@ -1341,7 +1346,7 @@ def linear_cpu[a_type: DType, w_type: DType, R: Runner, tiled: Bool = False](
     comptime if tiled and w_type == DType.float32:
         runner.run(_PanelTiles[a_type, a_type, w_type, tiled, stored=True](y, x, wt, m), n // F32_TILE_ROWS, serial)
     elif tiled and w_type == DType.int8:
-        if m >= AMX_INT8_ROWS and use_amx[DType.int8](m, wt.block_k):
+        if _int8_on_amx(m, wt.block_k):
             _amx_int8(runner, y, x, wt, m, serial)
         else:
             var q = List[Int8]()
@@ -1439,7 +1444,7 @@ def linear_tiled_swiglu_cpu[a_type: DType, w_type: DType, R: Runner](
             linear_pair_panels[swiglu=True](runner, y, x, rebind[Ptr[DType.bfloat16]](w), scales, m, n, k)
             return
     elif w_type == DType.int8:
-        if m >= AMX_INT8_ROWS and use_amx[DType.int8](m, block_k) and (n // 2) % I8_TILE_ROWS == 0:
+        if _int8_on_amx(m, block_k) and (n // 2) % I8_TILE_ROWS == 0:
             var wt = _Weights[w_type, True](w, scales, n, k, block_k)
             _amx_int8[swiglu=True](runner, y, x, wt, m, m * n * k <= SERIAL_MACS)
             return
