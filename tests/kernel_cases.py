@@ -357,8 +357,7 @@ SWIGLU_LAYOUTS = [(torch.bfloat16, "pairs"), (torch.bfloat16, "tiles"), (torch.f
 
 def run_linear_swiglu(ops, device: str, dtype: torch.dtype, case: tuple) -> None:
     """linear(..., swiglu=True), silu_and_mul of the product in the op itself where the weight is tiled: exactly the
-    two ops in turn, and the reference's; pair panels (AVX-512 only) and int8 tiles (quad panels below AMX_INT8_ROWS
-    or without AMX, AMX tiles above) where N / 2 is a multiple of 32 fuse them."""
+    two ops in turn, and the reference's; pair panels (AVX-512 only) where N / 2 is a multiple of 32 fuse them."""
     (m, k, n), weight_dtype, layout = case
     x = torch.randn(m, k, device=device).to(dtype)
     weight, scales, block_k = linear_weight(n, k, weight_dtype, device, 64)

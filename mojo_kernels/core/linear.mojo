@@ -754,36 +754,11 @@ def _quad_panel_tile[a_type: DType, rows: Int, stride: Int = PANEL, fetch: Bool 
     y: Ptr[a_type], xq: _QuantizedX, panel: Ptr[DType.uint32], panel_scales: Ptr[F32], scale_stride: Int, m0: Int,
     n0: Int, N: Int, K: Int, block_k: Int, share: NextTileShare = NextTileShare(0, 0, 1),
 ):
-    """y[m0 : m0 + rows, n0 : n0 + panels * PANEL] from `panels` quad panels side by side (_quad_panel_sums)."""
-    var acc = _quad_panel_sums[rows, stride, fetch, panels](xq, panel, panel_scales, scale_stride, m0, K, block_k, share)
-    _store_quad_panels[a_type, rows, panels](y, acc, m0, n0, N)
-
-
-@always_inline
-def _quad_swiglu_tile[a_type: DType, rows: Int, stride: Int = PANEL, fetch: Bool = False, panels: Int = 1](
-    y: Ptr[a_type], xq: _QuantizedX, gate: Ptr[DType.uint32], gate_scales: Ptr[F32], up: Ptr[DType.uint32],
-    up_scales: Ptr[F32], scale_stride: Int, m0: Int, n0: Int, N: Int, K: Int, block_k: Int,
-    share: NextTileShare = NextTileShare(0, 0, 1),
-):
-    """y[m0 : m0 + rows, n0 : n0 + panels * PANEL] = silu_mul of the sums of gate and up quad panels (each asks for
-    its own next tile's share)."""
-    var g = _quad_panel_sums[rows, stride, fetch, panels](xq, gate, gate_scales, scale_stride, m0, K, block_k, share)
-    var u = _quad_panel_sums[rows, stride, fetch, panels](xq, up, up_scales, scale_stride, m0, K, block_k, share)
-    comptime for j in range(2 * panels * rows):
-        g[j] = silu_mul[a_type, DOT_LANES](g[j], u[j]).cast[F32]()  # exact: the store rounds it to itself
-    _store_quad_panels[a_type, rows, panels](y, g, m0, n0, N)
-
-
-@always_inline
-def _quad_panel_sums[rows: Int, stride: Int, fetch: Bool, panels: Int](
-    xq: _QuantizedX, panel: Ptr[DType.uint32], panel_scales: Ptr[F32], scale_stride: Int, m0: Int, K: Int,
-    block_k: Int, share: NextTileShare,
-) -> Array[SIMD[F32, DOT_LANES], 2 * panels * rows]:
-    """Rows m0 .. m0 + rows - 1 of x times `panels` quad panels side by side: each step a quad of x broadcast against
-    2 x 16 quads a panel, exact int32 sums per block, then both scales. K: the rows' stride in xq; `stride`: the
-    panels' (within a wider one); block kb's scales of the panels' rows at panel_scales + kb * scale_stride; `fetch`:
-    the panels are read from memory, asked for QUAD_PREFETCH_BYTES ahead; `share`: the next tile's lines this pass
-    asks for (bytes from `panel`)."""
+    """y[m0 : m0 + rows, n0 : n0 + panels * PANEL] from `panels` quad panels side by side: each step a quad of x
+    broadcast against 2 x 16 quads a panel, exact int32 sums per block, then both scales. K: the rows' stride in xq;
+    `stride`: the panels' (within a wider one); block kb's scales of the panels' rows at panel_scales + kb *
+    scale_stride; `fetch`: the panels are read from memory, asked for QUAD_PREFETCH_BYTES ahead; `share`: the next
+    tile's lines this pass asks for (bytes from `panel`)."""
     comptime assert PANEL == 2 * DOT_LANES, "quad panels are two dot-product accumulators wide"
     comptime vectors = 2 * panels
     var q = ptr(xq.q).unsafe_bitcast[UInt8]()
@@ -809,15 +784,6 @@ def _quad_panel_sums[rows: Int, stride: Int, fetch: Bool, panels: Int](
                 var sx = xq.scale(m0 + i, kb)
                 var offset = SIMD[DType.int32, DOT_LANES](I8_OFFSET * xq.sum(m0 + i, kb))
                 acc[vectors * i + v] = (dots[vectors * i + v] - offset).cast[F32]().fma(s * sx, acc[vectors * i + v])
-    return acc^
-
-
-@always_inline
-def _store_quad_panels[a_type: DType, rows: Int, panels: Int](
-    y: Ptr[a_type], acc: Array[SIMD[F32, DOT_LANES], 2 * panels * rows], m0: Int, n0: Int, N: Int,
-):
-    """y[m0 : m0 + rows, n0 : n0 + panels * PANEL] from _quad_panel_sums' vectors, up to column N."""
-    comptime vectors = 2 * panels
     comptime for p in range(panels):
         var part = Array[SIMD[F32, DOT_LANES], 2 * rows](fill=0)
         comptime for i in range(rows):
@@ -854,16 +820,13 @@ def row_passes[T: RowPass, //, most_rows: Int](tile: T, m: Int, fetch: Bool, nex
                     tile.rows_pass[r, False](m0, share)
 
 
-struct _QuadPanelPass[a_type: DType, stride: Int, panels: Int, swiglu: Bool = False](RowPass):
-    """`panels` quad panels side by side against a pass over the rows of x (_quad_panel_tile); swiglu: y is
-    silu_mul of theirs and of as many `up` panels' (_quad_swiglu_tile)."""
+struct _QuadPanelPass[a_type: DType, stride: Int, panels: Int](RowPass):
+    """`panels` quad panels side by side against a pass over the rows of x (_quad_panel_tile)."""
 
     var y: Addr[Self.a_type]
     var xq: _QuantizedX
     var panel: Addr[DType.uint32]
     var panel_scales: Addr[F32]
-    var up: Addr[DType.uint32]
-    var up_scales: Addr[F32]
     var scale_stride: Int
     var n0: Int
     var N: Int
@@ -872,25 +835,16 @@ struct _QuadPanelPass[a_type: DType, stride: Int, panels: Int, swiglu: Bool = Fa
 
     def __init__(
         out self, y: Ptr[Self.a_type], xq: _QuantizedX, panel: Ptr[DType.uint32], panel_scales: Ptr[F32],
-        scale_stride: Int, n0: Int, N: Int, K: Int, block_k: Int, up_offset: Int = 0,
+        scale_stride: Int, n0: Int, N: Int, K: Int, block_k: Int,
     ):
-        """up_offset (swiglu): the up panels' first row, from the gate panels' (their scales' column)."""
         self.y, self.xq, self.panel, self.panel_scales = addr(y), xq, addr(panel), addr(panel_scales)
-        self.up = addr(panel.unsafe_offset(up_offset * (K // 4)))
-        self.up_scales = addr(panel_scales.unsafe_offset(up_offset))
         self.scale_stride, self.n0, self.N, self.K, self.block_k = scale_stride, n0, N, K, block_k
 
     def rows_pass[rows: Int, fetch: Bool](self, m0: Int, share: NextTileShare):
-        comptime if Self.swiglu:
-            _quad_swiglu_tile[Self.a_type, rows, Self.stride, fetch, Self.panels](
-                ptr(self.y), self.xq, ptr(self.panel), ptr(self.panel_scales), ptr(self.up), ptr(self.up_scales),
-                self.scale_stride, m0, self.n0, self.N, self.K, self.block_k, share,
-            )
-        else:
-            _quad_panel_tile[Self.a_type, rows, Self.stride, fetch, Self.panels](
-                ptr(self.y), self.xq, ptr(self.panel), ptr(self.panel_scales), self.scale_stride, m0, self.n0, self.N,
-                self.K, self.block_k, share,
-            )
+        _quad_panel_tile[Self.a_type, rows, Self.stride, fetch, Self.panels](
+            ptr(self.y), self.xq, ptr(self.panel), ptr(self.panel_scales), self.scale_stride, m0, self.n0, self.N,
+            self.K, self.block_k, share,
+        )
 
 
 struct _DecodeTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
@@ -1321,10 +1275,9 @@ struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool, swiglu: Bool = 
                     s = e
 
 
-struct _StoredQuadPanels[a_type: DType, w_type: DType, tiled: Bool, swiglu: Bool = False](ChunkTask):
+struct _StoredQuadPanels[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
     """Item: I8_TILE_ROWS rows of a tiled int8 weight, its quad panels read in place, against every row of x
-    quantized to int8. swiglu: y is silu_and_mul of the product, an item a tile of the first half of the weight's rows
-    (gate) with the same tile of the second (up)."""
+    quantized to int8."""
 
     var y: Addr[Self.a_type]
     var xq: _QuantizedX
@@ -1339,52 +1292,30 @@ struct _StoredQuadPanels[a_type: DType, w_type: DType, tiled: Bool, swiglu: Bool
         var n0 = item * I8_TILE_ROWS
         var panel = ptr(self.wt.w).unsafe_bitcast[UInt32]().unsafe_offset(n0 * (self.wt.k // 4))
         var scales, N = ptr(self.wt.scales).unsafe_offset(n0), self.wt.n
-        var y_n = N // 2 if Self.swiglu else N  # y's columns: the gate tiles end there
-        var up = y_n if Self.swiglu else 0  # the up tile's rows from the gate tile's
         comptime panels = I8_TILE_ROWS // PANEL
         if self.m <= QUAD_TILE_SUMS // (2 * panels):
             # the whole tile in one pass (AVX2: two panels, a pass each would stream every cache line of the tile from
             # memory while using half of them: 64 MB of int8 weights at one row of x, 0.77x the speed on Zen 3)
-            if n0 + I8_TILE_ROWS < y_n:  # the next tile's scales, a run a block apart from the weights' stream
+            if n0 + I8_TILE_ROWS < N:  # the next tile's scales, a run a block apart from the weights' stream
                 for kb in range(self.wt.k_blocks):
                     comptime for at in range(0, I8_TILE_ROWS, 64 // size_of[F32]()):
-                        comptime for half in range(2 if Self.swiglu else 1):
-                            prefetch[PrefetchOptions().for_read().medium_locality()](
-                                scales.unsafe_offset(kb * N + half * up + I8_TILE_ROWS + at))
-            var tile = _QuadPanelPass[Self.a_type, I8_TILE_ROWS, panels, Self.swiglu](
-                ptr(self.y), self.xq, panel, scales, N, n0, y_n, self.wt.k, self.wt.block_k, up)
+                        prefetch[PrefetchOptions().for_read().medium_locality()](
+                            scales.unsafe_offset(kb * N + I8_TILE_ROWS + at))
+            var tile = _QuadPanelPass[Self.a_type, I8_TILE_ROWS, panels](
+                ptr(self.y), self.xq, panel, scales, N, n0, N, self.wt.k, self.wt.block_k)
             row_passes[QUAD_TILE_SUMS // (2 * panels)](tile, self.m, True)
             return
-        var next_tile = I8_TILE_ROWS * self.wt.k if n0 + I8_TILE_ROWS < y_n else 0
+        var next_tile = I8_TILE_ROWS * self.wt.k if n0 + I8_TILE_ROWS < N else 0
         comptime for half in range(0, I8_TILE_ROWS, PANEL):
-            var tile = _QuadPanelPass[Self.a_type, I8_TILE_ROWS, 1, Self.swiglu](
-                ptr(self.y), self.xq, panel.unsafe_offset(half), scales.unsafe_offset(half), N, n0 + half, y_n,
-                self.wt.k, self.wt.block_k, up)
+            var tile = _QuadPanelPass[Self.a_type, I8_TILE_ROWS, 1](
+                ptr(self.y), self.xq, panel.unsafe_offset(half), scales.unsafe_offset(half), N, n0 + half, N,
+                self.wt.k, self.wt.block_k)
             row_passes[QUAD_TILE_SUMS // 2](tile, self.m, True, next_tile if half == 0 else 0)
 
 
 def _int8_on_amx(m: Int, block_k: Int) -> Bool:
     """Whether a tiled int8 weight's linear over m rows of x runs on AMX tiles (_amx_int8)."""
     return m >= AMX_INT8_ROWS and use_amx[DType.int8](m, block_k)
-
-
-def _int8_tiles[a_type: DType, w_type: DType, R: Runner, tiled: Bool, //, swiglu: Bool = False](
-    runner: R, y: Ptr[a_type], x: Ptr[a_type], wt: _Weights[w_type, tiled], m: Int, serial: Bool,
-):
-    """A tiled int8 weight's linear (swiglu: silu_and_mul of it, y [m, n / 2]): on AMX tiles (_amx_int8), else its
-    quad panels (_StoredQuadPanels) against x quantized per block."""
-    if _int8_on_amx(m, wt.block_k):
-        _amx_int8[swiglu=swiglu](runner, y, x, wt, m, serial)
-        return
-    var q = List[Int8]()
-    var q_scales = List[Float32]()
-    var q_sums = List[Int32]()
-    var xq = _quantized_x(runner, x, m, m, wt.k, wt.block_k, wt.k, q, q_scales, q_sums)
-    var tiles = wt.n // I8_TILE_ROWS // (2 if swiglu else 1)
-    runner.run(_StoredQuadPanels[a_type, w_type, tiled, swiglu](y, xq, wt, m), tiles, serial)
-    _ = q^
-    _ = q_scales^
-    _ = q_sums^
 
 
 def _amx_int8[a_type: DType, w_type: DType, R: Runner, tiled: Bool, //, swiglu: Bool = False](
@@ -1415,7 +1346,17 @@ def linear_cpu[a_type: DType, w_type: DType, R: Runner, tiled: Bool = False](
     comptime if tiled and w_type == DType.float32:
         runner.run(_PanelTiles[a_type, a_type, w_type, tiled, stored=True](y, x, wt, m), n // F32_TILE_ROWS, serial)
     elif tiled and w_type == DType.int8:
-        _int8_tiles(runner, y, x, wt, m, serial)
+        if _int8_on_amx(m, wt.block_k):
+            _amx_int8(runner, y, x, wt, m, serial)
+        else:
+            var q = List[Int8]()
+            var q_scales = List[Float32]()
+            var q_sums = List[Int32]()
+            var xq = _quantized_x(runner, x, m, m, wt.k, wt.block_k, wt.k, q, q_scales, q_sums)
+            runner.run(_StoredQuadPanels[a_type, w_type, tiled](y, xq, wt, m), n // I8_TILE_ROWS, serial)
+            _ = q^
+            _ = q_scales^
+            _ = q_sums^
     else:
         _linear_cpu_rows[a_type, w_type, R, tiled](runner, y, x, wt, m, serial)
 
@@ -1494,8 +1435,8 @@ def linear_tiled_swiglu_cpu[a_type: DType, w_type: DType, R: Runner](
     tile_rows_given: Int,
 ):
     """y [m, n / 2] = silu_and_mul(x @ w^T) for a tiled weight of n rows, gate's then up's: linear_tiled_cpu then
-    silu_and_mul_cpu. bfloat16 pair panels (linear_pair_panels) and int8 tiles (_int8_tiles) apply silu_and_mul as
-    they store the sums, so the [m, n] product never goes to memory; the other layouts compute it first."""
+    silu_and_mul_cpu. bfloat16 pair panels (linear_pair_panels) and int8 tiles on AMX (_amx_int8) apply silu_and_mul
+    as they store the sums, so the [m, n] product never goes to memory; the other layouts compute it first."""
     if m == 0 or n == 0:
         return
     comptime if w_type == DType.bfloat16 and PANEL == PAIR_TILE_ROWS:
@@ -1503,9 +1444,9 @@ def linear_tiled_swiglu_cpu[a_type: DType, w_type: DType, R: Runner](
             linear_pair_panels[swiglu=True](runner, y, x, rebind[Ptr[DType.bfloat16]](w), scales, m, n, k)
             return
     elif w_type == DType.int8:
-        if (n // 2) % I8_TILE_ROWS == 0:
-            _int8_tiles[swiglu=True](runner, y, x, _Weights[w_type, True](w, scales, n, k, block_k), m,
-                                     m * n * k <= SERIAL_MACS)
+        if _int8_on_amx(m, block_k) and (n // 2) % I8_TILE_ROWS == 0:
+            var wt = _Weights[w_type, True](w, scales, n, k, block_k)
+            _amx_int8[swiglu=True](runner, y, x, wt, m, m * n * k <= SERIAL_MACS)
             return
     var product = List[Scalar[a_type]](unsafe_uninit_length=m * n)
     linear_tiled_cpu[a_type, w_type](runner, list_ptr(product), x, w, scales, m, n, k, block_k, tile_rows_given)
