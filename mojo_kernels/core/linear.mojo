@@ -1059,12 +1059,9 @@ def amx_pair_panels[a_type: DType, stored: Bool, swiglu: Bool = False](
                     var block = sums.unsafe_offset(m0 * PANEL)
                     amx_block(m - m0, block, first, xb.unsafe_offset(m0 * kp + s0 * tile), kp, panel, count_steps,
                               stored and m0 == 0, panel, False)
-                    if last and h == halves - 1:
-                        comptime if swiglu:
-                            var gate = list_ptr(sums_buffer).unsafe_offset((p * rows + m0) * PANEL)
-                            _store_swiglu_block(y, gate, block, m0, min(AMX_BLOCK, m - m0), n0, N)
-                        else:
-                            _store_block(y, block, m0, min(AMX_BLOCK, m - m0), n0, N)
+                    if last and h == halves - 1:  # the gate's block is this one without swiglu
+                        var gate = list_ptr(sums_buffer).unsafe_offset((p * rows + m0) * PANEL)
+                        _store_block[swiglu=swiglu](y, gate, block, m0, min(AMX_BLOCK, m - m0), n0, N)
     release_tiles()
 
 
@@ -1075,35 +1072,29 @@ def _stored_panel[w_type: DType, tiled: Bool](wt: _Weights[w_type, tiled], n0: I
 
 
 @always_inline
-def _store_swiglu_block[a_type: DType](y: Ptr[a_type], gate: Ptr[F32], up: Ptr[F32], m0: Int, rows: Int, n0: Int,
-                                       N: Int):
-    """y[m0 : m0 + rows, n0 : n0 + PANEL] = silu_mul of the blocks [rows, PANEL] of gate and up sums, up to column
-    N."""
+def _store_block[a_type: DType, swiglu: Bool = False](
+    y: Ptr[a_type], block: Ptr[F32], up: Ptr[F32], m0: Int, rows: Int, n0: Int, N: Int,
+):
+    """y[m0 : m0 + rows, n0 : n0 + PANEL] = block [rows, PANEL] of sums, up to column N; swiglu: silu_mul of them
+    (gate's) and of up's block (read only then)."""
     for i in range(rows):
         var out = (m0 + i) * N + n0
         if n0 + PANEL <= N:
             comptime for h in range(0, PANEL, W):
-                var at = i * PANEL + h
-                var v = silu_mul[a_type, W](gate.unsafe_load[width=W](at), up.unsafe_load[width=W](at))
-                y.unsafe_store(out + h, v)
+                y.unsafe_store(out + h, _block_value[a_type, W, swiglu](block, up, i * PANEL + h))
         else:
             for c in range(N - n0):
-                var at = i * PANEL + c
-                var v = silu_mul[a_type, 1](gate.unsafe_load[width=1](at), up.unsafe_load[width=1](at))
-                y.unsafe_store(out + c, v)
+                y.unsafe_store(out + c, _block_value[a_type, 1, swiglu](block, up, i * PANEL + c))
 
 
 @always_inline
-def _store_block[a_type: DType](y: Ptr[a_type], block: Ptr[F32], m0: Int, rows: Int, n0: Int, N: Int):
-    """y[m0 : m0 + rows, n0 : n0 + PANEL] = block [rows, PANEL], up to column N."""
-    for i in range(rows):
-        var out = (m0 + i) * N + n0
-        if n0 + PANEL <= N:
-            comptime for h in range(0, PANEL, W):
-                y.unsafe_store(out + h, narrow[a_type, W](block.unsafe_load[width=W](i * PANEL + h)))
-        else:
-            for c in range(N - n0):
-                y.unsafe_store(out + c, narrow[a_type, 1](block.unsafe_load[width=1](i * PANEL + c)))
+def _block_value[a_type: DType, width: Int, swiglu: Bool](
+    block: Ptr[F32], up: Ptr[F32], at: Int,
+) -> SIMD[a_type, width]:
+    comptime if swiglu:
+        return silu_mul[a_type, width](block.unsafe_load[width=width](at), up.unsafe_load[width=width](at))
+    else:
+        return narrow[a_type, width](block.unsafe_load[width=width](at))
 
 
 struct _QuadPanelTiles[a_type: DType, w_type: DType, tiled: Bool](ChunkTask):
@@ -1237,11 +1228,8 @@ struct _AmxQuadPanels[a_type: DType, w_type: DType, tiled: Bool, swiglu: Bool = 
                 self._tile(n + n0, list_ptr(dot_buffer), up, list_ptr(tail_buffer))
             for m0 in range(0, self.m, AMX_BLOCK):
                 var block_rows = min(AMX_BLOCK, self.m - m0)
-                comptime if Self.swiglu:
-                    var gate_sums, up_sums = acc.unsafe_offset(m0 * PANEL), up.unsafe_offset(m0 * PANEL)
-                    _store_swiglu_block(ptr(self.y), gate_sums, up_sums, m0, block_rows, n0, n)
-                else:
-                    _store_block(ptr(self.y), acc.unsafe_offset(m0 * PANEL), m0, block_rows, n0, n)
+                _store_block[swiglu=Self.swiglu](ptr(self.y), acc.unsafe_offset(m0 * PANEL),
+                                                 up.unsafe_offset(m0 * PANEL), m0, block_rows, n0, n)
         release_tiles()
 
     def _tile(self, n0: Int, dots_all: Ptr[DType.int32], acc_all: Ptr[F32], tail: Ptr[DType.uint32]):
