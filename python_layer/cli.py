@@ -163,9 +163,6 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=64, help="requests in the running batch at most")
     _add_device_graphs_option(parser)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens computed per step at most")
-    parser.add_argument("--no-engine-process", dest="engine_process", action="store_false",
-                        help="run the engine on a thread of the server's process instead of a process of its own "
-                        "(the two then share the GIL)")
     parser.add_argument("--max-queue-len", type=int, default=256,
                         help="requests waiting beyond the running batch; more are answered 503")
     parser.add_argument(

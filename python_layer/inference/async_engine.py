@@ -1,28 +1,27 @@
-"""AsyncEngine: the server's side of an engine whose loop runs elsewhere (engine_core.py: on a thread of this
-process, or in a process of its own), with an asyncio front for the routes.
+"""AsyncEngine: the InferenceEngine on one background thread, with an asyncio front for the server.
 
-The event loop hands the engine commands (add, abort) and never touches it. The engine's side publishes each
-step's deltas; here they update each request's `ClientRequest` and its metrics, and go to its stream's asyncio
-queue, all of a step's in one `loop.call_soon_threadsafe` (one wake-up of the loop a step, whatever the batch).
-The number of unfinished requests is bounded: past `max_num_seqs + max_queue_len`, `add_requests` raises
-EngineOverloaded."""
+Only the engine thread touches the engine. The event loop hands it requests and aborts through a command list
+guarded by a condition variable, and gets each request's deltas back through its own asyncio queue, all of a
+step's deltas in one `loop.call_soon_threadsafe` (one wake-up of the loop a step, whatever the batch), so compute
+never blocks the loop. The number of unfinished requests is bounded: past `max_num_seqs + max_queue_len`,
+`add_requests` raises EngineOverloaded."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import threading
 import time
-from collections import OrderedDict
-from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Tuple, Union
+from typing import AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..tokenizer.qwen_tokenizer import CheckpointTokenizer
-from .client_request import ClientRequest
-from .engine_core import STOP, Failure, ThreadCore, abort_command, add_command
-from .engine_process import ProcessCore
-from .inference_engine import Prompt, check_prompt
+from .inference_engine import InferenceEngine
 from .metrics import EngineMetrics
-from .request import RequestDelta, choice_request_id
+from .request import InferenceRequest, RequestDelta, choice_request_id
 from .sampling_params import SamplingParams
+
+logger = logging.getLogger("mili.engine")
+
 
 class EngineOverloaded(RuntimeError):
     """The waiting queue is full: the client should retry later (HTTP 503)."""
@@ -46,7 +45,7 @@ class RequestStream:
     the engine raised if a request failed inside it. Once a request finished, `requests[i].output()` is its
     result."""
 
-    def __init__(self, requests: List[ClientRequest], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, requests: List[InferenceRequest], loop: asyncio.AbstractEventLoop) -> None:
         self.requests = requests
         self.index = {r.request_id: i for i, r in enumerate(requests)}
         self.unfinished = set(self.index)
@@ -61,9 +60,13 @@ class RequestStream:
     def finished(self) -> bool:
         return not self.unfinished
 
+    def put(self, item: RequestDelta | BaseException) -> None:
+        """Thread-safe: called from the engine thread."""
+        RequestStream.put_all([(self, item)])
+
     @staticmethod
     def put_all(items: Sequence[Tuple["RequestStream", RequestDelta | BaseException]]) -> None:
-        """Thread-safe: each item onto its stream, in one wake-up of each event loop."""
+        """Thread-safe, from the engine thread: each item onto its stream, in one wake-up of each event loop."""
         by_loop: Dict[asyncio.AbstractEventLoop, List[tuple]] = {}
         for stream, item in items:
             by_loop.setdefault(stream._loop, []).append((stream._queue, item))
@@ -87,50 +90,34 @@ class RequestStream:
 
 
 class AsyncEngine:
-    def __init__(self, core: Union[ThreadCore, ProcessCore], max_queue_len: int = 256,
-                 metrics: Optional[EngineMetrics] = None, max_finished_requests: int = 1024) -> None:
+    def __init__(
+        self, engine: InferenceEngine, max_queue_len: int = 256, metrics: Optional[EngineMetrics] = None
+    ) -> None:
         if max_queue_len < 0:
             raise ValueError(f"max_queue_len must be >= 0, got {max_queue_len}")
-        self.core = core
-        self.info = core.info
-        self.tokenizer: CheckpointTokenizer = core.tokenizer
-        self.capacity = core.info.max_num_seqs + max_queue_len
+        self.engine = engine
+        self.capacity = engine.scheduler.max_num_seqs + max_queue_len
         self.metrics = metrics
-        self._lock = threading.Lock()
-        # written by the event loop (add) and the core's thread (deltas) under _lock
-        self._unfinished: Dict[str, ClientRequest] = {}
+        self._cv = threading.Condition()
+        self._commands: List[Callable[[], None]] = []
+        # the unfinished requests (written by both threads under _cv): their state lives on the request objects
+        self._unfinished: Dict[str, InferenceRequest] = {}
         self._streams: Dict[str, RequestStream] = {}
-        self._finished: "OrderedDict[str, ClientRequest]" = OrderedDict()  # the latest, for /status
-        self._max_finished = max_finished_requests
         self._accepting = True
-        self._stopped = False
-        self._exited = False
-        core.start(self._publish, self._on_exit)
-
-    @property
-    def max_model_len(self) -> int:
-        return self.info.max_model_len
-
-    @property
-    def generation_defaults(self) -> Dict[str, Any]:
-        return self.info.generation_defaults
-
-    def check_prompt(self, prompt: Prompt) -> Tuple[Optional[str], List[int]]:
-        """(text or None, token ids) of a prompt; ValueError naming the problem when it cannot run here."""
-        return check_prompt(prompt, self.tokenizer, self.info.vocab_size, self.info.max_model_len)
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="mili-engine", daemon=True)
+        self._thread.start()
 
     # ---- event-loop side -------------------------------------------------------------------------------------
 
     def add_requests(self, prompts: Sequence[List[int]], params: Sequence[SamplingParams],
                      request_ids: Sequence[str]) -> RequestStream:
         """Queue requests that belong together; their deltas come through the returned stream. The prompts are
-        token ids that `check_prompt` passed. Call it on the event loop. Raises EngineOverloaded when the
+        token ids that `engine.check_prompt` passed. Call it on the event loop. Raises EngineOverloaded when the
         queue is full, EngineStopped when the engine no longer accepts requests."""
-        requests = [ClientRequest(rid, list(p), min(self.max_model_len, len(p) + sp.max_tokens) - len(p),
-                                  [] if sp.logprobs is not None else None)
-                    for p, sp, rid in zip(prompts, params, request_ids)]
+        requests = [self.engine.new_request(p, sp, rid) for p, sp, rid in zip(prompts, params, request_ids)]
         stream = RequestStream(requests, asyncio.get_running_loop())
-        with self._lock:
+        with self._cv:
             if not self._accepting:
                 raise EngineStopped("the server is shutting down and accepts no new requests")
             if len(self._unfinished) + len(requests) > self.capacity:
@@ -139,20 +126,22 @@ class AsyncEngine:
             for request in requests:
                 self._unfinished[request.request_id] = request
                 self._streams[request.request_id] = stream
-        self.core.send([add_command(r.request_id, r.prompt_token_ids, sp) for r, sp in zip(requests, params)])
+                self._commands.append(functools.partial(self._add, request))
+            self._cv.notify()
         return stream
 
     def abort(self, stream: RequestStream) -> None:
         """Thread-safe; the stream's unfinished requests end with finish_reason "abort", their KV pages freed."""
-        with self._lock:
-            request_ids = [rid for rid in stream.request_ids if rid in self._unfinished]
-        if request_ids:
-            self.core.send([abort_command(rid) for rid in request_ids])
+        with self._cv:
+            for request_id in stream.request_ids:
+                if request_id in self._unfinished:
+                    self._commands.append(functools.partial(self._abort, request_id))
+            self._cv.notify()
 
     def get_request_status(self, request_id: str) -> dict:
-        """The design documents' {"status": "processing" | "completed" | "not_found", ...}. The id of an API call
-        that made several requests (`id-0`, `id-1`, ...: n choices, several prompts) answers for them all, each in
-        "choices"."""
+        """The design documents' {"status": "processing" | "completed" | "not_found", ...}: queued requests
+        the engine thread has not taken yet are processing too. The id of an API call that made several requests
+        (`id-0`, `id-1`, ...: n choices, several prompts) answers for them all, each in "choices"."""
         status = self._status(request_id)
         if status["status"] != "not_found":
             return status
@@ -167,9 +156,8 @@ class AsyncEngine:
                 "choices": [{"index": i, **c} for i, c in enumerate(choices)]}
 
     def _status(self, request_id: str) -> dict:
-        with self._lock:
-            request = self._unfinished.get(request_id) or self._finished.get(request_id)
-        return request.status_dict() if request is not None else {"status": "not_found"}
+        request = self._unfinished.get(request_id)
+        return request.status_dict() if request is not None else self.engine.get_request_status(request_id)
 
     @property
     def num_unfinished(self) -> int:
@@ -177,60 +165,90 @@ class AsyncEngine:
 
     @property
     def is_running(self) -> bool:
-        return not (self._exited or self._stopped)
+        return self._thread.is_alive() and not self._stop
 
     def stop_accepting(self) -> None:
-        with self._lock:
+        with self._cv:
             self._accepting = False
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Stop admitting, abort what is still in flight (their streams end with "abort"), stop the engine."""
-        with self._lock:
-            self._accepting, self._stopped = False, True
-        self.core.send([STOP])
-        self.core.join(timeout)
+        """Stop admitting, abort what is still in flight (their streams end with "abort"), stop the thread."""
+        with self._cv:
+            self._accepting, self._stop = False, True
+            self._cv.notify()
+        self._thread.join(timeout)
 
-    # ---- the core's thread -----------------------------------------------------------------------------------
+    # ---- engine thread ---------------------------------------------------------------------------------------
 
-    def _publish(self, deltas: List[RequestDelta], failures: List[Failure], snapshot: Dict[str, Any]) -> None:
-        now = time.perf_counter()
-        items: List[Tuple[RequestStream, RequestDelta | BaseException]] = []
-        for request_id, error in failures:
-            stream = self._finish(request_id, "error", now)
-            if stream is not None:
-                items.append((stream, error))
-        for delta in deltas:
-            request, stream = self._unfinished.get(delta.request_id), self._streams.get(delta.request_id)
-            if request is None or stream is None:
-                continue
-            request.apply(delta, now)
-            if self.metrics is not None and delta.token_ids:
-                self.metrics.observe_tokens(request, len(delta.token_ids))
-            if delta.finished:
-                self._finish(delta.request_id, delta.finish_reason, now)
-            items.append((stream, delta))
+    def _run(self) -> None:
+        engine = self.engine
+        while True:
+            with self._cv:
+                while not (self._commands or self._stop or engine.has_unfinished_requests()):
+                    self._cv.wait()
+                commands, self._commands, stop = self._commands, [], self._stop
+            for command in commands:
+                command()
+            if stop:
+                for request_id in list(engine.requests):
+                    self._abort(request_id)
+                return
+            if engine.has_unfinished_requests():
+                self._step()
+            if self.metrics is not None:
+                self.metrics.observe_engine(engine)
+
+    def _step(self) -> None:
+        try:
+            deltas = self.engine.step()
+        except Exception as e:  # an engine bug must not kill the server: fail the requests in flight, go on
+            logger.exception("engine step failed; failing the %d requests in flight", len(self.engine.requests))
+            for request_id in list(self.engine.requests):
+                self.engine.abort(request_id)
+                self._fail(request_id, RuntimeError(f"the engine failed while running this request: {e}"))
+            return
+        with self.engine.times.phase("deliver"):
+            routed = [(self._route(delta), delta) for delta in deltas]
+            RequestStream.put_all([(stream, delta) for stream, delta in routed if stream is not None])
+
+    def _add(self, request: InferenceRequest) -> None:
+        try:
+            self.engine.submit(request)
+        except ValueError as e:
+            self._fail(request.request_id, e)
+
+    def _abort(self, request_id: str) -> None:
+        delta = self.engine.abort(request_id)
+        if delta is not None:
+            self._deliver(delta)
+
+    def _fail(self, request_id: str, error: BaseException) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            self._forget(request_id, "error")
+            stream.put(error)
+
+    def _forget(self, request_id: str, finish_reason: str) -> None:
+        with self._cv:
+            request = self._unfinished.pop(request_id)
+            del self._streams[request_id]
         if self.metrics is not None:
-            self.metrics.observe_engine(snapshot)
-        RequestStream.put_all(items)
+            self.metrics.observe_finished(finish_reason, time.perf_counter() - request.arrival_time)
 
-    def _finish(self, request_id: str, finish_reason: str, now: float) -> Optional[RequestStream]:
-        with self._lock:
-            request = self._unfinished.pop(request_id, None)
-            stream = self._streams.pop(request_id, None)
-            if request is None:
-                return None
-            self._finished[request_id] = request
-            while len(self._finished) > self._max_finished:
-                self._finished.popitem(last=False)
-        if self.metrics is not None:
-            self.metrics.observe_finished(finish_reason, now - request.arrival_time)
+    def _deliver(self, delta: RequestDelta) -> None:
+        stream = self._route(delta)
+        if stream is not None:
+            stream.put(delta)
+
+    def _route(self, delta: RequestDelta) -> Optional[RequestStream]:
+        """The stream a delta goes to (None: its request is no longer followed), its metrics and bookkeeping done."""
+        stream = self._streams.get(delta.request_id)
+        if stream is None:
+            return None
+        if self.metrics is not None and delta.token_ids:
+            request = self._unfinished[delta.request_id]
+            self.metrics.observe_tokens(request, len(delta.token_ids))
+        if delta.finished:
+            self._forget(delta.request_id, delta.finish_reason)
         return stream
 
-    def _on_exit(self) -> None:
-        """The engine's loop ended: after a stop every request was aborted; otherwise it died with them."""
-        self._exited = True
-        now = time.perf_counter()
-        error = RuntimeError("the engine stopped while running this request (see the server's log)")
-        items = [(stream, error) for stream in
-                 {s for s in (self._finish(rid, "error", now) for rid in list(self._unfinished)) if s is not None}]
-        RequestStream.put_all(items)

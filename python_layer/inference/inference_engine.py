@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from collections import OrderedDict
 from contextlib import nullcontext
@@ -163,8 +164,26 @@ class InferenceEngine:
         return self.submit(self.new_request(token_ids, params or SamplingParams(), request_id, text))
 
     def check_prompt(self, prompt: Prompt) -> tuple[Optional[str], List[int]]:
-        """(text or None, token ids) of a prompt; ValueError naming the problem when it cannot run here."""
-        return check_prompt(prompt, self.tokenizer, self.model.config.vocab_size, self.max_model_len)
+        """(text or None, token ids) of a prompt; ValueError naming the problem when it cannot run here. The
+        front door: what passes is trusted from here on."""
+        if isinstance(prompt, str):
+            text, token_ids = prompt, self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            text, token_ids = None, list(prompt)
+            vocab = self.model.config.vocab_size
+            bad = [t for t in token_ids if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"prompt token ids must be in [0, {vocab}): got {bad[:5]}")
+        else:
+            raise ValueError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        if not token_ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(token_ids)} tokens, but the model's context (max_model_len) is "
+                f"{self.max_model_len} tokens including at least one generated token: shorten the prompt"
+            )
+        return text, token_ids
 
     def new_request(
         self,
@@ -283,9 +302,10 @@ class InferenceEngine:
                 token_ids, logprobs = launched.unread.tolist(), [None] * len(launched.requests)
         else:
             token_ids, logprobs = launched.sampled.token_ids, launched.sampled.logprobs
+        now = time.perf_counter()
         with self.times.phase("output"):
             deltas = [
-                self._append_token(request, token, lp)
+                self._append_token(request, token, lp, now)
                 for request, token, lp in zip(launched.requests, token_ids, logprobs)
                 if request.status == RequestStatus.RUNNING
             ]
@@ -305,8 +325,13 @@ class InferenceEngine:
         graphs = self.runner.decode_graphs
         return graphs.torch_stream() if graphs is not None else nullcontext()
 
-    def _append_token(self, request: InferenceRequest, token: int, logprobs: Optional[TokenLogprobs]) -> RequestDelta:
+    def _append_token(
+        self, request: InferenceRequest, token: int, logprobs: Optional[TokenLogprobs], now: float
+    ) -> RequestDelta:
         request.token_ids.append(token)
+        if request.last_token_time is not None:
+            request.token_interval = now - request.last_token_time
+        request.last_token_time = now
         if request.logprobs is not None:
             request.logprobs.append(logprobs)
         params = request.params
@@ -350,8 +375,7 @@ class InferenceEngine:
     def _delta(request: InferenceRequest, token_ids: List[int], text: str, logprobs: Optional[list]) -> RequestDelta:
         if text:
             request.text_pieces.append(text)
-        return RequestDelta(request.request_id, token_ids, text, logprobs, request.finish_reason,
-                            request.num_cached_prompt_tokens or 0)
+        return RequestDelta(request.request_id, token_ids, text, logprobs, request.finish_reason)
 
     # ---- offline API ----------------------------------------------------------------------------------------
 
@@ -377,30 +401,6 @@ class InferenceEngine:
         while self._in_flight is not None and not self.scheduler.has_unfinished_requests():
             self.step()  # rows computed for nothing: leave the device idle, not busy behind the caller's back
         return [r.output() for r in requests]
-
-
-def check_prompt(
-    prompt: Prompt, tokenizer: CheckpointTokenizer, vocab_size: int, max_model_len: int
-) -> tuple[Optional[str], List[int]]:
-    """(text or None, token ids) of a prompt; ValueError naming the problem when it cannot run on an engine of
-    this vocabulary and context. The front door: what passes is trusted from here on."""
-    if isinstance(prompt, str):
-        text, token_ids = prompt, tokenizer.encode(prompt)
-    elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        text, token_ids = None, list(prompt)
-        bad = [t for t in token_ids if not 0 <= t < vocab_size]
-        if bad:
-            raise ValueError(f"prompt token ids must be in [0, {vocab_size}): got {bad[:5]}")
-    else:
-        raise ValueError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
-    if not token_ids:
-        raise ValueError("the prompt is empty: give at least one token")
-    if len(token_ids) >= max_model_len:
-        raise ValueError(
-            f"the prompt has {len(token_ids)} tokens, but the model's context (max_model_len) is "
-            f"{max_model_len} tokens including at least one generated token: shorten the prompt"
-        )
-    return text, token_ids
 
 
 def _find_stop(text: str, stops: List[str]) -> Optional[int]:

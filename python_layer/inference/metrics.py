@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from .client_request import ClientRequest
+from .inference_engine import InferenceEngine
+from .request import InferenceRequest
 from .step_times import PHASES, STEP_KINDS
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -58,24 +59,29 @@ class EngineMetrics:
         self._model_name = model_name
         self._seen = {"preemptions": 0, "queries": 0, "hits": 0, **{key: 0 for _, key in self._totals}}
 
-    def observe_engine(self, snapshot: Dict[str, Any]) -> None:
-        """Gauges and cumulative counters from an engine's snapshot (engine_core.engine_snapshot), after a step."""
-        self.running.set(snapshot["running"])
-        self.waiting.set(snapshot["waiting"])
-        self.prefix_pages.set(snapshot["prefix_pages"])
-        self.kv_usage.set(snapshot["kv_usage"])
-        self._add(self.preemptions, "preemptions", snapshot["preemptions"])
+    def observe_engine(self, engine: InferenceEngine) -> None:
+        """Gauges and cumulative counters read off the engine after a step (engine thread)."""
+        scheduler, kv = engine.scheduler, engine.kv_cache
+        self.running.set(len(scheduler.running))
+        self.waiting.set(len(scheduler.waiting))
+        cached = engine.prefix_cache.num_cached_pages if engine.prefix_cache else 0
+        self.prefix_pages.set(cached)
+        # pages referenced only by the prefix cache are reusable: they do not count as used
+        self.kv_usage.set(engine.num_request_pages / kv.num_usable_pages)
+        self._add(self.preemptions, "preemptions", scheduler.num_preemptions)
+        times = engine.times
         for counter, (field, name) in self._totals:
-            self._add(counter, (field, name), snapshot[field][name])
-        self._add(self.prefix_queries, "queries", snapshot["prefix_queries"])
-        self._add(self.prefix_hits, "hits", snapshot["prefix_hits"])
+            self._add(counter, (field, name), getattr(times, field)[name])
+        if engine.prefix_cache is not None:
+            self._add(self.prefix_queries, "queries", engine.prefix_cache.queried_tokens)
+            self._add(self.prefix_hits, "hits", engine.prefix_cache.hit_tokens)
 
     def _add(self, counter, key, total: float) -> None:
         counter.inc(total - self._seen[key])
         self._seen[key] = total
 
-    def observe_tokens(self, request: ClientRequest, new_tokens: int) -> None:
-        """A request got new tokens (as its delta comes in, right after the step that made them)."""
+    def observe_tokens(self, request: InferenceRequest, new_tokens: int) -> None:
+        """A request got new tokens (engine thread, right after the step that made them)."""
         if request.token_interval is None:
             self.ttft.observe(request.last_token_time - request.arrival_time)
             self.prompt_tokens.inc(request.num_prompt_tokens)

@@ -4,6 +4,7 @@ out about it (`RequestDelta`: only what is new), and its result once finished (`
 from __future__ import annotations
 
 import enum
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
@@ -41,7 +42,6 @@ class RequestDelta:
     text: str
     logprobs: Optional[List[Any]]  # one sampler.TokenLogprobs per new token, when asked for
     finish_reason: Optional[str] = None  # "stop" | "length" | "abort"; None while running
-    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
     @property
     def finished(self) -> bool:
@@ -68,7 +68,7 @@ class RequestOutput:
 
 @dataclass(eq=False)
 class InferenceRequest:
-    """A request from admission to its end: tokens, text, pages, prefix-cache lock. The engine thread
+    """A request from admission to its end: tokens, text, pages, prefix-cache lock, timings. The engine thread
     writes it; once FINISHED it no longer changes. Its prompt was validated before it was made."""
 
     request_id: str
@@ -88,6 +88,9 @@ class InferenceRequest:
     num_cached_tokens: int = 0  # tokens whose K/V are in the cache
     prefix_node: Optional[Any] = None  # the radix-cache node this request locks
     num_cached_prompt_tokens: Optional[int] = None  # prefix-cache hit at the first admission
+    arrival_time: float = field(default_factory=time.perf_counter)
+    last_token_time: Optional[float] = None
+    token_interval: Optional[float] = None  # seconds between the last two tokens (None after the first)
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)

@@ -79,7 +79,7 @@ def build_app(config: ServerConfig, loader: Loader, on_load_failure: Optional[Ca
     @app.post("/generate")
     async def generate(body: GenerateRequest, http_request: Request):
         prompt_ids = await state.token_ids(body.prompt)
-        room = state.require_engine().max_model_len - len(prompt_ids)
+        room = state.require_engine().engine.max_model_len - len(prompt_ids)
         stream = state.submit([prompt_ids], [body.sampling_params(state.config.sampling_defaults, room)],
                               new_request_id("gen"))
         deltas = state.outputs(http_request, stream)

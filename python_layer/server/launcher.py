@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import logging
 import os
 import sys
@@ -20,8 +19,6 @@ import uvicorn
 from bindings.gpu_options import GpuOptions
 
 from ..inference.async_engine import AsyncEngine
-from ..inference.engine_core import ThreadCore
-from ..inference.engine_process import ProcessCore
 from ..inference.inference_engine import InferenceEngine
 from ..inference.metrics import EngineMetrics
 from ..inference.sampling_params import SamplingParams
@@ -69,34 +66,27 @@ def served_name(args: argparse.Namespace) -> str:
     return random_model_dir(args.random_model).name if args.random_model else "mili-builtin"
 
 
-def build_engine(args: argparse.Namespace, gpu_options: GpuOptions) -> InferenceEngine:
-    """The engine `mili serve` options describe, loaded and warmed up (in the engine's process)."""
-    path = args.model
-    if args.random_model is not None:  # a config file's model config, without a checkpoint
-        with _phase("generating random weights of the config file's model shape"):
-            path = ensure_random_model(args.random_model)
-    # --kv-memory-fraction's share of the memory free before the weights: more than after, as room to leave
-    model = load_model(path, device=args.device, dtype=args.dtype, backend=args.backend, on_phase=_phase,
-                       weight_dtype=args.weight_dtype, kv_cache_dtype=args.kv_cache_dtype,
-                       num_kv_pages=args.kv_pages, kv_cache_memory_gb=_kv_memory_gb(args), page_size=args.page_size,
-                       gpu_options=gpu_options)
-    with _phase("allocating the KV cache and warming up"):
-        engine = InferenceEngine(model, num_kv_pages=args.kv_pages, kv_cache_memory_gb=_kv_memory_gb(args),
-                                 page_size=args.page_size, max_model_len=args.max_model_len,
-                                 max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                                 device_graphs=args.device_graphs, overlap=args.overlap)
-        engine.generate([[0, 1]], SamplingParams(max_tokens=2, ignore_eos=True))
-    print(f"[mili] serving {args.served_model_name} on http://{args.host}:{args.port} "
-          f"(max_model_len {engine.max_model_len}, {engine.kv_cache.num_pages} KV pages, "
-          f"max_num_seqs {args.max_num_seqs})", file=sys.stderr, flush=True)
-    return engine
-
-
 def make_loader(args: argparse.Namespace, gpu_options: GpuOptions) -> Callable[[EngineMetrics], AsyncEngine]:
     def load(metrics: EngineMetrics) -> AsyncEngine:
-        build = functools.partial(build_engine, args, gpu_options)
-        core = ProcessCore(build) if args.engine_process else ThreadCore(build())
-        return AsyncEngine(core, max_queue_len=args.max_queue_len, metrics=metrics)
+        path = args.model
+        if args.random_model is not None:  # a config file's model config, without a checkpoint
+            with _phase("generating random weights of the config file's model shape"):
+                path = ensure_random_model(args.random_model)
+        # --kv-memory-fraction's share of the memory free before the weights: more than after, as room to leave
+        model = load_model(path, device=args.device, dtype=args.dtype, backend=args.backend, on_phase=_phase,
+                           weight_dtype=args.weight_dtype, kv_cache_dtype=args.kv_cache_dtype,
+                           num_kv_pages=args.kv_pages, kv_cache_memory_gb=_kv_memory_gb(args), page_size=args.page_size,
+                           gpu_options=gpu_options)
+        with _phase("allocating the KV cache and warming up"):
+            engine = InferenceEngine(model, num_kv_pages=args.kv_pages, kv_cache_memory_gb=_kv_memory_gb(args),
+                                     page_size=args.page_size, max_model_len=args.max_model_len,
+                                     max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                                     device_graphs=args.device_graphs, overlap=args.overlap)
+            engine.generate([[0, 1]], SamplingParams(max_tokens=2, ignore_eos=True))
+        print(f"[mili] serving {args.served_model_name} on http://{args.host}:{args.port} "
+              f"(max_model_len {engine.max_model_len}, {engine.kv_cache.num_pages} KV pages, "
+              f"max_num_seqs {args.max_num_seqs})", file=sys.stderr, flush=True)
+        return AsyncEngine(engine, max_queue_len=args.max_queue_len, metrics=metrics)
 
     return load
 

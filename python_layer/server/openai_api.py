@@ -30,7 +30,7 @@ def _state(request: Request) -> ServerState:
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict:
     state = _state(request)
-    engine = state.require_engine()
+    engine = state.require_engine().engine
     return {"object": "list", "data": [{"id": state.config.model_name, "object": "model", "created": int(time.time()),
                                         "owned_by": "mili", "max_model_len": engine.max_model_len}]}
 
@@ -92,12 +92,12 @@ class _Call:
 
     def __init__(self, state: ServerState, request: Request, body: _OpenAIRequest, prompts: List[List[int]],
                  kind: str, logprobs: Optional[int], max_tokens: Optional[int] = None) -> None:
-        engine = state.require_engine()
+        engine = state.require_engine().engine
         self.tokenizer: CheckpointTokenizer = engine.tokenizer
         self.body, self.prompts = body, prompts
         self.id, self.created = new_request_id(kind), int(time.time())
         self.model = state.config.model_name
-        defaults = {**engine.generation_defaults, **state.config.sampling_defaults}
+        defaults = {**engine.model.config.generation_defaults, **state.config.sampling_defaults}
         ids, params = [], []
         for prompt in prompts:
             limit = max_tokens or body.max_tokens or engine.max_model_len - len(prompt)

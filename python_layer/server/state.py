@@ -51,7 +51,7 @@ class ServerState:
             self.load_error = f"{type(e).__name__}: {e}"
             on_failure()
             return
-        self.formatter = ChatTemplate(engine.tokenizer)
+        self.formatter = ChatTemplate(engine.engine.tokenizer)
         self.engine = engine
 
     @property
@@ -78,7 +78,7 @@ class ServerState:
     async def token_ids(self, prompt: Prompt) -> List[int]:
         """The prompt's token ids (tokenized off the event loop); 400 naming the problem (empty, bad ids,
         longer than the context)."""
-        engine = self.require_engine()
+        engine = self.require_engine().engine
         try:
             return (await asyncio.to_thread(engine.check_prompt, prompt))[1]
         except ValueError as e:
@@ -92,7 +92,7 @@ class ServerState:
         if len(prompts) > engine.capacity:  # would be refused however long the client waits: not a 503
             raise ApiError(400, f"the request asks for {len(prompts)} completions (n times the prompts), more than the "
                                 f"server can hold at once: at most {engine.capacity}", param="n")
-        context = engine.max_model_len
+        context = engine.engine.max_model_len
         for prompt, p in zip(prompts, params):
             if len(prompt) + p.max_tokens > context:  # refused, as vLLM does, rather than cut short without a word
                 raise ApiError(400, f"the model's context is {context} tokens (max_model_len), but this request asks "

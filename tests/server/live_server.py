@@ -1,6 +1,5 @@
-"""A real uvicorn server on a free loopback port, in a thread of the test process, its engine on a thread too (so
-tests can also look at it), serving the tiny checkpoint on the Mojo backend; `start_mili_serve` runs `mili serve`
-itself, its engine in a process of its own."""
+"""A real uvicorn server on a free loopback port, in a thread of the test process (so tests can also look
+at its engine), serving the tiny checkpoint on the Mojo backend."""
 
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ import uvicorn
 
 from python_layer import InferenceEngine
 from python_layer.inference.async_engine import AsyncEngine
-from python_layer.inference.engine_core import ThreadCore
 from python_layer.server.app import build_app
 from python_layer.server.header_timeout import HeaderTimeoutProtocol
 from python_layer.server.state import ServerConfig, ServerState
@@ -32,7 +30,7 @@ def tiny_loader(checkpoint: Path, max_queue_len: int = 256, **engine_args):
 
     def load(metrics) -> AsyncEngine:
         engine = InferenceEngine.from_pretrained(checkpoint, debug_checks=True, **engine_args)
-        return AsyncEngine(ThreadCore(engine), max_queue_len=max_queue_len, metrics=metrics)
+        return AsyncEngine(engine, max_queue_len=max_queue_len, metrics=metrics)
 
     return load
 
@@ -62,7 +60,7 @@ class LiveServer:
 
     @property
     def engine(self) -> InferenceEngine:
-        return self.state.engine.core.engine
+        return self.state.engine.engine
 
     def wait_until_ready(self, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout

@@ -7,12 +7,11 @@ from pathlib import Path
 
 from python_layer import InferenceEngine, SamplingParams
 from python_layer.inference.async_engine import AsyncEngine
-from python_layer.inference.engine_core import ThreadCore
 
 
 def test_a_step_wakes_the_event_loop_once_whatever_its_batch(tiny_checkpoint: Path) -> None:
     engine = InferenceEngine.from_pretrained(tiny_checkpoint, num_kv_pages=256)
-    async_engine = AsyncEngine(ThreadCore(engine))
+    async_engine = AsyncEngine(engine)
 
     async def run() -> tuple[int, list]:
         loop = asyncio.get_running_loop()

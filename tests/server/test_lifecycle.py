@@ -145,7 +145,7 @@ def test_a_request_that_fails_in_the_engine_does_not_take_the_server_down(tiny_c
 
     def loader(metrics):
         engine = load(metrics)
-        engine.core.engine.sampler = _FailingSampler(engine.core.engine.sampler)
+        engine.engine.sampler = _FailingSampler(engine.engine.sampler)
         return engine
 
     live = LiveServer(loader)

@@ -31,7 +31,7 @@ def scripted(tiny_checkpoint: Path) -> Iterator[LiveServer]:
 
     def loader(metrics):
         engine = load(metrics)
-        engine.core.engine.sampler = ScriptedSampler(engine.core.engine.tokenizer.encode(ANSWER))
+        engine.engine.sampler = ScriptedSampler(engine.engine.tokenizer.encode(ANSWER))
         return engine
 
     live = LiveServer(loader)

@@ -35,7 +35,7 @@ def server(tiny_checkpoint: Path) -> Iterator[LiveServer]:
 
     def loader(metrics):
         engine = load(metrics)
-        engine.core.engine.sampler = ScriptedSampler([0])
+        engine.engine.sampler = ScriptedSampler([0])
         return engine
 
     live = LiveServer(loader)

@@ -95,7 +95,7 @@ def test_the_server_and_from_pretrained_size_the_pool_for_their_kv_cache(tiny_ch
     def serve(*flags: str) -> None:
         args = build_parser().parse_args(["serve", "--model", str(tiny_checkpoint), *flags])
         args.random_model = None  # as `mili serve` sets it without a config file
-        launcher.build_engine(args, GpuOptions())
+        launcher.make_loader(args, GpuOptions())(None)
 
     for flags, expected in [(["--kv-pages", "300"], 300 * page), (["--kv-cache-memory-gb", "1"], (GiB // page) * page)]:
         with pytest.raises(Stop):
