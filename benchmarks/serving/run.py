@@ -1,5 +1,6 @@
 """`mili bench serving`: a concurrency sweep of OpenAI-compatible servers with guidellm, cross-checked by a
-light asyncio client, MILI beside llama.cpp's server in the same run.
+light asyncio client, MILI beside llama.cpp's server and vLLM's CPU build's (`--systems mili,llama,vllm`) in the
+same run.
 
 Starts every system's server, then at each concurrency runs each server in turn with guidellm (closed-loop
 streams, at least `--requests` streamed /v1/completions and two per stream, synthetic prompts of
@@ -32,7 +33,7 @@ from benchmarks.serving import plots
 from benchmarks.serving.offline import offline_point
 from benchmarks.common import print_table, settle, write_json
 from benchmarks.serving.cpu_meter import CpuMeter
-from benchmarks.serving.servers import PEERS, Server, start_llama, start_mili
+from benchmarks.serving.servers import PEERS, Server, start_llama, start_mili, start_vllm
 
 from python_layer.model.random_checkpoint import builtin_model_path
 
@@ -158,16 +159,19 @@ def _servers(args: argparse.Namespace, log_dir: Path):
         if system == "mili":
             for dtype in args.mili_weight_dtypes:
                 yield start_mili(args.model, dtype, args.mili_kv_cache_dtype, log_dir)
-        else:
+        elif system == "llama":
             for gguf in args.llama_ggufs:
                 yield start_llama(PEERS / "gguf" / Path(args.model).name / f"{gguf}.gguf", args.threads, log_dir,
                                   slots=max(args.concurrencies))
+        else:
+            for dtype in args.vllm_dtypes:
+                yield start_vllm(args.vllm_model or args.model, dtype, log_dir, max(args.concurrencies))
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="checkpoint directory (default: the built-in model)")
-    parser.add_argument("--systems", default="mili,llama", help="comma-separated: mili, llama")
+    parser.add_argument("--systems", default="mili,llama", help="comma-separated: mili, llama, vllm")
     parser.add_argument("--url", default=None, help="drive this running server instead of starting any")
     parser.add_argument("--served-model", default="mili", help="with --url: the model name it serves")
     parser.add_argument("--concurrencies", default="1,2,4,8,16")
@@ -182,20 +186,29 @@ def main(argv=None) -> int:
     parser.add_argument("--llama-ggufs", default="bf16",
                         help="comma-separated, a llama-server each: f32, bf16, q8_0, q4_0, q4_k_m "
                              "(benchmarks/peers/setup.sh writes them)")
+    parser.add_argument("--vllm-dtypes", default="bfloat16",
+                        help="comma-separated, a vLLM server each (benchmarks/peers/setup.sh vllm installs it): "
+                             "bfloat16, float32")
+    parser.add_argument("--vllm-model", default=None,
+                        help="the checkpoint vLLM serves (default: --model), e.g. a W8A8 one of the same weights "
+                             "(benchmarks/peers/w8a8_checkpoint.py)")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--clients", default="guidellm,light", help="comma-separated: guidellm, light")
     parser.add_argument("--no-offline", action="store_true", help="no offline run of the workload")
     args = parser.parse_args(argv)
     args.llama_ggufs = [g.strip() for g in args.llama_ggufs.split(",") if g.strip()]
     args.mili_weight_dtypes = [d.strip() for d in args.mili_weight_dtypes.split(",") if d.strip()]
+    args.vllm_dtypes = [d.strip() for d in args.vllm_dtypes.split(",") if d.strip()]
     args.clients = [c.strip() for c in args.clients.split(",") if c.strip()]
     if not args.clients or set(args.clients) - {"guidellm", "light"}:
         parser.error(f"--clients: {args.clients}; choose from guidellm, light")
     args.model = str(Path(args.model or builtin_model_path()).resolve())
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    unknown = set(args.systems) - {"mili", "llama"}
+    unknown = set(args.systems) - {"mili", "llama", "vllm"}
     if unknown:
-        parser.error(f"--systems: unknown {sorted(unknown)}; choose from mili, llama")
+        parser.error(f"--systems: unknown {sorted(unknown)}; choose from mili, llama, vllm")
+    if args.vllm_model:
+        args.vllm_model = str(Path(args.vllm_model).resolve())
     args.concurrencies = [int(c) for c in args.concurrencies.split(",")]
     load = os.getloadavg()[0]
     if load > 1:
@@ -224,7 +237,8 @@ def main(argv=None) -> int:
                 model=args.model, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
                 requests=args.requests, sampling=SAMPLING, load_average=load,
                 mili_weight_dtypes=args.mili_weight_dtypes, mili_kv_cache_dtype=args.mili_kv_cache_dtype,
-                llama_ggufs=args.llama_ggufs, threads=args.threads, failed=failed)
+                llama_ggufs=args.llama_ggufs, vllm_dtypes=args.vllm_dtypes, vllm_model=args.vllm_model,
+                threads=args.threads, failed=failed)
     out = write_json("serving", meta, rows)
     title = (f"{Path(args.model).name}: {args.prompt_tokens} tokens in, {args.output_tokens} out, "
              f"at least {args.requests} requests and 2 a stream per point ({args.clients[0]})")

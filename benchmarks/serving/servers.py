@@ -1,5 +1,6 @@
-"""The servers `mili bench serving` starts: MILI's `mili serve` and llama.cpp's `llama-server`, each a
-process of its own on a free loopback port, stopped (SIGTERM, then SIGKILL) when the sweep is done."""
+"""The servers `mili bench serving` starts: MILI's `mili serve`, llama.cpp's `llama-server` and vLLM's CPU build's
+OpenAI server, each a process of its own on a free loopback port, stopped (SIGTERM, then SIGKILL) when the sweep is
+done."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import List, Optional
 
 import httpx
 
-PEERS = Path(__file__).resolve().parents[1] / "peers" / ".peers"
+from benchmarks.peers.run import PEERS, VLLM_ENV, VLLM_PYTHON
 
 
 @dataclass
@@ -68,6 +69,19 @@ def start_llama(gguf: Path, threads: int, log_dir: Path, slots: int = 8) -> Serv
            "-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(1024 * slots), "--load-mode", "none",
            "--cache-ram", "0"]
     return _start(f"llama.cpp {gguf.stem}", "llama", port, cmd, dict(os.environ), log_dir / f"llama-{gguf.stem}.log")
+
+
+def start_vllm(checkpoint: str, dtype: str, log_dir: Path, max_num_seqs: int) -> Server:
+    """vLLM's CPU build's OpenAI server (its venv from benchmarks/peers/setup.sh vllm) on both cores, as `mili bench
+    peers` runs it offline (VLLM_ENV), with room for `max_num_seqs` sequences of 1,024 tokens (2 GiB of KV cache)."""
+    if not VLLM_PYTHON.is_file():
+        raise SystemExit(f"{VLLM_PYTHON} not found: run `bash benchmarks/peers/setup.sh vllm` first")
+    port = free_port()
+    cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", checkpoint, "--dtype", dtype,
+           "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "vllm", "--max-model-len", "1024",
+           "--max-num-seqs", str(max(max_num_seqs, 8)), "--disable-uvicorn-access-log"]
+    env = {**os.environ, **VLLM_ENV, "VLLM_CPU_KVCACHE_SPACE": "2"}
+    return _start(f"vLLM {dtype}", "vllm", port, cmd, env, log_dir / f"vllm-{dtype}.log")
 
 
 def _start(name: str, model: str, port: int, cmd: List[str], env: dict, log: Path) -> Server:

@@ -194,3 +194,27 @@ def test_each_mili_format_gets_its_offline_points_and_its_breakdown(monkeypatch:
                      "--mili-weight-dtypes", "int8,int4"]) == 0
     assert written["meta"]["mili_weight_dtypes"] == ["int8", "int4"]
     assert ("s-breakdown-int4.png", 2) in drawn and ("s-breakdown-int8.png", 2) in drawn
+
+
+def test_vllms_server_runs_from_its_venv_on_both_cores(monkeypatch, tmp_path: Path) -> None:
+    from benchmarks.serving import run, servers
+
+    python = tmp_path / "python"
+    python.touch()
+    monkeypatch.setattr(servers, "VLLM_PYTHON", python)
+    started = []
+    monkeypatch.setattr(servers, "_start",
+                        lambda name, model, port, cmd, env, log: started.append((model, cmd, env)) or name)
+    args = argparse.Namespace(url=None, systems=["vllm"], vllm_dtypes=["bfloat16", "float32"], vllm_model=None,
+                              model="/m", concurrencies=[1, 32])
+    assert list(run._servers(args, tmp_path)) == ["vLLM bfloat16", "vLLM float32"]
+    model, cmd, env = started[0]
+    assert model == "vllm" and cmd[:3] == [str(python), "-m", "vllm.entrypoints.openai.api_server"]
+    assert [cmd[cmd.index(flag) + 1] for flag in ("--model", "--dtype", "--max-num-seqs")] == ["/m", "bfloat16", "32"]
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1" and env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    started.clear()
+    list(run._servers(argparse.Namespace(**{**vars(args), "vllm_model": "/w8a8"}), tmp_path))
+    assert all(cmd[cmd.index("--model") + 1] == "/w8a8" for _, cmd, _ in started)
+    monkeypatch.setattr(servers, "VLLM_PYTHON", tmp_path / "missing")
+    with pytest.raises(SystemExit, match="setup.sh vllm"):
+        list(run._servers(args, tmp_path))
