@@ -103,15 +103,21 @@ def open_llama(gguf: Path, kv: str, args: argparse.Namespace) -> latency.Subject
 
 # ---- vLLM ---------------------------------------------------------------------------------------------------
 
-def open_vllm(path: str, dtype: str, args: argparse.Namespace) -> latency.Subject:
-    """vLLM's CPU build, offline, in its own process and venv (vllm_worker.py): a prefill is the time of one
-    generate of 1 token, a decode generate(prompts, new_tokens) - generate(prompts, 1)."""
+def vllm_python() -> Path:
+    """The python of vLLM's venv; SystemExit saying how to make it when it is missing."""
     if not VLLM_PYTHON.is_file():
         raise SystemExit(f"{VLLM_PYTHON} is missing: install vLLM's CPU build first with\n"
                          f"  bash {HERE / 'setup.sh'} vllm")
+    return VLLM_PYTHON
+
+
+def open_vllm(path: str, dtype: str, args: argparse.Namespace) -> latency.Subject:
+    """vLLM's CPU build, offline, in its own process and venv (vllm_worker.py): a prefill is the time of one
+    generate of 1 token, a decode generate(prompts, new_tokens) - generate(prompts, 1)."""
+    python = vllm_python()
     max_len = max(args.prefill_len, args.prompt_len + args.new_tokens) + 16
     worker = subprocess.Popen(
-        [str(c) for c in (VLLM_PYTHON, HERE / "vllm_worker.py", path, dtype, max_len, max(latency.batch_sizes(args)))],
+        [str(c) for c in (python, HERE / "vllm_worker.py", path, dtype, max_len, max(latency.batch_sizes(args)))],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, **VLLM_ENV},
     )
 

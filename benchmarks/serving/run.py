@@ -168,6 +168,11 @@ def _servers(args: argparse.Namespace, log_dir: Path):
                 yield start_vllm(args.vllm_model or args.model, dtype, log_dir, max(args.concurrencies))
 
 
+def _names(text: str) -> List[str]:
+    """The items of a comma-separated option, blanks dropped."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="checkpoint directory (default: the built-in model)")
@@ -196,14 +201,14 @@ def main(argv=None) -> int:
     parser.add_argument("--clients", default="guidellm,light", help="comma-separated: guidellm, light")
     parser.add_argument("--no-offline", action="store_true", help="no offline run of the workload")
     args = parser.parse_args(argv)
-    args.llama_ggufs = [g.strip() for g in args.llama_ggufs.split(",") if g.strip()]
-    args.mili_weight_dtypes = [d.strip() for d in args.mili_weight_dtypes.split(",") if d.strip()]
-    args.vllm_dtypes = [d.strip() for d in args.vllm_dtypes.split(",") if d.strip()]
-    args.clients = [c.strip() for c in args.clients.split(",") if c.strip()]
+    args.llama_ggufs = _names(args.llama_ggufs)
+    args.mili_weight_dtypes = _names(args.mili_weight_dtypes)
+    args.vllm_dtypes = _names(args.vllm_dtypes)
+    args.clients = _names(args.clients)
     if not args.clients or set(args.clients) - {"guidellm", "light"}:
         parser.error(f"--clients: {args.clients}; choose from guidellm, light")
     args.model = str(Path(args.model or builtin_model_path()).resolve())
-    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    args.systems = _names(args.systems)
     unknown = set(args.systems) - {"mili", "llama", "vllm"}
     if unknown:
         parser.error(f"--systems: unknown {sorted(unknown)}; choose from mili, llama, vllm")

@@ -16,7 +16,7 @@ from typing import List, Optional
 
 import httpx
 
-from benchmarks.peers.run import PEERS, VLLM_ENV, VLLM_PYTHON
+from benchmarks.peers.run import PEERS, VLLM_ENV, vllm_python
 
 
 @dataclass
@@ -74,10 +74,9 @@ def start_llama(gguf: Path, threads: int, log_dir: Path, slots: int = 8) -> Serv
 def start_vllm(checkpoint: str, dtype: str, log_dir: Path, max_num_seqs: int) -> Server:
     """vLLM's CPU build's OpenAI server (its venv from benchmarks/peers/setup.sh vllm) on both cores, as `mili bench
     peers` runs it offline (VLLM_ENV), with room for `max_num_seqs` sequences of 1,024 tokens (2 GiB of KV cache)."""
-    if not VLLM_PYTHON.is_file():
-        raise SystemExit(f"{VLLM_PYTHON} not found: run `bash benchmarks/peers/setup.sh vllm` first")
+    python = vllm_python()
     port = free_port()
-    cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", checkpoint, "--dtype", dtype,
+    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", checkpoint, "--dtype", dtype,
            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "vllm", "--max-model-len", "1024",
            "--max-num-seqs", str(max(max_num_seqs, 8)), "--disable-uvicorn-access-log"]
     env = {**os.environ, **VLLM_ENV, "VLLM_CPU_KVCACHE_SPACE": "2"}

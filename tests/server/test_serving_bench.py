@@ -197,11 +197,12 @@ def test_each_mili_format_gets_its_offline_points_and_its_breakdown(monkeypatch:
 
 
 def test_vllms_server_runs_from_its_venv_on_both_cores(monkeypatch, tmp_path: Path) -> None:
+    from benchmarks.peers import run as peers
     from benchmarks.serving import run, servers
 
     python = tmp_path / "python"
     python.touch()
-    monkeypatch.setattr(servers, "VLLM_PYTHON", python)
+    monkeypatch.setattr(peers, "VLLM_PYTHON", python)
     started = []
     monkeypatch.setattr(servers, "_start",
                         lambda name, model, port, cmd, env, log: started.append((model, cmd, env)) or name)
@@ -215,6 +216,6 @@ def test_vllms_server_runs_from_its_venv_on_both_cores(monkeypatch, tmp_path: Pa
     started.clear()
     list(run._servers(argparse.Namespace(**{**vars(args), "vllm_model": "/w8a8"}), tmp_path))
     assert all(cmd[cmd.index("--model") + 1] == "/w8a8" for _, cmd, _ in started)
-    monkeypatch.setattr(servers, "VLLM_PYTHON", tmp_path / "missing")
+    monkeypatch.setattr(peers, "VLLM_PYTHON", tmp_path / "missing")
     with pytest.raises(SystemExit, match="setup.sh vllm"):
         list(run._servers(args, tmp_path))
