@@ -42,7 +42,9 @@ comptime BLOCK_ROWS = 8 if F32_WIDTH >= 16 else 4
 """Rows of a KV head that share each staged key / value vector loaded (_rows_block: 2 x BLOCK_ROWS accumulator
 vectors with AVX-512). Qwen3-0.6B's heads, one prompt of 512 (2,048) tokens, float32 cache, Intel Xeon without AMX,
 best of 4 alternated runs: 8 rows 5.09 ms (66.2), 4 rows 5.35 (70.7); its AVX2 code, 4 rows 10.0 (135), 2 rows
-10.8 (144)."""
+10.8 (144). _pair_rows too: 8 rows keep 16 vdpbf16ps chains apart, and Zen 5 (two a cycle) needs 12 to stay
+busy at Zen 4's 6 cycles' latency. Zen 4's code on the Intel Xeon VM, 512 tokens, 2 alternated runs: 9.26-9.59 ms
+against 9.62-9.67 for 4 rows."""
 comptime VALUE_WIDTH = 2 * F32_WIDTH
 """Head dimensions of a row accumulated per pass over a staged value block (two registers)."""
 comptime PAIR_LANES = 2 * F32_WIDTH
@@ -61,6 +63,15 @@ def _block_offsets(page_table: Ptr[DType.int32], table_row: Int, j0: Int, n_keys
         if slot == page_size:
             page, slot = page + 1, 0
     return offsets^
+
+
+@always_inline
+def _head_rows[R: Int](kv_rows: Ptr[DType.int64], at: Int) -> IndexList[R]:
+    """Rows kv_rows[at .. at + R - 1]: R rows of one KV head."""
+    var rows = IndexList[R](fill=0)
+    comptime for r in range(R):
+        rows[r] = Int(kv_rows.unsafe_load(at + r))
+    return rows
 
 
 @always_inline
@@ -262,21 +273,17 @@ def _direct_block[dtype: DType, scores: Bool](
                 _prefetch_head(next_cache, next_offsets, 0, min(KEY_GROUP, next_keys), head_off, head_dim)
             var k = 0
             while k < group_rows:
-                var r0 = Int(kv_rows.unsafe_load(at + k))
                 if k + 4 <= group_rows:
-                    var rows = IndexList[4](r0, Int(kv_rows.unsafe_load(at + k + 1)), Int(kv_rows.unsafe_load(at + k + 2)),
-                                            Int(kv_rows.unsafe_load(at + k + 3)))
-                    _direct_rows[dtype, 4, scores](buf, rows, cache, offsets, head_off, j0, jj, jj_end, s_off, acc_off,
-                                                   last_off, head_dim)
+                    _direct_rows[dtype, 4, scores](buf, _head_rows[4](kv_rows, at + k), cache, offsets, head_off, j0,
+                                                   jj, jj_end, s_off, acc_off, last_off, head_dim)
                     k += 4
                 elif k + 2 <= group_rows:
-                    var rows = IndexList[2](r0, Int(kv_rows.unsafe_load(at + k + 1)))
-                    _direct_rows[dtype, 2, scores](buf, rows, cache, offsets, head_off, j0, jj, jj_end, s_off, acc_off,
-                                                   last_off, head_dim)
+                    _direct_rows[dtype, 2, scores](buf, _head_rows[2](kv_rows, at + k), cache, offsets, head_off, j0,
+                                                   jj, jj_end, s_off, acc_off, last_off, head_dim)
                     k += 2
                 else:
-                    _direct_rows[dtype, 1, scores](buf, IndexList[1](r0), cache, offsets, head_off, j0, jj, jj_end, s_off,
-                                                   acc_off, last_off, head_dim)
+                    _direct_rows[dtype, 1, scores](buf, _head_rows[1](kv_rows, at + k), cache, offsets, head_off, j0,
+                                                   jj, jj_end, s_off, acc_off, last_off, head_dim)
                     k += 1
 
 
@@ -661,14 +668,13 @@ def attention_cpu[dtype: DType, cache_type: DType](
                             var kt, vb = kt_off + g * head_dim * KEY_BLOCK, vb_off + g * KEY_BLOCK * head_dim
                             var at = g * per_head
                             var k = 0
-                            while k + 4 <= group_rows:
-                                var rows4 = IndexList[4](Int(kv_rows.unsafe_load(at + k)), Int(kv_rows.unsafe_load(at + k + 1)),
-                                                         Int(kv_rows.unsafe_load(at + k + 2)), Int(kv_rows.unsafe_load(at + k + 3)))
-                                _pair_rows(buf, rows4, j0, n_keys, kt, vb, s_off, acc_off, m_off, l_off, last_off, head_dim)
-                                k += 4
+                            while k + BLOCK_ROWS <= group_rows:
+                                _pair_rows(buf, _head_rows[BLOCK_ROWS](kv_rows, at + k), j0, n_keys, kt, vb, s_off,
+                                           acc_off, m_off, l_off, last_off, head_dim)
+                                k += BLOCK_ROWS
                             for kk in range(k, group_rows):
-                                var row = IndexList[1](Int(kv_rows.unsafe_load(at + kk)))
-                                _pair_rows(buf, row, j0, n_keys, kt, vb, s_off, acc_off, m_off, l_off, last_off, head_dim)
+                                _pair_rows(buf, _head_rows[1](kv_rows, at + kk), j0, n_keys, kt, vb, s_off, acc_off,
+                                           m_off, l_off, last_off, head_dim)
                         continue
                     for g in range(kv_heads):  # each head staged where the last one was: it stays in L1
                         _stage_head[cache_type](buf, kt_off, vb_off, k_cache, v_cache, offsets, n_keys, g * head_len,
@@ -677,10 +683,8 @@ def attention_cpu[dtype: DType, cache_type: DType](
                         var k = 0
                         if head_dim % VALUE_WIDTH == 0:
                             while k + BLOCK_ROWS <= group_rows:
-                                var rows = IndexList[BLOCK_ROWS](fill=0)
-                                comptime for r in range(BLOCK_ROWS):
-                                    rows[r] = Int(kv_rows.unsafe_load(at + k + r))
-                                _rows_block(buf, rows, j0, n_keys, kt_off, vb_off, s_off, acc_off, m_off, l_off,
+                                _rows_block(buf, _head_rows[BLOCK_ROWS](kv_rows, at + k), j0, n_keys, kt_off, vb_off,
+                                            s_off, acc_off, m_off, l_off,
                                             last_off, head_dim)
                                 k += BLOCK_ROWS
                         while k < group_rows:
