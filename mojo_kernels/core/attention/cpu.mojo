@@ -684,8 +684,7 @@ def attention_cpu[dtype: DType, cache_type: DType](
                         if head_dim % VALUE_WIDTH == 0:
                             while k + BLOCK_ROWS <= group_rows:
                                 _rows_block(buf, _head_rows[BLOCK_ROWS](kv_rows, at + k), j0, n_keys, kt_off, vb_off,
-                                            s_off, acc_off, m_off, l_off,
-                                            last_off, head_dim)
+                                            s_off, acc_off, m_off, l_off, last_off, head_dim)
                                 k += BLOCK_ROWS
                         while k < group_rows:
                             var r = Int(kv_rows.unsafe_load(at + k))
