@@ -32,7 +32,7 @@ from mojo_kernels.core.sampling import check_sample_top_k, sample_top_k_cpu
 from mojo_kernels.core.top_k import check_top_k, top_k_cpu
 from mojo_kernels.memory.kv_cache import check_store_kv, store_kv_cpu
 from mojo_kernels.utils.parallel import OpenMP
-from mojo_kernels.utils.types import F16, F32, F32_WIDTH, Ptr
+from mojo_kernels.utils.types import BF16_DOT, F16, F32, F32_WIDTH, Ptr
 
 comptime I32 = DType.int32
 comptime PyArgs = Pointer[PyObjectPtr, MutUntrackedOrigin]
@@ -361,7 +361,7 @@ def float32_tiled() raises -> PythonObject:
 
 
 def bf16_pair_panels() raises -> PythonObject:
-    return PythonObject(AMX)
+    return PythonObject(AMX or BF16_DOT)
 
 
 def float32_lanes() raises -> PythonObject:
@@ -375,7 +375,7 @@ def _add_ops(mut m: PythonModuleBuilder) raises:
     m.def_function[float32_tiled]("float32_tiled", docstring=(
         "Whether the linear kernels read float32 weights fastest tiled (as panels)."))
     m.def_function[bf16_pair_panels]("bf16_pair_panels", docstring=(
-        "Whether the linear kernels read bfloat16 weights fastest as pair panels (on AMX tiles)"))
+        "Whether the linear kernels read bfloat16 weights fastest as pair panels (AMX tiles or vdpbf16ps)"))
     m.def_function[float32_lanes]("float32_lanes", docstring="float32 lanes of the kernels' vectors (16: AVX-512)")
     # names must be static strings: one line per op and dtype
     m.def_py_c_function(_fastcall[rms_norm[DType.float32]], "rms_norm_float32")

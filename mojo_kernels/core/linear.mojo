@@ -76,8 +76,8 @@ do not repay. Decode steps of Qwen3-0.6B's shape on a 2-core Zen 4, against a th
 173 ms in bfloat16, at 32 190 / 251 (int8 and int4 then had decode tiles too: 99 / 157 and 100 / 158 at 16 rows; at
 64 their panels won, 304 / 373 and 316 / 384)."""
 comptime BF16_DECODE_ROWS = 64 if BF16_DOT else DECODE_ROWS
-"""DECODE_ROWS for bfloat16 weights: with vdpbf16ps the decode tiles beat the pair panels packed per call up to 64 rows
-of x. Zen 4, tiled weights, 40 / 64 rows, GFLOP/s on 2 cores, panels -> tiles: [1536, 2048] (a Qwen3-30B-A3B
+"""DECODE_ROWS for bfloat16 weights not stored as pair panels (MoE experts): with vdpbf16ps the decode tiles beat the
+pair panels packed per call up to 64 rows of x. Zen 4, tiled weights, 40 / 64 rows, GFLOP/s on 2 cores, panels -> tiles: [1536, 2048] (a Qwen3-30B-A3B
 expert's gate_up, whose blocks are a few dozen rows in a prefill) 118-154 -> 254-275 / 166-179 -> 259-270,
 [2048, 768] 212-248 -> 242-254 / 248-282 -> 251-272, [4096, 1024] 221-251 -> 247-296 / 249-276 -> 251-289,
 [1024, 3072] 202-241 -> 224-274 / 204-264 -> 217-241 (from 96 rows the panels win that one)."""
@@ -102,7 +102,11 @@ comptime PAIR_PANEL_ROWS = 12
 comptime PAIR_TILE_ROWS = 32
 """Rows of a bfloat16 weight stored as pair panels ([N / 32, K / 2, 32, 2]: each 32 rows' column pairs in turn, the
 words AMX tiles and vdpbf16ps read; reference.tile_weight(w, pairs=True)), read in place at every batch size
-(linear_pair_panels). On AVX-512 only (PANEL is 32 there)."""
+(linear_pair_panels; the first pass over a panel streams it, QUAD_PREFETCH_BYTES ahead). On AVX-512 only (PANEL is
+32 there); the model loader stores them where the CPU has AMX or BF16_DOT. Zen 4's code on an Intel Xeon VM,
+Qwen3-0.6B's shape, against the decode tiles and panels packed per call, 2 alternated rounds: a 512-token prefill
+2.53-2.55 against 2.53-2.79 s (bfloat16 activations 2.40-2.45 against 2.59-2.72), decode steps at 1 / 8 / 16 rows
+52.6-53.5 / 85-88 / 138-147 against 53-56 / 98-105 / 172-175 ms."""
 comptime AMX_STORED_PANELS = 4
 """Stored pair panels per work item on AMX tiles: a tile configuration and a buffer serve them all."""
 comptime AMX_CHUNK_STEPS = 8
@@ -329,6 +333,36 @@ def _round_x[a_type: DType, to: DType](x: Ptr[a_type], dst: Ptr[to], count: Int)
         i += W
     for t in range(i, count):
         dst.unsafe_store(t, narrow[DType.bfloat16, 1](load_f32[a_type, 1](x, t)).cast[to]())
+
+
+struct _RoundRows[a_type: DType](ChunkTask):
+    """Item: AMX_ROWS rows of x [m, k] rounded to bfloat16 (_round_x)."""
+
+    var x: Addr[Self.a_type]
+    var dst: Addr[DType.bfloat16]
+    var m: Int
+    var k: Int
+
+    def __init__(out self, x: Ptr[Self.a_type], dst: Ptr[DType.bfloat16], m: Int, k: Int):
+        self.x, self.dst, self.m, self.k = addr(x), addr(dst), m, k
+
+    def run(self, item: Int):
+        var r0 = item * AMX_ROWS
+        var count = (min(r0 + AMX_ROWS, self.m) - r0) * self.k
+        _round_x(ptr(self.x).unsafe_offset(r0 * self.k), ptr(self.dst).unsafe_offset(r0 * self.k), count)
+
+
+def _bf16_x[a_type: DType, R: Runner](runner: R, x: Ptr[a_type], m: Int, k: Int, mut rounded: List[BFloat16]) -> Ptr[
+    DType.bfloat16
+]:
+    """x [m, k] as bfloat16 for the dot products of pairs: x itself when it is bfloat16, else rounded into `rounded`
+    (the caller keeps it alive), on every thread from PARALLEL_X_ROWS rows."""
+    comptime if a_type == DType.bfloat16:
+        return rebind[Ptr[DType.bfloat16]](x)
+    else:
+        rounded = List[BFloat16](unsafe_uninit_length=m * k)
+        runner.run(_RoundRows(x, list_ptr(rounded), m, k), ceildiv(m, AMX_ROWS), m < PARALLEL_X_ROWS)
+        return list_ptr(rounded)
 
 
 @always_inline
@@ -650,33 +684,36 @@ def _pack_pair_panel[w_type: DType, tiled: Bool](panel: Ptr[DType.uint32], wt: _
 
 
 @always_inline
-def _pair_panel_tile[a_type: DType, rows: Int](
+def _pair_panel_tile[a_type: DType, rows: Int, fetch: Bool](
     y: Ptr[a_type], xb: Ptr[DType.bfloat16], panel: Ptr[DType.uint32], m0: Int, n0: Int, N: Int, K: Int,
 ):
-    """y[m0 : m0 + rows, n0 : n0 + PANEL] from a pair panel."""
-    _store_panel_rows[a_type, rows, DOT_LANES](y, _pair_panel_sums[rows](xb, panel, m0, K), m0, n0, N)
+    """y[m0 : m0 + rows, n0 : n0 + PANEL] from a pair panel (fetch: _pair_panel_sums')."""
+    _store_panel_rows[a_type, rows, DOT_LANES](y, _pair_panel_sums[rows, fetch](xb, panel, m0, K), m0, n0, N)
 
 
-def _pair_panel_swiglu_tile[a_type: DType, rows: Int](
+def _pair_panel_swiglu_tile[a_type: DType, rows: Int, fetch: Bool](
     y: Ptr[a_type], xb: Ptr[DType.bfloat16], gate: Ptr[DType.uint32], up: Ptr[DType.uint32], m0: Int, n0: Int, N: Int,
     K: Int,
 ):
     """y[m0 : m0 + rows, n0 : n0 + PANEL] = silu_mul of the sums of a gate and an up pair panel."""
-    var g = _pair_panel_sums[rows](xb, gate, m0, K)
-    var u = _pair_panel_sums[rows](xb, up, m0, K)
+    var g = _pair_panel_sums[rows, fetch](xb, gate, m0, K)
+    var u = _pair_panel_sums[rows, fetch](xb, up, m0, K)
     comptime for j in range(2 * rows):
         g[j] = silu_mul[a_type, DOT_LANES](g[j], u[j]).cast[F32]()  # exact: _store_panel_rows rounds it to itself
     _store_panel_rows[a_type, rows, DOT_LANES](y, g, m0, n0, N)
 
 
 @always_inline
-def _pair_panel_sums[rows: Int](
+def _pair_panel_sums[rows: Int, fetch: Bool](
     xb: Ptr[DType.bfloat16], panel: Ptr[DType.uint32], m0: Int, K: Int,
 ) -> Array[SIMD[F32, DOT_LANES], 2 * rows]:
-    """Rows m0 .. m0 + rows - 1 of x times a pair panel: each step a pair of x broadcast against 2 x 16 pairs."""
+    """Rows m0 .. m0 + rows - 1 of x times a pair panel: each step a pair of x broadcast against 2 x 16 pairs;
+    fetch: a stored panel streamed from memory, asked for QUAD_PREFETCH_BYTES ahead (into the next panel)."""
     comptime assert PANEL == 2 * DOT_LANES, "pair panels are two dot-product accumulators wide"
     var acc = Array[SIMD[F32, DOT_LANES], 2 * rows](fill=0)
     for kp in range(ceildiv(K, 2)):
+        comptime if fetch:
+            _ask_ahead[PANEL](panel, kp * PANEL)
         var b0 = bitcast[DType.bfloat16, 2 * DOT_LANES](panel.unsafe_load[width=DOT_LANES](kp * PANEL))
         var b1 = bitcast[DType.bfloat16, 2 * DOT_LANES](panel.unsafe_load[width=DOT_LANES](kp * PANEL + DOT_LANES))
         comptime for i in range(rows):
@@ -968,14 +1005,15 @@ struct _PairPanelTiles[a_type: DType, w_type: DType, tiled: Bool, stored: Bool =
             var n = self.wt.n // 2  # y's columns
             var gate, up = _stored_panel(self.wt, n0), _stored_panel(self.wt, n + n0)
             for m0 in range(0, self.m, PAIR_PANEL_ROWS):
-                var tiles = ceildiv(self.m, PAIR_PANEL_ROWS)
-                self.wt.prefetch_rows(n0 + PANEL, m0 // PAIR_PANEL_ROWS, tiles)
-                self.wt.prefetch_rows(n + n0 + PANEL, m0 // PAIR_PANEL_ROWS, tiles)
                 var rows = min(PAIR_PANEL_ROWS, self.m - m0)
                 comptime for r in range(1, PAIR_PANEL_ROWS + 1):
                     if rows == r:
-                        _pair_panel_swiglu_tile[Self.a_type, r](ptr(self.y), ptr(self.xb), gate, up, m0, n0, n,
-                                                                self.wt.k)
+                        if m0 == 0:
+                            _pair_panel_swiglu_tile[Self.a_type, r, True](ptr(self.y), ptr(self.xb), gate, up, m0,
+                                                                          n0, n, self.wt.k)
+                        else:
+                            _pair_panel_swiglu_tile[Self.a_type, r, False](ptr(self.y), ptr(self.xb), gate, up, m0,
+                                                                           n0, n, self.wt.k)
             return
         var buffer = List[UInt32]()
         var panel = _stored_panel(self.wt, n0)
@@ -984,11 +1022,17 @@ struct _PairPanelTiles[a_type: DType, w_type: DType, tiled: Bool, stored: Bool =
             panel = list_ptr(buffer)
             _pack_pair_panel(panel, self.wt, n0)
         for m0 in range(0, self.m, PAIR_PANEL_ROWS):
-            self.wt.prefetch_rows(n0 + PANEL, m0 // PAIR_PANEL_ROWS, ceildiv(self.m, PAIR_PANEL_ROWS))
+            comptime if not Self.stored:  # the next panel's rows, to pack (a stored one streams in its first pass)
+                self.wt.prefetch_rows(n0 + PANEL, m0 // PAIR_PANEL_ROWS, ceildiv(self.m, PAIR_PANEL_ROWS))
             var rows = min(PAIR_PANEL_ROWS, self.m - m0)
             comptime for r in range(1, PAIR_PANEL_ROWS + 1):
                 if rows == r:
-                    _pair_panel_tile[Self.a_type, r](ptr(self.y), ptr(self.xb), panel, m0, n0, self.wt.n, self.wt.k)
+                    if Self.stored and m0 == 0:
+                        _pair_panel_tile[Self.a_type, r, True](ptr(self.y), ptr(self.xb), panel, m0, n0, self.wt.n,
+                                                               self.wt.k)
+                    else:
+                        _pair_panel_tile[Self.a_type, r, False](ptr(self.y), ptr(self.xb), panel, m0, n0, self.wt.n,
+                                                                self.wt.k)
 
 
 struct _AmxPanelTiles[a_type: DType, w_type: DType, tiled: Bool, stored: Bool = False, swiglu: Bool = False](
@@ -1399,10 +1443,9 @@ def linear_pair_panels[a_type: DType, R: Runner, swiglu: Bool = False](
         runner.run(_AmxPanelTiles[a_type, DType.bfloat16, False, True, swiglu](y, list_ptr(rounded), wt, m, k),
                    ceildiv(panels, AMX_STORED_PANELS // (2 if swiglu else 1)), serial)
     else:
-        rounded = List[BFloat16](unsafe_uninit_length=m * k)
-        _round_x(x, list_ptr(rounded), m * k)
-        runner.run(_PairPanelTiles[a_type, DType.bfloat16, False, True, swiglu](y, list_ptr(rounded), wt, m), panels,
-                   serial)
+        rounded = List[BFloat16]()
+        var xb = _bf16_x(runner, x, m, k, rounded)
+        runner.run(_PairPanelTiles[a_type, DType.bfloat16, False, True, swiglu](y, xb, wt, m), panels, serial)
     _ = rounded^
 
 
@@ -1468,6 +1511,7 @@ def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
             decode = decode and not (quads and m >= I8_MADD_PANEL_ROWS and PANEL * k <= L1_BYTES)
     # the effective x (see the top): bfloat16 weights read x rounded, int8 weights x quantized
     var rounded = List[BFloat16]()
+    var xb = list_ptr(rounded)
     var q = List[Int8]()
     var q_scales = List[Float32]()
     var q_sums = List[Int32]()
@@ -1485,13 +1529,12 @@ def _linear_cpu_rows[a_type: DType, w_type: DType, R: Runner, tiled: Bool](
         amx = use_amx[DType.bfloat16](m, wt.block_k)
         if amx:
             rounded = _x_tiles(runner, x, m, k, kp)
+            xb = list_ptr(rounded)
         elif decode or BF16_DOT:
-            rounded = List[BFloat16](unsafe_uninit_length=m * k)
-            _round_x(x, list_ptr(rounded), m * k)
+            xb = _bf16_x(runner, x, m, k, rounded)
         else:
             effective = List[Float32](unsafe_uninit_length=m * k)
             _round_x(x, list_ptr(effective), m * k)
-    var xb = list_ptr(rounded)
     if amx:
         comptime if AMX:  # AVX2 builds have no AMX and panels of 16 rows: not instantiated there
             runner.run(_AmxPanelTiles[a_type, w_type, tiled](y, xb, wt, m, kp), ceildiv(n, PANEL), serial)

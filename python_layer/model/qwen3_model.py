@@ -41,8 +41,8 @@ def _tiles_int8(weight: QuantizedWeight, experts: bool) -> bool:
 
 
 def _pair_panels(weight: torch.Tensor) -> bool:
-    """Whether the Mojo kernels read this bfloat16 weight fastest as pair panels: on AMX tiles, at every batch size (K
-    whole tile rows)."""
+    """Whether the Mojo kernels read this bfloat16 weight fastest as pair panels, at every batch size: on AMX tiles or
+    by vdpbf16ps (K whole tile rows; linear.mojo's PAIR_TILE_ROWS)."""
     return (can_tile(weight, pairs=True) and weight.shape[1] % AMX_COLUMNS == 0
             and library.eager_cpu_module().bf16_pair_panels())
 
