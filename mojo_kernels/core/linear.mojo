@@ -77,10 +77,10 @@ do not repay. Decode steps of Qwen3-0.6B's shape on a 2-core Zen 4, against a th
 64 their panels won, 304 / 373 and 316 / 384)."""
 comptime BF16_DECODE_ROWS = 64 if BF16_DOT else DECODE_ROWS
 """DECODE_ROWS for bfloat16 weights not stored as pair panels (MoE experts): with vdpbf16ps the decode tiles beat the
-pair panels packed per call up to 64 rows of x. Zen 4, tiled weights, 40 / 64 rows, GFLOP/s on 2 cores, panels -> tiles: [1536, 2048] (a Qwen3-30B-A3B
-expert's gate_up, whose blocks are a few dozen rows in a prefill) 118-154 -> 254-275 / 166-179 -> 259-270,
-[2048, 768] 212-248 -> 242-254 / 248-282 -> 251-272, [4096, 1024] 221-251 -> 247-296 / 249-276 -> 251-289,
-[1024, 3072] 202-241 -> 224-274 / 204-264 -> 217-241 (from 96 rows the panels win that one)."""
+pair panels packed per call up to 64 rows of x. Zen 4, tiled weights, 40 / 64 rows, GFLOP/s on 2 cores, panels ->
+tiles: [1536, 2048] (a Qwen3-30B-A3B expert's gate_up, whose blocks are a few dozen rows in a prefill) 118-154 ->
+254-275 / 166-179 -> 259-270, [2048, 768] 212-248 -> 242-254 / 248-282 -> 251-272, [4096, 1024] 221-251 -> 247-296 /
+249-276 -> 251-289, [1024, 3072] 202-241 -> 224-274 / 204-264 -> 217-241 (from 96 rows the panels win that one)."""
 comptime I8_ROW_TILE = 8
 """Rows of x per int8 decode tile without VNNI (one weight row at a time: an accumulator per row of x)."""
 comptime PANEL = 2 * F32_WIDTH
