@@ -686,18 +686,20 @@ def _pack_pair_panel[w_type: DType, tiled: Bool](panel: Ptr[DType.uint32], wt: _
 @always_inline
 def _pair_panel_tile[a_type: DType, rows: Int, fetch: Bool](
     y: Ptr[a_type], xb: Ptr[DType.bfloat16], panel: Ptr[DType.uint32], m0: Int, n0: Int, N: Int, K: Int,
+    share: NextTileShare,
 ):
-    """y[m0 : m0 + rows, n0 : n0 + PANEL] from a pair panel (fetch: _pair_panel_sums')."""
-    _store_panel_rows[a_type, rows, DOT_LANES](y, _pair_panel_sums[rows, fetch](xb, panel, m0, K), m0, n0, N)
+    """y[m0 : m0 + rows, n0 : n0 + PANEL] from a pair panel (fetch, share: _pair_panel_sums')."""
+    _store_panel_rows[a_type, rows, DOT_LANES](y, _pair_panel_sums[rows, fetch](xb, panel, m0, K, share), m0, n0, N)
 
 
 def _pair_panel_swiglu_tile[a_type: DType, rows: Int, fetch: Bool](
     y: Ptr[a_type], xb: Ptr[DType.bfloat16], gate: Ptr[DType.uint32], up: Ptr[DType.uint32], m0: Int, n0: Int, N: Int,
-    K: Int,
+    K: Int, share: NextTileShare,
 ):
-    """y[m0 : m0 + rows, n0 : n0 + PANEL] = silu_mul of the sums of a gate and an up pair panel."""
-    var g = _pair_panel_sums[rows, fetch](xb, gate, m0, K)
-    var u = _pair_panel_sums[rows, fetch](xb, up, m0, K)
+    """y[m0 : m0 + rows, n0 : n0 + PANEL] = silu_mul of the sums of a gate and an up pair panel (share: of the next
+    panel after each)."""
+    var g = _pair_panel_sums[rows, fetch](xb, gate, m0, K, share)
+    var u = _pair_panel_sums[rows, fetch](xb, up, m0, K, share)
     comptime for j in range(2 * rows):
         g[j] = silu_mul[a_type, DOT_LANES](g[j], u[j]).cast[F32]()  # exact: _store_panel_rows rounds it to itself
     _store_panel_rows[a_type, rows, DOT_LANES](y, g, m0, n0, N)
@@ -705,15 +707,18 @@ def _pair_panel_swiglu_tile[a_type: DType, rows: Int, fetch: Bool](
 
 @always_inline
 def _pair_panel_sums[rows: Int, fetch: Bool](
-    xb: Ptr[DType.bfloat16], panel: Ptr[DType.uint32], m0: Int, K: Int,
+    xb: Ptr[DType.bfloat16], panel: Ptr[DType.uint32], m0: Int, K: Int, share: NextTileShare,
 ) -> Array[SIMD[F32, DOT_LANES], 2 * rows]:
     """Rows m0 .. m0 + rows - 1 of x times a pair panel: each step a pair of x broadcast against 2 x 16 pairs;
-    fetch: a stored panel streamed from memory, asked for QUAD_PREFETCH_BYTES ahead (into the next panel)."""
+    fetch: a stored panel streamed from memory, asked for QUAD_PREFETCH_BYTES ahead (into the next panel); share:
+    the next panel's lines this pass asks for (bytes from `panel`)."""
     comptime assert PANEL == 2 * DOT_LANES, "pair panels are two dot-product accumulators wide"
+    var next = share
     var acc = Array[SIMD[F32, DOT_LANES], 2 * rows](fill=0)
     for kp in range(ceildiv(K, 2)):
         comptime if fetch:
             _ask_ahead[PANEL](panel, kp * PANEL)
+        next.step(panel.unsafe_bitcast[UInt8]())
         var b0 = bitcast[DType.bfloat16, 2 * DOT_LANES](panel.unsafe_load[width=DOT_LANES](kp * PANEL))
         var b1 = bitcast[DType.bfloat16, 2 * DOT_LANES](panel.unsafe_load[width=DOT_LANES](kp * PANEL + DOT_LANES))
         comptime for i in range(rows):
@@ -968,19 +973,28 @@ struct _PanelTiles[a_type: DType, x_type: DType, w_type: DType, tiled: Bool, sto
                     ptr(self.y), ptr(self.x), panel.unsafe_offset(half), n0 + half, self.wt.n, K)
             return
         var next_tile = F32_TILE_ROWS * K * size_of[F32]() if n0 + F32_TILE_ROWS < self.wt.n else 0
-        var passes = ceildiv(self.m, PANEL_ROWS)
-        comptime for half in range(0, F32_TILE_ROWS, PANEL):
-            for m0 in range(0, self.m, PANEL_ROWS):
-                var rows = min(PANEL_ROWS, self.m - m0)
-                var share = NextTileShare(next_tile if half == 0 else 0, m0 // PANEL_ROWS, passes)
-                comptime for r in range(1, PANEL_ROWS + 1):
-                    if rows == r:
-                        if m0 == 0 and half == 0:
-                            _panel_tile[Self.a_type, Self.x_type, r, F32_TILE_ROWS, True](
-                                ptr(self.y), ptr(self.x), panel, m0, n0, self.wt.n, K, share)
-                        else:
-                            _panel_tile[Self.a_type, Self.x_type, r, F32_TILE_ROWS](
-                                ptr(self.y), ptr(self.x), panel.unsafe_offset(half), m0, n0 + half, self.wt.n, K, share)
+        comptime for half in range(0, F32_TILE_ROWS, PANEL):  # the first half's pass streams both
+            var tile = _PanelPass[Self.a_type, Self.x_type](ptr(self.y), ptr(self.x), panel.unsafe_offset(half),
+                                                            n0 + half, self.wt.n, K)
+            row_passes[PANEL_ROWS](tile, self.m, half == 0, next_tile if half == 0 else 0)
+
+
+struct _PanelPass[a_type: DType, x_type: DType](RowPass):
+    """PANEL columns of a stored float32 panel of F32_TILE_ROWS against a pass over the rows of x (_panel_tile)."""
+
+    var y: Addr[Self.a_type]
+    var x: Addr[Self.x_type]
+    var panel: Addr[F32]
+    var n0: Int
+    var N: Int
+    var K: Int
+
+    def __init__(out self, y: Ptr[Self.a_type], x: Ptr[Self.x_type], panel: Ptr[F32], n0: Int, N: Int, K: Int):
+        self.y, self.x, self.panel, self.n0, self.N, self.K = addr(y), addr(x), addr(panel), n0, N, K
+
+    def rows_pass[rows: Int, fetch: Bool](self, m0: Int, share: NextTileShare):
+        _panel_tile[Self.a_type, Self.x_type, rows, F32_TILE_ROWS, fetch](
+            ptr(self.y), ptr(self.x), ptr(self.panel), m0, self.n0, self.N, self.K, share)
 
 
 struct _PairPanelTiles[a_type: DType, w_type: DType, tiled: Bool, stored: Bool = False, swiglu: Bool = False](
@@ -1000,39 +1014,55 @@ struct _PairPanelTiles[a_type: DType, w_type: DType, tiled: Bool, stored: Bool =
 
     def run(self, item: Int):
         var n0 = item * PANEL
-        comptime if Self.swiglu:
-            comptime assert Self.stored, "swiglu reads the weight's panels in place"
-            var n = self.wt.n // 2  # y's columns
-            var gate, up = _stored_panel(self.wt, n0), _stored_panel(self.wt, n + n0)
+        comptime if Self.stored:
+            var n = self.wt.n // 2 if Self.swiglu else self.wt.n  # y's columns
+            var first = _stored_panel(self.wt, n0)
+            var up = _stored_panel(self.wt, n + n0) if Self.swiglu else first
+            var tile = _PairPanelPass[Self.a_type, Self.swiglu](ptr(self.y), ptr(self.xb), first, up, n0, n, self.wt.k)
+            var next_panel = ceildiv(self.wt.k, 2) * PANEL * size_of[UInt32]() if n0 + PANEL < n else 0
+            row_passes[PAIR_PANEL_ROWS](tile, self.m, True, next_panel)
+        else:
+            comptime assert not Self.swiglu, "swiglu reads the weight's panels in place"
+            # _pack_pair_panel writes all of it
+            var buffer = List[UInt32](unsafe_uninit_length=ceildiv(self.wt.k, 2) * PANEL)
+            var panel = list_ptr(buffer)
+            _pack_pair_panel(panel, self.wt, n0)
+            var tile = _PairPanelPass[Self.a_type, False](ptr(self.y), ptr(self.xb), panel, panel, n0, self.wt.n,
+                                                          self.wt.k)
+            var passes = ceildiv(self.m, PAIR_PANEL_ROWS)
             for m0 in range(0, self.m, PAIR_PANEL_ROWS):
+                self.wt.prefetch_rows(n0 + PANEL, m0 // PAIR_PANEL_ROWS, passes)  # the next panel's rows, to pack
                 var rows = min(PAIR_PANEL_ROWS, self.m - m0)
                 comptime for r in range(1, PAIR_PANEL_ROWS + 1):
                     if rows == r:
-                        if m0 == 0:
-                            _pair_panel_swiglu_tile[Self.a_type, r, True](ptr(self.y), ptr(self.xb), gate, up, m0,
-                                                                          n0, n, self.wt.k)
-                        else:
-                            _pair_panel_swiglu_tile[Self.a_type, r, False](ptr(self.y), ptr(self.xb), gate, up, m0,
-                                                                           n0, n, self.wt.k)
-            return
-        var buffer = List[UInt32]()
-        var panel = _stored_panel(self.wt, n0)
-        comptime if not Self.stored:
-            buffer = List[UInt32](unsafe_uninit_length=ceildiv(self.wt.k, 2) * PANEL)  # _pack_pair_panel writes all of it
-            panel = list_ptr(buffer)
-            _pack_pair_panel(panel, self.wt, n0)
-        for m0 in range(0, self.m, PAIR_PANEL_ROWS):
-            comptime if not Self.stored:  # the next panel's rows, to pack (a stored one streams in its first pass)
-                self.wt.prefetch_rows(n0 + PANEL, m0 // PAIR_PANEL_ROWS, ceildiv(self.m, PAIR_PANEL_ROWS))
-            var rows = min(PAIR_PANEL_ROWS, self.m - m0)
-            comptime for r in range(1, PAIR_PANEL_ROWS + 1):
-                if rows == r:
-                    if Self.stored and m0 == 0:
-                        _pair_panel_tile[Self.a_type, r, True](ptr(self.y), ptr(self.xb), panel, m0, n0, self.wt.n,
-                                                               self.wt.k)
-                    else:
-                        _pair_panel_tile[Self.a_type, r, False](ptr(self.y), ptr(self.xb), panel, m0, n0, self.wt.n,
-                                                                self.wt.k)
+                        tile.rows_pass[r, False](m0, NextTileShare(0, 0, 1))
+            _ = buffer^
+
+
+struct _PairPanelPass[a_type: DType, swiglu: Bool](RowPass):
+    """A pair panel against a pass over the rows of x (_pair_panel_tile); swiglu: a gate panel and its up panel
+    (_pair_panel_swiglu_tile)."""
+
+    var y: Addr[Self.a_type]
+    var xb: Addr[DType.bfloat16]
+    var panel: Addr[DType.uint32]
+    var up: Addr[DType.uint32]
+    var n0: Int
+    var N: Int
+    var K: Int
+
+    def __init__(out self, y: Ptr[Self.a_type], xb: Ptr[DType.bfloat16], panel: Ptr[DType.uint32],
+                 up: Ptr[DType.uint32], n0: Int, N: Int, K: Int):
+        self.y, self.xb, self.panel, self.up = addr(y), addr(xb), addr(panel), addr(up)
+        self.n0, self.N, self.K = n0, N, K
+
+    def rows_pass[rows: Int, fetch: Bool](self, m0: Int, share: NextTileShare):
+        comptime if Self.swiglu:
+            _pair_panel_swiglu_tile[Self.a_type, rows, fetch](ptr(self.y), ptr(self.xb), ptr(self.panel), ptr(self.up),
+                                                              m0, self.n0, self.N, self.K, share)
+        else:
+            _pair_panel_tile[Self.a_type, rows, fetch](ptr(self.y), ptr(self.xb), ptr(self.panel), m0, self.n0, self.N,
+                                                       self.K, share)
 
 
 struct _AmxPanelTiles[a_type: DType, w_type: DType, tiled: Bool, stored: Bool = False, swiglu: Bool = False](
