@@ -102,11 +102,12 @@ comptime PAIR_PANEL_ROWS = 12
 comptime PAIR_TILE_ROWS = 32
 """Rows of a bfloat16 weight stored as pair panels ([N / 32, K / 2, 32, 2]: each 32 rows' column pairs in turn, the
 words AMX tiles and vdpbf16ps read; reference.tile_weight(w, pairs=True)), read in place at every batch size
-(linear_pair_panels; the first pass over a panel streams it, QUAD_PREFETCH_BYTES ahead). On AVX-512 only (PANEL is
-32 there); the model loader stores them where the CPU has AMX or BF16_DOT. Zen 4's code on an Intel Xeon VM,
-Qwen3-0.6B's shape, against the decode tiles and panels packed per call, 2 alternated rounds: a 512-token prefill
-2.53-2.55 against 2.53-2.79 s (bfloat16 activations 2.40-2.45 against 2.59-2.72), decode steps at 1 / 8 / 16 rows
-52.6-53.5 / 85-88 / 138-147 against 53-56 / 98-105 / 172-175 ms."""
+(linear_pair_panels; without AMX the first pass over a panel streams it, QUAD_PREFETCH_BYTES ahead, and each pass of
+several asks for a share of the next panel: row_passes). On AVX-512 only (PANEL is 32 there); the model loader stores
+them where the CPU has AMX or BF16_DOT. Zen 4's code on an Intel Xeon VM, Qwen3-0.6B's shape, against the decode
+tiles and panels packed per call, 2 alternated rounds: a 512-token prefill 2.53-2.55 against 2.53-2.79 s (bfloat16
+activations 2.40-2.45 against 2.59-2.72), decode steps at 1 / 8 / 16 rows 52.6-53.5 / 85-88 / 138-147 against 53-56 /
+98-105 / 172-175 ms."""
 comptime AMX_STORED_PANELS = 4
 """Stored pair panels per work item on AMX tiles: a tile configuration and a buffer serve them all."""
 comptime AMX_CHUNK_STEPS = 8
