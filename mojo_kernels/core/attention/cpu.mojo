@@ -554,10 +554,10 @@ def attention_cpu[dtype: DType, cache_type: DType](
     """Work item: a tile of up to QUERY_TILE (or LONG_QUERY_TILE) queries of one sequence, all heads (rows = query x head), over
     one split of its keys. All heads of a key are adjacent in the cache, so an item streams through memory.
     When there are fewer tiles than twice the workers (decode of a few sequences), the keys are split, about 2 items a
-    worker of 2 key blocks or more, and partial softmax states merged. The workers claim items in turn, so one that
+    worker of a key block or more, and partial softmax states merged. The workers claim items in turn, so one that
     starts late takes fewer. Qwen3-0.6B's batch-1 decode over ~240 keys in the model graph, int8 weights, Intel Xeon VM,
-    2 cores: 70 µs a layer in 3 splits, against 100 as one item on one worker when splits were 4 key blocks or more
-    (and handed out round-robin)."""
+    2 cores: 70 µs a layer in 4 splits, against 100 as one item on one worker when splits were 4 key blocks or more
+    (and handed out round-robin); over ~100 keys 40 µs in 3 splits against 48 as one item."""
     var group = q_heads // kv_heads
     var head_len = kv_head_len[cache_type](head_dim)
     var row_len = kv_heads * head_len  # one token's K (or V) for all heads
@@ -581,7 +581,7 @@ def attention_cpu[dtype: DType, cache_type: DType](
     var num_tiles = len(tiles) // 2
     var splits = 1
     if num_tiles < 2 * workers:
-        splits = max(1, min(ceildiv(2 * workers, num_tiles), max_context // (2 * KEY_BLOCK)))
+        splits = max(1, min(ceildiv(2 * workers, num_tiles), max_context // KEY_BLOCK))
     var num_items = num_tiles * splits
     workers = min(workers, num_items)
     var rows = max_tile * q_heads
