@@ -50,6 +50,12 @@ def _range_at(base: Int, w: Int) -> Pointer[Atomic[Int64], MutAnyOrigin]:
     return Pointer[Atomic[Int64], MutAnyOrigin](unsafe_from_address=base + 64 * w)
 
 
+def claim_next(counter: Int) -> Int:
+    """The next of items 0, 1, 2, ... that workers take in turn from a shared counter: the address of a zeroed Int64
+    on a cache line of its own (a closure's capture of a List would copy it)."""
+    return Int(_range_at(counter, 0)[].fetch_add(1))
+
+
 def _items_left(state: Int64) -> Int:
     return Int(state & 0xFFFFFFFF) - Int(state >> 32)
 

@@ -17,13 +17,12 @@ from std.math import ceildiv, exp, iota
 from std.collections import Array
 from std.memory import bitcast
 from std.sys import num_logical_cores, size_of
-from std.atomic import Atomic
 from std.sys.intrinsics import prefetch, PrefetchOptions
 from std.utils.index import IndexList
 
 from ...memory.kv_format import kv_head_len, kv_scale
 from ...utils.types import list_ptr, dot_bf16, narrow, widen, zero_f32, BF16_DOT, F32, F32_WIDTH, Ptr
-from ...utils.parallel import fork_join
+from ...utils.parallel import claim_next, fork_join
 from ..linear_amx import AMX_BLOCK, AMX_ROWS, configure_tiles, release_tiles, use_amx
 from .cpu_amx import amx_head_block, amx_stage_keys, amx_stage_q, amx_state_back, transpose_block, AmxScratch
 from .cpu_softmax import register_weights, softmax_block, KEY_BLOCK, MASKED
@@ -622,9 +621,8 @@ def attention_cpu[dtype: DType, cache_type: DType](
         var vb_off = kt_off + stage_len
         if amx:
             configure_tiles()
-        var next = Pointer[Atomic[Int64], MutAnyOrigin](unsafe_from_address=claim_at)
         while True:  # items claimed in turn: a worker that starts late, or has cheaper tiles, takes fewer
-            var item = Int(next[].fetch_add(1))
+            var item = claim_next(claim_at)
             if item >= num_items:
                 break
             var tile = item // splits
