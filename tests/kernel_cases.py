@@ -38,7 +38,7 @@ ATTENTION_BATCHES = [
     ([4096, 17, 1000, 33], [1, 1, 1, 1]),
     ([37, 50, 300, 1], [37, 9, 1, 1]),
     ([3000], [1]),  # one long decode: its keys are split over the CPU workers and merged
-    ([450], [1]),  # 4 splits of 4 key blocks, the last one short, claimed by the workers in turn
+    ([450], [1]),  # 2 workers: 4 splits of 4 key blocks, the last one short, claimed by the workers in turn
     ([70, 20], [3, 2]),  # a few queries each (speculative decoding): 1-6 rows per KV head, read directly, masked
     ([620], [600]),  # a long prefill after 20 cached tokens: 64-query tiles on up to 2 cores, a partial last one
 ]
