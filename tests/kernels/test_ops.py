@@ -15,23 +15,21 @@ from tests.kernel_cases import eight_bit_kv_case, kernel_cases, run_attention, s
 ops = pytest.importorskip("bindings.ops", reason="MAX is not installed")
 from max.dtype import DType
 
-from tests.op_graphs import compile_in_parallel
-
 _OWN_GRAPHS = ops.CompiledOp.compiled
-_COMPILED_IN_PARALLEL: set[torch.dtype] = set()
+_LOADED_TOGETHER: set[torch.dtype] = set()
 
 
 @pytest.fixture(autouse=True)
-def parallel_cpu_graphs(monkeypatch) -> None:
-    """The first CPU graph call of a dtype compiles the CPU graphs of every op in that dtype on all cores
-    (tests/op_graphs.py) before it loads its own from MAX's cache."""
+def cpu_graphs_together(monkeypatch) -> None:
+    """The first CPU graph call of a dtype compiles the CPU graphs of every op in that dtype in one MAX module
+    (CompiledOp.load_together: a compile costs ~30 s whatever it holds)."""
     def compiled(op, dtype: torch.dtype, device: str, options=ops.GPU_OPTIONS):
-        if device == "cpu" and dtype not in _COMPILED_IN_PARALLEL:
-            # once, failed or not: a failed op's own load then compiles it and says why
-            _COMPILED_IN_PARALLEL.add(dtype)
+        if device == "cpu" and dtype not in _LOADED_TOGETHER:
+            # once, failed or not: after a failed module each op compiles its own graph and says why
+            _LOADED_TOGETHER.add(dtype)
             twin = ops._kv_variant(DType.bfloat16)  # under bfloat16 activations the caches' bfloat16 twins are unused
-            used = [i for i, o in enumerate(ops.ALL_OPS) if not (dtype == torch.bfloat16 and o.variant == twin)]
-            compile_in_parallel(used, dtype)
+            used = [o for o in ops.ALL_OPS if not (dtype == torch.bfloat16 and o.variant == twin)]
+            ops.CompiledOp.load_together(used, dtype, device, options)
         return _OWN_GRAPHS(op, dtype, device, options)
     monkeypatch.setattr(ops.CompiledOp, "compiled", compiled)
 
@@ -44,18 +42,20 @@ def cpu_path(request, monkeypatch) -> str:
 
 
 def cpu_cases() -> list:
-    """kernel_cases() through both CPU paths of bindings.ops: the Mojo extension module (eager) and MAX graphs. Each
-    op and dtype is a graph compile (~40 s on 2 cores), so the graphs run bfloat16's cases alone by default (its caches
-    bfloat16 too; every weight dtype): the registration code they test is the same in every dtype, and the eager path
-    runs each dtype's kernels (the model graphs over 8-bit caches: tests/integration/test_weight_formats.py).
-    `pytest -m slow` runs the other dtypes' graphs too."""
+    """kernel_cases() through both CPU paths of bindings.ops: the Mojo extension module (eager) and MAX graphs. The
+    graphs of a dtype compile together (cpu_graphs_together, ~130 s for bfloat16's on a 2-core Zen 3), in one xdist
+    group: one worker compiles them. The graphs run bfloat16's cases alone by default (its caches bfloat16 too; every
+    weight dtype): the registration code they test is the same in every dtype, and the eager path runs each dtype's
+    kernels (the model graphs over 8-bit caches: tests/integration/test_weight_formats.py). `pytest -m slow` runs the
+    other dtypes' graphs too."""
     cases = []
     for c in kernel_cases():
         cases.append(pytest.param("eager", *c.values, id=f"eager-{c.id}", marks=c.marks))
         # the graphs of 8-bit caches and of mili_moe run in the model tests (test_weight_formats.py, test_moe.py)
         fast = c.values[1] == torch.bfloat16 and not eight_bit_kv_case(c) and not c.id.startswith("moe-")
         slow = [] if fast else [pytest.mark.slow]
-        cases.append(pytest.param("graph", *c.values, id=f"graph-{c.id}", marks=[*c.marks, *slow]))
+        graphs = pytest.mark.xdist_group("cpu_op_graphs")  # in place of the op's own group
+        cases.append(pytest.param("graph", *c.values, id=f"graph-{c.id}", marks=[graphs, *slow]))
     return cases
 
 

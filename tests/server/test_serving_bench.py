@@ -49,7 +49,8 @@ def test_the_cpu_meter_tells_a_busy_process_from_an_idle_one() -> None:
             start = time.time()
             time.sleep(1.5)
             end = time.time()
-        assert 0.6 < meter.share("busy", start, end) < 1.2
+        # a loop gets at least a third of a core beside the other test worker on 2 busy cores
+        assert 0.3 < meter.share("busy", start, end) < 1.2
         assert meter.share("idle", start, end) < 0.1
     finally:
         busy.kill(), idle.kill(), busy.wait(), idle.wait()

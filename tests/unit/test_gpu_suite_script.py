@@ -272,10 +272,11 @@ def test_the_tests_step_runs_what_gpu_tests_k_selects(tmp_path: Path, monkeypatc
     monkeypatch.setenv("GPU_TESTS_K", "attention or decode")
     _suite(tmp_path, "tests")
     log = tmp_path / "logs" / "tests.log"
-    assert log.read_text() == "[-m][pytest][-q][-p][no:cacheprovider][-k][attention or decode][tests/gpu]"
+    # no xdist here (the stand-in fails `-c import xdist`): pyproject's -n goes with its addopts
+    assert log.read_text() == "[-m][pytest][-q][-p][no:cacheprovider][-o][addopts=][-k][attention or decode][tests/gpu]"
     monkeypatch.delenv("GPU_TESTS_K")
     _suite(tmp_path, "tests")
-    assert log.read_text() == "[-m][pytest][-q][-p][no:cacheprovider][tests/gpu]"
+    assert log.read_text() == "[-m][pytest][-q][-p][no:cacheprovider][-o][addopts=][tests/gpu]"
 
 
 def test_the_gemv_forms_step_times_the_matmul_forms_on_the_gpu(tmp_path: Path, monkeypatch) -> None:
