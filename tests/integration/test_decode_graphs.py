@@ -19,6 +19,9 @@ from tests.engine_checks import no_request_holds_pages, padded_engine, random_pr
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
 
+# one xdist worker for the module (`--dist loadgroup`): its model graphs compile once, not once per worker
+pytestmark = pytest.mark.xdist_group("decode_graphs")
+
 
 @pytest.fixture(scope="module")
 def model(tiny_checkpoint: Path) -> Qwen3CausalLM:

@@ -23,6 +23,9 @@ from benchmarks.gpu import systems as e2e_systems
 
 from bindings.gpu_options import GpuOptions
 
+# one xdist worker for the module (`--dist loadgroup`): its model graphs compile once, not once per worker
+pytestmark = pytest.mark.xdist_group("device_e2e_bench")
+
 
 @pytest.fixture
 def small(tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:

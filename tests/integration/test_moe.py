@@ -21,6 +21,9 @@ from tests.engine_checks import no_request_holds_pages
 from tests.integration.test_parity import _Batch, _prompts, _rel_err
 from tests.server.live_server import start_mili_serve
 
+# one xdist worker for the module (`--dist loadgroup`): its model graphs compile once, not once per worker
+pytestmark = pytest.mark.xdist_group("moe")
+
 MOE_SHAPES = {
     # norm_topk_prob, a dense layer among sparse ones, untied embeddings
     "normalized_dense_layer": dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=40, num_hidden_layers=3,
@@ -178,7 +181,9 @@ def test_moe_gguf_file_loads_with_no_flag(tmp_path: Path) -> None:
     kv = dict(kv_cache_dtype="float32")
     engine = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", **kv)
     reference = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", backend="reference", **kv)
-    exact = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", weight_dtype="float32", **kv)
+    # the loader's float32 values against transformers, on the reference backend (as test_weight_formats' GGUF test)
+    exact = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", weight_dtype="float32",
+                                            backend="reference", **kv)
     first, second = engine.model.layers
     assert (first.experts_gate_up.bits, first.experts_gate_up.block_k) == (4, 32)
     assert (first.experts_down.bits, first.experts_down.block_k) == (6, 16)

@@ -60,7 +60,8 @@ def _assert_greedy_agrees(ours: list, reference: list) -> None:
 
 def test_fp8_checkpoint_runs_fp8_and_matches_float32_on_its_dequantized_weights(fp8_checkpoint: Path) -> None:
     fp8 = InferenceEngine.from_pretrained(fp8_checkpoint, device="cpu", dtype="float32")  # no flag: the config says FP8
-    dense = InferenceEngine.from_pretrained(fp8_checkpoint, device="cpu", dtype="float32", weight_dtype="float32")
+    dense = InferenceEngine.from_pretrained(fp8_checkpoint, device="cpu", dtype="float32", weight_dtype="float32",
+                                            backend="reference")  # the float32 graph: test_parity
     layer = fp8.model.layers[0]
     assert fp8.model.weight_dtype == "fp8" and isinstance(layer.gate_up_proj, QuantizedWeight)
     assert layer.gate_up_proj.weight.dtype == torch.float8_e4m3fn
@@ -225,6 +226,8 @@ def _hf_on_dequantized(path: Path) -> "torch.nn.Module":
     return hf
 
 
+# one xdist worker for the three (`--dist loadgroup`): their model graphs compile once, not once per worker
+@pytest.mark.xdist_group("awq_and_gptq")
 @pytest.mark.parametrize("method, options", [("awq", {}), ("gptq", dict(sym=True)),
                                              ("gptq", dict(sym=False, desc_act=True))])
 def test_awq_and_gptq_checkpoints_load_with_no_flag(int4_dense: Path, tmp_path: Path, method: str,
@@ -280,7 +283,10 @@ def test_gguf_file_loads_with_no_flag_in_its_own_formats(checkpoints_dir: Path, 
     kv = dict(kv_cache_dtype="float32")
     engine = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", **kv)  # no flag: the file says
     reference = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", backend="reference", **kv)
-    exact = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", weight_dtype="float32", **kv)
+    # the loader's float32 values, checked against transformers on the reference backend: the kernels on the file's
+    # formats are checked against that backend above, and the float32 graph by test_parity
+    exact = InferenceEngine.from_pretrained(path, device="cpu", dtype="float32", weight_dtype="float32",
+                                            backend="reference", **kv)
     first, second = engine.model.layers
     assert engine.model.weight_dtype == "int4"
     assert (first.qkv_proj.bits, first.qkv_proj.block_k, first.gate_up_proj.bits, first.down_proj.bits) == (6, 16, 4, 6)
@@ -295,7 +301,7 @@ def test_gguf_file_loads_with_no_flag_in_its_own_formats(checkpoints_dir: Path, 
     assert all(isinstance(w, torch.Tensor) and w.dtype == torch.float32 for w in exact.model.decode_weights())
     prompts = _prompts(engine.model.config.vocab_size, seed=5)
     _assert_greedy_agrees(engine.generate(prompts, GREEDY_TOP2), reference.generate(prompts, GREEDY_TOP2))
-    # gguf-py's values in float32 (MILI's --weight-dtype float32 and transformers): the same tokens
+    # gguf-py's values in float32 (MILI's loader at --weight-dtype float32 and transformers): the same tokens
     hf = AutoModelForCausalLM.from_pretrained(dequantized_checkpoint(path, tmp_path / "dequantized"),
                                               dtype=torch.float32, attn_implementation="eager").eval()
     for prompt, tokens in zip(prompts, _greedy(exact, prompts)):

@@ -43,8 +43,9 @@ def cpu_path(request, monkeypatch) -> str:
 
 def cpu_cases() -> list:
     """kernel_cases() through both CPU paths of bindings.ops: the Mojo extension module (eager) and MAX graphs. The
-    graphs of a dtype compile together (cpu_graphs_together, ~130 s for bfloat16's on a 2-core Zen 3), once in each
-    xdist worker that runs them. The graphs run bfloat16's cases alone by default (its caches bfloat16 too; every
+    graphs of a dtype compile together (cpu_graphs_together, ~130 s for bfloat16's on a 2-core Zen 3), in the one
+    xdist worker that runs them all (their group replaces the op's: an item's first group is the one it runs in). The
+    graphs run bfloat16's cases alone by default (its caches bfloat16 too; every
     weight dtype): the registration code they test is the same in every dtype, and the eager path runs each dtype's
     kernels (the model graphs over 8-bit caches: tests/integration/test_weight_formats.py). `pytest -m slow` runs the
     other dtypes' graphs too."""
@@ -54,7 +55,8 @@ def cpu_cases() -> list:
         # the graphs of 8-bit caches and of mili_moe run in the model tests (test_weight_formats.py, test_moe.py)
         fast = c.values[1] == torch.bfloat16 and not eight_bit_kv_case(c) and not c.id.startswith("moe-")
         slow = [] if fast else [pytest.mark.slow]
-        cases.append(pytest.param("graph", *c.values, id=f"graph-{c.id}", marks=[*c.marks, *slow]))
+        cases.append(pytest.param("graph", *c.values, id=f"graph-{c.id}",
+                                  marks=[pytest.mark.xdist_group("cpu_op_graphs"), *slow]))
     return cases
 
 
