@@ -54,7 +54,9 @@ def tiny_checkpoint(checkpoints_dir: Path) -> Path:
     return build_random_checkpoint(checkpoints_dir / "tiny", seed=0, **TINY)
 
 
-@pytest.fixture(scope="session", params=sorted(PARITY_SHAPES))
+# a shape's tests share its graphs: one xdist worker runs them (`--dist loadgroup`), so that each compiles once
+@pytest.fixture(scope="session", params=[pytest.param(s, marks=pytest.mark.xdist_group(f"parity_{s}"))
+                                         for s in sorted(PARITY_SHAPES)])
 def parity_checkpoint(request: pytest.FixtureRequest, checkpoints_dir: Path, tiny_checkpoint: Path) -> Path:
     if request.param == "tiny_gqa2_tied":
         return tiny_checkpoint

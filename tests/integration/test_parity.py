@@ -18,9 +18,6 @@ from python_layer.model.qwen3_model import Qwen3CausalLM
 
 PROMPT_LENGTHS = (5, 19, 33)  # inside one page, across one and two page boundaries (page size 16)
 
-# one xdist worker for the module (`--dist loadgroup`): its model graphs compile once, not once per worker
-pytestmark = pytest.mark.xdist_group("parity")
-
 
 def _hf(path: Path) -> Qwen3ForCausalLM:
     return Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
