@@ -44,11 +44,10 @@ def cpu_path(request, monkeypatch) -> str:
 def cpu_cases() -> list:
     """kernel_cases() through both CPU paths of bindings.ops: the Mojo extension module (eager) and MAX graphs. The
     graphs of a dtype compile together (cpu_graphs_together, ~130 s for bfloat16's on a 2-core Zen 3), in the one
-    xdist worker that runs them all (their group replaces the op's: an item's first group is the one it runs in). The
-    graphs run bfloat16's cases alone by default (its caches bfloat16 too; every
-    weight dtype): the registration code they test is the same in every dtype, and the eager path runs each dtype's
-    kernels (the model graphs over 8-bit caches: tests/integration/test_weight_formats.py). `pytest -m slow` runs the
-    other dtypes' graphs too."""
+    xdist worker that runs them all (their group replaces the op's: xdist joins an item's groups into one name). The
+    graphs run bfloat16's cases alone by default (its caches bfloat16 too; every weight dtype): the registration code
+    they test is the same in every dtype, and the eager path runs each dtype's kernels (the model graphs over 8-bit
+    caches: tests/integration/test_weight_formats.py). `pytest -m slow` runs the other dtypes' graphs too."""
     cases = []
     for c in kernel_cases():
         cases.append(pytest.param("eager", *c.values, id=f"eager-{c.id}", marks=c.marks))
