@@ -11,13 +11,14 @@ from typing import List, Optional
 def _generate(args: argparse.Namespace) -> int:
     from .inference import InferenceEngine, SamplingParams
 
+    # bad sampling settings are told before the model loads
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            max_tokens=args.max_tokens, seed=args.seed, ignore_eos=args.ignore_eos)
     t0 = time.perf_counter()
     engine = InferenceEngine.from_pretrained(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
                                                weight_dtype=args.weight_dtype, kv_cache_dtype=args.kv_cache_dtype,
                                                device_graphs=args.device_graphs, overlap=args.overlap)
     load_s = time.perf_counter() - t0
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_tokens=args.max_tokens, seed=args.seed, ignore_eos=args.ignore_eos)
     t0 = time.perf_counter()
     outputs = engine.generate(args.prompt, params)
     gen_s = time.perf_counter() - t0

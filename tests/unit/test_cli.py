@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from python_layer import InferenceEngine
 from python_layer.cli import main
 from python_layer.model.random_checkpoint import BUILTIN, builtin_model_path
 from python_layer.model.config import Qwen3Config
@@ -40,9 +41,15 @@ def test_generate_on_the_builtin_model(capsys: pytest.CaptureFixture) -> None:
     )
 
 
-def test_errors_are_reported_not_raised(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_errors_are_reported_not_raised(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
     assert main(["generate", "--model", str(tmp_path / "missing"), "--prompt", "x"]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+    def load(*args, **kwargs):
+        raise AssertionError("the model loaded before the sampling settings were checked")
+
+    monkeypatch.setattr(InferenceEngine, "from_pretrained", load)
     assert main(["generate", "--prompt", "x", "--max-tokens", "0"]) == 1
     assert "max_tokens" in capsys.readouterr().err
 
