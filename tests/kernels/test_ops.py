@@ -54,8 +54,9 @@ def cpu_cases() -> list:
         # the graphs of 8-bit caches and of mili_moe run in the model tests (test_weight_formats.py, test_moe.py)
         fast = c.values[1] == torch.bfloat16 and not eight_bit_kv_case(c) and not c.id.startswith("moe-")
         slow = [] if fast else [pytest.mark.slow]
+        marks = [m for m in c.marks if m.name != "xdist_group"]  # the op's group gives way to the graphs' one
         cases.append(pytest.param("graph", *c.values, id=f"graph-{c.id}",
-                                  marks=[pytest.mark.xdist_group("cpu_op_graphs"), *slow]))
+                                  marks=[*marks, pytest.mark.xdist_group("cpu_op_graphs"), *slow]))
     return cases
 
 
