@@ -32,7 +32,7 @@ from .quantization import Int4Weight, LinearWeight, QuantizedWeight
 GGUF_FILE = "model.gguf"
 """The link to the file in its checkpoint directory."""
 INDEX_FILE = "gguf_tensors.json"
-"""Its tensors' types, shapes and offsets (read_index), read once: gguf's reader parses the whole vocabulary (5 s)."""
+"""Its tensors' types, shapes and offsets (read_index), read once: gguf's reader parses the whole vocabulary (5-15 s)."""
 ARCHITECTURES = {"qwen3": "qwen3", "qwen3moe": "qwen3_moe"}
 """general.architecture -> model_type."""
 END_TOKENS = ("<|im_end|>", "<|endoftext|>")
@@ -87,9 +87,10 @@ def _write_checkpoint_files(path: Path, directory: Path) -> None:
                                                                    if name.startswith("blk.")})
     (directory / INDEX_FILE).write_text(json.dumps(index))
     (directory / "config.json").write_text(json.dumps(config, indent=2))
-    from transformers import AutoTokenizer
+    from transformers import PreTrainedTokenizerFast
 
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    # the same tokenizer.json as AutoTokenizer's, without its second reading of the whole file for a config (10-20 s)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(path.parent, gguf_file=path.name)
     tokenizer.save_pretrained(directory)
     # llama.cpp ends a generation at these tokens too where the vocabulary has them
     stops = [tokenizer.convert_tokens_to_ids(t) for t in END_TOKENS if t in tokenizer.get_vocab()]

@@ -111,8 +111,9 @@ def test_config_and_tokenizer_come_from_the_metadata(gguf_source: Path, tmp_path
     assert ours.rms_norm_eps == pytest.approx(theirs.rms_norm_eps)
     assert ours.gguf_weight_dtype == "int8" and 151645 in ours.eos_token_ids and 151643 in ours.eos_token_ids
     tokenizer, vendored = CheckpointTokenizer(directory), CheckpointTokenizer()
-    text = "<|im_start|>user\nHello, 世界! def f(x):\n    return x ** 2<|im_end|>"
+    text = "<|im_start|>user\nHello, 世界! def f(x):\n    return x ** 2<|im_end|><think>\n\n</think>"
     assert tokenizer.encode(text) == vendored.encode(text)
+    assert tokenizer.encode("<think>") == [151667]  # the file's user-defined tokens stay whole
     assert tokenizer.chat_template == vendored.chat_template and tokenizer.eos_token == "<|im_end|>"
     path.unlink()
     with pytest.raises(FileNotFoundError, match="links to a GGUF file that is gone"):
