@@ -1,8 +1,8 @@
 """llama.cpp's GGUF files of Qwen3 and Qwen3-MoE (general.architecture qwen3 / qwen3moe) as they are.
 
 A file gets a checkpoint directory of its own (gguf_model_dir), made once under MILI's cache: config.json and
-generation_config.json from its metadata, the tokenizer files transformers derives from its vocabulary and chat
-template, the index of its tensors, and `model.gguf`, a link to the file, whose tensors WeightLoader reads
+generation_config.json from its metadata, the tokenizer files of its vocabulary and chat template (gguf_tokenizer),
+the index of its tensors, and `model.gguf`, a link to the file, whose tensors WeightLoader reads
 (GGUFTensors).
 
 Its quantized tensors become MILI's formats with the same values, block by block (gguf's own dequantize is the
@@ -27,16 +27,17 @@ import torch
 
 from .config import GGUF_METHOD
 from .embedding_table import EmbeddingTable, QuantizedEmbedding
+from .gguf_tokenizer import write_tokenizer_files
 from .quantization import Int4Weight, LinearWeight, QuantizedWeight
 
 GGUF_FILE = "model.gguf"
 """The link to the file in its checkpoint directory."""
 INDEX_FILE = "gguf_tensors.json"
-"""Its tensors' types, shapes and offsets (read_index), read once: gguf's reader parses the whole vocabulary (5-15 s)."""
+"""Its tensors' types, shapes and offsets (read_index), read once: gguf's reader parses the whole vocabulary (~15 s)."""
 ARCHITECTURES = {"qwen3": "qwen3", "qwen3moe": "qwen3_moe"}
 """general.architecture -> model_type."""
 END_TOKENS = ("<|im_end|>", "<|endoftext|>")
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 """Part of a directory's cache key: a new version makes new directories."""
 
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
@@ -87,13 +88,11 @@ def _write_checkpoint_files(path: Path, directory: Path) -> None:
                                                                    if name.startswith("blk.")})
     (directory / INDEX_FILE).write_text(json.dumps(index))
     (directory / "config.json").write_text(json.dumps(config, indent=2))
-    from transformers import PreTrainedTokenizerFast
-
-    # the same tokenizer.json as AutoTokenizer's, without its second reading of the whole file for a config (10-20 s)
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(path.parent, gguf_file=path.name)
-    tokenizer.save_pretrained(directory)
+    tokenizer = {name: field.contents() for name, field in reader.fields.items() if name.startswith("tokenizer.")}
+    write_tokenizer_files(tokenizer, directory)
     # llama.cpp ends a generation at these tokens too where the vocabulary has them
-    stops = [tokenizer.convert_tokens_to_ids(t) for t in END_TOKENS if t in tokenizer.get_vocab()]
+    tokens = tokenizer["tokenizer.ggml.tokens"]
+    stops = [tokens.index(t) for t in END_TOKENS if t in tokens]
     generation["eos_token_id"] = list(dict.fromkeys(generation["eos_token_id"] + stops))
     (directory / "generation_config.json").write_text(json.dumps(generation, indent=2))
     (directory / GGUF_FILE).symlink_to(path)
@@ -113,7 +112,7 @@ def _metadata(reader) -> Dict[str, object]:
         if name.startswith("tokenizer.ggml.") and name not in ("tokenizer.ggml.eos_token_id",
                                                                "tokenizer.ggml.bos_token_id",
                                                                "tokenizer.ggml.eot_token_id"):
-            continue  # the vocabulary: transformers reads it
+            continue  # the vocabulary: gguf_tokenizer reads it
         fields[name] = field.contents()
     return fields
 

@@ -13,6 +13,7 @@ import torch
 from python_layer.model.config import Qwen3Config
 from python_layer.model.embedding_table import QuantizedEmbedding, gather_rows
 from python_layer.model.gguf_checkpoints import GGUFTensors, config_from_metadata
+from python_layer.model.gguf_tokenizer import write_tokenizer_files
 from python_layer.model.hub import resolve_model_dir
 from python_layer.model.quantization import Int4Weight, QuantizedWeight
 from python_layer.model.random_checkpoint import build_random_checkpoint
@@ -111,13 +112,31 @@ def test_config_and_tokenizer_come_from_the_metadata(gguf_source: Path, tmp_path
     assert ours.rms_norm_eps == pytest.approx(theirs.rms_norm_eps)
     assert ours.gguf_weight_dtype == "int8" and 151645 in ours.eos_token_ids and 151643 in ours.eos_token_ids
     tokenizer, vendored = CheckpointTokenizer(directory), CheckpointTokenizer()
-    text = "<|im_start|>user\nHello, 世界! def f(x):\n    return x ** 2<|im_end|><think>\n\n</think>"
+    vocab = tokenizer.backend.get_vocab()
+    assert all(vocab[t] == i for t, i in vendored.backend.get_vocab().items())  # and the file's [PAD...] tokens
+    assert tokenizer.special_tokens == vendored.special_tokens
+    # Qwen's NFC normalizer: "e" + U+0301 is "é"
+    text = "<|im_start|>user\nHello, 世界! cafe\u0301 def f(x):\n    return x ** 2<|im_end|><think>\n\n</think>"
     assert tokenizer.encode(text) == vendored.encode(text)
     assert tokenizer.encode("<think>") == [151667]  # the file's user-defined tokens stay whole
+    assert tokenizer.decode(vendored.encode(text), skip_special_tokens=False) == vendored.decode(
+        vendored.encode(text), skip_special_tokens=False)
     assert tokenizer.chat_template == vendored.chat_template and tokenizer.eos_token == "<|im_end|>"
     path.unlink()
     with pytest.raises(FileNotFoundError, match="links to a GGUF file that is gone"):
         WeightLoader(directory, ours).load_from_safetensors()
+
+
+def test_tokens_llama_cpp_marks_control_keep_qwens_flags(tmp_path: Path) -> None:
+    """llama.cpp's converter marks every <|...|> token CONTROL, <|fim_pad|> too, which Qwen's files leave unspecial."""
+    tokens = ["a", "b", "ab", "<|im_end|>", "<|fim_pad|>", "<think>", "<|mine|>", "[PAD7]"]
+    write_tokenizer_files({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2",
+                           "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": [1, 1, 1, 3, 3, 4, 3, 5],
+                           "tokenizer.ggml.merges": ["a b"], "tokenizer.ggml.eos_token_id": 3}, tmp_path)
+    tokenizer = CheckpointTokenizer(tmp_path)
+    assert tokenizer.special_tokens == {"<|im_end|>": 3, "<|mine|>": 6} and tokenizer.eos_token_id == 3
+    assert tokenizer.encode("ab<|fim_pad|>a<think><|mine|>") == [2, 4, 0, 5, 6]
+    assert tokenizer.chat_template is None
 
 
 def test_files_mili_cannot_serve_say_why(gguf_source: Path, tmp_path: Path) -> None:
@@ -126,6 +145,8 @@ def test_files_mili_cannot_serve_say_why(gguf_source: Path, tmp_path: Path) -> N
         config_from_metadata(meta, {"token_embd.weight": (10, 4)})
     with pytest.raises(ValueError, match="GGUF metadata lacks qwen3.embedding_length"):
         config_from_metadata({"general.architecture": "qwen3", "qwen3.attention.head_count": 2}, {})
+    with pytest.raises(ValueError, match="tokenizer.ggml.model is 'llama' and tokenizer.ggml.pre 'default'"):
+        write_tokenizer_files({"tokenizer.ggml.model": "llama", "tokenizer.ggml.pre": "default"}, tmp_path)
     (tmp_path / "text.gguf").write_text("not a GGUF file")
     with pytest.raises(ValueError, match="cannot be read as a GGUF file"):
         resolve_model_dir(tmp_path / "text.gguf")
