@@ -30,6 +30,9 @@ def write_tokenizer_files(meta: Mapping[str, object], directory: Path) -> None:
     if model != "gpt2" or pre not in QWEN_SPLITS:
         raise ValueError(f"GGUF tokenizer.ggml.model is {model!r} and tokenizer.ggml.pre {pre!r}: MILI reads Qwen's "
                          f"byte-level BPE vocabulary (model 'gpt2', pre {' or '.join(map(repr, QWEN_SPLITS))})")
+    missing = [f"tokenizer.ggml.{k}" for k in ("tokens", "token_type", "merges") if f"tokenizer.ggml.{k}" not in meta]
+    if missing:
+        raise ValueError(f"GGUF metadata lacks {', '.join(missing)}: not a complete model file")
     tokens: Sequence[str] = meta["tokenizer.ggml.tokens"]
     types: Sequence[int] = meta["tokenizer.ggml.token_type"]
     spec = json.loads((ASSETS_DIR / "tokenizer.json").read_text(encoding="utf-8"))

@@ -147,6 +147,9 @@ def test_files_mili_cannot_serve_say_why(gguf_source: Path, tmp_path: Path) -> N
         config_from_metadata({"general.architecture": "qwen3", "qwen3.attention.head_count": 2}, {})
     with pytest.raises(ValueError, match="tokenizer.ggml.model is 'llama' and tokenizer.ggml.pre 'default'"):
         write_tokenizer_files({"tokenizer.ggml.model": "llama", "tokenizer.ggml.pre": "default"}, tmp_path)
+    with pytest.raises(ValueError, match="GGUF metadata lacks tokenizer.ggml.token_type, tokenizer.ggml.merges"):
+        write_tokenizer_files({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2",
+                               "tokenizer.ggml.tokens": ["a"]}, tmp_path)
     (tmp_path / "text.gguf").write_text("not a GGUF file")
     with pytest.raises(ValueError, match="cannot be read as a GGUF file"):
         resolve_model_dir(tmp_path / "text.gguf")
