@@ -18,14 +18,14 @@ from typing import Mapping, Sequence
 from ..tokenizer.qwen_tokenizer import ASSETS_DIR
 
 QWEN_SPLITS = ("qwen2", "deepseek-r1-qwen")
-"""tokenizer.ggml.pre values whose split is Qwen2's (llama.cpp names the same regex both ways)."""
-CONTROL, USER_DEFINED = 3, 4
-"""gguf.TokenType values."""
+"""tokenizer.ggml.pre values whose split is Qwen2's (llama.cpp's llama-vocab.cpp reads both as its QWEN2)."""
 
 
 def write_tokenizer_files(meta: Mapping[str, object], directory: Path) -> None:
     """tokenizer.json and tokenizer_config.json from a GGUF file's `tokenizer.*` metadata (values as gguf's
     ReaderField.contents gives them)."""
+    from gguf import TokenType
+
     model, pre = meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.pre")
     if model != "gpt2" or pre not in QWEN_SPLITS:
         raise ValueError(f"GGUF tokenizer.ggml.model is {model!r} and tokenizer.ggml.pre {pre!r}: MILI reads Qwen's "
@@ -39,8 +39,8 @@ def write_tokenizer_files(meta: Mapping[str, object], directory: Path) -> None:
     # llama.cpp marks every <|...|> token CONTROL: Qwen's own tokens keep Qwen's flag (<|fim_pad|> is not special)
     qwen_special = {a["content"]: a["special"] for a in spec["added_tokens"]}
     added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
-              "special": qwen_special.get(t, kind == CONTROL)} for i, (t, kind) in enumerate(zip(tokens, types))
-             if kind in (CONTROL, USER_DEFINED)]
+              "special": qwen_special.get(t, kind == TokenType.CONTROL)}
+             for i, (t, kind) in enumerate(zip(tokens, types)) if kind in (TokenType.CONTROL, TokenType.USER_DEFINED)]
     spec["added_tokens"] = added
     spec["model"]["vocab"] = {t: i for i, t in enumerate(tokens)}
     spec["model"]["merges"] = [m.split(" ") for m in meta["tokenizer.ggml.merges"]]
