@@ -83,15 +83,15 @@ def _write_checkpoint_files(path: Path, directory: Path) -> None:
     except ValueError as e:  # gguf's reader says what it found wrong, tersely
         raise ValueError(f"{path} cannot be read as a GGUF file ({e}): pass a .gguf file llama.cpp wrote") from e
     index = _index(reader)
-    config, generation = config_from_metadata(_metadata(reader), {name: shape for name, (_, shape, _) in index.items()})
+    meta = {name: field.contents() for name, field in reader.fields.items()}
+    config, generation = config_from_metadata(meta, {name: shape for name, (_, shape, _) in index.items()})
     config["quantization_config"]["weight_dtype"] = _weight_dtype({t for name, (t, _, _) in index.items()
                                                                    if name.startswith("blk.")})
     (directory / INDEX_FILE).write_text(json.dumps(index))
     (directory / "config.json").write_text(json.dumps(config, indent=2))
-    tokenizer = {name: field.contents() for name, field in reader.fields.items() if name.startswith("tokenizer.")}
-    write_tokenizer_files(tokenizer, directory)
+    write_tokenizer_files(meta, directory)
     # llama.cpp ends a generation at these tokens too where the vocabulary has them
-    tokens = tokenizer["tokenizer.ggml.tokens"]
+    tokens = meta["tokenizer.ggml.tokens"]
     stops = [tokens.index(t) for t in END_TOKENS if t in tokens]
     generation["eos_token_id"] = list(dict.fromkeys(generation["eos_token_id"] + stops))
     (directory / "generation_config.json").write_text(json.dumps(generation, indent=2))
@@ -104,17 +104,6 @@ def _weight_dtype(types: set[str]) -> str:
     if types & (_DECODERS.keys() - {"Q8_0"}):
         return "int4"
     return "int8" if "Q8_0" in types else "dense"
-
-
-def _metadata(reader) -> Dict[str, object]:
-    fields = {}
-    for name, field in reader.fields.items():
-        if name.startswith("tokenizer.ggml.") and name not in ("tokenizer.ggml.eos_token_id",
-                                                               "tokenizer.ggml.bos_token_id",
-                                                               "tokenizer.ggml.eot_token_id"):
-            continue  # the vocabulary: gguf_tokenizer reads it
-        fields[name] = field.contents()
-    return fields
 
 
 def _shape(tensor) -> tuple[int, ...]:

@@ -22,7 +22,7 @@ QWEN_SPLITS = ("qwen2", "deepseek-r1-qwen")
 
 
 def write_tokenizer_files(meta: Mapping[str, object], directory: Path) -> None:
-    """tokenizer.json and tokenizer_config.json from a GGUF file's `tokenizer.*` metadata (values as gguf's
+    """tokenizer.json and tokenizer_config.json from a GGUF file's metadata (its `tokenizer.*` values, as gguf's
     ReaderField.contents gives them)."""
     from gguf import TokenType
 
